@@ -1,0 +1,113 @@
+"""The deployable artifact: a directory holding the kernels, the plan and the weights.
+
+    model.nimble/
+      manifest.json   format, version, target, arch, TVM version, sha256 of every file
+      plan.json       the launch + memory plan (codegen.plan.Plan)
+      kernels.so      TVM runtime module (CUDA: host code + fatbin for the target arch)
+      params.npz      constants, by name ``c<tensor id>`` (numpy, loaded without pickle)
+
+Loading needs only the TVM *runtime* (no compiler, no nvcc). Every file is checksummed and
+every field validated, so a corrupted artifact fails with a clear error, not in a kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from tvm_nimble.errors import NimbleError
+
+from .plan import Plan
+
+ARTIFACT_FORMAT = "tvm-nimble-artifact"
+ARTIFACT_VERSION = 1
+FILES = ("plan.json", "kernels.so", "params.npz")
+
+
+class ArtifactError(NimbleError):
+    """An artifact is missing, corrupted or built for something else."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None = None) -> str:
+    """Write the artifact directory ``path`` (replacing an existing artifact there)."""
+    import tvm
+
+    if os.path.exists(path):
+        if not os.path.isfile(os.path.join(path, "manifest.json")):
+            raise ArtifactError(f"{path} exists and is not a tvm-nimble artifact; choose another output path")
+        shutil.rmtree(path)
+    os.makedirs(path)
+    with open(os.path.join(path, "plan.json"), "w") as f:
+        f.write(plan.to_json())
+    kernels.export_library(os.path.join(path, "kernels.so"))
+    np.savez(os.path.join(path, "params.npz"), **params)
+    manifest = {
+        "format": ARTIFACT_FORMAT,
+        "version": ARTIFACT_VERSION,
+        "target": plan.target,
+        "tvm_version": tvm.__version__,
+        "sha256": {name: _sha256(os.path.join(path, name)) for name in FILES},
+        **(extra or {}),
+    }
+    with open(os.path.join(path, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    return path
+
+
+def read_manifest(path: str) -> dict:
+    mpath = os.path.join(path, "manifest.json")
+    if not os.path.isdir(path):
+        raise ArtifactError(f"artifact not found: {path} (expected a directory written by tvm-nimble compile)")
+    if not os.path.isfile(mpath):
+        raise ArtifactError(f"{path} is not a tvm-nimble artifact (no manifest.json)")
+    try:
+        with open(mpath) as f:
+            manifest = json.load(f)
+    except ValueError as err:
+        raise ArtifactError(f"{mpath} is corrupted ({err}); rebuild the artifact") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{path} is not a tvm-nimble artifact (bad format tag)")
+    if manifest.get("version") != ARTIFACT_VERSION:
+        raise ArtifactError(f"{path} has artifact format version {manifest.get('version')}, this tvm-nimble "
+                            f"reads version {ARTIFACT_VERSION}: rebuild it with this version")
+    return manifest
+
+
+def load_artifact_files(path: str) -> tuple[dict, Plan, str, dict[str, np.ndarray]]:
+    """Verify checksums and return (manifest, plan, kernels.so path, params)."""
+    manifest = read_manifest(path)
+    sums = manifest.get("sha256")
+    if not isinstance(sums, dict):
+        raise ArtifactError(f"{path}/manifest.json has no checksums; rebuild the artifact")
+    for name in FILES:
+        fpath = os.path.join(path, name)
+        if not os.path.isfile(fpath):
+            raise ArtifactError(f"{path} is incomplete: {name} is missing; rebuild the artifact")
+        if _sha256(fpath) != sums.get(name):
+            raise ArtifactError(f"{path}/{name} does not match its checksum (corrupted or edited); rebuild the artifact")
+    with open(os.path.join(path, "plan.json")) as f:
+        plan = Plan.from_json(f.read())
+    if plan.target != manifest.get("target"):
+        raise ArtifactError(f"{path}: plan and manifest disagree on the target; rebuild the artifact")
+    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
+        params = {k: data[k] for k in data.files}
+    missing = [f"c{c}" for c in plan.constants if f"c{c}" not in params]
+    if missing:
+        raise ArtifactError(f"{path}/params.npz lacks constants {missing[:5]}; rebuild the artifact")
+    for c in plan.constants:
+        t = plan.tensors[c]
+        p = params[f"c{c}"]
+        if list(p.shape) != t.shape or str(p.dtype) != t.dtype:
+            raise ArtifactError(f"{path}: constant c{c} is {p.dtype}{list(p.shape)}, the plan expects {t.dtype}{t.shape}")
+    return manifest, plan, os.path.join(path, "kernels.so"), params

@@ -1,0 +1,117 @@
+"""Compile CUDA kernels to a fatbin at build time, so artifacts need no compiler where they run.
+
+TVM 0.27 built without a CUDA driver keeps CUDA *source* in the module and JIT-compiles it
+with NVRTC when the module is loaded. An artifact should load with the TVM runtime alone,
+so at build time we (1) register TVM's real CUDA module factory by loading
+``libtvm_runtime_cuda.so`` (on a machine without a driver, against a small stub
+``libcuda.so.1`` that is only linked, never called), and (2) route TVM's compile callback to
+``nvcc -fatbin`` for the target's arch. The module TVM then serializes holds the fatbin.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import tempfile
+
+import tvm
+import tvm_ffi
+
+from tvm_nimble.errors import NimbleError
+
+# Driver symbols libtvm_runtime_cuda.so links against (checked with `nm -D` when available).
+_DRIVER_SYMBOLS = ["cuDeviceGetName", "cuFuncSetAttribute", "cuGetErrorName", "cuGetErrorString",
+                   "cuLaunchKernelEx", "cuModuleGetFunction", "cuModuleLoadData", "cuModuleUnload",
+                   "cuTensorMapEncodeTiled"]
+_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "tvm-nimble")
+
+
+class CudaBuildError(NimbleError):
+    """CUDA kernels cannot be compiled to a binary here."""
+
+
+def tvm_lib_dir() -> str:
+    return os.path.join(os.path.dirname(tvm.__file__), "lib")
+
+
+def _driver_symbols(runtime_lib: str) -> list[str]:
+    nm = shutil.which("nm")
+    if not nm:
+        return _DRIVER_SYMBOLS
+    out = subprocess.run([nm, "-D", "--undefined-only", runtime_lib], capture_output=True, text=True).stdout
+    syms = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.split()}
+    return sorted(s for s in syms if s.startswith("cu") and s[2:3].isupper()) or _DRIVER_SYMBOLS
+
+
+def _stub_driver(runtime_lib: str) -> str:
+    """Build (once) a stub libcuda.so.1 whose functions all fail: enough to link, never to run."""
+    syms = _driver_symbols(runtime_lib)
+    path = os.path.join(_CACHE, f"stub-libcuda-{abs(hash(tuple(syms))) % 10**8}", "libcuda.so.1")
+    if os.path.exists(path):
+        return path
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise CudaBuildError("building CUDA kernels without a GPU driver needs a C compiler (cc/gcc); install gcc")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "stub.c")
+        with open(src, "w") as f:
+            f.write("".join(f"int {s}(void) {{ return 999; }}\n" for s in syms))
+        subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", path + ".tmp", src], check=True)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+_loaded = False
+
+
+def load_cuda_runtime() -> None:
+    """Register TVM's CUDA runtime (module factory and loaders) in this process."""
+    global _loaded
+    if _loaded or "ffi.Module.create.cuda" in tvm_ffi.registry.list_global_func_names():
+        _loaded = True
+        return
+    runtime_lib = os.path.join(tvm_lib_dir(), "libtvm_runtime_cuda.so")
+    if not os.path.exists(runtime_lib):
+        raise CudaBuildError(f"{runtime_lib} is missing: this TVM wheel has no CUDA runtime")
+    try:
+        ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        ctypes.CDLL(_stub_driver(runtime_lib), mode=ctypes.RTLD_GLOBAL)
+    ctypes.CDLL(runtime_lib, mode=ctypes.RTLD_GLOBAL)
+    _loaded = True
+
+
+def _arch(target: tvm.target.Target) -> str:
+    arch = target.attrs.get("arch") if hasattr(target, "attrs") else None
+    if not arch:
+        raise CudaBuildError("the CUDA target has no arch: use {'kind': 'cuda', 'arch': 'sm_90'}")
+    return str(arch)
+
+
+@contextlib.contextmanager
+def fatbin_compilation(target: tvm.target.Target):
+    """Within this context, TVM compiles CUDA kernels with nvcc to a fatbin for ``target``'s arch."""
+    nvcc = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
+    if not nvcc:
+        raise CudaBuildError("nvcc not found: CUDA artifacts are compiled to a fatbin at build time; "
+                             "install the CUDA toolkit or put nvcc on PATH")
+    load_cuda_runtime()
+    arch = _arch(target)
+    from tvm.support import nvcc as tvm_nvcc
+
+    previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
+
+    def compile_fatbin(code, *_):
+        with target:
+            return tvm_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc")
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_fatbin, override=True)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func("tvm_callback_cuda_compile", previous, override=True)

@@ -1,0 +1,133 @@
+"""Lower a stream-annotated Relax module to a :class:`codegen.plan.Plan`.
+
+Input: the output of stage 1 (``relay_passes``): ``main`` after ``CallTIRRewrite`` with
+``nimble.*`` markers. Output: the launch plan with a concurrency-safe memory plan, plus the
+constants (weights) the plan's constant tensors refer to.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
+from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
+
+from .happens_before import happens_before, sequential_order
+from .memory_plan import no_reuse_bytes, plan_pool
+from .plan import Launch, Plan, Storage, TensorSlot
+
+#: How tensors share storage: "concurrent" (safe under the schedule's happens-before),
+#: "sequential" (TVM-style, only safe on one stream; kept to demonstrate the race) or "none".
+REUSE_MODES = ("concurrent", "sequential", "none")
+
+
+def _kinds(program: LoweredProgram) -> dict[int, str]:
+    kinds = {}
+    output_roots = {program.root(o) for o in program.outputs}
+    for v in program.values:
+        r = program.root(v.id)
+        base = program.values[r].kind
+        if base == "input":
+            kinds[v.id] = "input"
+        elif base == "const":
+            kinds[v.id] = "const"
+        elif r in output_roots:
+            kinds[v.id] = "output"
+        else:
+            kinds[v.id] = "intermediate"
+    return kinds
+
+
+def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
+               func_name: str = "main") -> tuple[Plan, dict[str, np.ndarray]]:
+    """Return (plan, constants by name ``c<tensor id>``)."""
+    if reuse not in REUSE_MODES:
+        raise ValueError(f"reuse must be one of {REUSE_MODES}, got {reuse!r}")
+    program = read_lowered_function(mod, func_name)
+    func = mod[func_name]
+    if program.kernels and any(k.stream is None for k in program.kernels):
+        raise LoweredIRError("the module is not stream-annotated: run relay_passes.AnnotateStreams first")
+    num_streams = int(func.attrs[ATTR_NUM_STREAMS]) if func.attrs and ATTR_NUM_STREAMS in func.attrs else 1
+    num_events = int(func.attrs[ATTR_NUM_EVENTS]) if func.attrs and ATTR_NUM_EVENTS in func.attrs else 0
+    kinds = _kinds(program)
+    launches = [Launch(k.index, k.func, list(k.args), list(k.writes), k.stream, list(k.waits), list(k.records))
+                for k in program.kernels]
+
+    # memory: dedicated storage for inputs, outputs and constants; a shared pool for the rest
+    roots = [v.id for v in program.values if v.base is None]
+    storage_of: dict[int, int] = {}
+    storages: list[Storage] = []
+    for r in roots:
+        if kinds[r] != "intermediate":
+            storage_of[r] = len(storages)
+            storages.append(Storage(len(storages), program.values[r].nbytes, kinds[r] if kinds[r] != "const" else "const"))
+    pool = [r for r in roots if kinds[r] == "intermediate"]
+    nbytes = {r: _root_bytes(program, r) for r in roots}
+    first_write, accesses = {}, {}
+    for k in program.kernels:
+        for a in k.args:
+            r = program.root(a)
+            accesses[r] = accesses.get(r, 0) | (1 << k.index)
+        for w in k.writes:
+            first_write.setdefault(program.root(w), k.index)
+    pool = [r for r in pool if r in first_write]  # allocated but never written: dead
+    n = len(launches)
+    hb = happens_before([l.stream for l in launches], [l.waits for l in launches], [l.records for l in launches])
+    concurrent = plan_pool(pool, nbytes, first_write, accesses, hb)
+    sequential = plan_pool(pool, nbytes, first_write, accesses, sequential_order(n))
+    chosen = {"concurrent": concurrent, "sequential": sequential}.get(reuse)
+    if chosen is None:  # no reuse
+        block_of = {r: i for i, r in enumerate(pool)}
+        sizes = [nbytes[r] for r in pool]
+    else:
+        block_of, sizes = chosen.block_of, chosen.block_sizes
+    base = len(storages)
+    storages += [Storage(base + i, s, "pool") for i, s in enumerate(sizes)]
+    for r in pool:
+        storage_of[r] = base + block_of[r]
+
+    tensors = []
+    for v in program.values:
+        r = program.root(v.id)
+        if r not in storage_of:  # never written, never read: give it its own (empty) storage
+            storage_of[r] = len(storages)
+            storages.append(Storage(len(storages), nbytes[r], "pool"))
+        tensors.append(TensorSlot(v.id, v.name, list(v.shape), v.dtype, kinds[v.id], storage_of[r], 0, v.base))
+    constants = [v.id for v in program.values if v.kind == "const"]
+    params = {f"c{v.id}": v.constant.value.numpy() for v in program.values if v.kind == "const"}
+    memory = {
+        "pool_bytes": sum(sizes),
+        "pool_bytes_concurrent_safe": concurrent.total_bytes,
+        "pool_bytes_sequential": sequential.total_bytes,
+        "pool_bytes_no_reuse": no_reuse_bytes(pool, nbytes),
+        "reuse": reuse,
+    }
+    plan = Plan(target=dict(target), num_streams=max(num_streams, 1), num_events=num_events, tensors=tensors,
+                storages=storages, launches=launches, inputs=list(program.inputs), outputs=list(program.outputs),
+                constants=constants, output_is_tuple=program.output_is_tuple, memory=memory)
+    plan.validate()
+    return plan, params
+
+
+def _root_bytes(program: LoweredProgram, root: int) -> int:
+    """A root's storage must also hold every view of it (views may be larger in theory)."""
+    size = program.values[root].nbytes
+    for v in program.values:
+        if v.base is not None and program.root(v.id) == root:
+            size = max(size, v.nbytes)
+    return size
+
+
+def tvm_static_plan_bytes(mod: tvm.IRModule, func_name: str = "main") -> int:
+    """Bytes TVM's own ``StaticPlanBlockMemory`` allocates for ``func_name`` (its sequential plan)."""
+    planned = relax.transform.StaticPlanBlockMemory()(mod)
+    total = 0
+
+    def visit(expr):
+        nonlocal total
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.memory.alloc_storage":
+            total += int(expr.args[0].values[0])
+
+    relax.analysis.post_order_visit(planned[func_name].body, visit)
+    return total

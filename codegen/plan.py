@@ -1,0 +1,209 @@
+"""The launch plan: everything the executor needs to replay a model, as plain data.
+
+A :class:`Plan` is a dataclass with a versioned JSON form (never pickle). It lists the
+tensors (each a view at offset 0 of a storage block, as in TVM's own memory planner), the
+storage blocks, and the ordered kernel launches with their stream, the events they wait on
+and the events they record. The launch list is a topological order; each stream runs its
+launches in list order.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from tvm_nimble.errors import NimbleError
+
+PLAN_FORMAT = "tvm-nimble-plan"
+PLAN_VERSION = 1
+TENSOR_KINDS = ("input", "output", "const", "intermediate")
+
+
+class PlanError(NimbleError):
+    """A plan (or its JSON) is malformed or inconsistent."""
+
+
+@dataclass
+class TensorSlot:
+    """A tensor the kernels read or write: a typed view of a storage block."""
+
+    id: int
+    name: str
+    shape: list[int]
+    dtype: str
+    kind: str  # one of TENSOR_KINDS
+    storage: int
+    offset: int = 0
+    view_of: int | None = None  # a reshape view shares the memory of this tensor
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * _dtype_bytes(self.dtype)
+
+
+@dataclass
+class Storage:
+    """A device allocation; several tensors may share it when the memory plan proves it safe."""
+
+    id: int
+    nbytes: int
+    kind: str  # "input" | "output" | "const" | "pool"
+
+
+@dataclass
+class Launch:
+    """One kernel launch."""
+
+    idx: int
+    kernel: str
+    args: list[int]
+    writes: list[int]
+    stream: int
+    waits: list[int] = field(default_factory=list)
+    records: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    target: dict
+    num_streams: int
+    num_events: int
+    tensors: list[TensorSlot]
+    storages: list[Storage]
+    launches: list[Launch]
+    inputs: list[int]
+    outputs: list[int]
+    constants: list[int]
+    output_is_tuple: bool = False
+    memory: dict = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    # ---- queries -----------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return [self.tensors[i].name for i in self.inputs]
+
+    def stream_launches(self, stream: int) -> list[Launch]:
+        return [l for l in self.launches if l.stream == stream]
+
+    def root(self, tid: int) -> int:
+        """The tensor that owns ``tid``'s memory (views resolve to their base)."""
+        while self.tensors[tid].view_of is not None:
+            tid = self.tensors[tid].view_of
+        return tid
+
+    def recorder_of_event(self) -> dict[int, int]:
+        """event id -> index of the launch that records it."""
+        return {e: l.idx for l in self.launches for e in l.records}
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["format"] = PLAN_FORMAT
+        return d
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Plan":
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise PlanError(f"plan JSON is not valid JSON ({err}); rebuild the artifact") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Plan":
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+            raise PlanError("not a tvm-nimble plan (missing format tag); rebuild the artifact")
+        if data.get("version") != PLAN_VERSION:
+            raise PlanError(f"plan format version {data.get('version')} is not supported by this "
+                            f"tvm-nimble (expects {PLAN_VERSION}); rebuild the artifact with this version")
+        try:
+            plan = cls(
+                target=dict(data["target"]),
+                num_streams=_int(data["num_streams"]),
+                num_events=_int(data["num_events"]),
+                tensors=[TensorSlot(**t) for t in data["tensors"]],
+                storages=[Storage(**s) for s in data["storages"]],
+                launches=[Launch(**l) for l in data["launches"]],
+                inputs=[_int(i) for i in data["inputs"]],
+                outputs=[_int(i) for i in data["outputs"]],
+                constants=[_int(i) for i in data["constants"]],
+                output_is_tuple=bool(data.get("output_is_tuple", False)),
+                memory=dict(data.get("memory", {})),
+            )
+        except (KeyError, TypeError) as err:
+            raise PlanError(f"plan JSON is missing or has a malformed field ({err}); rebuild the artifact") from None
+        plan.validate()
+        return plan
+
+    def validate(self) -> None:
+        """Check every cross-reference, so a corrupted plan fails here and not in a kernel."""
+        nt, ns = len(self.tensors), len(self.storages)
+        for i, t in enumerate(self.tensors):
+            _check(t.id == i, f"tensor {i} has id {t.id}")
+            _check(t.kind in TENSOR_KINDS, f"tensor {i} has unknown kind {t.kind!r}")
+            _check(0 <= t.storage < ns, f"tensor {i} refers to missing storage {t.storage}")
+            _check(all(isinstance(d, int) and d >= 0 for d in t.shape), f"tensor {i} has a bad shape {t.shape}")
+            _dtype_bytes(t.dtype)
+            _check(t.view_of is None or 0 <= t.view_of < i, f"tensor {i} is a view of a missing tensor")
+            _check(t.offset >= 0 and t.offset + t.nbytes <= self.storages[t.storage].nbytes,
+                   f"tensor {i} ({t.nbytes} bytes at offset {t.offset}) overflows storage {t.storage}")
+        for i, s in enumerate(self.storages):
+            _check(s.id == i and s.nbytes >= 0, f"storage {i} is malformed")
+        _check(self.num_streams >= 1 or not self.launches, "num_streams must be >= 1")
+        recorded = set()
+        for i, l in enumerate(self.launches):
+            _check(l.idx == i, f"launch {i} has idx {l.idx}")
+            _check(0 <= l.stream < max(self.num_streams, 1), f"launch {i} uses stream {l.stream} of {self.num_streams}")
+            _check(all(0 <= a < nt for a in l.args + l.writes), f"launch {i} refers to a missing tensor")
+            _check(set(l.writes) <= set(l.args), f"launch {i} writes a tensor it does not take")
+            for e in l.waits:
+                _check(e in recorded, f"launch {i} waits on event {e} that no earlier launch records")
+            for e in l.records:
+                _check(0 <= e < self.num_events and e not in recorded, f"launch {i} records event {e} twice or out of range")
+                recorded.add(e)
+        for name, ids in (("input", self.inputs), ("output", self.outputs), ("constant", self.constants)):
+            _check(all(0 <= i < nt for i in ids), f"an {name} refers to a missing tensor")
+
+    # ---- human-readable ---------------------------------------------------------------
+    def format_table(self) -> str:
+        """One line per launch: idx, stream, kernel, waits, records, args."""
+        rows = [("idx", "stream", "kernel", "waits", "records", "args (tensor:storage)")]
+        for l in self.launches:
+            args = " ".join(f"{'*' if a in l.writes else ''}t{a}:s{self.tensors[a].storage}" for a in l.args)
+            rows.append((str(l.idx), str(l.stream), l.kernel, _ids(l.waits), _ids(l.records), args))
+        widths = [max(len(r[c]) for r in rows) for c in range(5)]
+        lines = ["  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5] for r in rows]
+        lines.append(f"{len(self.launches)} launches on {self.num_streams} stream(s), {self.num_events} event(s); "
+                     "*t = written by the launch")
+        return "\n".join(lines)
+
+
+def _ids(ids: list[int]) -> str:
+    return ",".join(f"e{e}" for e in ids) or "-"
+
+
+def _int(x) -> int:
+    if not isinstance(x, int) or isinstance(x, bool):
+        raise PlanError(f"expected an integer in the plan, got {x!r}; rebuild the artifact")
+    return x
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise PlanError(f"invalid plan: {msg}; rebuild the artifact")
+
+
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+                "int32": 4, "int64": 8, "bool": 1, "uint32": 4, "uint16": 2, "uint64": 8}
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype not in _DTYPE_BYTES:
+        raise PlanError(f"unsupported dtype {dtype!r} in plan")
+    return _DTYPE_BYTES[dtype]

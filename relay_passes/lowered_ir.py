@@ -1,0 +1,229 @@
+"""Read a lowered Relax function (after ``CallTIRRewrite``) as a list of kernel launches.
+
+After TVM's ``CallTIRRewrite`` every kernel is an explicit destination-passing call
+``prim_func(inputs..., outputs...)`` whose outputs come from ``R.builtin.alloc_tensor``.
+That form is what both stages need: the stream pass builds its operator DAG from it, and
+codegen turns it into a launch plan. Bindings that launch nothing (aliases, reshapes,
+tuples) become views or aliases, never stream nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from tvm_nimble.errors import NimbleError
+
+#: Marker calls inserted by :mod:`relay_passes.annotate` (see there for their meaning).
+SET_STREAM = "nimble.set_stream"
+WAIT_EVENT = "nimble.wait_event"
+RECORD_EVENT = "nimble.record_event"
+MARKERS = (SET_STREAM, WAIT_EVENT, RECORD_EVENT)
+
+_VIEW_OPS = {"relax.reshape", "relax.memory.view"}
+
+
+class LoweredIRError(NimbleError):
+    """The lowered Relax function has a construct the launch plan cannot express."""
+
+
+@dataclass
+class Value:
+    """A tensor value of the lowered function: an input, a constant, an allocation or a view."""
+
+    id: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str  # "input" | "const" | "alloc" | "view"
+    base: int | None = None  # for views: the value whose memory this one reinterprets
+    constant: object | None = None  # Constant for kind == "const"
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * tvm.runtime.DataType(self.dtype).bits // 8
+
+
+@dataclass
+class Kernel:
+    """One kernel launch: a call of a compiled PrimFunc in destination-passing style."""
+
+    index: int
+    func: str
+    args: list[int]
+    writes: list[int]
+    reads: list[int]
+    stream: int | None = None
+    waits: list[int] = field(default_factory=list)
+    records: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LoweredProgram:
+    values: list[Value]
+    kernels: list[Kernel]
+    inputs: list[int]
+    input_names: list[str]
+    outputs: list[int]
+    output_is_tuple: bool
+
+    def root(self, vid: int) -> int:
+        """The value that owns the memory of ``vid`` (views resolve to their base)."""
+        while self.values[vid].base is not None:
+            vid = self.values[vid].base
+        return vid
+
+    def dependency_edges(self) -> list[tuple[int, int]]:
+        """Read-after-write edges between kernels (writer -> reader), deduplicated."""
+        writer: dict[int, int] = {}
+        edges = set()
+        for k in self.kernels:
+            for r in k.reads:
+                w = writer.get(self.root(r))
+                if w is not None and w != k.index:
+                    edges.add((w, k.index))
+            for w in k.writes:
+                writer[self.root(w)] = k.index
+        return sorted(edges)
+
+
+def _static_shape(ty, what: str) -> tuple[tuple[int, ...], str]:
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise LoweredIRError(f"{what} is not a tensor of known shape ({ty}); Nimble needs static shapes")
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, tvm.tirx.IntImm):
+            raise LoweredIRError(
+                f"{what} has a symbolic dimension '{d}'; Nimble needs static shapes: "
+                "give every input a fixed shape (shape_dict) before building")
+        dims.append(int(d.value))
+    return tuple(dims), str(ty.dtype)
+
+
+def _op_name(call: relax.Call) -> str:
+    op = call.op
+    if isinstance(op, relax.GlobalVar):
+        return op.name_hint
+    if isinstance(op, relax.ExternFunc):
+        return str(op.global_symbol)
+    if isinstance(op, tvm.ir.Op):
+        return op.name
+    return type(op).__name__
+
+
+def _marker_args(call: relax.Call) -> list[int]:
+    return [int(getattr(a.value, "value", a.value)) for a in call.args]
+
+
+def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> LoweredProgram:
+    """Parse ``mod[func_name]`` (lowered by ``CallTIRRewrite``) into a :class:`LoweredProgram`."""
+    if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise LoweredIRError(f"the module has no function '{func_name}'")
+    func = mod[func_name]
+    prim_funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    values: list[Value] = []
+    var_to_value: dict[object, int] = {}
+    const_ids: list[tuple[object, int]] = []
+    tuples: dict[object, list[int]] = {}
+    written: set[int] = set()
+    kernels: list[Kernel] = []
+    pending_stream: int | None = None
+    pending_waits: list[int] = []
+
+    def new_value(name, ty, kind, base=None, constant=None) -> int:
+        shape, dtype = _static_shape(ty, f"tensor '{name}'")
+        values.append(Value(len(values), name, shape, dtype, kind, base, constant))
+        return len(values) - 1
+
+    def value_of(expr, where: str) -> int:
+        if isinstance(expr, relax.Var):
+            if expr in var_to_value:
+                return var_to_value[expr]
+            raise LoweredIRError(f"{where}: '{expr.name}' is not a tensor the plan knows")
+        if isinstance(expr, Constant):
+            for c, vid in const_ids:
+                if c.same_as(expr):
+                    return vid
+            vid = new_value(f"const{len(const_ids)}", expr.ty, "const", constant=expr)
+            const_ids.append((expr, vid))
+            return vid
+        raise LoweredIRError(f"{where}: unsupported argument {type(expr).__name__}")
+
+    input_names = []
+    for p in func.params:
+        vid = new_value(p.name, p.ty, "input")
+        var_to_value[p] = vid
+        input_names.append(p.name)
+    inputs = list(range(len(values)))
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                raise LoweredIRError(f"unsupported binding {type(binding).__name__} (match_cast needs dynamic shapes)")
+            var, val = binding.var, binding.value
+            where = f"binding '{var.name}'"
+            if isinstance(val, relax.Var):
+                if val in tuples:
+                    tuples[var] = tuples[val]
+                else:
+                    var_to_value[var] = value_of(val, where)
+            elif isinstance(val, Constant):
+                var_to_value[var] = value_of(val, where)
+            elif isinstance(val, relax.Tuple):
+                tuples[var] = [value_of(f, where) for f in val.fields]
+            elif isinstance(val, relax.TupleGetItem):
+                if val.tuple_value not in tuples:
+                    raise LoweredIRError(f"{where}: tuple of unknown origin")
+                var_to_value[var] = tuples[val.tuple_value][val.index]
+            elif isinstance(val, relax.Call):
+                name = _op_name(val)
+                if name == "relax.builtin.alloc_tensor":
+                    var_to_value[var] = new_value(var.name, var.ty, "alloc")
+                elif name in _VIEW_OPS:
+                    base = value_of(val.args[0], where)
+                    var_to_value[var] = new_value(var.name, var.ty, "view", base=base)
+                elif name == SET_STREAM:
+                    pending_stream = _marker_args(val)[0]
+                elif name == WAIT_EVENT:
+                    pending_waits.append(_marker_args(val)[0])
+                elif name == RECORD_EVENT:
+                    if not kernels:
+                        raise LoweredIRError("record_event marker before any kernel")
+                    kernels[-1].records.append(_marker_args(val)[0])
+                elif isinstance(val.op, relax.GlobalVar) and name in prim_funcs:
+                    args = [value_of(a, f"call of {name}") for a in val.args]
+                    if any(isinstance(a, relax.ShapeExpr) for a in val.args):
+                        raise LoweredIRError(f"kernel {name} takes symbolic shape arguments; static shapes only")
+                    writes, reads = [], []
+                    for a in args:
+                        root = a
+                        while values[root].base is not None:
+                            root = values[root].base
+                        if values[root].kind == "alloc" and root not in written:
+                            writes.append(a)
+                            written.add(root)
+                        else:
+                            reads.append(a)
+                    kernels.append(Kernel(len(kernels), name, args, writes, reads,
+                                          pending_stream, pending_waits))
+                    pending_stream, pending_waits = None, []
+                else:
+                    raise LoweredIRError(
+                        f"{where}: operation '{name}' is not supported by the Nimble launch plan "
+                        "(supported: compiled TIR kernels, alloc_tensor, reshape views, tuples)")
+            else:
+                raise LoweredIRError(f"{where}: unsupported expression {type(val).__name__}")
+
+    body = func.body.body
+    if isinstance(body, relax.Var) and body in tuples:
+        outputs, is_tuple = tuples[body], True
+    elif isinstance(body, relax.Tuple):
+        outputs, is_tuple = [value_of(f, "return") for f in body.fields], True
+    else:
+        outputs, is_tuple = [value_of(body, "return")], False
+    return LoweredProgram(values, kernels, inputs, input_names, outputs, is_tuple)

@@ -1,0 +1,145 @@
+"""CUDA streams, events and graphs through ``cuda.bindings`` (cuda-python), for the executor.
+
+Every call's status is checked and turned into a :class:`CudaError` that names the call.
+TVM kernels launch on TVM's *current* stream, which :func:`tvm_ffi.use_raw_stream` sets; so
+replaying a plan onto several streams is: for each launch, switch TVM's stream, wait on the
+launch's events, call the kernel, record its events. Captured once, that sequence becomes
+one CUDA graph whose branches run concurrently.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from tvm_nimble.errors import NimbleError
+
+
+class CudaError(NimbleError):
+    """A CUDA runtime call failed."""
+
+
+def _rt():
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        raise CudaError("CUDA execution needs cuda-python: pip install 'tvm-nimble[cuda]' (cuda-bindings)") from None
+    return runtime
+
+
+def check(result, what: str):
+    """Unpack a cuda.bindings result tuple, raising on a non-success status."""
+    rt = _rt()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != rt.cudaError_t.cudaSuccess:
+        _, name = rt.cudaGetErrorName(err)
+        raise CudaError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+class StreamSet:
+    """The main stream (blocking: ordered with TVM's default-stream copies) plus helper streams."""
+
+    def __init__(self, count: int):
+        rt = _rt()
+        self.streams = [check(rt.cudaStreamCreate(), "cudaStreamCreate")]
+        for _ in range(max(count, 1) - 1):
+            self.streams.append(check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags"))
+
+    def handle(self, i: int) -> int:
+        return int(self.streams[i])
+
+    def close(self):
+        rt = _rt()
+        for s in self.streams:
+            rt.cudaStreamDestroy(s)
+        self.streams = []
+
+
+def create_events(count: int, timing: bool = False) -> list:
+    rt = _rt()
+    flags = rt.cudaEventDefault if timing else rt.cudaEventDisableTiming
+    return [check(rt.cudaEventCreateWithFlags(flags), "cudaEventCreateWithFlags") for _ in range(count)]
+
+
+def destroy_events(events) -> None:
+    rt = _rt()
+    for e in events:
+        rt.cudaEventDestroy(e)
+
+
+def issue(plan, funcs, args, device, streams: StreamSet, events, single_stream: bool = False,
+          timing_events=None) -> None:
+    """Issue every launch of ``plan`` on its stream with its waits and records.
+
+    With ``single_stream`` everything goes on the main stream and events are skipped (the
+    baseline). With ``timing_events`` (pairs per launch) each launch is bracketed for profiling.
+    """
+    import tvm_ffi
+
+    rt = _rt()
+    used = {0} if single_stream else {l.stream for l in plan.launches}
+    main = streams.streams[0]
+    fork, joins = events[-1], events[-len(streams.streams):-1] if len(streams.streams) > 1 else []
+    if not single_stream and len(streams.streams) > 1:
+        check(rt.cudaEventRecord(fork, main), "cudaEventRecord(fork)")
+        for s in sorted(used - {0}):
+            check(rt.cudaStreamWaitEvent(streams.streams[s], fork, 0), "cudaStreamWaitEvent(fork)")
+    for l, f, a in zip(plan.launches, funcs, args):
+        sid = 0 if single_stream else l.stream
+        stream = streams.streams[sid]
+        if not single_stream:
+            for e in l.waits:
+                check(rt.cudaStreamWaitEvent(stream, events[e], 0), f"cudaStreamWaitEvent(launch {l.idx})")
+        if timing_events is not None:
+            check(rt.cudaEventRecord(timing_events[l.idx][0], stream), "cudaEventRecord(timing)")
+        with tvm_ffi.use_raw_stream(device, streams.handle(sid)):
+            f(*a)
+        if timing_events is not None:
+            check(rt.cudaEventRecord(timing_events[l.idx][1], stream), "cudaEventRecord(timing)")
+        if not single_stream:
+            for e in l.records:
+                check(rt.cudaEventRecord(events[e], stream), f"cudaEventRecord(launch {l.idx})")
+    if not single_stream and len(streams.streams) > 1:
+        for j, s in enumerate(sorted(used - {0})):
+            check(rt.cudaEventRecord(joins[j], streams.streams[s]), "cudaEventRecord(join)")
+            check(rt.cudaStreamWaitEvent(main, joins[j], 0), "cudaStreamWaitEvent(join)")
+
+
+class CapturedGraph:
+    """One CUDA graph holding the whole launch sequence; ``launch`` is the only per-run work."""
+
+    def __init__(self, issue_fn, streams: StreamSet):
+        rt = _rt()
+        self.main = streams.streams[0]
+        check(rt.cudaStreamBeginCapture(self.main, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed),
+              "cudaStreamBeginCapture")
+        try:
+            issue_fn()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                rt.cudaStreamEndCapture(self.main)
+            raise
+        self.graph = check(rt.cudaStreamEndCapture(self.main), "cudaStreamEndCapture")
+        self.exec = check(rt.cudaGraphInstantiate(self.graph, 0), "cudaGraphInstantiate")
+        self._launch = rt.cudaGraphLaunch
+
+    def launch(self) -> None:
+        err = self._launch(self.exec, self.main)[0]
+        if err != 0:
+            check((err,), "cudaGraphLaunch")
+
+    def close(self) -> None:
+        rt = _rt()
+        if getattr(self, "exec", None) is not None:
+            rt.cudaGraphExecDestroy(self.exec)
+            rt.cudaGraphDestroy(self.graph)
+            self.exec = None
+
+
+def synchronize(streams: StreamSet) -> None:
+    check(_rt().cudaStreamSynchronize(streams.streams[0]), "cudaStreamSynchronize")
+
+
+def elapsed_ms(start, end) -> float:
+    return check(_rt().cudaEventElapsedTime(start, end), "cudaEventElapsedTime")

@@ -1,0 +1,90 @@
+"""Runtime-side helpers shared by the executor and the race checker.
+
+Only the TVM *runtime* is used here (no ``tvm.relax``), so artifacts load on machines that
+have no TVM compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from tvm_nimble.errors import NimbleError
+
+
+class DeviceError(NimbleError):
+    """The requested device is missing or does not match the artifact."""
+
+
+def _tvm():
+    import tvm
+
+    return tvm
+
+
+def ensure_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime library (needed when only the runtime part of TVM is installed)."""
+    import tvm_ffi
+
+    if "ffi.Module.load_from_bytes.cuda" in tvm_ffi.registry.list_global_func_names():
+        return
+    lib_dir = os.path.join(os.path.dirname(_tvm().__file__), "lib")
+    for name in ("libtvm_runtime_extra.so", "libtvm_runtime_cuda.so"):
+        path = os.path.join(lib_dir, name)
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError as err:
+                if "cuda" in name:
+                    raise DeviceError(f"cannot load TVM's CUDA runtime ({err}): is an NVIDIA driver installed?") from None
+
+
+def device_for(target: dict, device=None):
+    """The TVM device to run a plan built for ``target`` on, checking that it exists."""
+    tvm = _tvm()
+    kind = target.get("kind")
+    if device is None:
+        device = tvm.cuda(0) if kind == "cuda" else tvm.cpu(0)
+    elif isinstance(device, str):
+        device = tvm.device(device)
+    want = {"cuda": 2, "llvm": 1}.get(kind)
+    if want is not None and int(device.dlpack_device_type()) != want:
+        raise DeviceError(f"the artifact was built for {kind} but the device is {device}; "
+                          f"rebuild for this device or pass device={'cuda' if kind == 'cuda' else 'cpu'}")
+    if kind == "cuda":
+        ensure_cuda_runtime()
+        if not device.exist:
+            raise DeviceError("this artifact needs an NVIDIA GPU, but none is visible "
+                              "(check nvidia-smi / CUDA_VISIBLE_DEVICES), or rebuild it for llvm")
+        arch = target.get("arch")
+        have = device.compute_version
+        if arch and have and arch.replace("sm_", "") != have.replace(".", ""):
+            raise DeviceError(f"the artifact was built for {arch} but this GPU is sm_{have.replace('.', '')}; "
+                              f"rebuild it with --arch sm_{have.replace('.', '')}")
+    return device
+
+
+class Workspace:
+    """The plan's storage blocks on the device, a typed view per tensor, constants loaded."""
+
+    def __init__(self, plan, params: dict[str, np.ndarray], device):
+        tvm = _tvm()
+        self.plan = plan
+        self.device = device
+        try:
+            self.storages = [tvm.runtime.empty((max(s.nbytes, 1),), "uint8", device) for s in plan.storages]
+        except Exception as err:  # TVM raises a generic error on out-of-memory
+            self.storages = []
+            raise DeviceError(f"could not allocate the plan's {sum(s.nbytes for s in plan.storages) / 2**20:.1f} MiB "
+                              f"on {device}: {str(err).splitlines()[0]}") from None
+        self.tensors = [self.storages[t.storage]._create_view(t.shape, t.dtype, t.offset) for t in plan.tensors]
+        for c in plan.constants:
+            self.tensors[c].copyfrom(np.ascontiguousarray(params[f"c{c}"]))
+
+    def launch_args(self) -> list[list]:
+        return [[self.tensors[a] for a in l.args] for l in self.plan.launches]
+
+    def release(self) -> None:
+        self.tensors = []
+        self.storages = []

@@ -12,3 +12,43 @@ if _os.path.isfile(_os.path.join(_root, "relay_passes", "__init__.py")) and _roo
     __path__.append(_root)
 
 __version__ = "0.1.0"
+
+from .errors import ModelError, NimbleError, ShapeError, UnsupportedOperatorError  # noqa: E402
+from .executor import NimbleExecutor  # noqa: E402
+from .module import NimbleModule, load  # noqa: E402
+
+_LAZY = {
+    "build": ("tvm_nimble.build", "build"),
+    "from_onnx": ("tvm_nimble.frontend", "from_onnx"),
+    "assign_streams": ("tvm_nimble.relay_passes.stream_assignment", "assign_streams"),
+    "AnnotateStreams": ("tvm_nimble.relay_passes.annotate", "AnnotateStreams"),
+    "explain_model": ("tvm_nimble.explain_model", "explain_model"),
+    "zoo": ("tvm_nimble.zoo", None),
+}
+
+
+def __getattr__(name):
+    """Compiler-side API is imported on first use, so runtime-only TVM installs can still load artifacts."""
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
+    raise AttributeError(f"module 'tvm_nimble' has no attribute {name!r}")
+
+
+def _register_with_tvm():
+    try:
+        import tvm.relax  # noqa: F401  (absent when only the TVM runtime is installed)
+    except ImportError:
+        return
+    from .tvm_integration import register
+
+    register()
+
+
+_register_with_tvm()
+
+__all__ = ["NimbleExecutor", "NimbleModule", "load", "build", "from_onnx", "assign_streams", "AnnotateStreams",
+           "explain_model", "NimbleError", "ModelError", "ShapeError", "UnsupportedOperatorError"]

@@ -36,7 +36,12 @@ def _load(module_or_artifact):
         return module_or_artifact
     if isinstance(module_or_artifact, str) or hasattr(module_or_artifact, "__fspath__"):
         return load(str(module_or_artifact))
-    raise TypeError(f"NimbleExecutor takes a NimbleModule (tvm_nimble.build) or an artifact path, "
+    if hasattr(module_or_artifact, "export_library") or type(module_or_artifact).__name__ in ("Module", "Executable"):
+        from .tvm_integration import module_from_executable  # built with relax_pipeline="nimble"
+
+        return module_from_executable(module_or_artifact)
+    raise TypeError(f"NimbleExecutor takes a NimbleModule (tvm_nimble.build), an artifact path or an executable "
+                    f"from tvm.compile(..., relax_pipeline='nimble'), "
                     f"not {type(module_or_artifact).__name__}")
 
 

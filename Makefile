@@ -1,0 +1,35 @@
+# The README's two commands. Each sets itself up on a fresh machine (only Python needed).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+EXTRAS := $(if $(HAS_GPU),cuda,)
+
+.PHONY: run test install clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e ".[bench$(if $(EXTRAS),$(comma)$(EXTRAS),)]"
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@ $(VENV)/.installed
+
+comma := ,
+
+install: $(VENV)/.installed
+
+# Build the built-in Inception-style model with Nimble, run it, check it against stock TVM,
+# print Nimble vs stock TVM VM. CUDA when a GPU is present, CPU (llvm) otherwise.
+run: $(VENV)/.installed
+	$(PY) -m tvm_nimble.cli demo $(DEMO_ARGS)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

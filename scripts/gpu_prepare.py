@@ -1,0 +1,76 @@
+"""Build, on the development machine, everything a runtime-only GPU run needs.
+
+For each model: the Nimble artifact for the GPU arch, stock TVM VM libraries (plain and with
+TVM's CUDA graph) from the same kernels, seeded inputs and the ONNX reference outputs. The
+GPU machine then runs ``scripts/gpu_validate.py`` with the TVM runtime only.
+
+    python scripts/gpu_prepare.py --out out/gpu --arch sm_90 --models inception,nasnet,resnet
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODELS = {
+    # name: (zoo builder, kwargs): the Inception-style net is the README's incept6 anchor
+    "incept6": ("inception", {"blocks": 6, "hw": 64, "channels": 64}),
+    "nasnet": ("nasnet", {"cells": 4, "hw": 32, "channels": 32}),
+    "resnet": ("resnet_chain", {"blocks": 8, "hw": 32, "channels": 64}),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/gpu")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+
+    import inspect
+
+    import tvm
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_nimble import zoo
+    from tvm_nimble.build import build, normalize_target
+    from tvm_nimble.frontend import from_onnx
+    from tvm_nimble.stock import build_stock_vm
+
+    target = normalize_target({"kind": "cuda", "arch": args.arch})
+    os.makedirs(args.out, exist_ok=True)
+    index = {}
+    for name in args.models.split(","):
+        builder, kw = MODELS[name]
+        fn = zoo.ZOO.get(builder) or getattr(zoo, builder)
+        accepted = inspect.signature(fn).parameters
+        kw = {k: v for k, v in kw.items() if k in accepted}
+        if "batch" in accepted:
+            kw["batch"] = args.batch
+        model = fn(**kw)
+        inputs = zoo.random_inputs(model, seed=0)
+        ref = ReferenceEvaluator(model).run(None, inputs)
+        mod = from_onnx(model)
+        d = os.path.join(args.out, name)
+        os.makedirs(d, exist_ok=True)
+        t0 = time.time()
+        build(mod, target).export(os.path.join(d, "nimble"))
+        build_stock_vm(mod, target).export_library(os.path.join(d, "vm.so"))
+        build_stock_vm(mod, target, cuda_graph=True).export_library(os.path.join(d, "vm_graph.so"))
+        np.savez(os.path.join(d, "io.npz"), **{f"in_{k}": v for k, v in inputs.items()},
+                 **{f"ref_{i}": r for i, r in enumerate(ref)})
+        index[name] = {"inputs": list(inputs), "num_outputs": len(ref), "batch": args.batch, "zoo": [builder, kw]}
+        print(f"{name}: built in {time.time() - t0:.1f}s -> {d}")
+    with open(os.path.join(args.out, "index.json"), "w") as f:
+        json.dump({"arch": args.arch, "tvm": tvm.__version__, "models": index}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The ``tvm-nimble`` command line. Exit codes: 0 ok, 1 failure (one-line reason), 2 usage."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EPILOG = """examples:
+  tvm-nimble demo
+  tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90
+  tvm-nimble compile model.onnx -o model.nimble --target llvm --shape input=1,3,224,224
+  tvm-nimble run model.nimble --input input=x.npy --output-dir out/
+  tvm-nimble explain model.onnx --dot model.dot
+  tvm-nimble bench model.onnx --target cuda --arch sm_90
+  tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480
+"""
+
+
+def _shape_dict(items):
+    if not items:
+        return None
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            shapes[name] = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            raise SystemExit(_usage(f"--shape expects NAME=D1,D2,..., got {item!r}"))
+    return shapes
+
+
+def _usage(msg):
+    print(f"tvm-nimble: usage error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _target(args):
+    if args.target == "cuda":
+        return {"kind": "cuda", "arch": args.arch or "sm_90"}
+    return {"kind": "llvm"}
+
+
+def cmd_demo(args):
+    from .demo import run_demo
+
+    run_demo(args.model, target=args.target, arch=args.arch, iters=args.iters)
+
+
+def cmd_compile(args):
+    from .build import build
+
+    from .progress import spinner
+
+    with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
+        module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
+                       tuning_db=args.tuning_db)
+        module.export(args.output)
+    p = module.plan
+    print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
+          f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB")
+
+
+def cmd_run(args):
+    import numpy as np
+
+    from .executor import NimbleExecutor
+
+    with NimbleExecutor(args.artifact, mode=args.mode) as ex:
+        feeds = {}
+        for item in args.input or []:
+            name, sep, path = item.partition("=")
+            if not sep:
+                raise SystemExit(_usage(f"--input expects NAME=FILE.npy, got {item!r}"))
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"input file not found: {path}")
+            feeds[name] = np.load(path, allow_pickle=False)
+        missing = [n for n in ex.plan.input_names if n not in feeds]
+        if missing:
+            raise SystemExit(_usage(f"missing --input for {missing} (the model's inputs are {ex.plan.input_names})"))
+        for k, v in feeds.items():
+            ex.set_input(k, v)
+        ex.run()
+        for i in range(ex.get_num_outputs()):
+            out = ex.get_output(i).numpy()
+            line = f"output {i}: {out.dtype}{list(out.shape)} min {out.min():.6g} max {out.max():.6g} mean {out.mean():.6g}"
+            if args.output_dir:
+                os.makedirs(args.output_dir, exist_ok=True)
+                path = os.path.join(args.output_dir, f"output{i}.npy")
+                np.save(path, out)
+                line += f" -> {path}"
+            print(line)
+
+
+def cmd_explain(args):
+    from .explain_model import explain_model
+
+    text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
+                         dot_path=args.dot, show_plan=args.plan, show_ir=args.ir)
+    print(text)
+
+
+def cmd_bench(args):
+    from scripts_entry import run_script  # noqa: F401  (resolved below)
+
+
+def cmd_tune(args):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tvm-nimble", description="Nimble-style AoT multi-stream scheduling for TVM",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name, fn, help_text, example):
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=f"example:\n  {example}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(fn=fn)
+        return p
+
+    def target_opts(p, default="llvm"):
+        p.add_argument("--target", choices=["cuda", "llvm"], default=default, help="build target (default %(default)s)")
+        p.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default sm_90)")
+        p.add_argument("--shape", action="append", metavar="NAME=D1,D2", help="fix an input's shape (repeatable)")
+        p.add_argument("--max-streams", type=int, help="cap the number of streams (1 = single stream)")
+
+    p = add("demo", cmd_demo, "build the built-in Inception-style model, check it, time it vs stock TVM",
+            "tvm-nimble demo --target llvm")
+    p.add_argument("--model", help="use this ONNX file instead of the built-in model")
+    p.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present, else llvm")
+    p.add_argument("--arch", help="GPU arch (default: the GPU's)")
+    p.add_argument("--iters", type=int, default=50, help="timed iterations per system")
+
+    p = add("compile", cmd_compile, "compile an ONNX model into a deployable Nimble artifact",
+            "tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90")
+    p.add_argument("model", help="ONNX file")
+    p.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    target_opts(p)
+    p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
+
+    p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
+            "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")
+    p.add_argument("artifact", help="artifact directory written by `tvm-nimble compile`")
+    p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input (repeatable)")
+    p.add_argument("--output-dir", help="save outputs as output<i>.npy here")
+    p.add_argument("--mode", choices=["cuda-graph", "single-stream", "streams", "sequential"], help="executor mode")
+
+    p = add("explain", cmd_explain, "show the stream assignment: streams, syncs, DAG width, plan table, DOT graph",
+            "tvm-nimble explain model.onnx --dot model.dot --plan")
+    p.add_argument("model", help="ONNX file")
+    target_opts(p)
+    p.add_argument("--dot", help="write the stream-colored DAG as Graphviz DOT here")
+    p.add_argument("--plan", action="store_true", help="print the launch plan table")
+    p.add_argument("--ir", action="store_true", help="print the annotated Relax IR")
+
+    p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (scripts/benchmark.py)",
+            "tvm-nimble bench model.onnx --target cuda --arch sm_90")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/benchmark.py")
+
+    p = add("tune", cmd_tune, "tune kernels with MetaSchedule + XGBoost (scripts/tune_and_build.py)",
+            "tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/tune_and_build.py")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .errors import NimbleError
+
+    try:
+        args.fn(args)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    except (NimbleError, FileNotFoundError, ValueError) as err:
+        print(f"tvm-nimble: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tvm-nimble: interrupted", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

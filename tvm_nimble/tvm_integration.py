@@ -1,0 +1,111 @@
+"""Make Nimble a TVM build option: ``tvm.compile(mod, target, relax_pipeline="nimble")``.
+
+Importing ``tvm_nimble`` registers:
+  * the Relax pipeline ``nimble``: TVM's kernel passes, Nimble's stream annotation, and the
+    launch plan embedded in the executable (two extra Relax functions, ``__nimble_plan__``
+    returning the plan JSON and ``__nimble_params__`` returning the constants), then TVM's
+    usual VM finalization. The result is an ordinary TVM executable: ``export_library`` and
+    ``tvm.runtime.load_module`` work as usual, the Relax VM can run it (sequentially, the
+    markers are no-ops there), and ``NimbleExecutor`` replays it multi-stream.
+  * the packed functions behind the ``nimble.*`` markers, so the VM can execute them;
+  * target tags for the GPUs we run on: ``nimble/h100`` and ``nimble/h200`` (sm_90).
+"""
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+
+from tvm_nimble.relay_passes.lowered_ir import MARKERS
+
+PLAN_FUNC = "__nimble_plan__"
+PARAMS_FUNC = "__nimble_params__"
+TAGS = {
+    "nimble/h100": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
+                    "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536,
+                    "l2_cache_size_bytes": 52428800},
+    "nimble/h200": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
+                    "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536,
+                    "l2_cache_size_bytes": 62914560},
+}
+
+
+def _register_markers() -> None:
+    names = set(tvm_ffi.registry.list_global_func_names())
+    for name in MARKERS:
+        if name not in names:
+            # In the Relax VM kernels run in program order on one stream: the markers are no-ops.
+            tvm_ffi.register_global_func(name, lambda *args: None)
+
+
+def attach_plan(mod: tvm.IRModule, plan, program) -> tvm.IRModule:
+    """Add ``__nimble_plan__`` (plan JSON) and ``__nimble_params__`` (constants) to ``mod``."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder(mod)
+    with bb.function(PLAN_FUNC, []):
+        bb.emit_func_output(relax.StringImm(plan.to_json(indent=None)) if hasattr(relax, "StringImm")
+                            else tvm.ir.StringImm(plan.to_json(indent=None)))
+    consts = [program.values[c].constant for c in plan.constants]
+    with bb.function(PARAMS_FUNC, []):
+        bb.emit_func_output(relax.Tuple(consts))
+    return bb.get()
+
+
+def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None):
+    """The ``nimble`` Relax pipeline (see module docstring)."""
+    from tvm_nimble.codegen.lower_plan import build_plan
+    from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
+    from tvm_nimble.relay_passes.pipeline import _backend, nimble_lowering
+
+    from .build import _open_database, target_dict
+
+    @tvm.transform.module_pass(opt_level=0, name="nimble.Pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None:
+            raise ValueError("the nimble pipeline needs a target: tvm.compile(mod, target, relax_pipeline='nimble')")
+        database = _open_database(tuning_db) if tuning_db else None
+        mod = nimble_lowering(target, max_streams, database)(mod)
+        plan, _ = build_plan(mod, target_dict(target))
+        mod = attach_plan(mod, plan, read_lowered_function(mod))
+        with target:
+            return tvm.transform.Sequential(list(_backend(target).finalize_passes(target)))(mod)
+
+    return _pipeline
+
+
+def register() -> None:
+    from tvm import relax
+
+    if "nimble" not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline("nimble")(nimble_pipeline)
+    existing = set(tvm.target.tag.list_tags())
+    for name, config in TAGS.items():
+        if name not in existing:
+            tvm.target.tag.register_tag(name, config)
+    _register_markers()
+
+
+def module_from_executable(executable, device=None):
+    """A :class:`NimbleModule` from an executable built with ``relax_pipeline="nimble"``."""
+    import numpy as np
+
+    from tvm_nimble.codegen.plan import Plan
+
+    from .errors import NimbleError
+    from .module import NimbleModule
+
+    _register_markers()
+    lib = executable.mod if hasattr(executable, "mod") and not isinstance(executable, tvm.runtime.Module) else executable
+    try:
+        # The plan and constants live in the VM's constant pool; a host VM reads them back.
+        vm = tvm.runtime.vm.VirtualMachine(lib, tvm.cpu(0))
+        plan_json = str(vm[PLAN_FUNC]())
+        consts = vm[PARAMS_FUNC]()
+    except Exception:
+        raise NimbleError("this executable was not built with relax_pipeline='nimble' (no embedded plan); "
+                          "rebuild it with tvm.compile(mod, target, relax_pipeline='nimble')") from None
+    plan = Plan.from_json(plan_json)
+    params = {f"c{c}": np.asarray(t.numpy()) for c, t in zip(plan.constants, consts)}
+    kernels = lib.imports[0] if len(lib.imports) else lib
+    return NimbleModule(plan, kernels, params, None, {"source": "relax_pipeline=nimble"})

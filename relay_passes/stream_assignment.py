@@ -157,6 +157,50 @@ def _merge_ordered_paths(paths: list[list[int]], reach: list[int]) -> list[list[
     return streams
 
 
+def _complete_chain_cover(streams: list[list[int]], reach: list[int], num_nodes: int) -> list[list[int]]:
+    """Reach the DAG's width when merging whole paths could not.
+
+    Merging whole paths is not always optimal (an optimal chain cover may need to cut a
+    path). The streams define a matching on the transitive closure (each node -> its
+    successor on its stream); Kuhn's augmenting paths over the closure, tried from each
+    stream's last node, grow it to a maximum one, i.e. a minimum chain cover (Dilworth).
+    Matched G' edges are kept unless an augmenting path needs them.
+    """
+    succ_of: dict[int, int] = {}
+    pred_of: dict[int, int] = {}
+    for nodes in streams:
+        for a, b in zip(nodes, nodes[1:]):
+            succ_of[a], pred_of[b] = b, a
+
+    def augment(u: int, visited: list[int]) -> bool:
+        candidates = reach[u] & ~visited[0]
+        while candidates:
+            low = candidates & -candidates
+            v = low.bit_length() - 1
+            candidates ^= low
+            if visited[0] >> v & 1:
+                continue
+            visited[0] |= low
+            if v not in pred_of or augment(pred_of[v], visited):
+                succ_of[u], pred_of[v] = v, u
+                return True
+        return False
+
+    for nodes in streams:
+        end = nodes[-1]
+        if end not in succ_of:
+            augment(end, [0])
+    chains = []
+    for start in range(num_nodes):
+        if start in pred_of:
+            continue
+        chain = [start]
+        while chain[-1] in succ_of:
+            chain.append(succ_of[chain[-1]])
+        chains.append(chain)
+    return chains
+
+
 def _concurrent_pairs(a: list[int], b_mask: int, reach: list[int], reached_by: list[int]) -> int:
     """How many (x in a, y in b) pairs could run concurrently (neither reaches the other)."""
     total = 0
@@ -243,6 +287,7 @@ def assign_streams(num_nodes: int, edges, max_streams: int | None = None) -> Str
     reduced = transitive_reduction(num_nodes, edges, reach)
     matching = _max_matching(num_nodes, num_nodes, reduced)
     streams = _merge_ordered_paths(_paths_from_matching(num_nodes, matching), reach)
+    streams = _complete_chain_cover(streams, reach, num_nodes)
     if max_streams is not None and len(streams) > max_streams:
         streams = _cap_streams(streams, max_streams, reach, num_nodes)
     stream_of = _number_streams(streams, position, num_nodes)

@@ -40,7 +40,7 @@ def main():
     from onnx.reference import ReferenceEvaluator
 
     from tvm_nimble import zoo
-    from tvm_nimble.build import build, normalize_target
+    from tvm_nimble.builder import build, normalize_target
     from tvm_nimble.frontend import from_onnx
     from tvm_nimble.stock import build_stock_vm
 

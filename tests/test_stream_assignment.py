@@ -68,7 +68,7 @@ def check_sync_properties(n, edges, a):
         assert not enforced(n, edges, a, a.syncs[:i] + a.syncs[i + 1:]), f"sync {a.syncs[i]} is redundant"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=int(__import__("os").environ.get("NIMBLE_HYPOTHESIS_EXAMPLES", 200)), deadline=None)
 @given(dags)
 def test_assignment_properties_against_brute_force(dag):
     n, bits = dag

@@ -18,7 +18,7 @@ from .executor import NimbleExecutor  # noqa: E402
 from .module import NimbleModule, load  # noqa: E402
 
 _LAZY = {
-    "build": ("tvm_nimble.build", "build"),
+    "build": ("tvm_nimble.builder", "build"),
     "from_onnx": ("tvm_nimble.frontend", "from_onnx"),
     "assign_streams": ("tvm_nimble.relay_passes.stream_assignment", "assign_streams"),
     "AnnotateStreams": ("tvm_nimble.relay_passes.annotate", "AnnotateStreams"),

@@ -49,7 +49,7 @@ def cmd_demo(args):
 
 
 def cmd_compile(args):
-    from .build import build
+    from .builder import build
 
     from .progress import spinner
 

@@ -21,7 +21,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     import tvm
 
     from . import zoo
-    from .build import build, normalize_target
+    from .builder import build, normalize_target
     from .executor import NimbleExecutor
     from .frontend import from_onnx, load_onnx_model
     from .stock import StockVM, build_stock_vm

@@ -129,17 +129,23 @@ class NimbleExecutor:
         if isinstance(value, tvm.runtime.Tensor):
             tensor = value
         elif hasattr(value, "__dlpack__"):
+            on_host = hasattr(value, "__dlpack_device__") and int(value.__dlpack_device__()[0]) == 1
             try:
-                tensor = tvm.runtime.from_dlpack(value)
+                if on_host:  # numpy accepts any host DLPack tensor (strided, unaligned): copied in
+                    return np.ascontiguousarray(np.from_dlpack(value))
+                tensor = tvm.runtime.from_dlpack(value)  # device tensor: no copy through the host
             except Exception as err:
                 raise InputError(f"input {name!r}: cannot take it through DLPack ({str(err).splitlines()[0]}); "
                                  "pass a contiguous tensor or a numpy array") from None
         else:
             try:
-                return np.ascontiguousarray(np.asarray(value))
+                arr = np.ascontiguousarray(np.asarray(value))
             except Exception:
+                arr = None
+            if arr is None or arr.dtype.kind in "OUSV":
                 raise InputError(f"input {name!r}: expected a numpy array, TVM tensor or DLPack tensor, "
-                                 f"got {type(value).__name__}") from None
+                                 f"got {type(value).__name__}")
+            return arr
         if not tensor.is_contiguous():
             raise InputError(f"input {name!r} is not contiguous; call .contiguous() (torch) or np.ascontiguousarray")
         dev = tensor.device

@@ -8,14 +8,14 @@ from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
 from tvm_nimble.relay_passes.pipeline import kernel_passes
 
-from .build import normalize_target
+from .builder import normalize_target
 
 
 def explain_model(model, target, shape_dict=None, max_streams=None, dot_path=None, show_plan=False,
                   show_ir=False) -> str:
     from tvm_nimble.codegen.lower_plan import build_plan, tvm_static_plan_bytes
 
-    from .build import target_dict
+    from .builder import target_dict
     from .frontend import from_onnx
 
     t = normalize_target(target)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 
-from .build import normalize_target
+from .builder import normalize_target
 from .errors import NimbleError
 
 

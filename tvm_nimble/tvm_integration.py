@@ -57,7 +57,7 @@ def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None
     from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
     from tvm_nimble.relay_passes.pipeline import _backend, nimble_lowering
 
-    from .build import _open_database, target_dict
+    from .builder import _open_database, target_dict
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

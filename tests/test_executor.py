@@ -1,0 +1,118 @@
+"""NimbleExecutor on CPU: outputs against stock TVM VM and the ONNX reference; misuse errors."""
+import threading
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_nimble import NimbleExecutor, NimbleError, ShapeError
+from tvm_nimble.builder import normalize_target
+from tvm_nimble.executor import InputError
+from tvm_nimble.frontend import from_onnx
+from tvm_nimble.stock import StockVM, build_stock_vm
+
+
+def test_outputs_match_stock_vm_and_onnx_reference(zoo_built):
+    b = zoo_built
+    vm = StockVM(build_stock_vm(from_onnx(b.model), normalize_target("llvm")), tvm.cpu(), list(b.inputs.values()))
+    vm_out = vm.outputs()
+    with NimbleExecutor(b.module) as ex:
+        out = [o.numpy() for o in ex(**b.inputs)]
+    for o, v, r in zip(out, vm_out, b.reference):
+        np.testing.assert_allclose(o, v, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_executor_style_api(inception_built):
+    b = inception_built
+    ex = NimbleExecutor(b.module)
+    assert ex.get_num_inputs() == 1 and ex.get_num_outputs() == 1
+    name, value = next(iter(b.inputs.items()))
+    ex.set_input(name, value)
+    ex.run()
+    view = ex.get_output(0)
+    copy = ex.get_output(0, copy=True)
+    np.testing.assert_allclose(view.numpy(), b.reference[0], rtol=1e-4, atol=1e-4)
+    # outputs are views of static buffers: the next run overwrites the view, not the copy
+    ex.set_input(0, tvm.runtime.tensor(np.zeros_like(value)))
+    ex.run()
+    assert not np.allclose(view.numpy(), copy.numpy())
+    np.testing.assert_allclose(copy.numpy(), b.reference[0], rtol=1e-4, atol=1e-4)
+    ex.close()
+    with pytest.raises(NimbleError, match="closed"):
+        ex.run()
+
+
+def test_dlpack_input(inception_built):
+    b = inception_built
+    value = next(iter(b.inputs.values()))
+
+    class DLPackOnly:  # any producer of DLPack, e.g. a torch tensor
+        def __init__(self, arr):
+            self.arr = arr
+
+        def __dlpack__(self, **kw):
+            return self.arr.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.arr.__dlpack_device__()
+
+    with NimbleExecutor(b.module) as ex:
+        out = ex(DLPackOnly(value))[0].numpy()
+    np.testing.assert_allclose(out, b.reference[0], rtol=1e-4, atol=1e-4)
+
+
+def test_bad_inputs_name_the_problem(inception_built):
+    b = inception_built
+    name, value = next(iter(b.inputs.items()))
+    with NimbleExecutor(b.module) as ex:
+        with pytest.raises(InputError, match="unknown input 'nope'.*input"):
+            ex.set_input("nope", value)
+        with pytest.raises(InputError, match="out of range"):
+            ex.set_input(3, value)
+        with pytest.raises(ShapeError, match=r"shape \[1, 3\].*built for"):
+            ex.set_input(name, np.zeros((1, 3), dtype="float32"))
+        with pytest.raises(InputError, match="dtype float64.*cast"):
+            ex.set_input(name, value.astype("float64"))
+        with pytest.raises(InputError, match="takes 1 input"):
+            ex(value, value)
+        with pytest.raises(InputError, match="expected a numpy array"):
+            ex.set_input(name, object())
+
+
+def test_strided_host_input_is_copied_correctly(inception_built):
+    b = inception_built
+    value = next(iter(b.inputs.values()))
+    strided = np.swapaxes(np.swapaxes(value, 1, 3).copy(), 1, 3)  # same values, non-contiguous
+    assert not strided.flags.c_contiguous
+    with NimbleExecutor(b.module) as ex:
+        np.testing.assert_allclose(ex(strided)[0].numpy(), b.reference[0], rtol=1e-4, atol=1e-4)
+
+
+def test_thread_safety_one_instance_serializes(inception_built):
+    b = inception_built
+    value = next(iter(b.inputs.values()))
+    other = np.zeros_like(value)
+    ex = NimbleExecutor(b.module)
+    expected_zero = ex(other, copy=True)[0].numpy()
+    errors = []
+
+    def worker(x, expect):
+        for _ in range(20):
+            out = ex(x, copy=True)[0].numpy()
+            if not np.allclose(out, expect, rtol=1e-4, atol=1e-4):
+                errors.append("mixed-up output")
+
+    threads = [threading.Thread(target=worker, args=(value, b.reference[0])),
+               threading.Thread(target=worker, args=(other, expected_zero))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ex.close()
+    assert errors == []
+
+
+def test_gpu_modes_are_refused_for_a_cpu_artifact(inception_built):
+    with pytest.raises(ValueError, match="does not apply"):
+        NimbleExecutor(inception_built.module, mode="cuda-graph")

@@ -1,0 +1,57 @@
+"""The launch plan: JSON round trip, validation of corrupted plans, the human-readable table."""
+import json
+
+import pytest
+
+from tvm_nimble.codegen.plan import Plan, PlanError
+
+
+def test_json_round_trip(zoo_built):
+    plan = zoo_built.module.plan
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert json.loads(again.to_json()) == json.loads(plan.to_json())
+
+
+def test_table_has_one_line_per_launch(inception_built):
+    plan = inception_built.module.plan
+    table = plan.format_table().splitlines()
+    assert len(table) == len(plan.launches) + 2
+    for launch, line in zip(plan.launches, table[1:]):
+        assert line.split()[:3] == [str(launch.idx), str(launch.stream), launch.kernel]
+
+
+def _corrupt(plan, edit):
+    data = json.loads(plan.to_json())
+    edit(data)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(version=99), "version 99"),
+    (lambda d: d.update(format="something"), "not a tvm-nimble plan"),
+    (lambda d: d["tensors"][3].update(storage=10**6), "missing storage"),
+    (lambda d: d["tensors"][3].update(shape=[10**9]), "overflows storage"),
+    (lambda d: d["tensors"][3].update(dtype="float7"), "unsupported dtype"),
+    (lambda d: d["launches"][0].update(stream=99), "stream 99"),
+    (lambda d: d.update(num_streams="4"), "expected an integer"),
+    (lambda d: d.pop("launches"), "missing or has a malformed field"),
+])
+def test_corrupted_plan_is_rejected_with_a_clear_error(inception_built, edit, message):
+    with pytest.raises(PlanError, match=message):
+        Plan.from_json(_corrupt(inception_built.module.plan, edit))
+
+
+def test_wait_before_record_is_rejected(inception_built):
+    plan = inception_built.module.plan
+    waiting = next(l for l in plan.launches if l.waits)
+
+    def edit(d):
+        d["launches"][waiting.idx]["waits"] = [plan.num_events - 1 + 1000]
+    with pytest.raises(PlanError, match="no earlier launch records"):
+        Plan.from_json(_corrupt(plan, edit))
+
+
+def test_not_json():
+    with pytest.raises(PlanError, match="not valid JSON"):
+        Plan.from_json("{nope")

@@ -1,0 +1,335 @@
+"""ONNX -> Relax, with one-line errors for the problems people actually hit.
+
+``from_onnx`` wraps ``tvm.relax.frontend.onnx.from_onnx`` (weights folded in as constants,
+inference decompositions applied) so the result compiles with
+``tvm.compile(mod, target={"kind": "llvm"})`` or goes straight to ``tvm_nimble.build``.
+Before TVM sees the model it is checked here, so a bad file, an operator TVM cannot convert,
+a dynamic input dim or a wrong ``shape_dict`` is reported as a :class:`~tvm_nimble.errors.NimbleError`
+naming the problem and the fix, never as a traceback from deep inside the importer.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from .errors import ModelError, ShapeError, UnsupportedOperatorError
+
+__all__ = ["from_onnx", "load_onnx_model", "unsupported_operators", "supported_operators",
+           "OnnxFileNotFoundError"]
+
+# Domains whose operators the TVM importer converts (it looks converters up by op_type alone;
+# the contrib ops it knows, e.g. FastGelu, come from onnxruntime's com.microsoft domain).
+_CONVERTIBLE_DOMAINS = ("", "ai.onnx", "com.microsoft")
+# Handled by the importer itself rather than through its converter map.
+_DIRECT_OPS = frozenset({"If", "Constant"})
+_MAX_PROTO_BYTES = 2**31 - 1
+
+
+class OnnxFileNotFoundError(ModelError, FileNotFoundError):
+    """The ONNX file does not exist (also a ``FileNotFoundError``)."""
+
+
+def _one_line(msg: object, limit: int = 300, whole: bool = False) -> str:
+    """An exception message squeezed to one line: its first meaningful line, or (``whole``)
+    all of it (the ONNX checker breaks one sentence over several lines)."""
+    text = str(msg).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = (" ".join(lines) if whole else lines[0]) if lines else type(msg).__name__
+    line = re.sub(r"\s+", " ", line).rstrip(".")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# ---- loading ------------------------------------------------------------------------------
+def _parse(data: bytes, label: str) -> onnx.ModelProto:
+    if len(data) == 0:
+        raise ModelError(f"{label} is not a valid ONNX model (it is empty): re-export it")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # google.protobuf.message.DecodeError, RuntimeWarning, ...
+        raise ModelError(f"{label} is not a valid ONNX model (protobuf parse failed: {_one_line(e)}; "
+                         f"the file may be truncated or not ONNX at all): re-export it") from None
+    _check_parsed(model, label)
+    return model
+
+
+def _check_parsed(model: onnx.ModelProto, label: str) -> None:
+    if not model.HasField("graph") or model.ir_version == 0:
+        what = "no graph" if not model.HasField("graph") else "no IR version"
+        raise ModelError(f"{label} is not a valid ONNX model ({what}; the file may be truncated or not ONNX "
+                         f"at all): re-export it")
+
+
+def load_onnx_model(path_or_model) -> onnx.ModelProto:
+    """An ``onnx.ModelProto`` from a file path (str / ``os.PathLike``, external data is loaded
+    from beside it), serialized bytes, or a ModelProto (returned as is).
+
+    Raises :class:`OnnxFileNotFoundError` for a missing file and :class:`ModelError` for an
+    empty, truncated or malformed one.
+    """
+    if isinstance(path_or_model, onnx.ModelProto):
+        _check_parsed(path_or_model, "the ONNX model")
+        return path_or_model
+    if isinstance(path_or_model, (bytes, bytearray, memoryview)):
+        return _parse(bytes(path_or_model), "the ONNX bytes")
+    if not isinstance(path_or_model, (str, os.PathLike)):
+        raise ModelError(f"expected an ONNX file path, bytes or onnx.ModelProto, got "
+                         f"{type(path_or_model).__name__}: pass one of those")
+    path = os.fspath(path_or_model)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not os.path.exists(path):
+        raise OnnxFileNotFoundError(f"ONNX file not found: {path}")
+    if os.path.isdir(path):
+        raise ModelError(f"{path} is a directory, not an ONNX file: pass the path of the .onnx file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ModelError(f"cannot read ONNX file {path}: {e.strerror or e}: check its permissions") from None
+    model = _parse(data, path)
+    if _uses_external_data(model):
+        try:
+            onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        except Exception as e:
+            raise ModelError(f"{path}: cannot load the model's external weight data ({_one_line(e)}): keep the "
+                             f"weight files next to the .onnx file") from None
+    return model
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+# ---- operators ----------------------------------------------------------------------------
+def supported_operators() -> frozenset[str]:
+    """ONNX op types the installed TVM's Relax ONNX importer can convert."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    get_map = getattr(onnx_frontend, "_get_convert_map", None) or getattr(onnx_frontend, "_get_converter_map")
+    return frozenset(get_map()) | _DIRECT_OPS
+
+
+def _walk_nodes(graph: onnx.GraphProto):
+    """Nodes of ``graph`` and of the If branches the importer converts with it."""
+    for node in graph.node:
+        yield node
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from _walk_nodes(attr.g)
+
+
+def unsupported_operators(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """``{op: [node names]}`` for the nodes TVM's ONNX importer cannot convert; an op outside
+    the ONNX / com.microsoft domains is named ``domain::OpType``."""
+    supported = supported_operators()
+    bad: dict[str, list[str]] = {}
+    for node in _walk_nodes(model.graph):
+        if node.op_type in supported and node.domain in _CONVERTIBLE_DOMAINS:
+            continue
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        bad.setdefault(key, []).append(node.name or "<unnamed>")
+    return bad
+
+
+def _check_operators(model: onnx.ModelProto, label: str) -> None:
+    bad = unsupported_operators(model)
+    if not bad:
+        return
+    import tvm
+
+    parts = [f"{op} ({len(names)} node{'s' if len(names) > 1 else ''}, e.g. {names[0]!r})"
+             for op, names in sorted(bad.items())]
+    funcs = {f.name for f in model.functions}
+    them = "them" if len(bad) > 1 else "it"
+    hint = (f"replace {them} with supported ONNX ops (re-export with another opset or decompose {them}), "
+            "or run that part of the model outside TVM")
+    if funcs & {op.split("::")[-1] for op in bad}:
+        hint = "inline the model's local functions (onnx.inliner.inline_local_functions) or " + hint
+    raise UnsupportedOperatorError(
+        f"{label} uses {len(bad)} operator type{'s' if len(bad) > 1 else ''} that TVM {tvm.__version__}'s ONNX "
+        f"importer does not support: {', '.join(parts)}: {hint}")
+
+
+# ---- checker ------------------------------------------------------------------------------
+def _check_model(model: onnx.ModelProto, label: str, path: str | None) -> None:
+    try:
+        if model.ByteSize() > _MAX_PROTO_BYTES:
+            if path is None:
+                return  # too large for the in-memory checker; the importer will still validate it
+            onnx.checker.check_model(path)
+        else:
+            onnx.checker.check_model(model)
+    except Exception as e:  # onnx.checker.ValidationError and friends
+        raise ModelError(f"{label} fails the ONNX checker: {_one_line(e, whole=True)}: fix the model or re-export it") from None
+
+
+# ---- inputs and shapes --------------------------------------------------------------------
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _dims(vi: onnx.ValueInfoProto):
+    """Declared dims (int, or the dim_param string / None when dynamic); None for unknown rank."""
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+        return None
+    return [int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+            for d in tt.shape.dim]
+
+
+def _example(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
+    """A ready-to-paste shape_dict: the model's static dims, 1 for dynamic ones."""
+    ex = {}
+    for vi in inputs:
+        if vi.name in shape_dict:
+            ex[vi.name] = tuple(int(d) for d in shape_dict[vi.name])
+            continue
+        dims = _dims(vi)
+        ex[vi.name] = (1, 3, 224, 224) if dims is None else tuple(d if isinstance(d, int) else 1 for d in dims)
+    return "{" + ", ".join(f"{k!r}: {v}" for k, v in ex.items()) + "}"
+
+
+def _normalize_shape_dict(shape_dict, inputs: list[onnx.ValueInfoProto]) -> dict[str, tuple[int, ...]]:
+    if shape_dict is None:
+        return {}
+    names = [vi.name for vi in inputs]
+    if not isinstance(shape_dict, Mapping):
+        raise ShapeError(f"shape_dict must map input names to shapes, e.g. shape_dict={_example(inputs, {})}, "
+                         f"got {type(shape_dict).__name__}")
+    unknown = [k for k in shape_dict if k not in names]
+    if unknown:
+        raise ShapeError(f"shape_dict names input{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(repr(k) for k in unknown)} that the model does not have: its inputs are "
+                         f"{', '.join(repr(n) for n in names) or '(none)'}")
+    out = {}
+    for vi in inputs:
+        if vi.name not in shape_dict:
+            continue
+        shape = shape_dict[vi.name]
+        ok = isinstance(shape, Sequence) and not isinstance(shape, (str, bytes)) or isinstance(shape, np.ndarray)
+        if ok:
+            shape = tuple(shape)
+            ok = all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape)
+        if not ok:
+            raise ShapeError(f"shape_dict[{vi.name!r}] = {shape!r} is not a static shape: give positive ints, "
+                             f"e.g. shape_dict={_example(inputs, {})}")
+        shape = tuple(int(d) for d in shape)
+        dims = _dims(vi)
+        if dims is not None and len(dims) != len(shape):
+            raise ShapeError(f"shape_dict[{vi.name!r}] = {shape} has rank {len(shape)} but input {vi.name!r} has "
+                             f"rank {len(dims)} ({_fmt_dims(dims)}): give a shape of rank {len(dims)}")
+        if dims is not None:
+            clash = [(i, d, s) for i, (d, s) in enumerate(zip(dims, shape)) if isinstance(d, int) and d != s]
+            if clash:
+                i, d, s = clash[0]
+                warnings.warn(f"shape_dict[{vi.name!r}] overrides the model's static dim {i} ({d} -> {s}); "
+                              f"the import may fail if the graph depends on it", stacklevel=3)
+        out[vi.name] = shape
+    return out
+
+
+def _fmt_dims(dims) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ")"
+
+
+def _check_static_inputs(inputs: list[onnx.ValueInfoProto], shape_dict: dict) -> None:
+    problems = []
+    for vi in inputs:
+        if vi.name in shape_dict or not vi.type.HasField("tensor_type"):
+            continue  # (sequence / optional inputs are left to the importer)
+        dims = _dims(vi)
+        if dims is None:
+            problems.append(f"input {vi.name!r} has unknown rank")
+            continue
+        dyn = [f"dim {i} ({d!r})" if d else f"dim {i} (unknown)" for i, d in enumerate(dims) if not isinstance(d, int)]
+        if dyn:
+            problems.append(f"input {vi.name!r} {_fmt_dims(dims)} has dynamic {', '.join(dyn)}")
+    if problems:
+        raise ShapeError(f"{'; '.join(problems)}: tvm-nimble needs static shapes, pass them as "
+                         f"shape_dict={_example(inputs, shape_dict)}")
+
+
+# ---- import -------------------------------------------------------------------------------
+def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = None):
+    """Import an ONNX model (file path, bytes or ModelProto) as a Relax ``tvm.IRModule``.
+
+    ``shape_dict`` (``{"input": (1, 3, 224, 224)}``) fixes the shapes of inputs with dynamic
+    dims. Weights become constants and inference-only decompositions (batch norm, ...) are
+    applied, so ``tvm.compile(mod, target={"kind": "llvm"})`` works on the result.
+
+    Raises :class:`~tvm_nimble.errors.ModelError` (missing / malformed file, checker failure,
+    importer failure), :class:`~tvm_nimble.errors.UnsupportedOperatorError` (naming every op
+    type TVM cannot convert) or :class:`~tvm_nimble.errors.ShapeError` (dynamic input dims,
+    bad ``shape_dict``).
+    """
+    path = None
+    if isinstance(path_or_model, (str, os.PathLike)):
+        path = os.fsdecode(os.fspath(path_or_model))
+        label = path
+    else:
+        label = "the ONNX model"
+    model = load_onnx_model(path_or_model)
+
+    if len(model.functions):
+        try:  # the importer does not expand model-local functions: inline them first
+            from onnx import inliner
+
+            model = inliner.inline_local_functions(model)
+        except Exception:  # noqa: BLE001  (the operator check below reports what remains)
+            pass
+
+    _check_operators(model, label)
+    inputs = _graph_inputs(model)
+    shapes = _normalize_shape_dict(shape_dict, inputs)
+    _check_static_inputs(inputs, shapes)
+    if shapes:  # check and import the model with its inputs fixed (the checker insists on input shapes)
+        model = _with_input_shapes(model, shapes)
+        path = None
+    _check_model(model, label, path)
+    return _import(model, shapes, label)
+
+
+def _with_input_shapes(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for vi in fixed.graph.input:
+        if vi.name in shapes and vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+            vi.type.tensor_type.shape.SetInParent()  # present even for a rank-0 shape
+            for d in shapes[vi.name]:
+                vi.type.tensor_type.shape.dim.add().dim_value = d
+    return fixed
+
+
+def _import(model: onnx.ModelProto, shapes: dict, label: str):
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
+
+    printed = io.StringIO()
+    try:
+        # on a failure the importer prints "Error converting operator <op>, with inputs: <IR>"
+        # to stdout: keep that out of the user's terminal, but use it to name the operator
+        with contextlib.redirect_stdout(printed):
+            mod = tvm_from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False)
+    except Exception as e:  # noqa: BLE001  (anything from deep inside the importer)
+        m = re.search(r"Error converting operator (\S+?),", printed.getvalue())
+        where = f" while converting a {m.group(1)} node" if m else ""
+        raise ModelError(f"TVM {tvm.__version__}'s ONNX importer failed on {label}{where}: {type(e).__name__}: "
+                         f"{_one_line(e)}: simplify or re-export the model (e.g. onnxsim, another opset)") from e
+    try:
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"TVM could not prepare {label} for inference (DecomposeOpsForInference): "
+                         f"{_one_line(e)}: simplify or re-export the model") from e
+    return mod

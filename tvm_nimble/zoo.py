@@ -1,0 +1,343 @@
+"""A zoo of small ONNX models built in code, for tests, demos and benchmarks.
+
+Every model has seeded random weights (``numpy.random.default_rng(seed)``), static shapes,
+opset 17, one float32 input named ``"input"`` of shape ``(batch, in_channels, hw, hw)`` and one
+output named ``"output"`` produced by a small classifier head
+(GlobalAveragePool -> Flatten -> Gemm). Defaults are small so a CPU (llvm) TVM compile takes
+a few seconds; ``hw`` and ``channels`` scale them up for GPU benchmarks.
+
+    >>> from tvm_nimble import zoo
+    >>> model = zoo.get_model("inception", blocks=2)
+    >>> inputs = zoo.random_inputs(model, seed=0)      # {"input": float32 array (1, 3, 16, 16)}
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # the IR version that goes with opset 17: readable by older ONNX tooling too
+INPUT_NAME = "input"
+OUTPUT_NAME = "output"
+NUM_CLASSES = 10
+
+__all__ = ["ZOO", "get_model", "save", "input_shape", "random_inputs", "inception", "nasnet",
+           "resnet_chain", "mobilenet_chain", "random_dag", "OPSET"]
+
+
+def _positive(name: str, value: int, minimum: int = 1) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class _GraphBuilder:
+    """Collects nodes and initializers; tracks every tensor's channel count and a rough estimate
+    of its mean square so weights can be scaled to keep activations O(1) (the ONNX reference
+    evaluator and TVM are compared with tight tolerances)."""
+
+    def __init__(self, name: str, seed: int, batch: int, in_channels: int, hw: int):
+        self.name = name
+        self.rng = np.random.default_rng(seed)
+        self.batch = _positive("batch", batch)
+        self.hw = _positive("hw", hw)
+        self.in_channels = _positive("in_channels", in_channels)
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.channels: dict[str, int] = {INPUT_NAME: self.in_channels}
+        self.m2: dict[str, float] = {INPUT_NAME: 1.0}  # random_inputs draws standard normals
+        self._count: dict[str, int] = {}
+
+    # ---- naming and constants ---------------------------------------------------------------
+    def _fresh(self, prefix: str) -> str:
+        n = self._count.get(prefix, 0)
+        self._count[prefix] = n + 1
+        return f"{prefix}_{n}"
+
+    def const(self, prefix: str, array: np.ndarray) -> str:
+        name = self._fresh(prefix)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
+        return name
+
+    def _node(self, op: str, inputs: list[str], channels: int, m2: float, **attrs) -> str:
+        out = self._fresh(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{out}_node", **attrs))
+        self.channels[out] = channels
+        self.m2[out] = max(float(m2), 1e-3)
+        return out
+
+    # ---- ops --------------------------------------------------------------------------------
+    def conv(self, x: str, cout: int, k: int = 1, group: int = 1, stride: int = 1, gain: float = 2.0,
+             relu: bool = False) -> str:
+        """Conv with 'same' padding. ``gain`` 2 suits a following Relu (He), 1 keeps the scale."""
+        cin = self.channels[x]
+        if cin % group or cout % group:
+            raise ValueError(f"conv groups {group} must divide channels {cin} -> {cout}")
+        fan_in = (cin // group) * k * k
+        std = np.sqrt(gain / (fan_in * self.m2[x]))
+        w = self.const("w", self.rng.normal(0.0, std, size=(cout, cin // group, k, k)))
+        b = self.const("b", self.rng.normal(0.0, 0.05, size=(cout,)))
+        p = k // 2
+        y = self._node("Conv", [x, w, b], cout, gain, kernel_shape=[k, k], pads=[p, p, p, p],
+                       strides=[stride, stride], group=group, dilations=[1, 1])
+        return self.relu(y) if relu else y
+
+    def relu(self, x: str) -> str:
+        return self._node("Relu", [x], self.channels[x], self.m2[x] / 2)
+
+    def clip6(self, x: str) -> str:
+        lo = self.const("clip_min", np.array(0.0))
+        hi = self.const("clip_max", np.array(6.0))
+        return self._node("Clip", [x, lo, hi], self.channels[x], self.m2[x] / 2)
+
+    def add(self, a: str, b: str) -> str:
+        if self.channels[a] != self.channels[b]:
+            raise ValueError(f"Add of {a} ({self.channels[a]} ch) and {b} ({self.channels[b]} ch)")
+        return self._node("Add", [a, b], self.channels[a], self.m2[a] + self.m2[b])
+
+    def concat(self, xs: list[str]) -> str:
+        c = sum(self.channels[x] for x in xs)
+        m2 = sum(self.m2[x] * self.channels[x] for x in xs) / c
+        return self._node("Concat", list(xs), c, m2, axis=1)
+
+    def maxpool(self, x: str, k: int = 3) -> str:
+        p = k // 2
+        return self._node("MaxPool", [x], self.channels[x], self.m2[x] * 1.5, kernel_shape=[k, k],
+                          pads=[p, p, p, p], strides=[1, 1])
+
+    def avgpool(self, x: str, k: int = 3) -> str:
+        p = k // 2
+        return self._node("AveragePool", [x], self.channels[x], self.m2[x] / 2, kernel_shape=[k, k],
+                          pads=[p, p, p, p], strides=[1, 1], count_include_pad=0)
+
+    def sep_conv(self, x: str, k: int) -> str:
+        """Separable conv, NASNet style: Relu -> depthwise kxk (group = C) -> 1x1 conv."""
+        c = self.channels[x]
+        y = self.conv(self.relu(x), c, k=k, group=c, gain=1.0)
+        return self.conv(y, c, k=1, gain=1.0)
+
+    # ---- model ------------------------------------------------------------------------------
+    def finish(self, x: str, num_classes: int = NUM_CLASSES) -> onnx.ModelProto:
+        """Classifier head (GlobalAveragePool -> Flatten -> Gemm) and the ModelProto."""
+        c = self.channels[x]
+        g = self._node("GlobalAveragePool", [x], c, self.m2[x])
+        f = self._node("Flatten", [g], c, self.m2[g], axis=1)
+        w = self.const("fc_w", self.rng.normal(0.0, np.sqrt(1.0 / (c * max(self.m2[f], 1e-3))),
+                                               size=(num_classes, c)))
+        b = self.const("fc_b", self.rng.normal(0.0, 0.05, size=(num_classes,)))
+        self.nodes.append(helper.make_node("Gemm", [f, w, b], [OUTPUT_NAME], name="fc_node", transB=1))
+        graph = helper.make_graph(
+            self.nodes, self.name,
+            [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT,
+                                           [self.batch, self.in_channels, self.hw, self.hw])],
+            [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [self.batch, num_classes])],
+            initializer=self.inits,
+        )
+        model = helper.make_model(graph, producer_name="tvm-nimble.zoo",
+                                  opset_imports=[helper.make_opsetid("", OPSET)])
+        model.ir_version = IR_VERSION
+        return model
+
+
+# ---- builders -------------------------------------------------------------------------------
+def inception(blocks: int = 3, batch: int = 1, seed: int = 0, *, hw: int = 16, channels: int = 16,
+              in_channels: int = 3) -> onnx.ModelProto:
+    """Inception-style net: a 3x3 stem, then ``blocks`` blocks of four parallel branches
+    (1x1; 1x1->3x3; 1x1->3x3->3x3; 3x3 maxpool->1x1), each conv followed by Relu, joined by a
+    channel Concat. Every branch has ``channels // 4`` channels so blocks chain."""
+    blocks = _positive("blocks", blocks)
+    channels = _positive("channels", channels, 4)
+    if channels % 4:
+        raise ValueError(f"inception channels must be a multiple of 4, got {channels}")
+    b = _GraphBuilder(f"inception{blocks}", seed, batch, in_channels, hw)
+    q = channels // 4
+    x = b.conv(INPUT_NAME, channels, k=3, relu=True)
+    for _ in range(blocks):
+        b1 = b.conv(x, q, k=1, relu=True)
+        b2 = b.conv(b.conv(x, q, k=1, relu=True), q, k=3, relu=True)
+        b3 = b.conv(b.conv(b.conv(x, max(q // 2, 1), k=1, relu=True), q, k=3, relu=True), q, k=3, relu=True)
+        b4 = b.conv(b.maxpool(x), q, k=1, relu=True)
+        x = b.concat([b1, b2, b3, b4])
+    return b.finish(x)
+
+
+def nasnet(cells: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, channels: int = 16,
+           in_channels: int = 3) -> onnx.ModelProto:
+    """NASNet-A-style normal cells. Each cell takes the previous two cell outputs (skip
+    connections), preprocesses each with Relu -> 1x1 conv, and combines five pairs of small ops
+    (separable 3x3/5x5 convs = depthwise Conv(group=C) + 1x1 Conv, 3x3 avg/max pools, identity)
+    by Add; the five sums are concatenated and a 1x1 conv brings the channels back to
+    ``channels``."""
+    cells = _positive("cells", cells)
+    channels = _positive("channels", channels)
+    b = _GraphBuilder(f"nasnet{cells}", seed, batch, in_channels, hw)
+    stem = b.conv(INPUT_NAME, channels, k=3, gain=1.0)
+    prev, cur = stem, stem
+    for _ in range(cells):
+        hp = b.conv(b.relu(prev), channels, k=1, gain=1.0)  # h_{i-1}
+        h = b.conv(b.relu(cur), channels, k=1, gain=1.0)    # h_i
+        outs = [
+            b.add(b.sep_conv(h, 3), h),
+            b.add(b.sep_conv(hp, 3), b.sep_conv(h, 5)),
+            b.add(b.avgpool(h), hp),
+            b.add(b.avgpool(hp), b.maxpool(h)),
+            b.add(b.sep_conv(hp, 5), b.sep_conv(hp, 3)),
+        ]
+        prev, cur = cur, b.conv(b.concat(outs), channels, k=1, gain=1.0)
+    return b.finish(b.relu(cur))
+
+
+def resnet_chain(blocks: int = 4, batch: int = 1, seed: int = 0, *, hw: int = 16, channels: int = 16,
+                 in_channels: int = 3) -> onnx.ModelProto:
+    """ResNet basic blocks in a chain: conv3x3-Relu-conv3x3, residual Add, Relu."""
+    blocks = _positive("blocks", blocks)
+    channels = _positive("channels", channels)
+    b = _GraphBuilder(f"resnet{blocks}", seed, batch, in_channels, hw)
+    x = b.conv(INPUT_NAME, channels, k=3, relu=True)
+    for _ in range(blocks):
+        y = b.conv(x, channels, k=3, relu=True)
+        y = b.conv(y, channels, k=3, gain=0.5)
+        x = b.relu(b.add(x, y))
+    return b.finish(x)
+
+
+def mobilenet_chain(blocks: int = 4, batch: int = 1, seed: int = 0, *, hw: int = 16, channels: int = 16,
+                    in_channels: int = 3, expand: int = 4) -> onnx.ModelProto:
+    """MobileNetV2 inverted-residual blocks: 1x1 expand -> Clip(0, 6), depthwise 3x3
+    (group = expanded channels) -> Clip(0, 6), linear 1x1 project. The first block widens
+    ``channels // 2`` to ``channels`` and the middle block has stride 2 (when the spatial size
+    allows it); the others keep the shape and add the residual."""
+    blocks = _positive("blocks", blocks)
+    channels = _positive("channels", channels, 2)
+    expand = _positive("expand", expand)
+    b = _GraphBuilder(f"mobilenet{blocks}", seed, batch, in_channels, hw)
+    x = b.clip6(b.conv(INPUT_NAME, max(channels // 2, 1), k=3))
+    size = hw
+    for i in range(blocks):
+        stride = 2 if (i == blocks // 2 and i > 0 and size >= 4) else 1
+        cin = b.channels[x]
+        e = cin * expand
+        y = b.clip6(b.conv(x, e, k=1))
+        y = b.clip6(b.conv(y, e, k=3, group=e, stride=stride))
+        y = b.conv(y, channels, k=1, gain=1.0)
+        size = (size - 1) // stride + 1
+        x = b.add(x, y) if (stride == 1 and cin == channels) else y
+    return b.finish(x)
+
+
+def random_dag(num_ops: int = 12, seed: int = 0, batch: int = 1, *, hw: int = 8, channels: int = 8,
+               in_channels: int = 3) -> onnx.ModelProto:
+    """A random DAG of ``num_ops`` ops (Conv 3x3 / Conv 1x1 with same padding, Add, Relu, and
+    Concat followed by a 1x1 Conv back to ``channels``) over tensors that all have ``channels``
+    channels and the same spatial size. Inputs are drawn from earlier tensors, favouring recent
+    ones. Tensors nobody consumes are concatenated (+ 1x1 conv) at the end, so the single output
+    depends on every op. Deterministic for a given ``seed``."""
+    num_ops = _positive("num_ops", num_ops)
+    channels = _positive("channels", channels)
+    b = _GraphBuilder(f"random_dag{num_ops}_s{seed}", seed, batch, in_channels, hw)
+    rng = b.rng
+    pool = [b.conv(INPUT_NAME, channels, k=3, gain=1.0)]
+    consumed: set[str] = set()
+
+    def pick(k: int) -> list[str]:
+        # favour recent tensors (deeper graphs) without starving old ones (wider graphs)
+        w = np.arange(1, len(pool) + 1, dtype=np.float64) ** 1.5
+        idx = rng.choice(len(pool), size=min(k, len(pool)), replace=False, p=w / w.sum())
+        return [pool[i] for i in sorted(idx)]
+
+    kinds = ["conv3", "conv1", "add", "concat", "relu"]
+    probs = [0.3, 0.2, 0.2, 0.15, 0.15]
+    for _ in range(num_ops):
+        kind = kinds[rng.choice(len(kinds), p=probs)]
+        if kind in ("add", "concat") and len(pool) < 2:
+            kind = "conv1"
+        if kind == "conv3":
+            ins = pick(1)
+            out = b.conv(ins[0], channels, k=3, gain=1.0)
+        elif kind == "conv1":
+            ins = pick(1)
+            out = b.conv(ins[0], channels, k=1, gain=1.0)
+        elif kind == "relu":
+            ins = pick(1)
+            out = b.relu(ins[0])
+        elif kind == "add":
+            ins = pick(2)
+            out = b.add(ins[0], ins[1])
+        else:
+            ins = pick(int(rng.integers(2, 4)))
+            out = b.conv(b.concat(ins), channels, k=1, gain=1.0)
+        consumed.update(ins)
+        pool.append(out)
+    sinks = [t for t in pool if t not in consumed]
+    out = sinks[0] if len(sinks) == 1 else b.conv(b.concat(sinks), channels, k=1, gain=1.0)
+    return b.finish(out)
+
+
+ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
+    "inception": inception,
+    "nasnet": nasnet,
+    "resnet": resnet_chain,
+    "mobilenet": mobilenet_chain,
+    "random_dag": random_dag,
+}
+
+
+def get_model(name: str, **kw) -> onnx.ModelProto:
+    """Build the zoo model ``name`` (a key of :data:`ZOO`) with the builder's keyword arguments."""
+    try:
+        fn = ZOO[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown zoo model {name!r}: valid names are {', '.join(sorted(ZOO))}") from None
+    return fn(**kw)
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike) -> str:
+    """Write ``model`` to ``path`` (parent folders are created); returns the path."""
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    onnx.save(model, path)
+    return path
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real graph inputs: older exporters also list initializers (weights) as inputs."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def _dims(vi: onnx.ValueInfoProto) -> tuple:
+    return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+                 for d in vi.type.tensor_type.shape.dim)
+
+
+def input_shape(model: onnx.ModelProto) -> dict[str, tuple]:
+    """``{input name: shape}``; a symbolic dim appears as its name (``"N"``), an unknown one as ``None``."""
+    return {vi.name: _dims(vi) for vi in _graph_inputs(model)}
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs for every graph input: standard normals for float inputs, small
+    non-negative integers for integer inputs, random booleans for bool inputs."""
+    from .errors import ShapeError
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for vi in _graph_inputs(model):
+        shape = _dims(vi)
+        if any(not isinstance(d, int) for d in shape):
+            raise ShapeError(f"input {vi.name!r} has a dynamic shape {shape}: random_inputs needs static shapes "
+                             f"(fix the dims in the model first)")
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            out[vi.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            out[vi.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
+        else:
+            out[vi.name] = rng.integers(0, 10, size=shape).astype(dtype)
+    return out

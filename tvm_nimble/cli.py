@@ -11,8 +11,8 @@ EPILOG = """examples:
   tvm-nimble compile model.onnx -o model.nimble --target llvm --shape input=1,3,224,224
   tvm-nimble run model.nimble --input input=x.npy --output-dir out/
   tvm-nimble explain model.onnx --dot model.dot
-  tvm-nimble bench model.onnx --target cuda --arch sm_90
-  tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480
+  tvm-nimble bench --onnx model.onnx --target cuda
+  tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480 -o model.nimble
 """
 
 
@@ -102,11 +102,15 @@ def cmd_explain(args):
 
 
 def cmd_bench(args):
-    from scripts_entry import run_script  # noqa: F401  (resolved below)
+    from .bench_cli import main as bench_main
+
+    bench_main(args.rest)
 
 
 def cmd_tune(args):
-    pass
+    from .tune_cli import main as tune_main
+
+    tune_main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,9 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(name, fn, help_text, example):
+    def add(name, fn, help_text, example, passthrough=False):
+        # bench/tune forward their arguments (and --help) to their own parsers
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=f"example:\n  {example}",
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter, add_help=not passthrough)
         p.set_defaults(fn=fn)
         return p
 
@@ -156,18 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ir", action="store_true", help="print the annotated Relax IR")
 
     p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (scripts/benchmark.py)",
-            "tvm-nimble bench model.onnx --target cuda --arch sm_90")
+            "tvm-nimble bench --models inception,nasnet --batch 1", passthrough=True)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/benchmark.py")
 
     p = add("tune", cmd_tune, "tune kernels with MetaSchedule + XGBoost (scripts/tune_and_build.py)",
-            "tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480")
+            "tvm-nimble tune model.onnx --target cuda --trials 300 --time-budget 480", passthrough=True)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/tune_and_build.py")
     return parser
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv and argv[0] in ("bench", "tune"):  # forwarded whole, --help included
+        args = argparse.Namespace(fn=cmd_bench if argv[0] == "bench" else cmd_tune, rest=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     from .errors import NimbleError
 
     try:

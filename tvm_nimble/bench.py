@@ -1,0 +1,281 @@
+"""Benchmark harness: Nimble vs stock TVM (and PyTorch / TensorRT where present), side by side.
+
+Every system is built from the same model, outputs are checked against stock TVM first,
+then all systems are timed in one process, interleaved round by round, after warm-up.
+Results are appended to ``results.csv`` (date, device, model, batch, dtype, system,
+median_ms, p90_ms); ``RESULTS.md`` and a bar chart are regenerated from the whole CSV.
+A system that cannot run here (no GPU, no torch, no TensorRT) is reported as such, never
+with a made-up number.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+from dataclasses import dataclass
+
+import numpy as np
+
+CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "system", "median_ms", "p90_ms"]
+BASELINE_GPU = "tvm-vm-cudagraph"
+BASELINE_CPU = "tvm-vm"
+
+
+@dataclass
+class System:
+    name: str
+    run: object  # callable: one inference
+    sync: object  # callable: wait for completion
+    outputs: object  # callable -> list[np.ndarray]
+
+
+def device_name(use_gpu: bool) -> str:
+    if use_gpu:
+        try:
+            from cuda.bindings import runtime as rt
+
+            _, prop = rt.cudaGetDeviceProperties(0)
+            name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
+            return name.split("\x00")[0].strip()
+        except Exception:
+            return "cuda GPU"
+    return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None) -> list[System]:
+    """Stock TVM and Nimble systems, all from the same kernels (and tuning database)."""
+    from .builder import _open_database, build
+    from .executor import NimbleExecutor
+    from .frontend import from_onnx
+    from .stock import StockVM, build_stock_vm
+
+    mod = from_onnx(model)
+    db = _open_database(tuning_db) if tuning_db else None
+    systems = []
+    vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)
+    systems.append(System("tvm-vm", vm, vm.sync, vm.outputs))
+    if use_gpu:
+        g = StockVM(build_stock_vm(mod, target, cuda_graph=True, tuning_database=db), device, inputs)
+        systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs))
+    nimble = build(mod, target, tuning_db=tuning_db)
+    modes = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "nimble-multi-stream-graph",
+             "streams": "nimble-multi-stream-nograph"} if use_gpu else {"sequential": "nimble-aot-cpu"}
+    for mode, label in modes.items():
+        ex = NimbleExecutor(nimble, device, mode=mode)
+        for i, x in enumerate(inputs):
+            ex.set_input(i, x)
+
+        def outs(ex=ex):
+            ex.run()
+            return [ex.get_output(i).numpy() for i in range(ex.get_num_outputs())]
+
+        systems.append(System(label, ex.run, ex.sync, outs))
+    return systems
+
+
+def torch_systems(torch_model, inputs: list[np.ndarray]) -> tuple[list[System], list[str]]:
+    """PyTorch eager, CUDA graph and torch.compile(reduce-overhead), when torch and a GPU exist."""
+    try:
+        import torch
+    except ImportError:
+        return [], ["PyTorch not installed: torch rows skipped"]
+    if torch_model is None:
+        return [], ["no PyTorch definition of this model (zoo models are ONNX): torch rows skipped"]
+    if not torch.cuda.is_available():
+        return [], ["PyTorch has no CUDA device here: torch rows skipped"]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = torch_model.eval().cuda()
+    xs = [torch.from_numpy(x).cuda() for x in inputs]
+    sync = torch.cuda.synchronize
+    systems = []
+
+    def eager():
+        with torch.no_grad():
+            return model(*xs)
+
+    systems.append(System("torch-eager", eager, sync, lambda: [eager().cpu().numpy()]))
+    static_out = [None]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(3):
+            model(*xs)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        static_out[0] = model(*xs)
+    systems.append(System("torch-cudagraph", graph.replay, sync, lambda: [static_out[0].cpu().numpy()]))
+    compiled = torch.compile(model, mode="reduce-overhead")
+
+    def comp():
+        with torch.no_grad():
+            return compiled(*xs)
+
+    systems.append(System("torch-compile", comp, sync, lambda: [comp().clone().cpu().numpy()]))
+    return systems, []
+
+
+def tensorrt_systems(onnx_model, inputs) -> tuple[list[System], list[str]]:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return [], ["TensorRT not installed: no TensorRT row (it cannot be installed on our machines)"]
+    return [], ["TensorRT is importable but its ONNX-parser baseline is not implemented yet: no row"]
+
+
+def interleaved_timing(systems: list[System], rounds: int = 5, iters: int = 50, warmup: int = 10) -> dict:
+    import time
+
+    samples = {s.name: [] for s in systems}
+    for s in systems:
+        for _ in range(warmup):
+            s.run()
+        s.sync()
+    for _ in range(rounds):
+        for s in systems:
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                s.run()
+                s.sync()
+                samples[s.name].append((time.perf_counter() - t0) * 1e3)
+    return {k: (float(np.median(v)), float(np.percentile(v, 90))) for k, v in samples.items()}
+
+
+def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=1e-3) -> dict:
+    ref = next(s for s in systems if s.name == reference_name).outputs()
+    errors = {}
+    for s in systems:
+        out = s.outputs()
+        err = max(float(np.abs(np.asarray(o) - r).max()) for o, r in zip(out, ref))
+        errors[s.name] = err
+        scale = max(1.0, max(float(np.abs(r).max()) for r in ref))
+        if err > atol * scale + rtol * scale:
+            raise AssertionError(f"{s.name} disagrees with {reference_name}: max abs error {err:.3g}")
+    return errors
+
+
+def append_rows(csv_path: str, rows: list[dict]) -> None:
+    new = not os.path.exists(csv_path)
+    os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+    with open(csv_path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: r[k] for k in CSV_COLUMNS})
+
+
+def read_rows(csv_path: str) -> list[dict]:
+    with open(csv_path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[str] | None = None,
+                 versions: str = "") -> None:
+    """Regenerate RESULTS.md (and a bar chart) from every row of the CSV."""
+    rows = read_rows(csv_path)
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["device"], r["date"], r["model"], r["batch"], r["dtype"]), []).append(r)
+    lines = ["# Benchmark results", "",
+             "Generated by `scripts/benchmark.py` from `benchmarks/results.csv`; every table is one run on one "
+             "device (systems timed interleaved in the same process). Speedups are ratios of medians.", ""]
+    if versions:
+        lines += [versions, ""]
+    for (device, date, model, batch, dtype), rs in sorted(groups.items()):
+        by = {r["system"]: float(r["median_ms"]) for r in rs}
+        base = BASELINE_GPU if BASELINE_GPU in by else BASELINE_CPU
+        lines += [f"## {model}, batch {batch}, {dtype} — {device} ({date})", "",
+                  f"| system | median ms | p90 ms | speedup vs {base} |" + (" vs torch-eager |" if "torch-eager" in by else ""),
+                  "|---|---|---|---|" + ("---|" if "torch-eager" in by else "")]
+        for r in rs:
+            m = float(r["median_ms"])
+            line = f"| {r['system']} | {m:.4f} | {float(r['p90_ms']):.4f} | {by[base] / m:.2f}x |"
+            if "torch-eager" in by:
+                line += f" {by['torch-eager'] / m:.2f}x |"
+            lines.append(line)
+        lines.append("")
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    with open(md_path, "w") as f:
+        f.write("\n".join(lines))
+    if png_path:
+        _bar_chart(groups, png_path)
+
+
+def _bar_chart(groups, png_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latest: dict[tuple, list[dict]] = {}
+    for (device, date, model, batch, dtype), rs in sorted(groups.items()):
+        latest[(device, model, batch, dtype)] = rs  # sorted by date: the newest wins
+    n = len(latest)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 1.2 + 0.45 * max(len(v) for v in latest.values()) * n), squeeze=False)
+    for ax, ((device, model, batch, dtype), rs) in zip(axes[:, 0], latest.items()):
+        names = [r["system"] for r in rs]
+        vals = [float(r["median_ms"]) for r in rs]
+        colors = ["#d62728" if "nimble-multi" in s or s == "nimble-aot-cpu" else "#1f77b4" for s in names]
+        ax.barh(names, vals, color=colors)
+        ax.set_title(f"{model} b{batch} {dtype} — {device}", fontsize=9)
+        ax.set_xlabel("median latency (ms), lower is better", fontsize=8)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
+def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
+                  out_dir: str = "benchmarks", tuning_db: str | None = None, torch_models: dict | None = None,
+                  dtype: str = "float32") -> tuple[list[dict], list[str]]:
+    """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes)."""
+    import tvm
+
+    from . import zoo
+    from .builder import normalize_target
+    from .demo import gpu_available
+
+    if target is None:
+        use_gpu = gpu_available()
+    else:
+        use_gpu = (target if isinstance(target, dict) else {"kind": target}).get("kind") == "cuda"
+    if use_gpu:
+        dev = tvm.cuda(0)
+        t = normalize_target(target if isinstance(target, dict) else
+                             {"kind": "cuda", "arch": f"sm_{dev.compute_version.replace('.', '')}"})
+    else:
+        dev, t = tvm.cpu(0), normalize_target({"kind": "llvm"})
+    device = device_name(use_gpu)
+    today = datetime.date.today().isoformat()
+    rows, notes = [], []
+    for name, builder in models.items():
+        for batch in batches:
+            model = builder(batch=batch)
+            inputs = list(zoo.random_inputs(model, seed=0).values())
+            systems = tvm_systems(model, t, dev, inputs, use_gpu, tuning_db)
+            tm = (torch_models or {}).get(name)
+            extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs)
+            systems += extra
+            trt, why_trt = tensorrt_systems(model, inputs)
+            systems += trt
+            for w in why + why_trt:
+                if w not in notes:
+                    notes.append(w)
+            check_agreement(systems, "tvm-vm")
+            timing = interleaved_timing(systems, rounds=rounds, iters=iters)
+            for system, (med, p90) in timing.items():
+                rows.append({"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype,
+                             "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"})
+    if not use_gpu:
+        notes.append("CPU run: CUDA-graph and multi-stream systems need a GPU; on CPU Nimble replays the plan "
+                     "sequentially (ahead-of-time, no VM interpretation).")
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, "results.csv")
+    append_rows(csv_path, rows)
+    versions = f"TVM {tvm.__version__}, tvm-nimble, numpy {np.__version__}, Python {platform.python_version()}"
+    write_report(csv_path, os.path.join(out_dir, "RESULTS.md"), os.path.join(out_dir, "results.png"), notes, versions)
+    return rows, notes

@@ -1,0 +1,105 @@
+"""`tvm-nimble bench` / scripts/benchmark.py: benchmark Nimble against stock TVM, PyTorch and
+TensorRT; append to benchmarks/results.csv and regenerate RESULTS.md and results.png.
+
+examples:
+  tvm-nimble bench --models inception,nasnet --batch 1            # zoo nets
+  tvm-nimble bench --models tv:resnet50,tv:inception_v3 --target cuda   # torchvision (GPU machine)
+  tvm-nimble bench --onnx my.onnx                                  # any static ONNX model
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+ZOO_SIZES = {  # benchmark-sized zoo nets (the incept6 anchor of the README is inception 6 blocks, 64x64)
+    "inception": {"blocks": 6, "hw": 64, "channels": 64},
+    "nasnet": {"cells": 4, "hw": 32, "channels": 32},
+    "resnet": {"blocks": 8, "hw": 32, "channels": 64},
+    "mobilenet": {"blocks": 6, "hw": 32, "channels": 32},
+}
+
+
+def torchvision_builders(name: str):
+    """(onnx builder, torch builder) for a torchvision/timm model, built from code with a fixed seed."""
+    import io
+
+    import onnx
+    import torch
+
+    def torch_model(batch=1):
+        torch.manual_seed(0)
+        if name == "nasnetalarge":
+            import timm
+
+            return timm.create_model("nasnetalarge", pretrained=False).eval()
+        import torchvision
+
+        kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
+        return getattr(torchvision.models, name)(weights=None, **kw).eval()
+
+    def onnx_model(batch=1):
+        size = 299 if name in ("inception_v3",) else (331 if name == "nasnetalarge" else 224)
+        buf = io.BytesIO()
+        torch.onnx.export(torch_model(batch), (torch.randn(batch, 3, size, size),), buf, input_names=["input"],
+                          output_names=["output"], opset_version=17, dynamo=False)
+        return onnx.load_from_string(buf.getvalue())
+
+    return onnx_model, torch_model
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="tvm-nimble bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="inception,nasnet,resnet", help="zoo names, or tv:<torchvision name>")
+    ap.add_argument("--onnx", action="append", help="benchmark this ONNX file too (repeatable)")
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")
+    ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
+    ap.add_argument("--arch", help="GPU arch, default: the GPU's")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out", default="benchmarks", help="where results.csv / RESULTS.md / results.png go")
+    ap.add_argument("--tuning-db", help="MetaSchedule database applied to every TVM/Nimble system")
+    ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
+    args = ap.parse_args(argv)
+
+    from . import zoo
+    from .bench import run_benchmark
+    from .frontend import load_onnx_model
+
+    models, torch_models = {}, {}
+    for name in [m for m in args.models.split(",") if m]:
+        if name.startswith("tv:"):
+            onnx_b, torch_b = torchvision_builders(name[3:])
+            models[name[3:]] = onnx_b
+            torch_models[name[3:]] = torch_b
+        else:
+            kw = {} if args.small else ZOO_SIZES.get(name, {})
+            models[name] = lambda batch, name=name, kw=kw: zoo.get_model(name, batch=batch, **kw)
+    for path in args.onnx or []:
+        model = load_onnx_model(path)
+        models[os.path.basename(path)] = lambda batch, model=model: model
+    target = None
+    if args.target == "cuda":
+        target = {"kind": "cuda", **({"arch": args.arch} if args.arch else {})}
+        if not args.arch:
+            import tvm
+
+            from .runtime import ensure_cuda_runtime
+
+            ensure_cuda_runtime()
+            target["arch"] = f"sm_{tvm.cuda(0).compute_version.replace('.', '')}"
+    elif args.target == "llvm":
+        target = {"kind": "llvm"}
+    batches = [int(b) for b in args.batch.split(",")]
+    rows, notes = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
+                                tuning_db=args.tuning_db, torch_models=torch_models)
+    print(f"{'model':14s} {'batch':>5s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
+    for r in rows:
+        print(f"{r['model']:14s} {r['batch']:>5} {r['system']:30s} {r['median_ms']:>10s} {r['p90_ms']:>8s}")
+    for n in notes:
+        print(f"note: {n}")
+    print(f"wrote {os.path.join(args.out, 'results.csv')}, RESULTS.md, results.png")
+
+
+if __name__ == "__main__":
+    main()

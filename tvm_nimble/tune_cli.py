@@ -1,0 +1,60 @@
+"""`tvm-nimble tune` / scripts/tune_and_build.py: tune a model's kernels, then build with them.
+
+Resumable: the database in --work-dir is continued, never restarted. --time-budget makes a
+run stop cleanly before its deadline (e.g. 480 s slices on the GPU machine); run again to go on.
+
+examples:
+  tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480 -o model.nimble
+  tvm-nimble tune zoo:inception --target llvm --trials 8
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _load(model_arg: str):
+    if model_arg.startswith("zoo:"):
+        from . import zoo
+
+        return model_arg[4:], zoo.get_model(model_arg[4:])
+    from .frontend import load_onnx_model
+
+    return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="tvm-nimble tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="ONNX file, or zoo:<name>")
+    ap.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
+    ap.add_argument("--arch", default="sm_90", help="GPU arch for cuda (default sm_90)")
+    ap.add_argument("--trials", type=int, default=64, help="trial budget per task (default 64)")
+    ap.add_argument("--trials-per-round", type=int, default=16, help="trials per task between time checks")
+    ap.add_argument("--time-budget", type=float, help="seconds; stop cleanly before this deadline")
+    ap.add_argument("--work-dir", help="database directory (default tuning/<arch|cpu>/<model>)")
+    ap.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "replay-trace", "replay-func"])
+    ap.add_argument("--cost-model", default="xgb", choices=["xgb", "random", "mlp"])
+    ap.add_argument("-o", "--output", help="after tuning, build the Nimble artifact here with the database")
+    args = ap.parse_args(argv)
+
+    from .tuning import tune
+
+    name, model = _load(args.model)
+    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
+    work_dir = args.work_dir or os.path.join("tuning", args.arch if args.target == "cuda" else "cpu", name)
+    report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
+                  trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model)
+    print(report.summary())
+    print(f"database: {work_dir}")
+    if args.output:
+        from .builder import build
+
+        module = build(model, target, tuning_db=work_dir)
+        module.export(args.output)
+        print(f"wrote {args.output} (built with the tuning database)")
+    return 0
+
+
+if __name__ == "__main__":
+    main()

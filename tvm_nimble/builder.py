@@ -28,6 +28,9 @@ def normalize_target(target) -> tvm.target.Target:
                 key, _, val = opt.lstrip("-").partition("=")
                 spec[key] = val
             target = spec
+        if isinstance(target, dict) and target.get("kind") == "cuda" and not target.get("arch"):
+            raise NimbleError("a CUDA target needs the GPU arch, e.g. {'kind': 'cuda', 'arch': 'sm_90'} "
+                              "(--arch sm_90 on the command line)")
         if not isinstance(target, dict) or "kind" not in target:
             raise NimbleError(f"target must be 'cuda', 'llvm', a dict like {{'kind': 'cuda', 'arch': 'sm_90'}} "
                               f"or a tvm.target.Target, got {target!r}")

@@ -1,0 +1,112 @@
+"""Every `tvm-nimble` command, run as a user would (subprocess, real files)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from tvm_nimble import zoo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, cwd=None, timeout=600):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    model = zoo.get_model("inception", blocks=2)
+    path = zoo.save(model, str(d / "incept.onnx"))
+    x = zoo.random_inputs(model)["input"]
+    np.save(d / "x.npy", x)
+    return path, model, x, d
+
+
+def test_compile_then_run_gives_the_reference_output(model_file):
+    path, model, x, d = model_file
+    art = str(d / "incept.nimble")
+    r = cli("compile", path, "-o", art, "--target", "llvm")
+    assert r.returncode == 0, r.stderr
+    assert "stream(s)" in r.stdout
+    r = cli("run", art, "--input", f"input={d / 'x.npy'}", "--output-dir", str(d / "out"))
+    assert r.returncode == 0, r.stderr
+    out = np.load(d / "out" / "output0.npy")
+    np.testing.assert_allclose(out, ReferenceEvaluator(model).run(None, {"input": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_explain_writes_a_dot_file_graphviz_parses(model_file):
+    path, _, _, d = model_file
+    dot = str(d / "incept.dot")
+    r = cli("explain", path, "--dot", dot, "--plan")
+    assert r.returncode == 0, r.stderr
+    assert "DAG width" in r.stdout and "streams:" in r.stdout and "idx  stream" in r.stdout
+    assert open(dot).read().startswith("digraph")
+    if not shutil.which("dot"):
+        pytest.skip("Graphviz 'dot' is not installed (make test installs it where apt-get works)")
+    p = subprocess.run(["dot", "-Tsvg", dot, "-o", str(d / "incept.svg")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_demo_runs_on_cpu():
+    r = cli("demo", "--target", "llvm", "--iters", "5")
+    assert r.returncode == 0, r.stderr
+    assert "outputs match stock TVM" in r.stdout
+    assert "Nimble AoT replay (CPU)" in r.stdout and "stock TVM VM" in r.stdout
+
+
+def test_bench_writes_results(model_file, tmp_path):
+    path, _, _, _ = model_file
+    r = cli("bench", "--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert {"results.csv", "RESULTS.md", "results.png"} <= set(os.listdir(tmp_path))
+
+
+def test_tune_runs_a_tiny_slice(model_file, tmp_path):
+    path, _, _, d = model_file
+    small = zoo.save(zoo.get_model("resnet", blocks=1, hw=8, channels=8), str(tmp_path / "tiny.onnx"))
+    r = cli("tune", small, "--target", "llvm", "--trials", "1", "--trials-per-round", "1",
+            "--strategy", "replay-trace", "--cost-model", "random", "--work-dir", str(tmp_path / "db"))
+    assert r.returncode == 0, r.stderr
+    assert "tasks tuned" in r.stdout
+    assert os.path.exists(tmp_path / "db" / "database_tuning_record.json")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("compile", "/no/such.onnx", "-o", "/tmp/x.nimble"), "ONNX file not found"),
+    (("run", "/no/such.nimble"), "artifact not found"),
+    (("explain", "/no/such.onnx"), "ONNX file not found"),
+])
+def test_failures_exit_1_with_one_line(args, message):
+    r = cli(*args)
+    assert r.returncode == 1
+    lines = [l for l in r.stderr.splitlines() if l.startswith("tvm-nimble: error")]
+    assert len(lines) == 1 and message in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_model_file(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not a protobuf at all" * 3)
+    r = cli("compile", str(bad), "-o", str(tmp_path / "o"))
+    assert r.returncode == 1 and "not a valid ONNX model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_usage_errors_exit_2():
+    assert cli("compile").returncode == 2
+    assert cli("frobnicate").returncode == 2
+    r = cli("run", "x", "--input", "novalue")
+    assert r.returncode in (1, 2)
+
+
+@pytest.mark.parametrize("command", ["demo", "compile", "run", "explain", "bench", "tune"])
+def test_help_has_examples(command):
+    r = cli(command, "--help")
+    assert r.returncode == 0 and "example" in r.stdout

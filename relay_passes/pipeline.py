@@ -34,7 +34,8 @@ def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.t
     if tuning_database is not None:
         # Tuned kernels replace the default schedule: apply the database right after fusion,
         # before the GPU backends' DLight pass (their last legalize pass) schedules the rest.
-        apply_db = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)
+        with target:  # the pass reads the target when it is created
+            apply_db = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)
         if target.kind.name == "llvm":
             legalize = legalize + [apply_db]
         else:

@@ -69,16 +69,6 @@ def test_bench_writes_results(model_file, tmp_path):
     assert {"results.csv", "RESULTS.md", "results.png"} <= set(os.listdir(tmp_path))
 
 
-def test_tune_runs_a_tiny_slice(model_file, tmp_path):
-    path, _, _, d = model_file
-    small = zoo.save(zoo.get_model("resnet", blocks=1, hw=8, channels=8), str(tmp_path / "tiny.onnx"))
-    r = cli("tune", small, "--target", "llvm", "--trials", "1", "--trials-per-round", "1",
-            "--strategy", "replay-trace", "--cost-model", "random", "--work-dir", str(tmp_path / "db"))
-    assert r.returncode == 0, r.stderr
-    assert "tasks tuned" in r.stdout
-    assert os.path.exists(tmp_path / "db" / "database_tuning_record.json")
-
-
 @pytest.mark.parametrize("args, message", [
     (("compile", "/no/such.onnx", "-o", "/tmp/x.nimble"), "ONNX file not found"),
     (("run", "/no/such.nimble"), "artifact not found"),

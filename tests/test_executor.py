@@ -116,3 +116,16 @@ def test_thread_safety_one_instance_serializes(inception_built):
 def test_gpu_modes_are_refused_for_a_cpu_artifact(inception_built):
     with pytest.raises(ValueError, match="does not apply"):
         NimbleExecutor(inception_built.module, mode="cuda-graph")
+
+
+def test_out_of_memory_at_prepare_time_is_a_clean_error(inception_built):
+    import copy
+
+    from tvm_nimble.runtime import DeviceError
+
+    module = copy.copy(inception_built.module)
+    module.plan = copy.deepcopy(module.plan)
+    pool = next(s for s in module.plan.storages if s.kind == "pool")
+    pool.nbytes = 1 << 50  # a petabyte: no machine has it
+    with pytest.raises(DeviceError, match="could not allocate"):
+        NimbleExecutor(module)

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import onnx
-import tvm
+import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_nimble import NimbleExecutor, build
@@ -42,7 +42,7 @@ def test_tiny_tuning_resumes_and_is_applied(tmp_path):
     default = build(model, "llvm")
     tuned = build(model, "llvm", tuning_db=db)
     kernel = default.plan.launches[0].kernel
-    assert not tvm.ir.structural_equal(default.annotated_mod[kernel], tuned.annotated_mod[kernel])
+    assert not tvm_ffi.structural_equal(default.annotated_mod[kernel], tuned.annotated_mod[kernel])
     x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32")
     np.testing.assert_allclose(NimbleExecutor(tuned)(x)[0].numpy(), NimbleExecutor(default)(x)[0].numpy(),
                                rtol=1e-4, atol=1e-4)

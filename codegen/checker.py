@@ -10,25 +10,13 @@ dynamically; both use :mod:`codegen.happens_before`.
 """
 from __future__ import annotations
 
-from .happens_before import plan_happens_before
-
-
-def _accesses(plan):
-    writer: dict[int, int] = {}
-    mask: dict[int, int] = {}
-    for l in plan.launches:
-        for a in l.args:
-            r = plan.root(a)
-            mask[r] = mask.get(r, 0) | (1 << l.idx)
-        for w in l.writes:
-            writer.setdefault(plan.root(w), l.idx)
-    return writer, mask
+from .happens_before import access_masks, plan_happens_before
 
 
 def check_plan(plan) -> list[str]:
     """Return the violations found (empty when the plan is safe)."""
     before = plan_happens_before(plan)
-    writer, mask = _accesses(plan)
+    writer, mask = access_masks(((l.idx, l.args, l.writes) for l in plan.launches), plan.root)
     problems: list[str] = []
     kind = {t.id: t.kind for t in plan.tensors}
     for l in plan.launches:

@@ -39,6 +39,20 @@ def sequential_order(n: int) -> list[int]:
     return [(1 << i) - 1 for i in range(n)]
 
 
+def access_masks(launches, root) -> tuple[dict[int, int], dict[int, int]]:
+    """Per tensor (resolved by ``root``): the first launch writing it, and the bitmask of
+    launches touching it. ``launches`` yields (index, args, writes)."""
+    first_write: dict[int, int] = {}
+    accesses: dict[int, int] = {}
+    for idx, args, writes in launches:
+        for a in args:
+            r = root(a)
+            accesses[r] = accesses.get(r, 0) | (1 << idx)
+        for w in writes:
+            first_write.setdefault(root(w), idx)
+    return first_write, accesses
+
+
 def plan_happens_before(plan) -> list[int]:
     """:func:`happens_before` of a :class:`codegen.plan.Plan`."""
     return happens_before([l.stream for l in plan.launches], [l.waits for l in plan.launches],

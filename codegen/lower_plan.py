@@ -13,7 +13,7 @@ from tvm import relax
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
 from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
 
-from .happens_before import happens_before, sequential_order
+from .happens_before import access_masks, happens_before, sequential_order
 from .memory_plan import no_reuse_bytes, plan_pool
 from .plan import Launch, Plan, Storage, TensorSlot
 
@@ -61,16 +61,10 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
     for r in roots:
         if kinds[r] != "intermediate":
             storage_of[r] = len(storages)
-            storages.append(Storage(len(storages), program.values[r].nbytes, kinds[r] if kinds[r] != "const" else "const"))
+            storages.append(Storage(len(storages), program.values[r].nbytes, kinds[r]))
     pool = [r for r in roots if kinds[r] == "intermediate"]
     nbytes = {r: _root_bytes(program, r) for r in roots}
-    first_write, accesses = {}, {}
-    for k in program.kernels:
-        for a in k.args:
-            r = program.root(a)
-            accesses[r] = accesses.get(r, 0) | (1 << k.index)
-        for w in k.writes:
-            first_write.setdefault(program.root(w), k.index)
+    first_write, accesses = access_masks(((k.index, k.args, k.writes) for k in program.kernels), program.root)
     pool = [r for r in pool if r in first_write]  # allocated but never written: dead
     n = len(launches)
     hb = happens_before([l.stream for l in launches], [l.waits for l in launches], [l.records for l in launches])

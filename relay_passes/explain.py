@@ -1,39 +1,38 @@
 """Explain a stream assignment: summary numbers and a Graphviz DOT picture colored by stream."""
 from __future__ import annotations
 
-from .stream_assignment import StreamAssignment, _max_matching, reachability, topological_order
+from .stream_assignment import StreamAssignment, closure_matching_size, topological_order
 
+# A fixed qualitative palette (ColorBrewer Set3); stream s gets PALETTE[s % len(PALETTE)].
 PALETTE = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
            "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
 
 
 def dag_width(num_nodes: int, edges) -> int:
-    """Largest antichain (Dilworth): n minus a maximum matching on the transitive closure."""
+    """Largest antichain (Dilworth): nodes minus a maximum matching on the transitive closure."""
     if num_nodes == 0:
         return 0
-    order = topological_order(num_nodes, list(edges))
-    reach = reachability(num_nodes, edges, order)
-    pairs = [(u, v) for u in range(num_nodes) for v in range(num_nodes) if (reach[u] >> v) & 1]
-    return num_nodes - len(_max_matching(num_nodes, num_nodes, pairs))
+    return num_nodes - closure_matching_size(num_nodes, edges)
 
 
 def critical_path_ops(num_nodes: int, edges) -> int:
-    """Number of operators on the longest dependency chain."""
+    """Number of operators on the longest dependency chain (a lower bound on sequential steps)."""
     if num_nodes == 0:
         return 0
-    order = topological_order(num_nodes, list(edges))
-    succ = [[] for _ in range(num_nodes)]
+    edges = list(edges)
+    succ: list[list[int]] = [[] for _ in range(num_nodes)]
     for u, v in edges:
         succ[u].append(v)
     longest = [1] * num_nodes
-    for u in reversed(order):
+    for u in reversed(topological_order(num_nodes, edges)):
         for v in succ[u]:
             longest[u] = max(longest[u], 1 + longest[v])
     return max(longest)
 
 
 def summarize(num_nodes: int, edges, assignment: StreamAssignment, labels=None) -> dict:
-    edges = sorted(set(map(tuple, edges)))
+    """Headline numbers of an assignment; width and critical path come from G, not the assignment."""
+    edges = sorted({(int(u), int(v)) for u, v in edges})
     return {
         "ops": num_nodes,
         "edges": len(edges),
@@ -47,6 +46,7 @@ def summarize(num_nodes: int, edges, assignment: StreamAssignment, labels=None) 
 
 
 def format_summary(summary: dict) -> str:
+    """A few lines for a terminal."""
     s = summary
     return "\n".join([
         f"operators (kernel launches): {s['ops']}   dependency edges: {s['edges']} "
@@ -57,25 +57,40 @@ def format_summary(summary: dict) -> str:
     ])
 
 
-def _quote(text: str) -> str:
-    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _quote(text) -> str:
+    """A DOT double-quoted string: escape backslashes and quotes, keep newlines as line breaks."""
+    body = str(text).replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + body.replace("\r\n", "\n").replace("\n", "\\n") + '"'
 
 
 def to_dot(num_nodes: int, edges, assignment: StreamAssignment, labels=None, title=None) -> str:
-    """Graphviz DOT: nodes filled by stream, G' edges solid, sync edges dashed red."""
-    labels = labels or [f"op{i}" for i in range(num_nodes)]
+    """Graphviz DOT: nodes filled by stream, G' edges solid, sync edges dashed red, a legend."""
+    labels = list(labels) if labels is not None else [f"op{i}" for i in range(num_nodes)]
     syncs = set(assignment.syncs)
-    lines = ["digraph nimble {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
+    lines = ["digraph nimble {", "  rankdir=TB;",
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
     if title:
         lines.append(f"  label={_quote(title)}; labelloc=t;")
     for v in range(num_nodes):
         s = assignment.stream_of[v]
-        label = _quote(f"{labels[v]} (stream {s})")
-        lines.append(f"  n{v} [label={label}, fillcolor={_quote(PALETTE[s % len(PALETTE)])}];")
+        lines.append(f"  n{v} [label={_quote(f'{labels[v]} (stream {s})')}, "
+                     f"fillcolor={_quote(PALETTE[s % len(PALETTE)])}];")
     for u, v in assignment.reduced_edges:
         if (u, v) in syncs:
             lines.append(f'  n{u} -> n{v} [style=dashed, color=red, fontcolor=red, label="sync"];')
         else:
             lines.append(f"  n{u} -> n{v};")
+    lines += _legend(assignment.num_streams)
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _legend(num_streams: int) -> list[str]:
+    """One swatch per stream in a labelled cluster, so colors can be read without the labels."""
+    if num_streams == 0:
+        return []
+    lines = ["  subgraph cluster_legend {", '    label="streams"; style=dashed;']
+    for s in range(num_streams):
+        lines.append(f"    legend{s} [label={_quote(f'stream {s}')}, fillcolor={_quote(PALETTE[s % len(PALETTE)])}];")
+    lines.append("  }")
+    return lines

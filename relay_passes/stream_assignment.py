@@ -1,16 +1,28 @@
 """Nimble's stream assignment (Kwon et al., NeurIPS 2020, Algorithm 1 + stream reuse).
 
-Framework-free: it works on a plain DAG ``(num_nodes, edges)`` so it can be tested against
+Framework-free: it works on a plain DAG ``(num_nodes, edges)`` so it can be checked against
 brute force. The steps:
 
-1. transitive reduction G' of the operator DAG G (reachability bitsets);
-2. maximum bipartite matching M on G' (Hopcroft-Karp, networkx): matched edges chain operators
-   into paths, each a candidate stream;
+1. transitive reduction G' of the operator DAG G (reachability bitsets on Python ints);
+2. maximum matching M of the bipartite graph of G' (Hopcroft-Karp, networkx): matched edges
+   chain operators into paths, each a candidate stream;
 3. stream reuse: paths that are totally ordered (the end of one reaches the start of the
-   other) share a stream, via a second maximum matching over the path order. Together this
-   reaches the width of G (max logical concurrency with the fewest streams);
-4. synchronization: each cross-stream edge of G' is an event record/wait, minus those
-   already implied by stream order and earlier events (none of the kept ones is redundant).
+   other) share a stream, via a second maximum matching over the path order;
+4. the two-step cover of 2-3 keeps every edge of M inside a stream, but it does not always
+   reach the width of G (merging whole paths can be worse than cutting one; hypothesis and
+   exhaustive search find such DAGs from 7 nodes on). An alternating-path search on the
+   transitive closure detects that case; then a minimum chain cover (Dilworth) is solved
+   exactly as a max-weight assignment on the closure that keeps as many G' edges inside
+   streams as any minimum chain cover can;
+5. synchronization: each cross-stream edge of G' is an event record/wait, minus those
+   already implied by stream order and other events (none of the kept ones is redundant,
+   and per node the kept set is the smallest possible).
+
+Sync bound: #syncs <= |E(G')| - (G' edges kept inside streams). When the cover keeps |M|
+of them (always after steps 2-3, often but not always after step 4) this is Nimble's
+|E(G')| - |M|. Some DAGs admit no stream assignment that has both width-many streams and at
+most |E(G')| - |M| syncs, e.g. G' = {0,1}->4->{6,9}, {2,3}->5->{7,8}, 2->9, 3->9 (width 4,
+|E'| = 10, |M| = 5, every 4-stream assignment needs 6 syncs); then the width wins.
 
 An optional ``max_streams`` cap merges streams (losing the least concurrency first); each
 stream then runs its operators in one global topological order, and syncs are recomputed.
@@ -21,28 +33,32 @@ import heapq
 from dataclasses import dataclass
 
 import networkx as nx
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
+Edge = tuple[int, int]
 
 @dataclass
 class StreamAssignment:
     stream_of: list[int]  # stream per node, numbered from 0
-    syncs: list[tuple[int, int]]  # (producer, consumer) pairs that need an event record/wait
+    syncs: list[Edge]  # (producer, consumer) pairs that need an event record/wait
     order: list[int]  # a topological order; each stream runs its nodes in this order
     num_streams: int
-    reduced_edges: list[tuple[int, int]]  # edges of the transitive reduction G'
-    matching_size: int  # |M|, matched edges of G'
+    reduced_edges: list[Edge]  # edges of the transitive reduction G'
+    matching_size: int  # |M|, a maximum matching of G'
 
     def stream_nodes(self, s: int) -> list[int]:
         """Nodes of stream ``s`` in program order."""
         return [v for v in self.order if self.stream_of[v] == s]
 
 
-# ---- graph basics ------------------------------------------------------------------------
-def _validate(num_nodes: int, edges, max_streams) -> list[tuple[int, int]]:
+# ---- input and graph basics -------------------------------------------------------------
+def _validate(num_nodes: int, edges, max_streams: int | None) -> list[Edge]:
+    """Reject malformed input early with a message that names the offending item."""
     if num_nodes < 0:
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
     if max_streams is not None and max_streams < 1:
-        raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        raise ValueError(f"max_streams must be >= 1 (or None for no cap), got {max_streams}")
     clean = set()
     for e in edges:
         u, v = int(e[0]), int(e[1])
@@ -54,12 +70,34 @@ def _validate(num_nodes: int, edges, max_streams) -> list[tuple[int, int]]:
     return sorted(clean)
 
 
-def topological_order(num_nodes: int, edges: list[tuple[int, int]]) -> list[int]:
-    """Kahn's algorithm, smallest id first (identity when ids already are topological)."""
-    succ = [[] for _ in range(num_nodes)]
-    indeg = [0] * num_nodes
+def _successors(num_nodes: int, edges) -> list[list[int]]:
+    succ: list[list[int]] = [[] for _ in range(num_nodes)]
     for u, v in edges:
         succ[u].append(v)
+    return succ
+
+
+def _find_cycle(num_nodes: int, edges, done: set[int]) -> list[int]:
+    """A cycle among the nodes Kahn's algorithm could not order (each has a pending predecessor)."""
+    pred: dict[int, int] = {}
+    for u, v in edges:
+        if u not in done and v not in done:
+            pred.setdefault(v, u)
+    v = min(w for w in range(num_nodes) if w not in done)
+    seen: dict[int, int] = {}
+    walk: list[int] = []
+    while v not in seen:
+        seen[v] = len(walk)
+        walk.append(v)
+        v = pred[v]
+    return walk[seen[v]:][::-1]  # walked backwards along edges
+
+
+def topological_order(num_nodes: int, edges) -> list[int]:
+    """Kahn's algorithm, smallest id first, so the order is deterministic (identity if ids are)."""
+    succ = _successors(num_nodes, edges)
+    indeg = [0] * num_nodes
+    for _, v in edges:
         indeg[v] += 1
     heap = [v for v in range(num_nodes) if indeg[v] == 0]
     heapq.heapify(heap)
@@ -72,16 +110,15 @@ def topological_order(num_nodes: int, edges: list[tuple[int, int]]) -> list[int]
             if indeg[v] == 0:
                 heapq.heappush(heap, v)
     if len(order) != num_nodes:
-        on_cycle = min(v for v in range(num_nodes) if indeg[v] > 0)
-        raise ValueError(f"the graph has a cycle (node {on_cycle} is on or behind it): operators must form a DAG")
+        cycle = _find_cycle(num_nodes, edges, set(order))
+        path = " -> ".join(map(str, cycle + cycle[:1]))
+        raise ValueError(f"the graph has a cycle through node {cycle[0]} ({path}): operators must form a DAG")
     return order
 
 
-def reachability(num_nodes: int, edges, order) -> list[int]:
-    """``reach[u]``: bitmask of the nodes reachable from ``u`` (excluding ``u``)."""
-    succ = [[] for _ in range(num_nodes)]
-    for u, v in edges:
-        succ[u].append(v)
+def reachability(num_nodes: int, edges, order: list[int]) -> list[int]:
+    """``reach[u]``: bitmask of the nodes reachable from ``u`` (excluding ``u``), one pass."""
+    succ = _successors(num_nodes, edges)
     reach = [0] * num_nodes
     for u in reversed(order):
         m = 0
@@ -91,11 +128,19 @@ def reachability(num_nodes: int, edges, order) -> list[int]:
     return reach
 
 
-def transitive_reduction(num_nodes: int, edges, reach) -> list[tuple[int, int]]:
+def reach_matrix(num_nodes: int, reach: list[int]) -> np.ndarray:
+    """Dense boolean closure ``R[u, v]`` (u reaches v) from the bitsets, for vectorized steps."""
+    if num_nodes == 0:
+        return np.zeros((0, 0), dtype=bool)
+    nbytes = (num_nodes + 7) // 8
+    raw = np.frombuffer(b"".join(r.to_bytes(nbytes, "little") for r in reach), dtype=np.uint8)
+    bits = np.unpackbits(raw.reshape(num_nodes, nbytes), axis=1, bitorder="little")
+    return bits[:, :num_nodes].astype(bool)
+
+
+def transitive_reduction(num_nodes: int, edges, reach: list[int]) -> list[Edge]:
     """Keep (u, v) only when v is not reachable through another successor of u."""
-    succ = [[] for _ in range(num_nodes)]
-    for u, v in edges:
-        succ[u].append(v)
+    succ = _successors(num_nodes, edges)
     kept = []
     for u in range(num_nodes):
         cover = 0
@@ -105,136 +150,144 @@ def transitive_reduction(num_nodes: int, edges, reach) -> list[tuple[int, int]]:
     return sorted(kept)
 
 
-def _max_matching(n_left: int, n_right: int, pairs: list[tuple[int, int]]) -> dict[int, int]:
-    """Maximum bipartite matching (Hopcroft-Karp, networkx): left -> right.
+def _bits(mask: int):
+    """Indices of the set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
-    (scipy's ``maximum_bipartite_matching`` was measured to take ~20 s on the dense path-order
-    graphs of step 3 where networkx takes milliseconds.)
+
+# ---- matchings ------------------------------------------------------------------------------
+def hopcroft_karp(num_nodes: int, pairs: list[Edge]) -> dict[int, int]:
+    """Maximum matching (left u -> right v) of the bipartite graph of a sparse edge list.
+
+    networkx rather than scipy: scipy's ``maximum_bipartite_matching`` was measured to take
+    minutes on dense closures where this and the dense solver below take milliseconds.
     """
     if not pairs:
         return {}
     graph = nx.Graph()
-    left = [("l", u) for u in range(n_left)]
+    left = [("l", u) for u in range(num_nodes)]
     graph.add_nodes_from(left)
-    graph.add_nodes_from(("r", v) for v in range(n_right))
+    graph.add_nodes_from(("r", v) for v in range(num_nodes))
     graph.add_edges_from((("l", u), ("r", v)) for u, v in pairs)
     match = nx.bipartite.hopcroft_karp_matching(graph, top_nodes=left)
-    return {u: match[("l", u)][1] for u in range(n_left) if ("l", u) in match}
+    return {u: match[("l", u)][1] for u in range(num_nodes) if ("l", u) in match}
 
 
-# ---- streams ---------------------------------------------------------------------------
-def _paths_from_matching(num_nodes: int, matching: dict[int, int]) -> list[list[int]]:
-    has_pred = set(matching.values())
-    paths = []
-    for s in range(num_nodes):
-        if s in has_pred:
-            continue
-        path = [s]
-        while path[-1] in matching:
-            path.append(matching[path[-1]])
-        paths.append(path)
-    return paths
+def dense_matching(weights: np.ndarray) -> list[Edge]:
+    """Max-weight matching of a dense bipartite graph (entry > 0 is an edge), via scipy's LSA.
 
-
-def _merge_ordered_paths(paths: list[list[int]], reach: list[int]) -> list[list[int]]:
-    """Stream reuse: a second matching over 'end of p reaches start of q' chains paths together."""
-    k = len(paths)
-    pairs = [(p, q) for p in range(k) for q in range(k)
-             if p != q and (reach[paths[p][-1]] >> paths[q][0]) & 1]
-    nxt = _max_matching(k, k, pairs)
-    has_pred = set(nxt.values())
-    streams = []
-    for p in range(k):
-        if p in has_pred:
-            continue
-        nodes = []
-        while True:
-            nodes += paths[p]
-            if p not in nxt:
-                break
-            p = nxt[p]
-        streams.append(nodes)
-    return streams
-
-
-def _complete_chain_cover(streams: list[list[int]], reach: list[int], num_nodes: int) -> list[list[int]]:
-    """Reach the DAG's width when merging whole paths could not.
-
-    Merging whole paths is not always optimal (an optimal chain cover may need to cut a
-    path). The streams define a matching on the transitive closure (each node -> its
-    successor on its stream); Kuhn's augmenting paths over the closure, tried from each
-    stream's last node, grow it to a maximum one, i.e. a minimum chain cover (Dilworth).
-    Matched G' edges are kept unless an augmenting path needs them.
+    With 0/1 weights this is a maximum matching; unmatched rows get a zero entry and are dropped.
     """
-    succ_of: dict[int, int] = {}
-    pred_of: dict[int, int] = {}
-    for nodes in streams:
-        for a, b in zip(nodes, nodes[1:]):
-            succ_of[a], pred_of[b] = b, a
+    if weights.size == 0:
+        return []
+    rows, cols = linear_sum_assignment(weights, maximize=True)
+    keep = weights[rows, cols] > 0
+    return list(zip(rows[keep].tolist(), cols[keep].tolist()))
 
-    def augment(u: int, visited: list[int]) -> bool:
-        candidates = reach[u] & ~visited[0]
-        while candidates:
-            low = candidates & -candidates
-            v = low.bit_length() - 1
-            candidates ^= low
-            if visited[0] >> v & 1:
-                continue
-            visited[0] |= low
-            if v not in pred_of or augment(pred_of[v], visited):
-                succ_of[u], pred_of[v] = v, u
-                return True
-        return False
 
-    for nodes in streams:
-        end = nodes[-1]
-        if end not in succ_of:
-            augment(end, [0])
+def closure_matching_size(num_nodes: int, edges) -> int:
+    """Maximum matching on the transitive closure; ``num_nodes`` minus it is the width (Dilworth)."""
+    edges = list(edges)
+    reach = reachability(num_nodes, edges, topological_order(num_nodes, edges))
+    return len(dense_matching(reach_matrix(num_nodes, reach).astype(np.float64)))
+
+
+# ---- streams ---------------------------------------------------------------------------------
+def _chains_from_successors(num_nodes: int, succ: dict[int, int]) -> list[list[int]]:
+    """Follow ``succ`` links from every node without a predecessor."""
+    has_pred = set(succ.values())
     chains = []
     for start in range(num_nodes):
-        if start in pred_of:
+        if start in has_pred:
             continue
         chain = [start]
-        while chain[-1] in succ_of:
-            chain.append(succ_of[chain[-1]])
+        while chain[-1] in succ:
+            chain.append(succ[chain[-1]])
         chains.append(chain)
     return chains
 
 
-def _concurrent_pairs(a: list[int], b_mask: int, reach: list[int], reached_by: list[int]) -> int:
-    """How many (x in a, y in b) pairs could run concurrently (neither reaches the other)."""
-    total = 0
-    for x in a:
-        total += (b_mask & ~(reach[x] | reached_by[x]) & ~(1 << x)).bit_count()
-    return total
+def _merge_ordered_paths(paths: list[list[int]], closure: np.ndarray) -> list[list[int]]:
+    """Stream reuse: a second matching over 'end of p reaches start of q' chains whole paths."""
+    ends = [p[-1] for p in paths]
+    starts = [p[0] for p in paths]
+    order_of_paths = closure[np.ix_(ends, starts)].astype(np.float64)
+    nxt = dict(dense_matching(order_of_paths))
+    streams = []
+    for p in _chains_from_successors(len(paths), nxt):
+        streams.append([v for q in p for v in paths[q]])
+    return streams
 
 
-def _cap_streams(streams: list[list[int]], cap: int, reach: list[int], num_nodes: int) -> list[list[int]]:
-    """Merge streams until at most ``cap`` remain, each time the pair losing the least concurrency."""
-    reached_by = [0] * num_nodes
-    for u in range(num_nodes):
-        m = reach[u]
-        while m:
-            low = m & -m
-            reached_by[low.bit_length() - 1] |= 1 << u
-            m ^= low
+def _has_augmenting_path(chains: list[list[int]], reach: list[int]) -> bool:
+    """Whether the chain cover is not minimum: an alternating BFS on the closure (bitsets).
+
+    The cover is a matching of the closure (node -> next node on its chain); it is maximum,
+    i.e. the cover has width-many chains, iff no free right vertex (chain start) is reachable
+    by alternating paths from the free left vertices (chain ends).
+    """
+    pred = {b: a for c in chains for a, b in zip(c, c[1:])}
+    free_right = 0
+    for c in chains:
+        free_right |= 1 << c[0]
+    visited = 0
+    frontier = [c[-1] for c in chains]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            cand = reach[u] & ~visited
+            if cand & free_right:
+                return True
+            visited |= cand
+            nxt += [pred[v] for v in _bits(cand)]
+        frontier = nxt
+    return False
+
+
+def _min_chain_cover(num_nodes: int, closure: np.ndarray, reduced: list[Edge]) -> list[list[int]]:
+    """Minimum chain cover keeping the most G' edges inside chains (one exact assignment).
+
+    Weight num_nodes per comparable pair plus 1 per G' edge: any maximum-cardinality matching of
+    the closure outweighs every smaller one, and among them the most G' edges win.
+    """
+    weights = closure.astype(np.float64) * num_nodes
+    if reduced:
+        us, vs = zip(*reduced)
+        weights[list(us), list(vs)] += 1.0
+    return _chains_from_successors(num_nodes, dict(dense_matching(weights)))
+
+
+def _cap_streams(streams: list[list[int]], cap: int, closure: np.ndarray) -> list[list[int]]:
+    """Merge streams until at most ``cap`` remain, each time the pair losing the least concurrency.
+
+    ``loss[i, j]`` counts node pairs (x in i, y in j) that could run concurrently (neither
+    reaches the other); merging i and j adds their rows, so it is computed once.
+    """
+    n = closure.shape[0]
+    concurrent = ~(closure | closure.T)
+    np.fill_diagonal(concurrent, False)
+    member = np.zeros((n, len(streams)), dtype=np.float64)
+    for s, nodes in enumerate(streams):
+        member[nodes, s] = 1.0
+    loss = member.T @ concurrent.astype(np.float64) @ member
     streams = [list(s) for s in streams]
     while len(streams) > cap:
-        masks = [sum(1 << v for v in s) for s in streams]
-        best = None
-        for i in range(len(streams)):
-            for j in range(i + 1, len(streams)):
-                loss = _concurrent_pairs(streams[i], masks[j], reach, reached_by)
-                key = (loss, len(streams[i]) + len(streams[j]), i, j)
-                if best is None or key < best:
-                    best = key
-        _, _, i, j = best
-        streams[i] = streams[i] + streams[j]
-        del streams[j]
+        rows, cols = np.triu_indices(len(streams), 1)
+        sizes = np.array([len(s) for s in streams])
+        best = np.lexsort((cols, rows, sizes[rows] + sizes[cols], loss[rows, cols]))[0]
+        i, j = int(rows[best]), int(cols[best])
+        streams[i] += streams.pop(j)
+        loss[i, :] += loss[j, :]
+        loss[:, i] += loss[:, j]
+        loss = np.delete(np.delete(loss, j, axis=0), j, axis=1)
     return streams
 
 
 def _number_streams(streams: list[list[int]], position: list[int], num_nodes: int) -> list[int]:
+    """Stream ids by first topological position, so stream 0 holds the first node of ``order``."""
     streams = sorted(streams, key=lambda s: min(position[v] for v in s))
     stream_of = [0] * num_nodes
     for sid, nodes in enumerate(streams):
@@ -243,20 +296,22 @@ def _number_streams(streams: list[list[int]], position: list[int], num_nodes: in
     return stream_of
 
 
-def minimal_syncs(order: list[int], stream_of: list[int], reduced_edges) -> list[tuple[int, int]]:
-    """Cross-stream edges of G' that stream order and earlier syncs do not already enforce.
+def minimal_syncs(order: list[int], stream_of: list[int], reduced_edges) -> list[Edge]:
+    """Cross-stream edges of G' that stream order and other syncs do not already enforce.
 
     Nodes are visited in topological order keeping ``hb[v]``, the set of nodes that happen
     before v. Candidate syncs into v are tried latest producer first; one is kept only if its
     producer does not already happen before v. No kept sync is redundant: a later-tried
-    (earlier) producer can never make a later producer happen before v.
+    (earlier) producer can never make a later producer happen before v, and syncs into later
+    nodes cannot affect v. Per node the kept producers are exactly the HB-maximal ones, so
+    the count is also the minimum for this assignment and order.
     """
     position = {v: i for i, v in enumerate(order)}
     into: dict[int, list[int]] = {}
     for u, v in reduced_edges:
         if stream_of[u] != stream_of[v]:
             into.setdefault(v, []).append(u)
-    hb = {}
+    hb: dict[int, int] = {}
     last_on_stream: dict[int, int] = {}
     syncs = []
     for v in order:
@@ -274,6 +329,11 @@ def minimal_syncs(order: list[int], stream_of: list[int], reduced_edges) -> list
     return sorted(syncs)
 
 
+def nimble_chains(num_nodes: int, matching: dict[int, int], closure: np.ndarray) -> list[list[int]]:
+    """Steps 2-3 (paths of M, then stream reuse); exposed so tests can show where it falls short."""
+    return _merge_ordered_paths(_chains_from_successors(num_nodes, matching), closure)
+
+
 def assign_streams(num_nodes: int, edges, max_streams: int | None = None) -> StreamAssignment:
     """Assign each node of the DAG to a stream and compute the synchronizations (see module doc)."""
     edges = _validate(num_nodes, edges, max_streams)
@@ -284,12 +344,14 @@ def assign_streams(num_nodes: int, edges, max_streams: int | None = None) -> Str
     for i, v in enumerate(order):
         position[v] = i
     reach = reachability(num_nodes, edges, order)
+    closure = reach_matrix(num_nodes, reach)
     reduced = transitive_reduction(num_nodes, edges, reach)
-    matching = _max_matching(num_nodes, num_nodes, reduced)
-    streams = _merge_ordered_paths(_paths_from_matching(num_nodes, matching), reach)
-    streams = _complete_chain_cover(streams, reach, num_nodes)
+    matching = hopcroft_karp(num_nodes, reduced)
+    streams = nimble_chains(num_nodes, matching, closure)
+    if _has_augmenting_path(streams, reach):
+        streams = _min_chain_cover(num_nodes, closure, reduced)
     if max_streams is not None and len(streams) > max_streams:
-        streams = _cap_streams(streams, max_streams, reach, num_nodes)
+        streams = _cap_streams(streams, max_streams, closure)
     stream_of = _number_streams(streams, position, num_nodes)
     syncs = minimal_syncs(order, stream_of, reduced)
     return StreamAssignment(stream_of, syncs, order, len(streams), reduced, len(matching))

@@ -3,7 +3,7 @@
 Per model: outputs of Nimble (multi-stream graph, single-stream graph, live streams) vs stock
 TVM VM vs the ONNX reference; latency of every system measured interleaved in one run;
 host cost of one Nimble inference; a per-launch timeline (JSON, plotted by
-scripts/plot_timeline.py); for the first model, 10,000 runs checked bit-identical with
+scripts/record_gpu_results.py); for the first model, 10,000 runs checked bit-identical with
 device memory use before/after. Writes results.csv rows and a JSON log under --out.
 
     . .device/setup.sh && python3 scripts/gpu_validate.py --art out/gpu --out $OUT

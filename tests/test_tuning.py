@@ -33,6 +33,7 @@ def test_tiny_tuning_resumes_and_is_applied(tmp_path):
     # a second run with a larger budget continues from the database: only the missing trial runs
     second = tune(model, "llvm", db, trials_per_task=2, **kw)
     assert second.trials_this_run == 1 and second.tasks[0]["trials"] == 2
+    assert second.tasks[0]["best_us"] is not None, "no trial was measured successfully"
     assert len(open(os.path.join(db, "database_tuning_record.json")).read().splitlines()) == 2
     # a run whose budget is already met does no work
     assert tune(model, "llvm", db, trials_per_task=2, **kw).trials_this_run == 0

@@ -66,6 +66,9 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
          strategy: str = "evolutionary", cost_model: str = "xgb") -> TuneReport:
     """Tune every kernel task of ``model`` up to ``trials_per_task`` trials, resuming from ``work_dir``.
 
+    The first call in a process pays TVM's one-time import of its tensor intrinsics (about a
+    minute on a 2-core machine), so tiny runs are dominated by it.
+
     ``strategy``/``cost_model`` default to MetaSchedule's evolutionary search guided by XGBoost;
     "replay-trace"/"random" are much cheaper per trial (tests, smoke runs).
     """
@@ -109,7 +112,9 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     import logging
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    builder, runner = ms.builder.LocalBuilder(), ms.runner.LocalRunner()  # one worker pool for all rounds
+    # one worker pool for all rounds; generous timeouts: a loaded 2-core machine builds slowly
+    builder = ms.builder.LocalBuilder(timeout_sec=120)
+    runner = ms.runner.LocalRunner(timeout_sec=60)
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir, strategy=strategy, seed=seed)
     try:
         while True:

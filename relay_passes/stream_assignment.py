@@ -38,6 +38,7 @@ from scipy.optimize import linear_sum_assignment
 
 Edge = tuple[int, int]
 
+
 @dataclass
 class StreamAssignment:
     stream_of: list[int]  # stream per node, numbered from 0
@@ -164,16 +165,16 @@ def hopcroft_karp(num_nodes: int, pairs: list[Edge]) -> dict[int, int]:
 
     networkx rather than scipy: scipy's ``maximum_bipartite_matching`` was measured to take
     minutes on dense closures where this and the dense solver below take milliseconds.
+    Vertices are ints (left u, right num_nodes + v): string-keyed vertices hash differently in
+    every process, which made networkx's choice among maximum matchings vary between runs.
     """
     if not pairs:
         return {}
     graph = nx.Graph()
-    left = [("l", u) for u in range(num_nodes)]
-    graph.add_nodes_from(left)
-    graph.add_nodes_from(("r", v) for v in range(num_nodes))
-    graph.add_edges_from((("l", u), ("r", v)) for u, v in pairs)
-    match = nx.bipartite.hopcroft_karp_matching(graph, top_nodes=left)
-    return {u: match[("l", u)][1] for u in range(num_nodes) if ("l", u) in match}
+    graph.add_nodes_from(range(2 * num_nodes))
+    graph.add_edges_from((u, num_nodes + v) for u, v in pairs)
+    match = nx.bipartite.hopcroft_karp_matching(graph, top_nodes=range(num_nodes))
+    return {u: match[u] - num_nodes for u in range(num_nodes) if u in match}
 
 
 def dense_matching(weights: np.ndarray) -> list[Edge]:
@@ -264,26 +265,30 @@ def _cap_streams(streams: list[list[int]], cap: int, closure: np.ndarray) -> lis
     """Merge streams until at most ``cap`` remain, each time the pair losing the least concurrency.
 
     ``loss[i, j]`` counts node pairs (x in i, y in j) that could run concurrently (neither
-    reaches the other); merging i and j adds their rows, so it is computed once.
+    reaches the other); merging j into i adds j's row and column to i's, so it is computed once.
+    Ties go to the smaller merged stream, then the lowest (i, j).
     """
-    n = closure.shape[0]
+    n, k = closure.shape[0], len(streams)
     concurrent = ~(closure | closure.T)
     np.fill_diagonal(concurrent, False)
-    member = np.zeros((n, len(streams)), dtype=np.float64)
+    member = np.zeros((n, k), dtype=np.float64)
     for s, nodes in enumerate(streams):
         member[nodes, s] = 1.0
     loss = member.T @ concurrent.astype(np.float64) @ member
-    streams = [list(s) for s in streams]
-    while len(streams) > cap:
-        rows, cols = np.triu_indices(len(streams), 1)
-        sizes = np.array([len(s) for s in streams])
-        best = np.lexsort((cols, rows, sizes[rows] + sizes[cols], loss[rows, cols]))[0]
-        i, j = int(rows[best]), int(cols[best])
-        streams[i] += streams.pop(j)
+    sizes = np.array([len(s) for s in streams], dtype=np.float64)
+    alive = np.ones(k, dtype=bool)
+    upper = np.triu(np.ones((k, k), dtype=bool), 1)
+    merged = [list(s) for s in streams]
+    for _ in range(k - cap):
+        key = loss * (n + 1) + sizes[:, None] + sizes[None, :]  # exact in float64 for n < 2**17
+        key[~(upper & alive[:, None] & alive[None, :])] = np.inf
+        i, j = divmod(int(np.argmin(key)), k)
+        merged[i] += merged[j]
         loss[i, :] += loss[j, :]
         loss[:, i] += loss[:, j]
-        loss = np.delete(np.delete(loss, j, axis=0), j, axis=1)
-    return streams
+        sizes[i] += sizes[j]
+        alive[j] = False
+    return [merged[s] for s in range(k) if alive[s]]
 
 
 def _number_streams(streams: list[list[int]], position: list[int], num_nodes: int) -> list[int]:
@@ -330,7 +335,7 @@ def minimal_syncs(order: list[int], stream_of: list[int], reduced_edges) -> list
 
 
 def nimble_chains(num_nodes: int, matching: dict[int, int], closure: np.ndarray) -> list[list[int]]:
-    """Steps 2-3 (paths of M, then stream reuse); exposed so tests can show where it falls short."""
+    """Nimble's own cover (steps 2-3): the paths of M, then stream reuse over whole paths."""
     return _merge_ordered_paths(_chains_from_successors(num_nodes, matching), closure)
 
 

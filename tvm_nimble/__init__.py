@@ -41,7 +41,7 @@ def __getattr__(name):
 def _register_with_tvm():
     try:
         import tvm.relax  # noqa: F401  (absent when only the TVM runtime is installed)
-    except ImportError:
+    except Exception:  # ImportError, or OSError for a missing compiler library
         return
     from .tvm_integration import register
 

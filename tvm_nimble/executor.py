@@ -78,6 +78,9 @@ class NimbleExecutor:
         n = 1 if self.mode == "single-stream" else self.plan.num_streams
         self._streams = cg.StreamSet(n)
         self._events = cg.create_events(self.plan.num_events + n)
+        # one live run first: lazy CUDA module loading and first-launch set-up stay out of the capture
+        self._issue()
+        cg.synchronize(self._streams)
         if self.mode != "streams":
             self._graph = cg.CapturedGraph(lambda: self._issue(), self._streams)
 

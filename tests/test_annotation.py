@@ -1,7 +1,6 @@
 """Stage 1 on real models: the annotated IR shows the schedule and survives the later passes."""
 import pytest
 import tvm
-from tvm import relax
 
 from tvm_nimble.builder import normalize_target
 from tvm_nimble.frontend import from_onnx

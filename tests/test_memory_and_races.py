@@ -2,9 +2,8 @@
 import copy
 import random
 
-import pytest
 
-from tvm_nimble import build, zoo
+from tvm_nimble import build
 from tvm_nimble.codegen.checker import check_plan
 from tvm_nimble.codegen.happens_before import happens_before, sequential_order
 from tvm_nimble.codegen.memory_plan import plan_pool

@@ -3,7 +3,6 @@ import json
 import os
 
 import numpy as np
-import onnx
 import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 

@@ -17,7 +17,6 @@ def gpu_available() -> bool:
 
 def run_demo(model_path: str | None = None, target: str | None = None, arch: str | None = None,
              iters: int = 50, blocks: int | None = None) -> list[dict]:
-    import onnx
     import tvm
 
     from . import zoo

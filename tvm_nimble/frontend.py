@@ -113,7 +113,7 @@ def supported_operators() -> frozenset[str]:
     """ONNX op types the installed TVM's Relax ONNX importer can convert."""
     from tvm.relax.frontend.onnx import onnx_frontend
 
-    get_map = getattr(onnx_frontend, "_get_convert_map", None) or getattr(onnx_frontend, "_get_converter_map")
+    get_map = getattr(onnx_frontend, "_get_convert_map", None) or onnx_frontend._get_converter_map
     return frozenset(get_map()) | _DIRECT_OPS
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
 from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
 
 from .happens_before import access_masks, happens_before, sequential_order
-from .memory_plan import no_reuse_bytes, plan_pool
+from .memory_plan import best_pool_plan, no_reuse_bytes
 from .plan import Launch, Plan, Storage, TensorSlot
 
 #: How tensors share storage: "concurrent" (safe under the schedule's happens-before),
@@ -68,8 +68,8 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
     pool = [r for r in pool if r in first_write]  # allocated but never written: dead
     n = len(launches)
     hb = happens_before([l.stream for l in launches], [l.waits for l in launches], [l.records for l in launches])
-    concurrent = plan_pool(pool, nbytes, first_write, accesses, hb)
-    sequential = plan_pool(pool, nbytes, first_write, accesses, sequential_order(n))
+    concurrent = best_pool_plan(pool, nbytes, first_write, accesses, hb)
+    sequential = best_pool_plan(pool, nbytes, first_write, accesses, sequential_order(n))
     chosen = {"concurrent": concurrent, "sequential": sequential}.get(reuse)
     if chosen is None:  # no reuse
         block_of = {r: i for i, r in enumerate(pool)}

@@ -6,7 +6,9 @@ kernels far apart in the launch list may run at the same time. Here a tensor may
 a block only when every access of the block's previous occupants *happens before* (see
 :mod:`codegen.happens_before`) the launch that first writes the new tensor. With a
 single-stream relation the same planner reproduces the sequential plan, which is how we
-report what concurrency costs in memory.
+report what concurrency costs in memory. Two greedy orders are tried (first write, largest
+first) and the smaller plan kept; both only ever share a block between happens-before-ordered
+tensors.
 """
 from __future__ import annotations
 
@@ -50,6 +52,42 @@ def plan_pool(tensors: list[int], nbytes: dict[int, int], first_write: dict[int,
         block_users[b] |= accesses[t]
         block_of[t] = b
     return PoolPlan(block_of, block_sizes)
+
+
+def plan_pool_by_size(tensors: list[int], nbytes: dict[int, int], first_write: dict[int, int],
+                      accesses: dict[int, int], before: list[int]) -> PoolPlan:
+    """Largest tensors first; a tensor joins the block that grows least among those whose every
+    occupant is happens-before ordered with it (either way). Packs better when sizes vary."""
+
+    def ordered(a: int, b: int) -> bool:
+        return accesses[a] & ~before[first_write[b]] == 0 or accesses[b] & ~before[first_write[a]] == 0
+
+    block_sizes: list[int] = []
+    occupants: list[list[int]] = []
+    block_of: dict[int, int] = {}
+    for t in sorted(tensors, key=lambda t: (-nbytes[t], first_write[t], t)):
+        best = None
+        for b, occ in enumerate(occupants):
+            if all(ordered(t, o) for o in occ):
+                key = (max(block_sizes[b], nbytes[t]) - block_sizes[b], abs(block_sizes[b] - nbytes[t]), b)
+                best = key if best is None or key < best else best
+        if best is None:
+            block_sizes.append(nbytes[t])
+            occupants.append([t])
+            block_of[t] = len(block_sizes) - 1
+        else:
+            b = best[2]
+            block_sizes[b] = max(block_sizes[b], nbytes[t])
+            occupants[b].append(t)
+            block_of[t] = b
+    return PoolPlan(block_of, block_sizes)
+
+
+def best_pool_plan(tensors, nbytes, first_write, accesses, before) -> PoolPlan:
+    """The smaller of the two greedy plans (both are safe under ``before``)."""
+    plans = [plan_pool(tensors, nbytes, first_write, accesses, before),
+             plan_pool_by_size(tensors, nbytes, first_write, accesses, before)]
+    return min(plans, key=lambda p: p.total_bytes)
 
 
 def no_reuse_bytes(tensors: list[int], nbytes: dict[int, int]) -> int:

@@ -6,7 +6,7 @@ import random
 from tvm_nimble import build
 from tvm_nimble.codegen.checker import check_plan
 from tvm_nimble.codegen.happens_before import happens_before, sequential_order
-from tvm_nimble.codegen.memory_plan import plan_pool
+from tvm_nimble.codegen.memory_plan import plan_pool, plan_pool_by_size
 from tvm_nimble.race_check import check_races, random_interleaving
 from tvm_nimble.relay_passes.annotate import events_for
 from tvm_nimble.relay_passes.stream_assignment import assign_streams
@@ -58,6 +58,8 @@ def test_concurrency_safe_planner_never_overlaps_while_sequential_plan_does():
         hb = happens_before(streams, w, r)
         safe = plan_pool(list(range(n)), sizes, first_write, accesses, hb)
         assert _overlaps(safe, n, accesses, first_write, hb) == []
+        by_size = plan_pool_by_size(list(range(n)), sizes, first_write, accesses, hb)
+        assert _overlaps(by_size, n, accesses, first_write, hb) == []
         naive = plan_pool(list(range(n)), sizes, first_write, accesses, sequential_order(n))
         sequential_unsafe += bool(_overlaps(naive, n, accesses, first_write, hb))
         assert safe.total_bytes <= sum(sizes.values())

@@ -62,7 +62,9 @@ def annotate_function(mod: tvm.IRModule, func_name: str = "main", max_streams: i
     blocks = []
     k = 0
     for block in func.body.blocks:
-        prefix, kernel_groups = [], {}
+        # non-kernel bindings (allocations, aliases, views), keyed by how many kernels preceded them
+        others: dict[int, list] = {}
+        kernel_groups = {}
         for binding in block.bindings:
             if _is_kernel_call(binding.value, prim_names):
                 group = [_marker(SET_STREAM, assignment.stream_of[k])]
@@ -73,19 +75,16 @@ def annotate_function(mod: tvm.IRModule, func_name: str = "main", max_streams: i
                 kernel_groups[k] = group
                 k += 1
             else:
-                prefix.append((k, binding))
+                others.setdefault(k, []).append(binding)
         # Allocations and views stay just before the first kernel that followed them in the
         # original order; kernels are emitted in the assignment's topological order.
-        pending: dict[int, list] = {}
-        for kk, b in prefix:
-            pending.setdefault(kk, []).append(b)
         bindings = []
         for kk in sorted(kernel_groups, key=kernel_pos.__getitem__):
-            for src_k in sorted(src for src in pending if src <= kk):
-                bindings += pending.pop(src_k)
+            for before_k in sorted(src for src in others if src <= kk):
+                bindings += others.pop(before_k)
             bindings += kernel_groups[kk]
-        for src_k in sorted(pending):
-            bindings += pending[src_k]
+        for before_k in sorted(others):
+            bindings += others[before_k]
         blocks.append(relax.BindingBlock(bindings))
     new_func = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
                               func.is_pure, func.attrs, func.span)

@@ -4,7 +4,8 @@ For each model: the Nimble artifact for the GPU arch, stock TVM VM libraries (pl
 TVM's CUDA graph) from the same kernels, seeded inputs and the ONNX reference outputs. The
 GPU machine then runs ``scripts/gpu_validate.py`` with the TVM runtime only.
 
-    python scripts/gpu_prepare.py --out out/gpu --arch sm_90 --models inception,nasnet,resnet
+    python scripts/gpu_prepare.py --out out/gpu --arch sm_90 --models incept6,nasnet,resnet
+    python scripts/gpu_prepare.py --out out/cpu --arch cpu --small   # CPU dry run of the whole path
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ MODELS = {
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/gpu")
-    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--arch", default="sm_90", help="GPU arch, or 'cpu' for an llvm dry run")
+    ap.add_argument("--small", action="store_true", help="the zoo's small default sizes")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
@@ -44,14 +46,14 @@ def main():
     from tvm_nimble.frontend import from_onnx
     from tvm_nimble.stock import build_stock_vm
 
-    target = normalize_target({"kind": "cuda", "arch": args.arch})
+    target = normalize_target({"kind": "llvm"} if args.arch == "cpu" else {"kind": "cuda", "arch": args.arch})
     os.makedirs(args.out, exist_ok=True)
     index = {}
     for name in args.models.split(","):
         builder, kw = MODELS[name]
         fn = zoo.ZOO.get(builder) or getattr(zoo, builder)
         accepted = inspect.signature(fn).parameters
-        kw = {k: v for k, v in kw.items() if k in accepted}
+        kw = {} if args.small else {k: v for k, v in kw.items() if k in accepted}
         if "batch" in accepted:
             kw["batch"] = args.batch
         model = fn(**kw)

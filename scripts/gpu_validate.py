@@ -22,7 +22,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def gpu_name() -> str:
+def gpu_name(gpu: bool) -> str:
+    if not gpu:
+        from tvm_nimble.bench import device_name
+
+        return device_name(False)
     from cuda.bindings import runtime as rt
 
     err, prop = rt.cudaGetDeviceProperties(0)
@@ -30,7 +34,9 @@ def gpu_name() -> str:
     return (name.decode() if isinstance(name, bytes) else str(name)).split("\x00")[0].strip()
 
 
-def mem_used_mib() -> float:
+def mem_used_mib(gpu: bool) -> float | None:
+    if not gpu:
+        return None
     from cuda.bindings import runtime as rt
 
     err, free, total = rt.cudaMemGetInfo()
@@ -64,9 +70,13 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    from tvm_nimble.runtime import ensure_cuda_runtime
+    with open(os.path.join(args.art, "index.json")) as f:
+        index = json.load(f)
+    gpu = index["arch"] != "cpu"  # "cpu": a dry run of this whole script on llvm artifacts
+    if gpu:
+        from tvm_nimble.runtime import ensure_cuda_runtime
 
-    ensure_cuda_runtime()
+        ensure_cuda_runtime()
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
@@ -74,10 +84,8 @@ def main():
     from tvm_nimble.module import load
     from tvm_nimble.timing import host_cost_us
 
-    with open(os.path.join(args.art, "index.json")) as f:
-        index = json.load(f)
-    dev = tvm.cuda(0)
-    device = gpu_name()
+    dev = tvm.cuda(0) if gpu else tvm.cpu(0)
+    device = gpu_name(gpu)
     today = datetime.date.today().isoformat()
     log = {"device": device, "date": today, "tvm": tvm.__version__, "models": {}}
     rows = []
@@ -90,7 +98,8 @@ def main():
         module = load(os.path.join(d, "nimble"))
         entry = {"kernels": len(module.plan.launches), "streams": module.plan.num_streams,
                  "events": module.plan.num_events, "memory": module.plan.memory}
-        execs = {m: NimbleExecutor(module, dev, mode=m) for m in ("cuda-graph", "single-stream", "streams")}
+        modes = ("cuda-graph", "single-stream", "streams") if gpu else ("sequential",)
+        execs = {m: NimbleExecutor(module, dev, mode=m) for m in modes}
         vms = {}
         for label, lib in (("tvm-vm", "vm.so"), ("tvm-vm-cudagraph", "vm_graph.so")):
             vm = VirtualMachine(tvm.runtime.load_module(os.path.join(d, lib)), dev)
@@ -114,22 +123,22 @@ def main():
         for ex in execs.values():
             for i, x in enumerate(inputs):
                 ex.set_input(i, x)
+        labels = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "nimble-multi-stream-graph",
+                  "streams": "nimble-multi-stream-nograph", "sequential": "nimble-aot-cpu"}
         systems = {
             "tvm-vm": (lambda f=vms["tvm-vm"]: f[0](*f[1]), dev.sync),
             "tvm-vm-cudagraph": (lambda f=vms["tvm-vm-cudagraph"]: f[0](*f[1]), dev.sync),
-            "nimble-single-stream-graph": (execs["single-stream"].run, execs["single-stream"].sync),
-            "nimble-multi-stream-graph": (execs["cuda-graph"].run, execs["cuda-graph"].sync),
-            "nimble-multi-stream-nograph": (execs["streams"].run, execs["streams"].sync),
+            **{labels[m]: (ex.run, ex.sync) for m, ex in execs.items()},
         }
         timing = interleaved(systems, args.rounds, args.iters)
         entry["timing_ms"] = timing
-        ex = execs["cuda-graph"]
+        ex = execs["cuda-graph" if gpu else "sequential"]
         entry["host_us_nimble_graph_launch"] = host_cost_us(ex.run, sync=ex.sync)
         entry["host_us_tvm_vm_call"] = host_cost_us(systems["tvm-vm"][0], iters=500, sync=dev.sync)
-        entry["timeline"] = execs["streams"].profile()
+        entry["timeline"] = execs["streams"].profile() if gpu else []
         if first and args.long_runs:
             first = False
-            before = mem_used_mib()
+            before = mem_used_mib(gpu)
             ex.run()
             base = ex.get_output(0).numpy().copy()
             identical = True
@@ -138,7 +147,7 @@ def main():
                 if not np.array_equal(ex.get_output(0).numpy(), base):
                     identical = False
             entry["long_run"] = {"runs": args.long_runs, "bit_identical": identical,
-                                 "mem_used_mib_before": before, "mem_used_mib_after": mem_used_mib()}
+                                 "mem_used_mib_before": before, "mem_used_mib_after": mem_used_mib(gpu)}
         for e in execs.values():
             e.close()
         log["models"][name] = entry
@@ -152,7 +161,7 @@ def main():
     print(f"\n{device}  TVM {tvm.__version__}  batch 1 fp32  (median ms / p90 ms)")
     for name, e in log["models"].items():
         t = e["timing_ms"]
-        base = t["tvm-vm-cudagraph"][0]
+        base = t["tvm-vm-cudagraph"][0]  # on CPU the "cudagraph" VM is the plain VM
         print(f"{name}: {e['kernels']} kernels, {e['streams']} streams, outputs match: {e['outputs_match']}, "
               f"host/launch {e['host_us_nimble_graph_launch']:.1f} us")
         for s, (m, p) in t.items():

@@ -47,19 +47,23 @@ def main():
 
     with open(os.path.join(args.src, "results_rows.csv")) as f:
         rows = [dict(zip(CSV_COLUMNS, r)) for r in csv.reader(f)]
-    append_rows(os.path.join(args.out, "results.csv"), rows)
     log = json.load(open(os.path.join(args.src, "gpu_validate.json")))
     notes = [f"GPU run {log['date']} on {log['device']}, TVM {log['tvm']}: Nimble systems replay the same kernels "
              "as the stock VM rows (untuned DLight schedules unless a tuning database is named)."]
     for name, e in log["models"].items():
-        notes.append(f"{name}: {e['kernels']} kernels on {e['streams']} streams; outputs match stock VM: "
-                     f"{e['outputs_match']}; host cost per Nimble inference {e['host_us_nimble_graph_launch']:.1f} us "
-                     f"(stock VM call {e['host_us_tvm_vm_call']:.1f} us)" +
-                     (f"; {e['long_run']['runs']} runs bit-identical: {e['long_run']['bit_identical']}, "
-                      f"GPU memory {e['long_run']['mem_used_mib_before']:.0f} -> {e['long_run']['mem_used_mib_after']:.0f} MiB"
-                      if "long_run" in e else ""))
-        plot_timeline(e["timeline"], f"{name}: Nimble multi-stream, {log['device']}",
-                      os.path.join(args.out, f"timeline_{name}.png"))
+        note = (f"{name}: {e['kernels']} kernels on {e['streams']} streams; outputs match stock VM: "
+                f"{e['outputs_match']}; host cost per Nimble inference {e['host_us_nimble_graph_launch']:.1f} us "
+                f"(stock VM call {e['host_us_tvm_vm_call']:.1f} us)")
+        run = e.get("long_run")
+        if run:
+            note += f"; {run['runs']} runs bit-identical: {run['bit_identical']}"
+            if run["mem_used_mib_before"] is not None:
+                note += f", GPU memory {run['mem_used_mib_before']:.0f} -> {run['mem_used_mib_after']:.0f} MiB"
+        notes.append(note)
+        if e["timeline"]:
+            plot_timeline(e["timeline"], f"{name}: Nimble multi-stream, {log['device']}",
+                          os.path.join(args.out, f"timeline_{name}.png"))
+    append_rows(os.path.join(args.out, "results.csv"), rows)
     write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
                  os.path.join(args.out, "results.png"), notes)
     print("\n".join(notes))

@@ -1,0 +1,37 @@
+"""The GPU validation path (prepare -> validate -> record), dry-run end to end on llvm artifacts.
+
+The GPU machine is expensive to reach; this keeps its scripts from rotting between GPU runs.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def script(name, *args, cwd):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True,
+                       text=True, cwd=cwd, env=dict(os.environ, PYTHONPATH=ROOT), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_prepare_validate_record_on_cpu(tmp_path):
+    art, res, bench = tmp_path / "art", tmp_path / "res", tmp_path / "bench"
+    script("gpu_prepare.py", "--out", str(art), "--arch", "cpu", "--small", "--models", "incept6,resnet", cwd=tmp_path)
+    out = script("gpu_validate.py", "--art", str(art), "--out", str(res), "--rounds", "1", "--iters", "5",
+                 "--long-runs", "50", cwd=tmp_path)
+    log = json.load(open(res / "gpu_validate.json"))
+    assert set(log["models"]) == {"incept6", "resnet"}
+    assert all(m["outputs_match"] for m in log["models"].values())
+    assert log["models"]["incept6"]["long_run"]["bit_identical"] is True
+    assert "outputs match: True" in out
+    bench.mkdir()
+    script("record_gpu_results.py", "--from", str(res), "--out", str(bench), cwd=tmp_path)
+    rows = list(csv.DictReader(open(bench / "results.csv")))
+    assert {r["model"] for r in rows} == {"incept6", "resnet"}
+    assert {"tvm-vm", "nimble-aot-cpu"} <= {r["system"] for r in rows}
+    md = open(bench / "RESULTS.md").read()
+    assert "incept6" in md and "kernels on" in md  # the notes name kernels and streams per model

@@ -13,7 +13,7 @@ from tvm import relax
 from .annotate import AnnotateStreams
 
 
-def _backend(target: tvm.target.Target):
+def backend_for(target: tvm.target.Target):
     kind = target.kind.name
     if kind == "cuda":
         from tvm.relax.backend.cuda import pipeline as backend
@@ -28,7 +28,7 @@ def _backend(target: tvm.target.Target):
 
 def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.transform.Pass]:
     """Passes that produce the kernels: legalize, fuse, schedule (tuned database or DLight)."""
-    backend = _backend(target)
+    backend = backend_for(target)
     passes = list(backend.library_dispatch_passes(target))
     legalize = list(backend.legalize_passes(target))
     if tuning_database is not None:

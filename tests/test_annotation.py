@@ -6,7 +6,7 @@ from tvm_nimble.builder import normalize_target
 from tvm_nimble.frontend import from_onnx
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_STREAMS, AnnotateStreams
 from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
-from tvm_nimble.relay_passes.pipeline import _backend, kernel_passes, lower_and_annotate
+from tvm_nimble.relay_passes.pipeline import backend_for, kernel_passes, lower_and_annotate
 from tvm_nimble.relay_passes.stream_assignment import assign_streams
 
 LLVM = normalize_target("llvm")
@@ -49,7 +49,7 @@ def test_annotation_survives_the_remaining_tvm_passes(nasnet_built):
     mod = lower_and_annotate(from_onnx(nasnet_built.model), LLVM)
     before = read_lowered_function(mod)
     with LLVM:
-        finalized = tvm.transform.Sequential(list(_backend(LLVM).finalize_passes(LLVM)))(mod)
+        finalized = tvm.transform.Sequential(list(backend_for(LLVM).finalize_passes(LLVM)))(mod)
     text = finalized["main"].script()
     # markers are kept, in the same order relative to the kernels
     markers = [line.split('"')[1] for line in text.splitlines() if '"nimble.' in line]

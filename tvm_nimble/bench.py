@@ -45,13 +45,13 @@ def device_name(use_gpu: bool) -> str:
 
 def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None) -> list[System]:
     """Stock TVM and Nimble systems, all from the same kernels (and tuning database)."""
-    from .builder import _open_database, build
+    from .builder import open_tuning_database, build
     from .executor import NimbleExecutor
     from .frontend import from_onnx
     from .stock import StockVM, build_stock_vm
 
     mod = from_onnx(model)
-    db = _open_database(tuning_db) if tuning_db else None
+    db = open_tuning_database(tuning_db) if tuning_db else None
     systems = []
     vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)
     systems.append(System("tvm-vm", vm, vm.sync, vm.outputs))

@@ -74,7 +74,7 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
         mod = tvm.relax.transform.BindParams("main", params)(mod)
     if max_streams is not None and max_streams < 1:
         raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
-    database = _open_database(tuning_db) if tuning_db else None
+    database = open_tuning_database(tuning_db) if tuning_db else None
     if database is None and t.kind.name == "cuda":
         global _warned_untuned
         if not _warned_untuned:
@@ -88,7 +88,7 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     return NimbleModule(plan, kernels, consts, annotated, info)
 
 
-def _open_database(path: str):
+def open_tuning_database(path: str):
     from tvm.s_tir import meta_schedule as ms
 
     workload = os.path.join(path, "database_workload.json")

@@ -7,12 +7,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.relay_passes.pipeline import _backend, kernel_passes
+from tvm_nimble.relay_passes.pipeline import backend_for, kernel_passes
 
 
 def stock_pipeline(target: tvm.target.Target, tuning_database=None) -> tvm.transform.Pass:
     """TVM's default pipeline for ``target`` (with the same tuning database Nimble applies)."""
-    seq = tvm.transform.Sequential(kernel_passes(target, tuning_database) + list(_backend(target).finalize_passes(target)))
+    seq = tvm.transform.Sequential(kernel_passes(target, tuning_database) + list(backend_for(target).finalize_passes(target)))
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.StockPipeline")
     def _pass(mod, _ctx):

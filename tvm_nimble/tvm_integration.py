@@ -55,21 +55,21 @@ def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None
     """The ``nimble`` Relax pipeline (see module docstring)."""
     from tvm_nimble.codegen.lower_plan import build_plan
     from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
-    from tvm_nimble.relay_passes.pipeline import _backend, nimble_lowering
+    from tvm_nimble.relay_passes.pipeline import backend_for, nimble_lowering
 
-    from .builder import _open_database, target_dict
+    from .builder import open_tuning_database, target_dict
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=True)
         if target is None:
             raise ValueError("the nimble pipeline needs a target: tvm.compile(mod, target, relax_pipeline='nimble')")
-        database = _open_database(tuning_db) if tuning_db else None
+        database = open_tuning_database(tuning_db) if tuning_db else None
         mod = nimble_lowering(target, max_streams, database)(mod)
         plan, _ = build_plan(mod, target_dict(target))
         mod = attach_plan(mod, plan, read_lowered_function(mod))
         with target:
-            return tvm.transform.Sequential(list(_backend(target).finalize_passes(target)))(mod)
+            return tvm.transform.Sequential(list(backend_for(target).finalize_passes(target)))(mod)
 
     return _pipeline
 

@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -43,23 +42,6 @@ def mem_used_mib(gpu: bool) -> float | None:
     return (total - free) / 2**20
 
 
-def interleaved(systems: dict, rounds: int, iters: int) -> dict:
-    """Time each system ``iters`` times per round, rounds interleaved; per-iteration samples (ms)."""
-    samples = {k: [] for k in systems}
-    for fn, sync in systems.values():
-        for _ in range(20):
-            fn()
-        sync()
-    for _ in range(rounds):
-        for name, (fn, sync) in systems.items():
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-    return {k: (float(np.median(v)), float(np.percentile(v, 90))) for k, v in samples.items()}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--art", default="out/gpu")
@@ -80,6 +62,7 @@ def main():
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
+    from tvm_nimble.bench import GPU_MODES, NIMBLE_SYSTEMS, System, interleaved_timing
     from tvm_nimble.executor import NimbleExecutor
     from tvm_nimble.module import load
     from tvm_nimble.timing import host_cost_us
@@ -98,7 +81,7 @@ def main():
         module = load(os.path.join(d, "nimble"))
         entry = {"kernels": len(module.plan.launches), "streams": module.plan.num_streams,
                  "events": module.plan.num_events, "memory": module.plan.memory}
-        modes = ("cuda-graph", "single-stream", "streams") if gpu else ("sequential",)
+        modes = GPU_MODES if gpu else ("sequential",)
         execs = {m: NimbleExecutor(module, dev, mode=m) for m in modes}
         vms = {}
         for label, lib in (("tvm-vm", "vm.so"), ("tvm-vm-cudagraph", "vm_graph.so")):
@@ -123,18 +106,14 @@ def main():
         for ex in execs.values():
             for i, x in enumerate(inputs):
                 ex.set_input(i, x)
-        labels = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "nimble-multi-stream-graph",
-                  "streams": "nimble-multi-stream-nograph", "sequential": "nimble-aot-cpu"}
-        systems = {
-            "tvm-vm": (lambda f=vms["tvm-vm"]: f[0](*f[1]), dev.sync),
-            "tvm-vm-cudagraph": (lambda f=vms["tvm-vm-cudagraph"]: f[0](*f[1]), dev.sync),
-            **{labels[m]: (ex.run, ex.sync) for m, ex in execs.items()},
-        }
-        timing = interleaved(systems, args.rounds, args.iters)
+        vm_call = {k: (lambda f=f: f[0](*f[1])) for k, f in vms.items()}
+        systems = [System(k, fn, dev.sync, None) for k, fn in vm_call.items()]
+        systems += [System(NIMBLE_SYSTEMS[m], ex.run, ex.sync, None) for m, ex in execs.items()]
+        timing = interleaved_timing(systems, rounds=args.rounds, iters=args.iters, warmup=20)
         entry["timing_ms"] = timing
         ex = execs["cuda-graph" if gpu else "sequential"]
         entry["host_us_nimble_graph_launch"] = host_cost_us(ex.run, sync=ex.sync)
-        entry["host_us_tvm_vm_call"] = host_cost_us(systems["tvm-vm"][0], iters=500, sync=dev.sync)
+        entry["host_us_tvm_vm_call"] = host_cost_us(vm_call["tvm-vm"], iters=500, sync=dev.sync)
         entry["timeline"] = execs["streams"].profile() if gpu else []
         if first and args.long_runs:
             first = False

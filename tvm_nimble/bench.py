@@ -20,6 +20,10 @@ import numpy as np
 CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "system", "median_ms", "p90_ms"]
 BASELINE_GPU = "tvm-vm-cudagraph"
 BASELINE_CPU = "tvm-vm"
+#: executor mode -> system name in results.csv
+NIMBLE_SYSTEMS = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "nimble-multi-stream-graph",
+                  "streams": "nimble-multi-stream-nograph", "sequential": "nimble-aot-cpu"}
+GPU_MODES = ("single-stream", "cuda-graph", "streams")
 
 
 @dataclass
@@ -43,14 +47,20 @@ def device_name(use_gpu: bool) -> str:
     return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
 
 
-def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None) -> list[System]:
-    """Stock TVM and Nimble systems, all from the same kernels (and tuning database)."""
+def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None,
+                nimble=None) -> list[System]:
+    """Stock TVM and Nimble systems, all from the same kernels (and tuning database).
+
+    ``model`` is an ONNX model or a Relax IRModule; ``nimble`` is a NimbleModule already built from ``model`` for ``target`` (built here if None).
+    """
     from .builder import open_tuning_database, build
     from .executor import NimbleExecutor
     from .frontend import from_onnx
     from .stock import StockVM, build_stock_vm
 
-    mod = from_onnx(model)
+    import tvm
+
+    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model)
     db = open_tuning_database(tuning_db) if tuning_db else None
     systems = []
     vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)
@@ -58,10 +68,8 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
     if use_gpu:
         g = StockVM(build_stock_vm(mod, target, cuda_graph=True, tuning_database=db), device, inputs)
         systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs))
-    nimble = build(mod, target, tuning_db=tuning_db)
-    modes = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "nimble-multi-stream-graph",
-             "streams": "nimble-multi-stream-nograph"} if use_gpu else {"sequential": "nimble-aot-cpu"}
-    for mode, label in modes.items():
+    nimble = nimble or build(mod, target, tuning_db=tuning_db)
+    for mode in GPU_MODES if use_gpu else ("sequential",):
         ex = NimbleExecutor(nimble, device, mode=mode)
         for i, x in enumerate(inputs):
             ex.set_input(i, x)
@@ -70,7 +78,7 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
             ex.run()
             return [ex.get_output(i).numpy() for i in range(ex.get_num_outputs())]
 
-        systems.append(System(label, ex.run, ex.sync, outs))
+        systems.append(System(NIMBLE_SYSTEMS[mode], ex.run, ex.sync, outs))
     return systems
 
 
@@ -126,6 +134,7 @@ def tensorrt_systems(onnx_model, inputs) -> tuple[list[System], list[str]]:
 
 
 def interleaved_timing(systems: list[System], rounds: int = 5, iters: int = 50, warmup: int = 10) -> dict:
+    """Time each system ``iters`` times per round, rounds interleaved: name -> (median ms, p90 ms)."""
     import time
 
     samples = {s.name: [] for s in systems}

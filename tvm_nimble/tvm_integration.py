@@ -43,8 +43,7 @@ def attach_plan(mod: tvm.IRModule, plan, program) -> tvm.IRModule:
 
     bb = relax.BlockBuilder(mod)
     with bb.function(PLAN_FUNC, []):
-        bb.emit_func_output(relax.StringImm(plan.to_json(indent=None)) if hasattr(relax, "StringImm")
-                            else tvm.ir.StringImm(plan.to_json(indent=None)))
+        bb.emit_func_output(tvm.ir.StringImm(plan.to_json(indent=None)))
     consts = [program.values[c].constant for c in plan.constants]
     with bb.function(PARAMS_FUNC, []):
         bb.emit_func_output(relax.Tuple(consts))

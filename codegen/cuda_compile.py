@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import hashlib
 import os
 import shutil
 import subprocess
@@ -111,8 +112,19 @@ def fatbin_compilation(target: tvm.target.Target):
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
 
     def compile_fatbin(code, *_):
+        # Stock VM, VM + CUDA graph and Nimble builds of one model share their kernels: compile once.
+        key = hashlib.sha256(f"{nvcc}\0{arch}\0{code}".encode()).hexdigest()
+        cached = os.path.join(_CACHE, "fatbin", f"{key}.fatbin")
+        if os.path.exists(cached):
+            with open(cached, "rb") as f:
+                return bytearray(f.read())
         with target:
-            return tvm_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc")
+            fatbin = tvm_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc")
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        with open(cached + f".{os.getpid()}", "wb") as f:
+            f.write(bytes(fatbin))
+        os.replace(cached + f".{os.getpid()}", cached)
+        return fatbin
 
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_fatbin, override=True)
     try:

@@ -38,6 +38,7 @@ def main():
 
     import inspect
 
+    import onnx
     import tvm
     from onnx.reference import ReferenceEvaluator
 
@@ -66,6 +67,7 @@ def main():
         build(mod, target).export(os.path.join(d, "nimble"))
         build_stock_vm(mod, target).export_library(os.path.join(d, "vm.so"))
         build_stock_vm(mod, target, cuda_graph=True).export_library(os.path.join(d, "vm_graph.so"))
+        onnx.save(model, os.path.join(d, "model.onnx"))  # for tuning / benchmarking it on the GPU machine
         np.savez(os.path.join(d, "io.npz"), **{f"in_{k}": v for k, v in inputs.items()},
                  **{f"ref_{i}": r for i, r in enumerate(ref)})
         index[name] = {"inputs": list(inputs), "num_outputs": len(ref), "batch": args.batch, "zoo": [builder, kw]}

@@ -261,8 +261,11 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     device = device_name(use_gpu)
     today = datetime.date.today().isoformat()
     rows, notes = [], []
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, "results.csv")
     for name, builder in models.items():
         for batch in batches:
+            print(f"[bench] {name} batch {batch}: building", flush=True)
             model = builder(batch=batch)
             inputs = list(zoo.random_inputs(model, seed=0).values())
             systems = tvm_systems(model, t, dev, inputs, use_gpu, tuning_db)
@@ -276,15 +279,15 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
                     notes.append(w)
             check_agreement(systems, "tvm-vm")
             timing = interleaved_timing(systems, rounds=rounds, iters=iters)
-            for system, (med, p90) in timing.items():
-                rows.append({"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype,
-                             "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"})
+            new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype,
+                    "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"}
+                   for system, (med, p90) in timing.items()]
+            print(f"[bench] {name} batch {batch}: " + ", ".join(f"{r['system']} {r['median_ms']}" for r in new), flush=True)
+            append_rows(csv_path, new)  # model by model: a run cut short keeps what it measured
+            rows += new
     if not use_gpu:
         notes.append("CPU run: CUDA-graph and multi-stream systems need a GPU; on CPU Nimble replays the plan "
                      "sequentially (ahead-of-time, no VM interpretation).")
-    os.makedirs(out_dir, exist_ok=True)
-    csv_path = os.path.join(out_dir, "results.csv")
-    append_rows(csv_path, rows)
     versions = f"TVM {tvm.__version__}, tvm-nimble, numpy {np.__version__}, Python {platform.python_version()}"
     write_report(csv_path, os.path.join(out_dir, "RESULTS.md"), os.path.join(out_dir, "results.png"), notes, versions)
     return rows, notes

@@ -140,3 +140,24 @@ def test_cuda_errors_become_clear_exceptions_without_a_gpu():
         pytest.skip("a CUDA device is present: this checks the no-driver path")
     with pytest.raises(CudaError, match=r"cudaStreamCreate failed: cudaError\w+"):
         StreamSet(2)
+
+
+def test_zero_dim_constants_and_inputs():
+    """0-d tensors stay 0-d (torchvision's mobilenet_v2 has scalar Clip bounds; a 1-d copy broke it)."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_nimble import build
+
+    lo = numpy_helper.from_array(np.array(0.5, dtype=np.float32), "lo")
+    hi = numpy_helper.from_array(np.array(6.0, dtype=np.float32), "hi")
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["t"]), helper.make_node("Mul", ["t", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                                           helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [lo, hi])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.linspace(-2, 9, 6, dtype=np.float32).reshape(2, 3)
+    s = np.array(1.5, dtype=np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x, "s": s})[0]
+    with NimbleExecutor(build(model, "llvm")) as ex:
+        np.testing.assert_allclose(ex(x, s)[0].numpy(), want, rtol=1e-6)

@@ -16,6 +16,10 @@ from .module import NimbleModule
 _warned_untuned = False
 
 
+CUDA_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 49152, "thread_warp_size": 32,
+               "registers_per_block": 65536}
+
+
 def normalize_target(target) -> tvm.target.Target:
     """Accept 'cuda', 'llvm', 'cuda -arch=sm_90', a dict or a Target; CUDA needs an arch."""
     if isinstance(target, tvm.target.Target):
@@ -34,6 +38,8 @@ def normalize_target(target) -> tvm.target.Target:
         if not isinstance(target, dict) or "kind" not in target:
             raise NimbleError(f"target must be 'cuda', 'llvm', a dict like {{'kind': 'cuda', 'arch': 'sm_90'}} "
                               f"or a tvm.target.Target, got {target!r}")
+        if target.get("kind") == "cuda":  # limits MetaSchedule needs; the same for every sm_50+ GPU
+            target = {**CUDA_LIMITS, **target}
         try:
             t = tvm.target.Target(target)
         except Exception as err:

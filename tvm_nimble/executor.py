@@ -128,21 +128,21 @@ class NimbleExecutor:
         import tvm
 
         if isinstance(value, np.ndarray):
-            return np.ascontiguousarray(value)
+            return np.asarray(value, order="C")  # (ascontiguousarray would turn 0-d into 1-d)
         if isinstance(value, tvm.runtime.Tensor):
             tensor = value
         elif hasattr(value, "__dlpack__"):
             on_host = hasattr(value, "__dlpack_device__") and int(value.__dlpack_device__()[0]) == 1
             try:
                 if on_host:  # numpy accepts any host DLPack tensor (strided, unaligned): copied in
-                    return np.ascontiguousarray(np.from_dlpack(value))
+                    return np.asarray(np.from_dlpack(value), order="C")
                 tensor = tvm.runtime.from_dlpack(value)  # device tensor: no copy through the host
             except Exception as err:
                 raise InputError(f"input {name!r}: cannot take it through DLPack ({str(err).splitlines()[0]}); "
                                  "pass a contiguous tensor or a numpy array") from None
         else:
             try:
-                arr = np.ascontiguousarray(np.asarray(value))
+                arr = np.asarray(value, order="C")
             except Exception:
                 arr = None
             if arr is None or arr.dtype.kind in "OUSV":

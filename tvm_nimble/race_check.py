@@ -54,7 +54,7 @@ def simulate(module, inputs: dict[str, np.ndarray], seed: int, device=None) -> l
     for sid, block in poison_block.items():
         ws.storages[sid].copyfrom(block)
     for name, value in inputs.items():
-        ws.tensors[plan.inputs[plan.input_names.index(name)]].copyfrom(np.ascontiguousarray(value))
+        ws.tensors[plan.inputs[plan.input_names.index(name)]].copyfrom(np.asarray(value, order="C"))
     funcs = [module.kernels[l.kernel] for l in plan.launches]
     args = ws.launch_args()
     order = random_interleaving(plan, random.Random(seed))

@@ -80,7 +80,7 @@ class Workspace:
                               f"on {device}: {str(err).splitlines()[0]}") from None
         self.tensors = [self.storages[t.storage]._create_view(t.shape, t.dtype, t.offset) for t in plan.tensors]
         for c in plan.constants:
-            self.tensors[c].copyfrom(np.ascontiguousarray(params[f"c{c}"]))
+            self.tensors[c].copyfrom(np.asarray(params[f"c{c}"], order="C"))  # keeps 0-d scalars 0-d
 
     def launch_args(self) -> list[list]:
         return [[self.tensors[a] for a in l.args] for l in self.plan.launches]

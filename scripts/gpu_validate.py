@@ -124,10 +124,12 @@ def validate_model(log, name, meta, d, gpu, dev, args, first):
         ex = execs[main_mode]
         entry["host_us_nimble_graph_launch"] = host_cost_us(ex.run, sync=ex.sync)
         entry["host_us_tvm_vm_call"] = host_cost_us(vm_call["tvm-vm"], iters=500, sync=dev.sync)
-    entry["timeline"] = []
+    entry["timeline"], entry["timeline_live"] = [], []
     if gpu:
-        with log.section(f"{name}: timeline"):
-            entry["timeline"] = execs["streams"].profile()
+        with log.section(f"{name}: timeline (graph replay)"):
+            entry["timeline"] = execs["cuda-graph"].profile()
+        with log.section(f"{name}: timeline (live issue)"):
+            entry["timeline_live"] = execs["streams"].profile()
     if first and args.long_runs:
         with log.section(f"{name}: long run"):
             ex = execs[main_mode]

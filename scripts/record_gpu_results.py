@@ -60,9 +60,12 @@ def main():
             if run["mem_used_mib_before"] is not None:
                 note += f", GPU memory {run['mem_used_mib_before']:.0f} -> {run['mem_used_mib_after']:.0f} MiB"
         notes.append(note)
-        if e["timeline"]:
-            plot_timeline(e["timeline"], f"{name}: Nimble multi-stream, {log['device']}",
+        if e.get("timeline"):
+            plot_timeline(e["timeline"], f"{name}: Nimble multi-stream CUDA graph, one replay, {log['device']}",
                           os.path.join(args.out, f"timeline_{name}.png"))
+        if e.get("timeline_live"):
+            plot_timeline(e["timeline_live"], f"{name}: Nimble multi-stream issued live from Python (host-paced), "
+                          f"{log['device']}", os.path.join(args.out, f"timeline_{name}_live.png"))
     append_rows(os.path.join(args.out, "results.csv"), rows)
     write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
                  os.path.join(args.out, "results.png"), notes)

@@ -60,7 +60,16 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks", help="where results.csv / RESULTS.md / results.png go")
     ap.add_argument("--tuning-db", help="MetaSchedule database applied to every TVM/Nimble system")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="only regenerate RESULTS.md and results.png from --out's results.csv")
     args = ap.parse_args(argv)
+    if args.report_only:
+        from .bench import write_report
+
+        write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
+                     os.path.join(args.out, "results.png"))
+        print(f"wrote {os.path.join(args.out, 'RESULTS.md')}, results.png")
+        return
 
     from . import zoo
     from .bench import run_benchmark

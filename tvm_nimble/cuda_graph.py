@@ -68,12 +68,23 @@ def destroy_events(events) -> None:
         rt.cudaEventDestroy(e)
 
 
+def record_timing(event, stream, in_capture: bool) -> None:
+    """Record a timing event; inside a capture it must be an *external* record to become a graph node."""
+    rt = _rt()
+    if in_capture:
+        check(rt.cudaEventRecordWithFlags(event, stream, rt.cudaEventRecordExternal), "cudaEventRecordWithFlags")
+    else:
+        check(rt.cudaEventRecord(event, stream), "cudaEventRecord(timing)")
+
+
 def issue(plan, funcs, args, device, streams: StreamSet, events, single_stream: bool = False,
-          timing_events=None) -> None:
+          timing_events=None, in_capture: bool = False) -> None:
     """Issue every launch of ``plan`` on its stream with its waits and records.
 
     With ``single_stream`` everything goes on the main stream and events are skipped (the
-    baseline). With ``timing_events`` (pairs per launch) each launch is bracketed for profiling.
+    baseline). With ``timing_events`` (pairs per launch) each launch is bracketed for profiling;
+    ``in_capture`` says the sequence is being captured into a graph (timing records then
+    become event-record nodes of the graph).
     """
     import tvm_ffi
 
@@ -92,11 +103,11 @@ def issue(plan, funcs, args, device, streams: StreamSet, events, single_stream: 
             for e in l.waits:
                 check(rt.cudaStreamWaitEvent(stream, events[e], 0), f"cudaStreamWaitEvent(launch {l.idx})")
         if timing_events is not None:
-            check(rt.cudaEventRecord(timing_events[l.idx][0], stream), "cudaEventRecord(timing)")
+            record_timing(timing_events[l.idx][0], stream, in_capture)
         with tvm_ffi.use_raw_stream(device, streams.handle(sid)):
             f(*a)
         if timing_events is not None:
-            check(rt.cudaEventRecord(timing_events[l.idx][1], stream), "cudaEventRecord(timing)")
+            record_timing(timing_events[l.idx][1], stream, in_capture)
         if not single_stream:
             for e in l.records:
                 check(rt.cudaEventRecord(events[e], stream), f"cudaEventRecord(launch {l.idx})")

@@ -84,11 +84,11 @@ class NimbleExecutor:
         if self.mode != "streams":
             self._graph = cg.CapturedGraph(lambda: self._issue(), self._streams)
 
-    def _issue(self, timing_events=None):
+    def _issue(self, timing_events=None, in_capture=False):
         from . import cuda_graph as cg
 
         cg.issue(self.plan, self._funcs, self._args, self.device, self._streams, self._events,
-                 single_stream=self.mode == "single-stream", timing_events=timing_events)
+                 single_stream=self.mode == "single-stream", timing_events=timing_events, in_capture=in_capture)
 
     # ---- graph-executor API ------------------------------------------------------------------
     def get_num_inputs(self) -> int:
@@ -203,23 +203,43 @@ class NimbleExecutor:
             return [self.get_output(i, copy=copy) for i in range(self.get_num_outputs())]
 
     # ---- profiling ---------------------------------------------------------------------------
-    def profile(self):
-        """Run once with a CUDA event around every launch: list of (launch idx, stream, kernel, start_ms, end_ms)."""
+    def profile(self, graph: bool | None = None):
+        """Per-launch GPU timeline: list of (launch idx, stream, kernel, start_ms, end_ms).
+
+        A CUDA event brackets every launch. With ``graph`` (default in ``cuda-graph`` mode) the
+        bracketed sequence is captured as its own CUDA graph and replayed, so the timeline shows
+        what the deployed graph does: every kernel is already enqueued, and overlap is real. Live
+        issue (``graph=False``) is paced by the host (tens of microseconds per launch from
+        Python), which stretches small kernels' brackets and hides overlap.
+        """
         from . import cuda_graph as cg
 
         if self._streams is None or self.mode == "single-stream":
             raise ValueError("profile() needs a multi-stream GPU executor (mode 'streams' or 'cuda-graph')")
+        graph = self.mode == "cuda-graph" if graph is None else graph
         n = len(self.plan.launches)
         ev = cg.create_events(2 * n + 1, timing=True)
         pairs = [(ev[2 * i], ev[2 * i + 1]) for i in range(n)]
+        captured = None
         try:
             with self._lock:
-                cg.check(cg._rt().cudaEventRecord(ev[-1], self._streams.streams[0]), "cudaEventRecord")
-                self._issue(timing_events=pairs)
+                def bracketed(in_capture):
+                    cg.record_timing(ev[-1], self._streams.streams[0], in_capture)
+                    self._issue(timing_events=pairs, in_capture=in_capture)
+
+                if graph:
+                    captured = cg.CapturedGraph(lambda: bracketed(True), self._streams)
+                    captured.launch()  # first replay warms up; the second is measured
+                    cg.synchronize(self._streams)
+                    captured.launch()
+                else:
+                    bracketed(False)
                 cg.synchronize(self._streams)
             return [(l.idx, l.stream, l.kernel, cg.elapsed_ms(ev[-1], a), cg.elapsed_ms(ev[-1], b))
                     for l, (a, b) in zip(self.plan.launches, pairs)]
         finally:
+            if captured is not None:
+                captured.close()
             cg.destroy_events(ev)
 
     # ---- lifetime ---------------------------------------------------------------------------

@@ -67,6 +67,24 @@ def test_bench_writes_results(model_file, tmp_path):
             "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert {"results.csv", "RESULTS.md", "results.png"} <= set(os.listdir(tmp_path))
+    # the three outputs parse and agree with what the run printed
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert {r["system"] for r in rows} == {"tvm-vm", "nimble-aot-cpu"}
+    assert {r["model"] for r in rows} == {"incept.onnx"} and {r["batch"] for r in rows} == {"1"}
+    printed = {line.split()[2]: line.split()[3] for line in r.stdout.splitlines() if line.startswith("incept.onnx")}
+    assert printed == {r["system"]: r["median_ms"] for r in rows}
+    md = open(tmp_path / "RESULTS.md").read()
+    for row in rows:
+        assert f"| {row['system']} | {row['median_ms']} | {row['p90_ms']} |" in md
+        assert float(row["p90_ms"]) >= float(row["median_ms"]) > 0
+    assert open(tmp_path / "results.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # regenerating the report from the CSV alone gives the same tables (the run's notes aside)
+    r = cli("bench", "--report-only", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    tables = md[md.index("## All runs"):]
+    assert open(tmp_path / "RESULTS.md").read().endswith(tables)
 
 
 @pytest.mark.parametrize("args, message", [

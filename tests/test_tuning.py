@@ -1,4 +1,4 @@
-"""A tiny MetaSchedule run on CPU: it writes a database, a second run resumes it, the build applies it."""
+"""Tiny MetaSchedule runs on CPU: a database is written, resumed and applied; trials go to the heaviest task."""
 import json
 import os
 
@@ -7,7 +7,7 @@ import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_nimble import NimbleExecutor, build
-from tvm_nimble.tuning import tune
+from tvm_nimble.tuning import _plan_round, _trials_that_fit, extract_tuning_tasks, tune
 
 
 def one_kernel_model():
@@ -18,6 +18,17 @@ def one_kernel_model():
              helper.make_node("Relu", ["c"], ["output"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4, 8, 8])],
                               [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 8, 8])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_then_transpose_model():
+    """A large Conv and a Transpose that does not fuse into it: two kernels, one far heavier."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.1).astype("float32"), "w")
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["output"], perm=[0, 2, 3, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 16, 32, 32])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 32, 32, 16])], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -46,3 +57,42 @@ def test_tiny_tuning_resumes_and_is_applied(tmp_path):
     x = np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype("float32")
     np.testing.assert_allclose(NimbleExecutor(tuned)(x)[0].numpy(), NimbleExecutor(default)(x)[0].numpy(),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_trials_go_to_the_heaviest_task_first(tmp_path):
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    model = conv_then_transpose_model()
+    _, tasks = extract_tuning_tasks(model, "llvm")
+    assert len(tasks) >= 2
+    cost = {t.task_name: t.weight * estimate_tir_flops(t.dispatched[0]) for t in tasks}  # calls x FLOPs
+    heaviest = max(cost, key=cost.get)
+    assert "conv" in heaviest and sorted(cost.values())[-2] < cost[heaviest] / 100
+
+    db = str(tmp_path / "db")
+    kw = dict(trials_per_iter=1, strategy="replay-trace", cost_model="random", progress=False)
+    # a budget of one trial in all: it goes to the heaviest task
+    first = tune(model, "llvm", db, trials_per_task=2, total_trials=1, **kw)
+    assert first.trials_this_run == 1 and first.stopped_for_trials
+    assert {t["name"]: t["trials"] for t in first.tasks} == {n: int(n == heaviest) for n in cost}
+    share = {t["name"]: t["share"] for t in first.tasks}
+    assert max(share, key=share.get) == heaviest and abs(sum(share.values()) - 1) < 1e-6
+    # the next run tunes the rest, several tasks per MetaSchedule call, and never passes a task's cap
+    second = tune(model, "llvm", db, trials_per_task=2, **kw)
+    assert second.trials_this_run == 2 * len(cost) - 1 and not second.stopped_for_trials
+    assert all(t["trials"] == 2 for t in second.tasks)
+    assert "share" in second.summary()
+
+
+def test_round_planning():
+    """Round sizes: a round holds the heaviest tasks, honours each task's cap and fits the time left."""
+    tasks, q = _plan_round([2, 1, 0], remaining=[64, 64, 64], trials_per_iter=8, room=16)
+    assert tasks == [2, 1] and q == 8
+    tasks, q = _plan_round([2, 0, 1], remaining=[3, 64, 64], trials_per_iter=8, room=16)
+    assert tasks == [2, 0] and q == 3  # one call shares one per-task cap
+    tasks, q = _plan_round([0, 1], remaining=[64, 64], trials_per_iter=64, room=10)
+    assert tasks == [0] and q == 10
+    # a round is predicted no cheaper than any past round, and proportionally longer when larger
+    assert _trials_that_fit(125, [(10, 8), (20, 64)]) == 80  # 100 s after the safety margin: 10 x (10 s, 8)
+    assert _trials_that_fit(20, [(10, 8), (20, 64)]) == 0
+    assert 0 < _trials_that_fit(300, []) < _trials_that_fit(600, [])  # before any round: the prior

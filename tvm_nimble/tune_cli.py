@@ -2,6 +2,8 @@
 
 Resumable: the database in --work-dir is continued, never restarted. --time-budget makes a
 run stop cleanly before its deadline (e.g. 480 s slices on the GPU machine); run again to go on.
+Trials go to the heaviest kernels first (calls x FLOPs, then calls x best measured time); each
+round tunes several of them in one MetaSchedule call, --trials-per-iter trials each.
 
 examples:
   tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480 -o model.nimble
@@ -30,7 +32,13 @@ def main(argv=None):
     ap.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     ap.add_argument("--arch", default="sm_90", help="GPU arch for cuda (default sm_90)")
     ap.add_argument("--trials", type=int, default=64, help="trial budget per task (default 64)")
-    ap.add_argument("--trials-per-round", type=int, default=16, help="trials per task between time checks")
+    ap.add_argument("--trials-per-iter", type=int, default=64,
+                    help="trials per task per MetaSchedule iteration (default 64); a round gives each of its "
+                         "tasks one iteration")
+    ap.add_argument("--trials-per-round", type=int,
+                    help="most trials in one round, all its tasks together (time checks come between rounds; "
+                         "default 4 x --trials-per-iter; it used to count the trials of one task)")
+    ap.add_argument("--total-trials", type=int, help="most trials in this run, all tasks together")
     ap.add_argument("--time-budget", type=float, help="seconds; stop cleanly before this deadline")
     ap.add_argument("--work-dir", help="database directory (default tuning/<arch|cpu>/<model>)")
     ap.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "replay-trace", "replay-func"])
@@ -44,6 +52,7 @@ def main(argv=None):
     target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
     work_dir = args.work_dir or os.path.join("tuning", args.arch if args.target == "cuda" else "cpu", name)
     report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
+                  total_trials=args.total_trials, trials_per_iter=args.trials_per_iter,
                   trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model)
     print(report.summary())
     print(f"database: {work_dir}")

@@ -64,17 +64,19 @@ def test_demo_runs_on_cpu():
 def test_bench_writes_results(model_file, tmp_path):
     path, _, _, _ = model_file
     r = cli("bench", "--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
-            "--out", str(tmp_path))
+            "--dtype", "float32,float16", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert {"results.csv", "RESULTS.md", "results.png"} <= set(os.listdir(tmp_path))
     # the three outputs parse and agree with what the run printed
     import csv
 
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-    assert {r["system"] for r in rows} == {"tvm-vm", "nimble-aot-cpu"}
+    assert sorted((r["dtype"], r["system"]) for r in rows) == sorted(
+        (d, s) for d in ("float32", "float16") for s in ("tvm-vm", "nimble-aot-cpu"))
     assert {r["model"] for r in rows} == {"incept.onnx"} and {r["batch"] for r in rows} == {"1"}
-    printed = {line.split()[2]: line.split()[3] for line in r.stdout.splitlines() if line.startswith("incept.onnx")}
-    assert printed == {r["system"]: r["median_ms"] for r in rows}
+    printed = {tuple(line.split()[2:4]): line.split()[4] for line in r.stdout.splitlines()
+               if line.startswith("incept.onnx")}
+    assert printed == {(r["dtype"], r["system"]): r["median_ms"] for r in rows}
     md = open(tmp_path / "RESULTS.md").read()
     for row in rows:
         assert f"| {row['system']} | {row['median_ms']} | {row['p90_ms']} |" in md

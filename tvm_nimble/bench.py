@@ -48,6 +48,26 @@ def device_name(use_gpu: bool) -> str:
     return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
 
 
+DTYPES = ("float32", "float16")
+
+
+def with_precision(model, dtype: str):
+    """The Relax module of ``model`` computing in ``dtype``; inputs and outputs stay float32.
+
+    float16 uses TVM's own ``ToMixedPrecision`` (every TVM and Nimble row then shares the same
+    fp16 kernels); PyTorch rows run the model in ``.half()`` for parity.
+    """
+    import tvm
+    from tvm import relax
+
+    from .frontend import from_onnx
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model)
+    return mod if dtype == "float32" else relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
+
+
 def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None,
                 nimble=None) -> list[System]:
     """Stock TVM and Nimble systems, all from the same kernels (and tuning database).
@@ -83,7 +103,7 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
     return systems
 
 
-def torch_systems(torch_model, inputs: list[np.ndarray]) -> tuple[list[System], list[str]]:
+def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32") -> tuple[list[System], list[str]]:
     """PyTorch eager, CUDA graph and torch.compile(reduce-overhead), when torch and a GPU exist."""
     try:
         import torch
@@ -95,8 +115,11 @@ def torch_systems(torch_model, inputs: list[np.ndarray]) -> tuple[list[System], 
         return [], ["PyTorch has no CUDA device here: torch rows skipped"]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    half = dtype == "float16"
     model = torch_model.eval().cuda()
     xs = [torch.from_numpy(x).cuda() for x in inputs]
+    if half:
+        model, xs = model.half(), [x.half() for x in xs]
     sync = torch.cuda.synchronize
     systems = []
 
@@ -104,7 +127,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray]) -> tuple[list[System], 
         with torch.no_grad():
             return model(*xs)
 
-    systems.append(System("torch-eager", eager, sync, lambda: [eager().cpu().numpy()]))
+    systems.append(System("torch-eager", eager, sync, lambda: [eager().float().cpu().numpy()]))
     static_out = [None]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -118,7 +141,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray]) -> tuple[list[System], 
     def replayed():  # capture does not execute: replay before reading the static output
         graph.replay()
         sync()
-        return [static_out[0].cpu().numpy()]
+        return [static_out[0].float().cpu().numpy()]
 
     systems.append(System("torch-cudagraph", graph.replay, sync, replayed))
     compiled = torch.compile(model, mode="reduce-overhead")
@@ -127,7 +150,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray]) -> tuple[list[System], 
         with torch.no_grad():
             return compiled(*xs)
 
-    systems.append(System("torch-compile", comp, sync, lambda: [comp().clone().cpu().numpy()]))
+    systems.append(System("torch-compile", comp, sync, lambda: [comp().clone().float().cpu().numpy()]))
     return systems, []
 
 
@@ -326,19 +349,21 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     csv_path = os.path.join(out_dir, "results.csv")
     for name, builder in models.items():
         for batch in batches:
-            print(f"[bench] {name} batch {batch}: building", flush=True)
+            print(f"[bench] {name} batch {batch} {dtype}: building", flush=True)
             model = builder(batch=batch)
             inputs = list(zoo.random_inputs(model, seed=0).values())
-            systems = tvm_systems(model, t, dev, inputs, use_gpu, tuning_db)
+            systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db)
             tm = (torch_models or {}).get(name)
-            extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs)
+            extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, dtype)
             systems += extra
             trt, why_trt = tensorrt_systems(model, inputs)
             systems += trt
             for w in why + why_trt:
                 if w not in notes:
                     notes.append(w)
-            check_agreement(systems, "tvm-vm")
+            # fp16 rows agree to fp16 precision (different kernels round differently)
+            tol = 1e-3 if dtype == "float32" else 2e-2
+            check_agreement(systems, "tvm-vm", rtol=tol, atol=tol)
             timing = interleaved_timing(systems, rounds=rounds, iters=iters)
             new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype,
                     "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"}

@@ -4,6 +4,7 @@ TensorRT; append to benchmarks/results.csv and regenerate RESULTS.md and results
 examples:
   tvm-nimble bench --models inception,nasnet --batch 1            # zoo nets
   tvm-nimble bench --models tv:resnet50,tv:inception_v3 --target cuda   # torchvision (GPU machine)
+  tvm-nimble bench --models tv:googlenet --dtype float32,float16 --batch 1,8   # fp16 as a second table
   tvm-nimble bench --onnx my.onnx                                  # any static ONNX model
 """
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main(argv=None):
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
     ap.add_argument("--arch", help="GPU arch, default: the GPU's")
+    ap.add_argument("--dtype", default="float32",
+                    help="comma-separated: float32 (TF32 off in PyTorch), float16 (TVM ToMixedPrecision / torch .half())")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default="benchmarks", help="where results.csv / RESULTS.md / results.png go")
@@ -100,11 +103,15 @@ def main(argv=None):
     elif args.target == "llvm":
         target = {"kind": "llvm"}
     batches = [int(b) for b in args.batch.split(",")]
-    rows, notes = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
-                                tuning_db=args.tuning_db, torch_models=torch_models)
-    print(f"{'model':14s} {'batch':>5s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
+    rows, notes = [], []
+    for dtype in args.dtype.split(","):
+        r, n = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
+                             tuning_db=args.tuning_db, torch_models=torch_models, dtype=dtype)
+        rows += r
+        notes += [x for x in n if x not in notes]
+    print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
     for r in rows:
-        print(f"{r['model']:14s} {r['batch']:>5} {r['system']:30s} {r['median_ms']:>10s} {r['p90_ms']:>8s}")
+        print(f"{r['model']:14s} {r['batch']:>5} {r['dtype']:8s} {r['system']:30s} {r['median_ms']:>10s} {r['p90_ms']:>8s}")
     for n in notes:
         print(f"note: {n}")
     print(f"wrote {os.path.join(args.out, 'results.csv')}, RESULTS.md, results.png")

@@ -115,10 +115,9 @@ def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32")
         return [], ["PyTorch has no CUDA device here: torch rows skipped"]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    half = dtype == "float16"
     model = torch_model.eval().cuda()
     xs = [torch.from_numpy(x).cuda() for x in inputs]
-    if half:
+    if dtype == "float16":
         model, xs = model.half(), [x.half() for x in xs]
     sync = torch.cuda.synchronize
     systems = []
@@ -304,7 +303,7 @@ def _bar_chart(groups, png_path):
     fig, axes = plt.subplots(len(latest), 1, figsize=(11, 3.6 * len(latest)), squeeze=False)
     for ax, (device, models) in zip(axes[:, 0], latest.items()):
         base = BASELINE_GPU if any(BASELINE_GPU in by for by in models.values()) else BASELINE_CPU
-        systems = [s for s in dict.fromkeys(k for by in models.values() for k in by)]
+        systems = list(dict.fromkeys(k for by in models.values() for k in by))
         width = 0.8 / max(len(systems), 1)
         cmap = plt.get_cmap("tab10")
         for j, system in enumerate(systems):

@@ -15,17 +15,14 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 
+from tvm_nimble.builder import CUDA_LIMITS
 from tvm_nimble.relay_passes.lowered_ir import MARKERS
 
 PLAN_FUNC = "__nimble_plan__"
 PARAMS_FUNC = "__nimble_params__"
 TAGS = {
-    "nimble/h100": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-                    "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536,
-                    "l2_cache_size_bytes": 52428800},
-    "nimble/h200": {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-                    "max_threads_per_block": 1024, "thread_warp_size": 32, "registers_per_block": 65536,
-                    "l2_cache_size_bytes": 62914560},
+    "nimble/h100": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 52428800},
+    "nimble/h200": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 62914560},
 }
 
 

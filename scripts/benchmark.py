@@ -1,6 +1,6 @@
 """Benchmark harness entry point: see tvm_nimble/bench_cli.py (same as `tvm-nimble bench`).
 
-    python scripts/benchmark.py --models inception,nasnet --batch 1
+    python scripts/benchmark.py --models incept6,nasnet --batch 1
 """
 import os
 import sys

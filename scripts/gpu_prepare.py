@@ -19,12 +19,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODELS = {
-    # name: (zoo builder, kwargs): the Inception-style net is the README's incept6 anchor
-    "incept6": ("inception", {"blocks": 6, "hw": 64, "channels": 64}),
-    "nasnet": ("nasnet", {"cells": 4, "hw": 32, "channels": 32}),
-    "resnet": ("resnet_chain", {"blocks": 8, "hw": 32, "channels": 64}),
-}
 
 
 def main():
@@ -32,7 +26,7 @@ def main():
     ap.add_argument("--out", default="out/gpu")
     ap.add_argument("--arch", default="sm_90", help="GPU arch, or 'cpu' for an llvm dry run")
     ap.add_argument("--small", action="store_true", help="the zoo's small default sizes")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default="incept6,nasnet,resnet", help="names of zoo.BENCH_MODELS")
     ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
 
@@ -51,7 +45,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     index = {}
     for name in args.models.split(","):
-        builder, kw = MODELS[name]
+        builder, kw = zoo.BENCH_MODELS[name]
         fn = zoo.ZOO.get(builder) or getattr(zoo, builder)
         accepted = inspect.signature(fn).parameters
         kw = {} if args.small else {k: v for k, v in kw.items() if k in accepted}

@@ -96,3 +96,29 @@ def test_round_planning():
     assert _trials_that_fit(125, [(10, 8), (20, 64)]) == 80  # 100 s after the safety margin: 10 x (10 s, 8)
     assert _trials_that_fit(20, [(10, 8), (20, 64)]) == 0
     assert 0 < _trials_that_fit(300, []) < _trials_that_fit(600, [])  # before any round: the prior
+
+
+def test_an_empty_database_builds_the_default_kernels(tmp_path):
+    """A slice that measured nothing leaves empty database files; stock TVM and Nimble still build from them
+    (regression: an empty MetaSchedule Database is falsy, and the stock pipeline then ran without it)."""
+    from tvm_nimble.builder import normalize_target, open_tuning_database
+    from tvm_nimble.frontend import from_onnx
+    from tvm_nimble.stock import StockVM, build_stock_vm
+
+    import tvm
+
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        (db_dir / name).write_text("")
+    model = one_kernel_model()
+    x = np.random.default_rng(2).standard_normal((1, 4, 8, 8)).astype("float32")
+    t = normalize_target("llvm")
+    vm = StockVM(build_stock_vm(from_onnx(model), t, tuning_database=open_tuning_database(str(db_dir))),
+                 tvm.cpu(0), [x])
+    vm()
+    ref = StockVM(build_stock_vm(from_onnx(model), t), tvm.cpu(0), [x])
+    ref()
+    nimble = NimbleExecutor(build(model, "llvm", tuning_db=str(db_dir)))(x)[0].numpy()
+    np.testing.assert_allclose(vm.outputs()[0], ref.outputs()[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(nimble, ref.outputs()[0], rtol=1e-5, atol=1e-5)

@@ -2,7 +2,8 @@
 TensorRT; append to benchmarks/results.csv and regenerate RESULTS.md and results.png.
 
 examples:
-  tvm-nimble bench --models inception,nasnet --batch 1            # zoo nets
+  tvm-nimble bench --models incept6,nasnet --batch 1              # zoo nets at benchmark size
+  tvm-nimble bench --models incept6 --tuning-db tuning/sm_90/incept6 --with-untuned   # tuned vs untuned
   tvm-nimble bench --models tv:resnet50,tv:inception_v3 --target cuda   # torchvision (GPU machine)
   tvm-nimble bench --models tv:googlenet --dtype float32,float16 --batch 1,8   # fp16 as a second table
   tvm-nimble bench --onnx my.onnx                                  # any static ONNX model
@@ -12,12 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 
-ZOO_SIZES = {  # benchmark-sized zoo nets (the incept6 anchor of the README is inception 6 blocks, 64x64)
-    "inception": {"blocks": 6, "hw": 64, "channels": 64},
-    "nasnet": {"cells": 4, "hw": 32, "channels": 32},
-    "resnet": {"blocks": 8, "hw": 32, "channels": 64},
-    "mobilenet": {"blocks": 6, "hw": 32, "channels": 32},
-}
 
 
 def torchvision_builders(name: str):
@@ -51,7 +46,8 @@ def torchvision_builders(name: str):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tvm-nimble bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="inception,nasnet,resnet", help="zoo names, or tv:<torchvision name>")
+    ap.add_argument("--models", default="incept6,nasnet,resnet",
+                    help="zoo nets at benchmark size (incept6, nasnet, resnet, mobilenet), or tv:<torchvision name>")
     ap.add_argument("--onnx", action="append", help="benchmark this ONNX file too (repeatable)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
@@ -61,7 +57,11 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default="benchmarks", help="where results.csv / RESULTS.md / results.png go")
-    ap.add_argument("--tuning-db", help="MetaSchedule database applied to every TVM/Nimble system")
+    ap.add_argument("--tuning-db", help="MetaSchedule database applied to every TVM/Nimble system; "
+                    "its rows are labelled '<model> tuned'")
+    ap.add_argument("--with-untuned", action="store_true",
+                    help="with --tuning-db: also run the untuned kernels first, in the same process, for a same-run "
+                         "tuned-vs-untuned ratio")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
     ap.add_argument("--report-only", action="store_true",
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
@@ -85,8 +85,8 @@ def main(argv=None):
             models[name[3:]] = onnx_b
             torch_models[name[3:]] = torch_b
         else:
-            kw = {} if args.small else ZOO_SIZES.get(name, {})
-            models[name] = lambda batch, name=name, kw=kw: zoo.get_model(name, batch=batch, **kw)
+            label, _ = zoo.get_bench_model(name, small=True)  # checks the name; labels inception as incept6
+            models[label] = lambda batch, name=name: zoo.get_bench_model(name, batch=batch, small=args.small)[1]
     for path in args.onnx or []:
         model = load_onnx_model(path)
         models[os.path.basename(path)] = lambda batch, model=model: model
@@ -103,12 +103,18 @@ def main(argv=None):
     elif args.target == "llvm":
         target = {"kind": "llvm"}
     batches = [int(b) for b in args.batch.split(",")]
+    if args.with_untuned and not args.tuning_db:
+        ap.error("--with-untuned compares against --tuning-db: give the database too")
+    runs = [None, args.tuning_db] if args.with_untuned else [args.tuning_db]
     rows, notes = [], []
-    for dtype in args.dtype.split(","):
-        r, n = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
-                             tuning_db=args.tuning_db, torch_models=torch_models, dtype=dtype)
-        rows += r
-        notes += [x for x in n if x not in notes]
+    for db in runs:
+        tag = (lambda n: f"{n} tuned") if db else (lambda n: n)
+        for dtype in args.dtype.split(","):
+            r, n = run_benchmark({tag(k): v for k, v in models.items()}, target, batches, rounds=args.rounds,
+                                 iters=args.iters, out_dir=args.out, tuning_db=db, dtype=dtype,
+                                 torch_models={tag(k): v for k, v in torch_models.items()})
+            rows += r
+            notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
     for r in rows:
         print(f"{r['model']:14s} {r['batch']:>5} {r['dtype']:8s} {r['system']:30s} {r['median_ms']:>10s} {r['p90_ms']:>8s}")

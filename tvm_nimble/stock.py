@@ -16,7 +16,7 @@ def stock_pipeline(target: tvm.target.Target, tuning_database=None) -> tvm.trans
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.StockPipeline")
     def _pass(mod, _ctx):
-        with target, (tuning_database or contextlib.nullcontext()):
+        with target, (tuning_database if tuning_database is not None else contextlib.nullcontext()):  # an empty Database is falsy
             return seq(mod)
 
     return _pass

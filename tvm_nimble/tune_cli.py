@@ -7,7 +7,7 @@ round tunes several of them in one MetaSchedule call, --trials-per-iter trials e
 
 examples:
   tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480 -o model.nimble
-  tvm-nimble tune zoo:inception --target llvm --trials 8
+  tvm-nimble tune zoo:incept6 --target cuda --time-budget 300   # then: bench --models incept6 --tuning-db ...
 """
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ def _load(model_arg: str):
     if model_arg.startswith("zoo:"):
         from . import zoo
 
-        return model_arg[4:], zoo.get_model(model_arg[4:])
+        return zoo.get_bench_model(model_arg[4:])  # benchmark size, as `tvm-nimble bench` builds it
+    if model_arg.startswith("tv:"):  # built from code with a fixed seed, exactly as `tvm-nimble bench` builds it
+        from .bench_cli import torchvision_builders
+
+        return model_arg[3:], torchvision_builders(model_arg[3:])[0](batch=1)
     from .frontend import load_onnx_model
 
     return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)
@@ -28,7 +32,7 @@ def _load(model_arg: str):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tvm-nimble tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", help="ONNX file, or zoo:<name>")
+    ap.add_argument("model", help="ONNX file, zoo:<name> (benchmark size: incept6, nasnet, resnet, mobilenet), or tv:<torchvision/timm name>")
     ap.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     ap.add_argument("--arch", default="sm_90", help="GPU arch for cuda (default sm_90)")
     ap.add_argument("--trials", type=int, default=64, help="trial budget per task (default 64)")

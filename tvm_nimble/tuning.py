@@ -292,7 +292,10 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     with _unnamed_log_handlers_detached():
         ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir, strategy=strategy, seed=seed)
     builder = _lasting_builder(timeout_sec=120)
-    runner = ms.runner.LocalRunner(timeout_sec=60)
+    # kernels run for microseconds: 20 ms of repeats per measurement is thousands of runs (TVM's default 100 ms
+    # makes measuring, one candidate at a time on the one device, a large share of each trial)
+    runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
+        number=10, repeat=1, min_repeat_ms=20))
     model_ = ms.cost_model.CostModel.create(cost_model, num_tuning_cores=ctxs[0].num_threads, tree_method="auto")
     callbacks = ms.measure_callback.MeasureCallback.create("default") + [_measure_callback(on_measured)]
     rounds: dict[bool, list[tuple[float, int]]] = {True: [], False: []}  # cold (workers started)? -> (s, trials)

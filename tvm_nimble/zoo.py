@@ -286,6 +286,25 @@ ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
 }
 
 
+#: Benchmark-sized zoo nets, one table for `tvm-nimble bench`, `tvm-nimble tune zoo:<name>` and
+#: scripts/gpu_prepare.py, so a tuning database made for one matches the others' kernels.
+#: name -> (zoo builder, keyword arguments). incept6 is the README's Inception-style anchor.
+BENCH_MODELS: dict[str, tuple[str, dict]] = {
+    "incept6": ("inception", {"blocks": 6, "hw": 64, "channels": 64}),
+    "nasnet": ("nasnet", {"cells": 4, "hw": 32, "channels": 32}),
+    "resnet": ("resnet", {"blocks": 8, "hw": 32, "channels": 64}),
+    "mobilenet": ("mobilenet", {"blocks": 6, "hw": 32, "channels": 32}),
+}
+BENCH_ALIASES = {"inception": "incept6"}
+
+
+def get_bench_model(name: str, batch: int = 1, small: bool = False) -> tuple[str, onnx.ModelProto]:
+    """(label, model): a benchmark-sized zoo net (``small``: the zoo's defaults), batch ``batch``."""
+    label = BENCH_ALIASES.get(name, name)
+    builder, kw = BENCH_MODELS.get(label, (label, {}))
+    return label, get_model(builder, batch=batch, **({} if small else kw))
+
+
 def get_model(name: str, **kw) -> onnx.ModelProto:
     """Build the zoo model ``name`` (a key of :data:`ZOO`) with the builder's keyword arguments."""
     try:

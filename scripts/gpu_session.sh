@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One GPU-machine call of measurements, each step time-boxed, everything packed into $OUT at the end.
+#
+#   . .device/setup.sh && bash scripts/gpu_session.sh "validate" "tune zoo:incept6 500" ...
+#
+# Steps (run in order; a failing or overrunning step is logged and the next one runs):
+#   validate                      scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
+#   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
+#                                 resuming what an earlier call on this machine left there
+#   bench SECONDS ARGS...         tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME means
+#                                 $WORK/tuning/NAME)
+# State lives in $WORK (default /tmp/nimble-work), so a later call on the same machine continues it.
+# $OUT gets session.tgz (tuning databases, bench CSV, validate JSON and PNGs) and session.log.
+# PYTHON (default python3) runs the steps. DEADLINE (seconds, default 570) bounds the whole call: steps are cut to what is left of it.
+set -u
+WORK=${WORK:-/tmp/nimble-work}
+DEADLINE=${DEADLINE:-570}
+OUT=${OUT:-out/session}
+TARGET=${TARGET:-cuda}  # llvm: a CPU dry run of the same steps
+START=$(date +%s)
+mkdir -p "$WORK/tuning" "$WORK/bench" "$OUT"
+LOG="$OUT/session.log"
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+left() { echo $(( DEADLINE - ($(date +%s) - START) - 15 )); }
+
+step() {  # step SECONDS command...: run with a timeout cut to the time left
+    local want=$1; shift
+    local t; t=$(left)
+    (( want < t )) && t=$want
+    if (( t < 20 )); then echo "== skipped (no time left): $*" | tee -a "$LOG"; return; fi
+    echo "== $(date -u +%H:%M:%S) [${t}s] $*" | tee -a "$LOG"
+    local s0; s0=$(date +%s)
+    timeout --signal=INT --kill-after=10 "$t" "$@" >>"$LOG" 2>&1
+    echo "== rc=$? after $(( $(date +%s) - s0 ))s" | tee -a "$LOG"
+}
+
+for spec in "$@"; do
+    read -r -a a <<<"$spec"
+    case ${a[0]} in
+        validate)
+            step 90 "$PYTHON" scripts/gpu_validate.py --art out/gpu --out "$WORK/validate" ;;
+        tune)
+            name=${a[1]#*:}; name=$(basename "${name%.onnx}")
+            t=$(left); (( a[2] < t )) && t=${a[2]}
+            # the tuner's own budget ends it cleanly; the step's timeout is only the backstop
+            step "$t" "$PYTHON" -m tvm_nimble.cli tune "${a[1]}" --target "$TARGET" --arch sm_90 \
+                --time-budget $(( t - 30 )) --work-dir "$WORK/tuning/$name" ;;
+        bench)
+            args=("${a[@]:2}")
+            for i in "${!args[@]}"; do [[ ${args[$i]} == @* ]] && args[$i]="$WORK/tuning/${args[$i]#@}"; done
+            step "${a[1]}" "$PYTHON" -m tvm_nimble.cli bench --target "$TARGET" "${args[@]}" --out "$WORK/bench" ;;
+        *) echo "unknown step: $spec" | tee -a "$LOG" ;;
+    esac
+done
+# MetaSchedule's per-task logs are large and nest too deep to come back
+tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
+ls -la "$OUT" | tee -a "$LOG"
+grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error" "$LOG" | tail -40

@@ -6,7 +6,7 @@
 # Steps (run in order; a failing or overrunning step is logged and the next one runs):
 #   validate                      scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
-#                                 resuming what an earlier call on this machine left there
+#                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
 #   bench SECONDS ARGS...         tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME means
 #                                 $WORK/tuning/NAME)
 # State lives in $WORK (default /tmp/nimble-work), so a later call on the same machine continues it.
@@ -20,6 +20,10 @@ TARGET=${TARGET:-cuda}  # llvm: a CPU dry run of the same steps
 START=$(date +%s)
 mkdir -p "$WORK/tuning" "$WORK/bench" "$OUT"
 LOG="$OUT/session.log"
+# tuning continues from the committed databases (tuning/sm_90/NAME) unless this machine already has newer ones
+for d in tuning/sm_90/*/; do
+    [[ -d $d && ! -e $WORK/tuning/$(basename "$d") ]] && cp -r "$d" "$WORK/tuning/"
+done
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 

@@ -42,6 +42,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--from", dest="src", required=True, help="folder with gpu_validate.json and results_rows.csv")
     ap.add_argument("--out", default="benchmarks")
+    ap.add_argument("--timelines-only", action="store_true",
+                    help="only draw the timelines (the run repeats timings already recorded)")
     args = ap.parse_args()
     from tvm_nimble.bench import CSV_COLUMNS, append_rows, write_report
 
@@ -66,6 +68,8 @@ def main():
         if e.get("timeline_live"):
             plot_timeline(e["timeline_live"], f"{name}: Nimble multi-stream issued live from Python (host-paced), "
                           f"{log['device']}", os.path.join(args.out, f"timeline_{name}_live.png"))
+    if args.timelines_only:
+        return
     append_rows(os.path.join(args.out, "results.csv"), rows)
     write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
                  os.path.join(args.out, "results.png"), notes)

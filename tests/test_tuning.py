@@ -122,3 +122,43 @@ def test_an_empty_database_builds_the_default_kernels(tmp_path):
     nimble = NimbleExecutor(build(model, "llvm", tuning_db=str(db_dir)))(x)[0].numpy()
     np.testing.assert_allclose(vm.outputs()[0], ref.outputs()[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(nimble, ref.outputs()[0], rtol=1e-5, atol=1e-5)
+
+
+def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
+    """`bench --tuning-db DB --with-untuned`: two tables labelled with the database's trial count, and a
+    tuning table whose ratios are those of the CSV's medians."""
+    import csv
+
+    import onnx
+
+    from tvm_nimble.bench_cli import main as bench_main
+
+    model = one_kernel_model()
+    path = str(tmp_path / "one.onnx")
+    onnx.save(model, path)
+    db = str(tmp_path / "db")
+    tune(model, "llvm", db, trials_per_task=2, trials_per_round=2, strategy="replay-trace", cost_model="random",
+         progress=False)
+    out = tmp_path / "bench"
+    bench_main(["--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
+                "--tuning-db", db, "--with-untuned", "--out", str(out)])
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    by = {(r["model"], r["system"]): float(r["median_ms"]) for r in rows}
+    assert {m for m, _ in by} == {"one.onnx (untuned; vs 2 trials)", "one.onnx (tuned 2 trials)"}
+    md = (out / "RESULTS.md").read_text()
+    line = next(l for l in md.splitlines() if l.startswith("| ") and "| one.onnx | 1 | float32 | 2 |" in l)
+    cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+    u_tvm, t_tvm = by[("one.onnx (untuned; vs 2 trials)", "tvm-vm")], by[("one.onnx (tuned 2 trials)", "tvm-vm")]
+    t_nimble = by[("one.onnx (tuned 2 trials)", "nimble-aot-cpu")]
+    assert cells[5:7] == [f"{u_tvm:.3f}", f"{t_tvm:.3f}"]
+    assert cells[9] == f"{u_tvm / t_tvm:.2f}x" and cells[10] == f"{t_tvm / t_nimble:.2f}x"
+
+
+def test_with_untuned_needs_a_database():
+    import pytest
+
+    from tvm_nimble.bench_cli import main as bench_main
+
+    with pytest.raises(SystemExit) as e:
+        bench_main(["--models", "incept6", "--with-untuned"])
+    assert e.value.code == 2

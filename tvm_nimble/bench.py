@@ -13,6 +13,7 @@ import csv
 import datetime
 import os
 import platform
+import re
 import textwrap
 from dataclasses import dataclass
 
@@ -209,6 +210,27 @@ def read_rows(csv_path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+_TUNING_LABEL = re.compile(r"^(?P<model>.+) \((?:(?P<untuned>untuned; vs)|tuned) (?P<trials>\d+) trials\)$")
+
+
+def database_trials(path: str) -> int:
+    """Trials recorded in a MetaSchedule JSON database directory (one line per trial)."""
+    with open(os.path.join(path, "database_tuning_record.json")) as f:
+        return sum(1 for line in f if line.strip())
+
+
+def tuning_label(model: str, trials: int, tuned: bool) -> str:
+    """Model label of a tuned run, or of its untuned companion run: unique per database state, so runs of
+    one day at different tuning stages never share a table."""
+    return f"{model} (tuned {trials} trials)" if tuned else f"{model} (untuned; vs {trials} trials)"
+
+
+def parse_tuning_label(label: str):
+    """(model, tuned?, trials) of a label made by :func:`tuning_label`, else None."""
+    m = _TUNING_LABEL.match(label)
+    return (m["model"], m["untuned"] is None, int(m["trials"])) if m else None
+
+
 HEADLINE_SYSTEMS = [("nimble-multi-stream-graph", "Nimble multi-stream graph"),
                     ("nimble-single-stream-graph", "Nimble 1-stream graph"),
                     (BASELINE_GPU, "TVM VM + CUDA graph"), ("torch-eager", "PyTorch eager"),
@@ -229,6 +251,8 @@ def headline_table(rows: list[dict]) -> list[str]:
     latest = {}
     for (device, date, model, batch, dtype), rs in _groups(rows).items():
         by = {r["system"]: float(r["median_ms"]) for r in rs}
+        if parse_tuning_label(model):
+            continue  # tuned-vs-untuned runs have their own table
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
             latest[(device, model, batch, dtype)] = (date, by)
     if not latest:
@@ -244,6 +268,38 @@ def headline_table(rows: list[dict]) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     devices = sorted({f"{k[0]}, {k[3]}" for k in latest})
     return [f"Median latency in ms ({'; '.join(devices)}); ratios > 1 mean Nimble is faster."] + [""] + lines
+
+
+def tuning_table(rows: list[dict]) -> list[str]:
+    """Tuned runs next to their untuned companion runs (same process, same device): what tuning gives stock
+    TVM and Nimble, and Nimble's ratio once both use the tuned kernels."""
+    pairs: dict[tuple, dict[bool, dict]] = {}
+    for (device, date, label, batch, dtype), rs in _groups(rows).items():
+        parsed = parse_tuning_label(label)
+        if parsed:
+            model, tuned, trials = parsed
+            pairs.setdefault((device, date, model, batch, dtype, trials), {})[tuned] = \
+                {r["system"]: float(r["median_ms"]) for r in rs}
+    head = ["device", "model", "batch", "dtype", "trials", "TVM untuned", "TVM tuned", "Nimble untuned",
+            "Nimble tuned", "tuning gain (TVM)", "Nimble vs TVM, both tuned", "Nimble tuned vs TVM untuned"]
+    lines = []
+    for (device, date, model, batch, dtype, trials), p in sorted(pairs.items(), key=lambda kv: kv[0]):
+        if len(p) < 2:
+            continue
+        u, t = p[False], p[True]
+        gpu = BASELINE_GPU in u
+        base, nimble = (BASELINE_GPU, NIMBLE_SYSTEMS["cuda-graph"]) if gpu else (BASELINE_CPU, NIMBLE_SYSTEMS["sequential"])
+        if not all(s in d for d in (u, t) for s in (base, nimble)):
+            continue
+        lines.append(f"| {device} ({date}) | {model} | {batch} | {dtype} | {trials} | {u[base]:.3f} | {t[base]:.3f} | "
+                     f"{u[nimble]:.3f} | {t[nimble]:.3f} | {u[base] / t[base]:.2f}x | "
+                     f"**{t[base] / t[nimble]:.2f}x** | {u[base] / t[nimble]:.2f}x |")
+    if not lines:
+        return []
+    return ["Median ms. Each line is one run: the untuned kernels, then the tuned ones, in the same process. "
+            "TVM: the VM with its CUDA graph on a GPU (the VM on CPU); Nimble: the multi-stream CUDA graph (the "
+            "ahead-of-time replay on CPU). trials: MetaSchedule trials in the database.", "",
+            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines
 
 
 def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[str] | None = None,
@@ -264,6 +320,9 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
     headline = headline_table(rows)
     if headline:
         lines += ["## Headline (GPU)", ""] + headline + [""]
+    tuning = tuning_table(rows)
+    if tuning:
+        lines += ["## Tuned kernels", ""] + tuning + [""]
     findings = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "findings.md")
     if os.path.exists(findings):
         lines += [open(findings).read().strip(), ""]
@@ -297,7 +356,14 @@ def _bar_chart(groups, png_path):
     import matplotlib.pyplot as plt
 
     latest: dict[str, dict[str, dict[str, float]]] = {}
+    parsed = {k: parse_tuning_label(k[2]) for k in groups}
+    tuned = {(k[0], p[0], k[3], k[4]) for k, p in parsed.items() if p and p[1]}
     for (device, date, model, batch, dtype), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        p = parsed[(device, date, model, batch, dtype)]
+        if p:  # one bar group per tuning state: the newest tuned run, else the untuned companion run
+            if not p[1] and (device, p[0], batch, dtype) in tuned:
+                continue
+            model = f"{p[0]} {'tuned' if p[1] else 'untuned'}"
         label = textwrap.fill(model, 14) + f"\nb{batch}" + ("" if dtype == "float32" else f" {dtype}")
         latest.setdefault(device, {})[label] = {r["system"]: float(r["median_ms"]) for r in rs}  # newest wins
     fig, axes = plt.subplots(len(latest), 1, figsize=(11, 3.6 * len(latest)), squeeze=False)

@@ -58,7 +58,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default="benchmarks", help="where results.csv / RESULTS.md / results.png go")
     ap.add_argument("--tuning-db", help="MetaSchedule database applied to every TVM/Nimble system; "
-                    "its rows are labelled '<model> tuned'")
+                    "its rows are labelled '<model> (tuned N trials)'")
     ap.add_argument("--with-untuned", action="store_true",
                     help="with --tuning-db: also run the untuned kernels first, in the same process, for a same-run "
                          "tuned-vs-untuned ratio")
@@ -75,7 +75,7 @@ def main(argv=None):
         return
 
     from . import zoo
-    from .bench import run_benchmark
+    from .bench import database_trials, run_benchmark, tuning_label
     from .frontend import load_onnx_model
 
     models, torch_models = {}, {}
@@ -107,8 +107,16 @@ def main(argv=None):
         ap.error("--with-untuned compares against --tuning-db: give the database too")
     runs = [None, args.tuning_db] if args.with_untuned else [args.tuning_db]
     rows, notes = [], []
+    if args.tuning_db:
+        from .builder import open_tuning_database
+
+        open_tuning_database(args.tuning_db)  # a clear error now rather than after the first builds
+    trials = database_trials(args.tuning_db) if args.tuning_db else 0
     for db in runs:
-        tag = (lambda n: f"{n} tuned") if db else (lambda n: n)
+        if not args.tuning_db:
+            tag = lambda n: n  # noqa: E731
+        else:  # labels carry the database's trial count: one table per tuning stage
+            tag = lambda n, tuned=db is not None: tuning_label(n, trials, tuned)  # noqa: E731
         for dtype in args.dtype.split(","):
             r, n = run_benchmark({tag(k): v for k, v in models.items()}, target, batches, rounds=args.rounds,
                                  iters=args.iters, out_dir=args.out, tuning_db=db, dtype=dtype,

@@ -14,7 +14,6 @@ import argparse
 import os
 
 
-
 def torchvision_builders(name: str):
     """(onnx builder, torch builder) for a torchvision/timm model, built from code with a fixed seed."""
     import io

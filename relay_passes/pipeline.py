@@ -77,6 +77,17 @@ def cheap_tvmscript_stacks():
         yield
 
 
+def import_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics within :func:`cheap_tvmscript_stacks`, unless already imported.
+
+    MetaSchedule imports them in every TuneContext and every builder worker before its first build;
+    this makes that import cheap there too."""
+    if _TENSOR_INTRIN in sys.modules:
+        return
+    with cheap_tvmscript_stacks():
+        importlib.import_module(_TENSOR_INTRIN)
+
+
 def _with_cheap_tvmscript_stacks(p: tvm.transform.Pass) -> tvm.transform.Pass:
     """``p`` run within :func:`cheap_tvmscript_stacks` until the tensor-core intrinsics are imported."""
 

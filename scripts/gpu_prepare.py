@@ -20,7 +20,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/gpu")
@@ -29,8 +28,6 @@ def main():
     ap.add_argument("--models", default="incept6,nasnet,resnet", help="names of zoo.BENCH_MODELS")
     ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
-
-    import inspect
 
     import onnx
     import tvm
@@ -45,13 +42,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     index = {}
     for name in args.models.split(","):
-        builder, kw = zoo.BENCH_MODELS[name]
-        fn = zoo.ZOO.get(builder) or getattr(zoo, builder)
-        accepted = inspect.signature(fn).parameters
-        kw = {} if args.small else {k: v for k, v in kw.items() if k in accepted}
-        if "batch" in accepted:
-            kw["batch"] = args.batch
-        model = fn(**kw)
+        _, model = zoo.get_bench_model(name, batch=args.batch, small=args.small)
+        builder, kw = zoo.BENCH_MODELS.get(name, (name, {}))
+        kw = {**({} if args.small else kw), "batch": args.batch}
         inputs = zoo.random_inputs(model, seed=0)
         ref = ReferenceEvaluator(model).run(None, inputs)
         mod = from_onnx(model)

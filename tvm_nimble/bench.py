@@ -254,9 +254,9 @@ def headline_table(rows: list[dict]) -> list[str]:
     """One line per GPU model and batch (newest run): median ms of the key systems and Nimble's ratios."""
     latest = {}
     for (device, date, model, batch, dtype), rs in _groups(rows).items():
-        by = {r["system"]: float(r["median_ms"]) for r in rs}
         if parse_tuning_label(model):
             continue  # tuned-vs-untuned runs have their own table
+        by = {r["system"]: float(r["median_ms"]) for r in rs}
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
             latest[(device, model, batch, dtype)] = (date, by)
     if not latest:

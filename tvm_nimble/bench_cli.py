@@ -104,22 +104,22 @@ def main(argv=None):
     batches = [int(b) for b in args.batch.split(",")]
     if args.with_untuned and not args.tuning_db:
         ap.error("--with-untuned compares against --tuning-db: give the database too")
-    runs = [None, args.tuning_db] if args.with_untuned else [args.tuning_db]
-    rows, notes = [], []
+    trials = 0
     if args.tuning_db:
         from .builder import open_tuning_database
 
         open_tuning_database(args.tuning_db)  # a clear error now rather than after the first builds
-    trials = database_trials(args.tuning_db) if args.tuning_db else 0
-    for db in runs:
-        if not args.tuning_db:
-            tag = lambda n: n  # noqa: E731
-        else:  # labels carry the database's trial count: one table per tuning stage
-            tag = lambda n, tuned=db is not None: tuning_label(n, trials, tuned)  # noqa: E731
+        trials = database_trials(args.tuning_db)
+
+    def label(name, db):  # with a database, labels carry its trial count: one table per tuning stage
+        return tuning_label(name, trials, tuned=db is not None) if args.tuning_db else name
+
+    rows, notes = [], []
+    for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
         for dtype in args.dtype.split(","):
-            r, n = run_benchmark({tag(k): v for k, v in models.items()}, target, batches, rounds=args.rounds,
+            r, n = run_benchmark({label(k, db): v for k, v in models.items()}, target, batches, rounds=args.rounds,
                                  iters=args.iters, out_dir=args.out, tuning_db=db, dtype=dtype,
-                                 torch_models={tag(k): v for k, v in torch_models.items()})
+                                 torch_models={label(k, db): v for k, v in torch_models.items()})
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

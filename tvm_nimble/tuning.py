@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 
+from tvm_nimble.relay_passes.pipeline import import_tensor_intrinsics
+
 from .builder import normalize_target
 from .errors import NimbleError
 
@@ -174,27 +176,11 @@ def _measure_callback(fn):
     return _Callback()
 
 
-def _import_tensor_intrinsics() -> None:
-    """Import TVM's tensor intrinsics with cheap TVMScript stacks (see relay_passes.pipeline).
-
-    MetaSchedule imports ``tvm.s_tir.tensor_intrin`` in every TuneContext and in every builder worker
-    before its first build; done plainly, that import costs half a minute or more per process, and
-    minutes in a process that has PyTorch loaded (a ``tv:`` model)."""
-    import sys
-
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
-        return
-    from tvm_nimble.relay_passes.pipeline import cheap_tvmscript_stacks
-
-    with cheap_tvmscript_stacks():
-        import tvm.s_tir.tensor_intrin  # noqa: F401
-
-
 def _build_in_worker(args):
     """One MetaSchedule build in a builder worker (runs there; pickled by reference)."""
     from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func  # pinned TVM
 
-    _import_tensor_intrinsics()
+    import_tensor_intrinsics()  # cheaply, before _worker_func does it the slow way
     return _worker_func(*args)
 
 
@@ -203,9 +189,8 @@ def _lasting_builder(timeout_sec: float):
 
     LocalBuilder starts fresh workers for every batch (TVM's guard against a slow leak in long-lived
     workers) and each fresh worker imports TVM's tensor intrinsics before its first build (30-70 s on a
-    2-core machine done plainly; see :func:`_import_tensor_intrinsics`), paid once per MetaSchedule
-    iteration. ``tune``
-    closes it every few rounds instead, so that rounds that start workers are known and timed apart."""
+    2-core machine done plainly; see ``import_tensor_intrinsics``), paid once per MetaSchedule iteration.
+    ``tune`` closes it every few rounds instead, so that rounds that start workers are known and timed apart."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
     from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params  # pinned TVM
@@ -312,7 +297,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
             bar.update(len(run_us))
             bar.set_postfix_str(f"{s['name'][:24]} best {_us(s['best_us'])}us")
 
-    _import_tensor_intrinsics()  # before TuneContext does it the slow way
+    import_tensor_intrinsics()  # cheaply, before TuneContext does it the slow way
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     # one builder, runner and cost model for all rounds (the XGBoost model keeps learning across them);
     # generous timeouts: a loaded 2-core machine builds slowly

@@ -393,8 +393,12 @@ def _bar_chart(groups, png_path):
 
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
                   out_dir: str = "benchmarks", tuning_db: str | None = None, torch_models: dict | None = None,
-                  dtype: str = "float32") -> tuple[list[dict], list[str]]:
-    """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes)."""
+                  dtype: str = "float32", torch_cache: dict | None = None) -> tuple[list[dict], list[str]]:
+    """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes).
+
+    ``torch_cache`` (a dict the caller keeps) lets a second run reuse the PyTorch systems built by the first:
+    they do not depend on the tuning database, and torch.compile costs up to a minute per model. They are
+    timed again, interleaved with the new run's systems."""
     import tvm
 
     from . import zoo
@@ -423,7 +427,13 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             inputs = list(zoo.random_inputs(model, seed=0).values())
             systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db)
             tm = (torch_models or {}).get(name)
-            extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, dtype)
+            key = (tm, batch, dtype)
+            if torch_cache is not None and key in torch_cache:
+                extra, why = torch_cache[key]
+            else:
+                extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, dtype)
+                if torch_cache is not None and tm is not None:
+                    torch_cache[key] = extra, why
             systems += extra
             trt, why_trt = tensorrt_systems(model, inputs)
             systems += trt

@@ -114,12 +114,13 @@ def main(argv=None):
     def label(name, db):  # with a database, labels carry its trial count: one table per tuning stage
         return tuning_label(name, trials, tuned=db is not None) if args.tuning_db else name
 
-    rows, notes = [], []
+    rows, notes, torch_cache = [], [], {}  # torch rows are built once and timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
         for dtype in args.dtype.split(","):
             r, n = run_benchmark({label(k, db): v for k, v in models.items()}, target, batches, rounds=args.rounds,
                                  iters=args.iters, out_dir=args.out, tuning_db=db, dtype=dtype,
-                                 torch_models={label(k, db): v for k, v in torch_models.items()})
+                                 torch_models={label(k, db): v for k, v in torch_models.items()},
+                                 torch_cache=torch_cache)
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

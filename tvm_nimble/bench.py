@@ -251,32 +251,36 @@ def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def headline_table(rows: list[dict]) -> list[str]:
-    """One line per GPU model and batch (newest run): median ms of the key systems and Nimble's ratios."""
-    latest = {}
+    """One table per GPU and dtype (float32 first), one line per model and batch (newest run): median ms of
+    the key systems and Nimble's ratios."""
+    latest: dict[tuple, dict] = {}
     for (device, date, model, batch, dtype), rs in _groups(rows).items():
         if parse_tuning_label(model):
             continue  # tuned-vs-untuned runs have their own table
         by = {r["system"]: float(r["median_ms"]) for r in rs}
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
-            latest[(device, model, batch, dtype)] = (date, by)
-    if not latest:
-        return []
+            latest.setdefault((device, dtype), {})[(model, batch)] = by
     head = ["model", "batch"] + [label for _, label in HEADLINE_SYSTEMS] + ["Nimble vs TVM VM+graph",
                                                                            "Nimble vs PyTorch CUDA graph"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (device, model, batch, dtype), (date, by) in latest.items():
-        nimble = by["nimble-multi-stream-graph"]
-        cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in HEADLINE_SYSTEMS]
-        cells += [f"**{by[BASELINE_GPU] / nimble:.2f}x**",
-                  f"{by['torch-cudagraph'] / nimble:.2f}x" if "torch-cudagraph" in by else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
-    devices = sorted({f"{k[0]}, {k[3]}" for k in latest})
-    return [f"Median latency in ms ({'; '.join(devices)}); ratios > 1 mean Nimble is faster."] + [""] + lines
+    out = []
+    for device, dtype in sorted(latest, key=lambda k: (k[0], k[1] != "float32", k[1])):
+        precision = "TF32 off on both sides" if dtype == "float32" else "TVM ToMixedPrecision, PyTorch .half()"
+        out += [f"**{device}, {dtype}** ({precision}): median latency in ms; ratios > 1 mean Nimble is faster.", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for (model, batch), by in latest[(device, dtype)].items():
+            nimble = by["nimble-multi-stream-graph"]
+            cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in HEADLINE_SYSTEMS]
+            cells += [f"**{by[BASELINE_GPU] / nimble:.2f}x**",
+                      f"{by['torch-cudagraph'] / nimble:.2f}x" if "torch-cudagraph" in by else "-"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return out[:-1]
 
 
 def tuning_table(rows: list[dict]) -> list[str]:
-    """Tuned runs next to their untuned companion runs (same process, same device): what tuning gives stock
-    TVM and Nimble, and Nimble's ratio once both use the tuned kernels."""
+    """Tuned runs next to their untuned companion runs (same device and day): what tuning gives stock TVM and
+    Nimble, and Nimble's ratio once both use the tuned kernels. PyTorch's CUDA graph, timed in both runs and
+    independent of tuning, shows whether the two runs measured alike."""
     pairs: dict[tuple, dict[bool, dict]] = {}
     for (device, date, label, batch, dtype), rs in _groups(rows).items():
         parsed = parse_tuning_label(label)
@@ -285,7 +289,8 @@ def tuning_table(rows: list[dict]) -> list[str]:
             pairs.setdefault((device, date, model, batch, dtype, trials), {})[tuned] = \
                 {r["system"]: float(r["median_ms"]) for r in rs}
     head = ["device", "model", "batch", "dtype", "trials", "TVM untuned", "TVM tuned", "Nimble untuned",
-            "Nimble tuned", "tuning gain (TVM)", "Nimble vs TVM, both tuned", "Nimble tuned vs TVM untuned"]
+            "Nimble tuned", "tuning gain (TVM)", "Nimble vs TVM, both tuned", "Nimble tuned vs TVM untuned",
+            "PyTorch CUDA graph, untuned run / tuned run"]
     lines = []
     for (device, date, model, batch, dtype, trials), p in sorted(pairs.items(), key=lambda kv: kv[0]):
         if len(p) < 2:
@@ -297,13 +302,19 @@ def tuning_table(rows: list[dict]) -> list[str]:
             continue
         lines.append(f"| {device} ({date}) | {model} | {batch} | {dtype} | {trials} | {u[base]:.3f} | {t[base]:.3f} | "
                      f"{u[nimble]:.3f} | {t[nimble]:.3f} | {u[base] / t[base]:.2f}x | "
-                     f"**{t[base] / t[nimble]:.2f}x** | {u[base] / t[nimble]:.2f}x |")
+                     f"**{t[base] / t[nimble]:.2f}x** | {u[base] / t[nimble]:.2f}x | {_both(u, t, 'torch-cudagraph')} |")
     if not lines:
         return []
-    return ["Median ms. Each line is one run: the untuned kernels, then the tuned ones, in the same process. "
+    return ["Median ms. Each line pairs a tuned run with its untuned companion on the same device and day, normally "
+            "one process (`bench --with-untuned`: the untuned kernels, then the tuned ones); Findings names any "
+            "pair timed in two processes. "
             "TVM: the VM with its CUDA graph on a GPU (the VM on CPU); Nimble: the multi-stream CUDA graph (the "
             "ahead-of-time replay on CPU). trials: MetaSchedule trials in the database.", "",
             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines
+
+
+def _both(u: dict, t: dict, system: str) -> str:
+    return f"{u[system]:.3f} / {t[system]:.3f}" if system in u and system in t else "-"
 
 
 def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[str] | None = None,
@@ -368,9 +379,10 @@ def _bar_chart(groups, png_path):
             if not p[1] and (device, p[0], batch, dtype) in tuned:
                 continue
             model = f"{p[0]} {'tuned' if p[1] else 'untuned'}"
-        label = textwrap.fill(model, 14) + f"\nb{batch}" + ("" if dtype == "float32" else f" {dtype}")
+        label = textwrap.fill(model, 11, break_long_words=False) + f"\nb{batch}" + ("" if dtype == "float32" else f" {dtype}")
         latest.setdefault(device, {})[label] = {r["system"]: float(r["median_ms"]) for r in rs}  # newest wins
-    fig, axes = plt.subplots(len(latest), 1, figsize=(11, 3.6 * len(latest)), squeeze=False)
+    most = max(len(models) for models in latest.values())  # about 0.8 in per bar group keeps labels apart
+    fig, axes = plt.subplots(len(latest), 1, figsize=(max(11, 0.8 * most + 2), 3.8 * len(latest)), squeeze=False)
     for ax, (device, models) in zip(axes[:, 0], latest.items()):
         base = BASELINE_GPU if any(BASELINE_GPU in by for by in models.values()) else BASELINE_CPU
         systems = list(dict.fromkeys(k for by in models.values() for k in by))

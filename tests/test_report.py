@@ -1,0 +1,41 @@
+"""The GPU report's tables, from synthetic rows: one headline table per dtype, ratios from the medians."""
+import random
+
+from tvm_nimble.bench import BASELINE_GPU, headline_table, tuning_table, tuning_label
+
+SYSTEMS = ["tvm-vm", BASELINE_GPU, "nimble-single-stream-graph", "nimble-multi-stream-graph", "torch-cudagraph"]
+
+
+def rows_for(model, dtype, rng, batch=1, date="2026-11-23"):
+    return [{"date": date, "device": "GPU X", "model": model, "batch": str(batch), "dtype": dtype, "system": s,
+             "median_ms": f"{rng.uniform(0.5, 5):.4f}", "p90_ms": "9.0"} for s in SYSTEMS]
+
+
+def cells_of(line):
+    return [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+
+
+def test_headline_has_one_table_per_dtype_with_ratios_from_the_medians():
+    rng = random.Random(1)
+    rows = rows_for("net", "float16", rng) + rows_for("net", "float32", rng) + rows_for("other", "float32", rng)
+    lines = headline_table(rows)
+    captions = [i for i, l in enumerate(lines) if l.startswith("**GPU X, ")]
+    assert [lines[i].split(",")[1].split("*")[0].strip() for i in captions] == ["float32", "float16"]
+    tables = [lines[i + 4:j - 1 if j else None] for i, j in zip(captions, captions[1:] + [None])]
+    for dtype, table in zip(["float32", "float16"], tables):
+        by = {(r["model"], r["system"]): float(r["median_ms"]) for r in rows if r["dtype"] == dtype}
+        assert sorted(cells_of(l)[0] for l in table) == sorted({m for m, _ in by})
+        for line in table:
+            c = cells_of(line)
+            assert c[-2] == f"{by[(c[0], BASELINE_GPU)] / by[(c[0], 'nimble-multi-stream-graph')]:.2f}x"
+
+
+def test_tuning_table_pairs_runs_and_shows_the_torch_drift_check():
+    rng = random.Random(2)
+    u = rows_for(tuning_label("net", 100, tuned=False), "float32", rng)
+    t = rows_for(tuning_label("net", 100, tuned=True), "float32", rng)
+    line = next(l for l in tuning_table(u + t) if l.startswith("| GPU X"))
+    med = lambda rs, s: next(float(r["median_ms"]) for r in rs if r["system"] == s)  # noqa: E731
+    c = cells_of(line)
+    assert c[10] == f"{med(t, BASELINE_GPU) / med(t, 'nimble-multi-stream-graph'):.2f}x"
+    assert c[12] == f"{med(u, 'torch-cudagraph'):.3f} / {med(t, 'torch-cudagraph'):.3f}"

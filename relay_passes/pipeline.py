@@ -114,20 +114,31 @@ def backend_for(target: tvm.target.Target):
     return backend
 
 
-def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.transform.Pass]:
-    """Passes that produce the kernels: legalize, fuse, schedule (tuned database or DLight)."""
+def _split_legalize(target: tvm.target.Target) -> tuple[list, list]:
+    """(library dispatch + legalize + fuse, schedule) of TVM's backend pipeline for ``target``."""
     backend = backend_for(target)
-    passes = list(backend.library_dispatch_passes(target))
     legalize = list(backend.legalize_passes(target))
     # The GPU backends end legalization with DLight's default schedule; the CPU backend has none.
     fuse, schedule = (legalize, []) if target.kind.name == "llvm" else (legalize[:-1], legalize[-1:])
+    return list(backend.library_dispatch_passes(target)) + fuse, schedule
+
+
+def fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Passes that produce the fused, not yet scheduled kernels: what tuning extracts its tasks from."""
+    return _split_legalize(target)[0]
+
+
+def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.transform.Pass]:
+    """Passes that produce the kernels: legalize, fuse, schedule (tuned database or DLight)."""
+    backend = backend_for(target)
+    passes, schedule = _split_legalize(target)
     if tuning_database is not None:
         # Tuned kernels replace the default schedule: apply the database right after fusion,
         # before DLight schedules the rest.
         with target:  # the pass reads the target when it is created
             schedule.insert(0, relax.transform.MetaScheduleApplyDatabase(enable_warning=False))
     # Scheduling may tensorize fp16/int8 matmuls, which imports TVM's tensor-core intrinsics.
-    passes += fuse + [_with_cheap_tvmscript_stacks(p) for p in schedule]
+    passes += [_with_cheap_tvmscript_stacks(p) for p in schedule]
     passes += list(backend.dataflow_lower_passes(target))
     return passes
 

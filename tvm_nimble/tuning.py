@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 
-from tvm_nimble.relay_passes.pipeline import import_tensor_intrinsics
+from tvm_nimble.relay_passes.pipeline import fusion_passes, import_tensor_intrinsics
 
 from .builder import normalize_target
 from .errors import NimbleError
@@ -77,7 +77,6 @@ def tuning_target(target) -> tvm.target.Target:
 
 def extract_tuning_tasks(model, target, shape_dict=None):
     """(target, tasks): the tasks are the fused kernels, exactly as the build produces them before scheduling."""
-    from tvm import relax
     from tvm.s_tir import meta_schedule as ms
 
     t = tuning_target(target)
@@ -87,9 +86,7 @@ def extract_tuning_tasks(model, target, shape_dict=None):
         from .frontend import from_onnx
 
         mod = from_onnx(model, shape_dict=shape_dict)
-    fuse = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                                     relax.transform.FoldConstant(), relax.transform.FuseOps(),
-                                     relax.transform.FuseTIR()])
+    fuse = tvm.transform.Sequential(fusion_passes(t))  # the build's own passes, so workloads match it
     with t:
         mod = fuse(mod)
     # already-scheduled kernels are not tunable (extracted_tasks_to_tune_contexts skips them too)

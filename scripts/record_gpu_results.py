@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--timelines-only", action="store_true",
                     help="only draw the timelines (the run repeats timings already recorded)")
     args = ap.parse_args()
-    from tvm_nimble.bench import CSV_COLUMNS, append_rows, write_report
+    from tvm_nimble.report import CSV_COLUMNS, append_rows, write_report
 
     with open(os.path.join(args.src, "results_rows.csv")) as f:
         rows = [dict(zip(CSV_COLUMNS, r)) for r in csv.reader(f)]

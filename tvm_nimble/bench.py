@@ -9,23 +9,16 @@ with a made-up number.
 """
 from __future__ import annotations
 
-import csv
 import datetime
 import os
 import platform
-import re
-import textwrap
 from dataclasses import dataclass
 
 import numpy as np
 
-CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "system", "median_ms", "p90_ms"]
-BASELINE_GPU = "tvm-vm-cudagraph"
-BASELINE_CPU = "tvm-vm"
-#: executor mode -> system name in results.csv
-NIMBLE_SYSTEMS = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "nimble-multi-stream-graph",
-                  "streams": "nimble-multi-stream-nograph", "sequential": "nimble-aot-cpu"}
-GPU_MODES = ("single-stream", "cuda-graph", "streams")
+from .report import NIMBLE_SYSTEMS, append_rows, write_report
+
+GPU_MODES = ("single-stream", "cuda-graph", "streams")  # executor modes timed on a GPU
 
 
 @dataclass
@@ -196,211 +189,6 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
         if err > atol * scale + rtol * scale:
             raise AssertionError(f"{s.name} disagrees with {reference_name}: max abs error {err:.3g}")
     return errors
-
-
-def append_rows(csv_path: str, rows: list[dict]) -> None:
-    new = not os.path.exists(csv_path)
-    os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
-    with open(csv_path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: r[k] for k in CSV_COLUMNS})
-
-
-def read_rows(csv_path: str) -> list[dict]:
-    with open(csv_path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-_TUNING_LABEL = re.compile(r"^(?P<model>.+) \((?:(?P<untuned>untuned; vs)|tuned) (?P<trials>\d+) trials\)$")
-
-
-def database_trials(path: str) -> int:
-    """Trials recorded in a MetaSchedule JSON database directory (one line per trial)."""
-    with open(os.path.join(path, "database_tuning_record.json")) as f:
-        return sum(1 for line in f if line.strip())
-
-
-def tuning_label(model: str, trials: int, tuned: bool) -> str:
-    """Model label of a tuned run, or of its untuned companion run: unique per database state, so runs of
-    one day at different tuning stages never share a table."""
-    return f"{model} (tuned {trials} trials)" if tuned else f"{model} (untuned; vs {trials} trials)"
-
-
-def parse_tuning_label(label: str):
-    """(model, tuned?, trials) of a label made by :func:`tuning_label`, else None."""
-    m = _TUNING_LABEL.match(label)
-    return (m["model"], m["untuned"] is None, int(m["trials"])) if m else None
-
-
-HEADLINE_SYSTEMS = [("nimble-multi-stream-graph", "Nimble multi-stream graph"),
-                    ("nimble-single-stream-graph", "Nimble 1-stream graph"),
-                    (BASELINE_GPU, "TVM VM + CUDA graph"), ("torch-eager", "PyTorch eager"),
-                    ("torch-cudagraph", "PyTorch CUDA graph"), ("torch-compile", "torch.compile")]
-
-
-def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """Rows per table: (device, date, model, batch, dtype); GPU devices first."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["device"], r["date"], r["model"], r["batch"], r["dtype"]), []).append(r)
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0].startswith("CPU"), kv[0][0], kv[0][2],
-                                                       int(kv[0][3]), kv[0][1])))
-
-
-def headline_table(rows: list[dict]) -> list[str]:
-    """One table per GPU and dtype (float32 first), one line per model and batch (newest run): median ms of
-    the key systems and Nimble's ratios."""
-    latest: dict[tuple, dict] = {}
-    for (device, date, model, batch, dtype), rs in _groups(rows).items():
-        if parse_tuning_label(model):
-            continue  # tuned-vs-untuned runs have their own table
-        by = {r["system"]: float(r["median_ms"]) for r in rs}
-        if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
-            latest.setdefault((device, dtype), {})[(model, batch)] = by
-    head = ["model", "batch"] + [label for _, label in HEADLINE_SYSTEMS] + ["Nimble vs TVM VM+graph",
-                                                                           "Nimble vs PyTorch CUDA graph"]
-    out = []
-    for device, dtype in sorted(latest, key=lambda k: (k[0], k[1] != "float32", k[1])):
-        precision = "TF32 off on both sides" if dtype == "float32" else "TVM ToMixedPrecision, PyTorch .half()"
-        out += [f"**{device}, {dtype}** ({precision}): median latency in ms; ratios > 1 mean Nimble is faster.", "",
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for (model, batch), by in latest[(device, dtype)].items():
-            nimble = by["nimble-multi-stream-graph"]
-            cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in HEADLINE_SYSTEMS]
-            cells += [f"**{by[BASELINE_GPU] / nimble:.2f}x**",
-                      f"{by['torch-cudagraph'] / nimble:.2f}x" if "torch-cudagraph" in by else "-"]
-            out.append("| " + " | ".join(cells) + " |")
-        out.append("")
-    return out[:-1]
-
-
-def tuning_table(rows: list[dict]) -> list[str]:
-    """Tuned runs next to their untuned companion runs (same device and day): what tuning gives stock TVM and
-    Nimble, and Nimble's ratio once both use the tuned kernels. PyTorch's CUDA graph, timed in both runs and
-    independent of tuning, shows whether the two runs measured alike."""
-    pairs: dict[tuple, dict[bool, dict]] = {}
-    for (device, date, label, batch, dtype), rs in _groups(rows).items():
-        parsed = parse_tuning_label(label)
-        if parsed:
-            model, tuned, trials = parsed
-            pairs.setdefault((device, date, model, batch, dtype, trials), {})[tuned] = \
-                {r["system"]: float(r["median_ms"]) for r in rs}
-    head = ["device", "model", "batch", "dtype", "trials", "TVM untuned", "TVM tuned", "Nimble untuned",
-            "Nimble tuned", "tuning gain (TVM)", "Nimble vs TVM, both tuned", "Nimble tuned vs TVM untuned",
-            "PyTorch CUDA graph, untuned run / tuned run"]
-    lines = []
-    for (device, date, model, batch, dtype, trials), p in sorted(pairs.items(), key=lambda kv: kv[0]):
-        if len(p) < 2:
-            continue
-        u, t = p[False], p[True]
-        gpu = BASELINE_GPU in u
-        base, nimble = (BASELINE_GPU, NIMBLE_SYSTEMS["cuda-graph"]) if gpu else (BASELINE_CPU, NIMBLE_SYSTEMS["sequential"])
-        if not all(s in d for d in (u, t) for s in (base, nimble)):
-            continue
-        lines.append(f"| {device} ({date}) | {model} | {batch} | {dtype} | {trials} | {u[base]:.3f} | {t[base]:.3f} | "
-                     f"{u[nimble]:.3f} | {t[nimble]:.3f} | {u[base] / t[base]:.2f}x | "
-                     f"**{t[base] / t[nimble]:.2f}x** | {u[base] / t[nimble]:.2f}x | {_both(u, t, 'torch-cudagraph')} |")
-    if not lines:
-        return []
-    return ["Median ms. Each line pairs a tuned run with its untuned companion on the same device and day, normally "
-            "one process (`bench --with-untuned`: the untuned kernels, then the tuned ones); Findings names any "
-            "pair timed in two processes. "
-            "TVM: the VM with its CUDA graph on a GPU (the VM on CPU); Nimble: the multi-stream CUDA graph (the "
-            "ahead-of-time replay on CPU). trials: MetaSchedule trials in the database.", "",
-            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + lines
-
-
-def _both(u: dict, t: dict, system: str) -> str:
-    return f"{u[system]:.3f} / {t[system]:.3f}" if system in u and system in t else "-"
-
-
-def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[str] | None = None,
-                 versions: str = "") -> None:
-    """Regenerate RESULTS.md (and a bar chart) from every row of the CSV.
-
-    ``findings.md`` beside the CSV, when present, is the hand-written analysis and is included
-    as is; ``notes`` are this run's remarks (what could not run and why).
-    """
-    rows = read_rows(csv_path)
-    groups = _groups(rows)
-    lines = ["# Benchmark results", "",
-             "Generated from `benchmarks/results.csv` (by `tvm-nimble bench` / `scripts/record_gpu_results.py`); "
-             "every table is one run on one device, all its systems timed interleaved in the same process after "
-             "their outputs were checked against the stock TVM VM. Speedups are ratios of medians.", ""]
-    if versions:
-        lines += [versions, ""]
-    headline = headline_table(rows)
-    if headline:
-        lines += ["## Headline (GPU)", ""] + headline + [""]
-    tuning = tuning_table(rows)
-    if tuning:
-        lines += ["## Tuned kernels", ""] + tuning + [""]
-    findings = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "findings.md")
-    if os.path.exists(findings):
-        lines += [open(findings).read().strip(), ""]
-    if notes:
-        lines += ["## Notes on the latest run", ""] + [f"- {n}" for n in notes] + [""]
-    lines += ["## All runs", ""]
-    for (device, date, model, batch, dtype), rs in groups.items():
-        by = {r["system"]: float(r["median_ms"]) for r in rs}
-        base = BASELINE_GPU if BASELINE_GPU in by else BASELINE_CPU
-        lines += [f"### {model}, batch {batch}, {dtype} — {device} ({date})", "",
-                  f"| system | median ms | p90 ms | speedup vs {base} |" + (" vs torch-eager |" if "torch-eager" in by else ""),
-                  "|---|---|---|---|" + ("---|" if "torch-eager" in by else "")]
-        for r in rs:
-            m = float(r["median_ms"])
-            line = f"| {r['system']} | {m:.4f} | {float(r['p90_ms']):.4f} | {by[base] / m:.2f}x |"
-            if "torch-eager" in by:
-                line += f" {by['torch-eager'] / m:.2f}x |"
-            lines.append(line)
-        lines.append("")
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines))
-    if png_path:
-        _bar_chart(groups, png_path)
-
-
-def _bar_chart(groups, png_path):
-    """Grouped bars per device: each model/batch's systems as speedup over the device's baseline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    latest: dict[str, dict[str, dict[str, float]]] = {}
-    parsed = {k: parse_tuning_label(k[2]) for k in groups}
-    tuned = {(k[0], p[0], k[3], k[4]) for k, p in parsed.items() if p and p[1]}
-    for (device, date, model, batch, dtype), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        p = parsed[(device, date, model, batch, dtype)]
-        if p:  # one bar group per tuning state: the newest tuned run, else the untuned companion run
-            if not p[1] and (device, p[0], batch, dtype) in tuned:
-                continue
-            model = f"{p[0]} {'tuned' if p[1] else 'untuned'}"
-        label = textwrap.fill(model, 11, break_long_words=False) + f"\nb{batch}" + ("" if dtype == "float32" else f" {dtype}")
-        latest.setdefault(device, {})[label] = {r["system"]: float(r["median_ms"]) for r in rs}  # newest wins
-    most = max(len(models) for models in latest.values())  # about 0.8 in per bar group keeps labels apart
-    fig, axes = plt.subplots(len(latest), 1, figsize=(max(11, 0.8 * most + 2), 3.8 * len(latest)), squeeze=False)
-    for ax, (device, models) in zip(axes[:, 0], latest.items()):
-        base = BASELINE_GPU if any(BASELINE_GPU in by for by in models.values()) else BASELINE_CPU
-        systems = list(dict.fromkeys(k for by in models.values() for k in by))
-        width = 0.8 / max(len(systems), 1)
-        cmap = plt.get_cmap("tab10")
-        for j, system in enumerate(systems):
-            xs = [i + (j - (len(systems) - 1) / 2) * width for i, by in enumerate(models.values())]
-            ys = [by[base] / by[system] if system in by and base in by else 0 for by in models.values()]
-            ax.bar(xs, ys, width, label=system, color=cmap(j % 10),
-                   edgecolor="black" if system.startswith("nimble-multi") else None)
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.set_xticks(range(len(models)), list(models), fontsize=8)
-        ax.set_ylabel(f"speedup vs {base}\n(higher is better)", fontsize=8)
-        ax.set_title(device, fontsize=9)
-        ax.legend(fontsize=7, ncol=4)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
 
 
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,

@@ -66,7 +66,7 @@ def main(argv=None):
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
     args = ap.parse_args(argv)
     if args.report_only:
-        from .bench import write_report
+        from .report import write_report
 
         write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
                      os.path.join(args.out, "results.png"))
@@ -74,7 +74,8 @@ def main(argv=None):
         return
 
     from . import zoo
-    from .bench import database_trials, run_benchmark, tuning_label
+    from .bench import run_benchmark
+    from .report import database_trials, tuning_label
     from .frontend import load_onnx_model
 
     models, torch_models = {}, {}

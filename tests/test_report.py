@@ -39,3 +39,14 @@ def test_tuning_table_pairs_runs_and_shows_the_torch_drift_check():
     c = cells_of(line)
     assert c[10] == f"{med(t, BASELINE_GPU) / med(t, 'nimble-multi-stream-graph'):.2f}x"
     assert c[12] == f"{med(u, 'torch-cudagraph'):.3f} / {med(t, 'torch-cudagraph'):.3f}"
+
+
+def test_headline_shows_tensorrt_only_when_a_run_has_it():
+    rng = random.Random(3)
+    rows = rows_for("net", "float32", rng)
+    assert not any("TensorRT" in l for l in headline_table(rows))
+    rows.append(dict(rows[0], system="tensorrt", median_ms="0.4321"))
+    lines = headline_table(rows)
+    head = next(l for l in lines if l.startswith("| model"))
+    line = next(l for l in lines if l.startswith("| net"))
+    assert cells_of(line)[cells_of(head).index("TensorRT")] == "0.432"

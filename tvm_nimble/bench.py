@@ -151,12 +151,22 @@ def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32")
     return systems, []
 
 
-def tensorrt_systems(onnx_model, inputs) -> tuple[list[System], list[str]]:
+def tensorrt_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "float32",
+                     use_gpu: bool = True) -> tuple[list[System], list[str]]:
+    """TensorRT through its ONNX parser, when it is importable and a GPU is present; else a note why not."""
     try:
         import tensorrt  # noqa: F401
     except ImportError:
         return [], ["TensorRT not installed: no TensorRT row (it cannot be installed on our machines)"]
-    return [], ["TensorRT is importable but its ONNX-parser baseline is not implemented yet: no row"]
+    if not use_gpu:
+        return [], ["TensorRT needs a GPU: no TensorRT row on this run"]
+    from .tensorrt_baseline import TensorRTEngine, TensorRTUnavailable
+
+    try:
+        engine = TensorRTEngine(onnx_model, feeds, dtype)
+    except TensorRTUnavailable as e:
+        return [], [f"{e}: no TensorRT row"]
+    return [System("tensorrt", engine.run, engine.sync, engine.outputs)], []
 
 
 def interleaved_timing(systems: list[System], rounds: int = 5, iters: int = 50, warmup: int = 10) -> dict:
@@ -224,7 +234,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
         for batch in batches:
             print(f"[bench] {name} batch {batch} {dtype}: building", flush=True)
             model = builder(batch=batch)
-            inputs = list(zoo.random_inputs(model, seed=0).values())
+            feeds = zoo.random_inputs(model, seed=0)
+            inputs = list(feeds.values())
             systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db)
             tm = (torch_models or {}).get(name)
             key = (tm, batch, dtype)
@@ -235,7 +246,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
                 if torch_cache is not None and tm is not None:
                     torch_cache[key] = extra, why
             systems += extra
-            trt, why_trt = tensorrt_systems(model, inputs)
+            trt, why_trt = tensorrt_systems(model, feeds, dtype, use_gpu)
             systems += trt
             for w in why + why_trt:
                 if w not in notes:

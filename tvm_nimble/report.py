@@ -81,8 +81,9 @@ def headline_table(rows: list[dict]) -> list[str]:
         by = {r["system"]: float(r["median_ms"]) for r in rs}
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
             latest.setdefault((device, dtype), {})[(model, batch)] = by
-    head = ["model", "batch"] + [label for _, label in HEADLINE_SYSTEMS] + ["Nimble vs TVM VM+graph",
-                                                                           "Nimble vs PyTorch CUDA graph"]
+    systems = HEADLINE_SYSTEMS + ([("tensorrt", "TensorRT")] if any(r["system"] == "tensorrt" for r in rows) else [])
+    head = ["model", "batch"] + [label for _, label in systems] + ["Nimble vs TVM VM+graph",
+                                                                  "Nimble vs PyTorch CUDA graph"]
     out = []
     for device, dtype in sorted(latest, key=lambda k: (k[0], k[1] != "float32", k[1])):
         precision = "TF32 off on both sides" if dtype == "float32" else "TVM ToMixedPrecision, PyTorch .half()"
@@ -90,7 +91,7 @@ def headline_table(rows: list[dict]) -> list[str]:
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for (model, batch), by in latest[(device, dtype)].items():
             nimble = by["nimble-multi-stream-graph"]
-            cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in HEADLINE_SYSTEMS]
+            cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in systems]
             cells += [f"**{by[BASELINE_GPU] / nimble:.2f}x**",
                       f"{by['torch-cudagraph'] / nimble:.2f}x" if "torch-cudagraph" in by else "-"]
             out.append("| " + " | ".join(cells) + " |")

@@ -41,7 +41,7 @@ def main(argv=None):
                          "tasks one iteration")
     ap.add_argument("--trials-per-round", type=int,
                     help="most trials in one round, all its tasks together (time checks come between rounds; "
-                         "default 4 x --trials-per-iter; it used to count the trials of one task)")
+                         "default 4 x --trials-per-iter)")
     ap.add_argument("--total-trials", type=int, help="most trials in this run, all tasks together")
     ap.add_argument("--time-budget", type=float, help="seconds; stop cleanly before this deadline")
     ap.add_argument("--work-dir", help="database directory (default tuning/<arch|cpu>/<model>)")

@@ -42,9 +42,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     index = {}
     for name in args.models.split(","):
-        _, model = zoo.get_bench_model(name, batch=args.batch, small=args.small)
-        builder, kw = zoo.BENCH_MODELS.get(name, (name, {}))
-        kw = {**({} if args.small else kw), "batch": args.batch}
+        _, builder, kw = zoo.bench_model_spec(name, batch=args.batch, small=args.small)
+        model = zoo.get_model(builder, **kw)
         inputs = zoo.random_inputs(model, seed=0)
         ref = ReferenceEvaluator(model).run(None, inputs)
         mod = from_onnx(model)

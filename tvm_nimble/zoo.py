@@ -298,11 +298,19 @@ BENCH_MODELS: dict[str, tuple[str, dict]] = {
 BENCH_ALIASES = {"inception": "incept6"}
 
 
-def get_bench_model(name: str, batch: int = 1, small: bool = False) -> tuple[str, onnx.ModelProto]:
-    """(label, model): a benchmark-sized zoo net (``small``: the zoo's defaults), batch ``batch``."""
+def bench_model_spec(name: str, batch: int = 1, small: bool = False) -> tuple[str, str, dict]:
+    """(label, zoo builder, keyword arguments) of a benchmark-sized zoo net, without building it."""
     label = BENCH_ALIASES.get(name, name)
     builder, kw = BENCH_MODELS.get(label, (label, {}))
-    return label, get_model(builder, batch=batch, **({} if small else kw))
+    if builder not in ZOO:
+        raise ValueError(f"unknown zoo model {name!r}: valid names are {', '.join(sorted(ZOO))}")
+    return label, builder, {**({} if small else kw), "batch": batch}
+
+
+def get_bench_model(name: str, batch: int = 1, small: bool = False) -> tuple[str, onnx.ModelProto]:
+    """(label, model): a benchmark-sized zoo net (``small``: the zoo's defaults), batch ``batch``."""
+    label, builder, kw = bench_model_spec(name, batch, small)
+    return label, get_model(builder, **kw)
 
 
 def get_model(name: str, **kw) -> onnx.ModelProto:

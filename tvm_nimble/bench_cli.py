@@ -85,7 +85,7 @@ def main(argv=None):
             models[name[3:]] = onnx_b
             torch_models[name[3:]] = torch_b
         else:
-            label, _ = zoo.get_bench_model(name, small=True)  # checks the name; labels inception as incept6
+            label, _, _ = zoo.bench_model_spec(name)  # checks the name; labels inception as incept6
             models[label] = lambda batch, name=name: zoo.get_bench_model(name, batch=batch, small=args.small)[1]
     for path in args.onnx or []:
         model = load_onnx_model(path)
@@ -115,13 +115,13 @@ def main(argv=None):
     def label(name, db):  # with a database, labels carry its trial count: one table per tuning stage
         return tuning_label(name, trials, tuned=db is not None) if args.tuning_db else name
 
-    rows, notes, torch_cache = [], [], {}  # torch rows are built once and timed in every run
+    rows, notes, baseline_cache = [], [], {}  # PyTorch/TensorRT systems are built once, timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
         for dtype in args.dtype.split(","):
             r, n = run_benchmark({label(k, db): v for k, v in models.items()}, target, batches, rounds=args.rounds,
                                  iters=args.iters, out_dir=args.out, tuning_db=db, dtype=dtype,
                                  torch_models={label(k, db): v for k, v in torch_models.items()},
-                                 torch_cache=torch_cache)
+                                 baseline_cache=baseline_cache)
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

@@ -71,6 +71,11 @@ def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
                                                        int(kv[0][3]), kv[0][1])))
 
 
+def _medians(rs: list[dict]) -> dict[str, float]:
+    """system -> median ms of one run's rows."""
+    return {r["system"]: float(r["median_ms"]) for r in rs}
+
+
 def headline_table(rows: list[dict]) -> list[str]:
     """One table per GPU and dtype (float32 first), one line per model and batch (newest run): median ms of
     the key systems and Nimble's ratios."""
@@ -78,7 +83,7 @@ def headline_table(rows: list[dict]) -> list[str]:
     for (device, date, model, batch, dtype), rs in _groups(rows).items():
         if parse_tuning_label(model):
             continue  # tuned-vs-untuned runs have their own table
-        by = {r["system"]: float(r["median_ms"]) for r in rs}
+        by = _medians(rs)
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
             latest.setdefault((device, dtype), {})[(model, batch)] = by
     systems = HEADLINE_SYSTEMS + ([("tensorrt", "TensorRT")] if any(r["system"] == "tensorrt" for r in rows) else [])
@@ -108,8 +113,7 @@ def tuning_table(rows: list[dict]) -> list[str]:
         parsed = parse_tuning_label(label)
         if parsed:
             model, tuned, trials = parsed
-            pairs.setdefault((device, date, model, batch, dtype, trials), {})[tuned] = \
-                {r["system"]: float(r["median_ms"]) for r in rs}
+            pairs.setdefault((device, date, model, batch, dtype, trials), {})[tuned] = _medians(rs)
     head = ["device", "model", "batch", "dtype", "trials", "TVM untuned", "TVM tuned", "Nimble untuned",
             "Nimble tuned", "tuning gain (TVM)", "Nimble vs TVM, both tuned", "Nimble tuned vs TVM untuned",
             "PyTorch CUDA graph, untuned run / tuned run"]
@@ -167,7 +171,7 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
         lines += ["## Notes on the latest run", ""] + [f"- {n}" for n in notes] + [""]
     lines += ["## All runs", ""]
     for (device, date, model, batch, dtype), rs in groups.items():
-        by = {r["system"]: float(r["median_ms"]) for r in rs}
+        by = _medians(rs)
         base = BASELINE_GPU if BASELINE_GPU in by else BASELINE_CPU
         lines += [f"### {model}, batch {batch}, {dtype} — {device} ({date})", "",
                   f"| system | median ms | p90 ms | speedup vs {base} |" + (" vs torch-eager |" if "torch-eager" in by else ""),
@@ -202,7 +206,7 @@ def _bar_chart(groups, png_path):
                 continue
             model = f"{p[0]} {'tuned' if p[1] else 'untuned'}"
         label = textwrap.fill(model, 11, break_long_words=False) + f"\nb{batch}" + ("" if dtype == "float32" else f" {dtype}")
-        latest.setdefault(device, {})[label] = {r["system"]: float(r["median_ms"]) for r in rs}  # newest wins
+        latest.setdefault(device, {})[label] = _medians(rs)  # newest wins
     most = max(len(models) for models in latest.values())  # about 0.8 in per bar group keeps labels apart
     fig, axes = plt.subplots(len(latest), 1, figsize=(max(11, 0.8 * most + 2), 3.8 * len(latest)), squeeze=False)
     for ax, (device, models) in zip(axes[:, 0], latest.items()):

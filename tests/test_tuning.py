@@ -1,13 +1,17 @@
 """Tiny MetaSchedule runs on CPU: a database is written, resumed and applied; trials go to the heaviest task."""
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pytest
 import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_nimble import NimbleExecutor, build
-from tvm_nimble.tuning import _plan_round, _trials_that_fit, extract_tuning_tasks, tune
+from tvm_nimble.tuning import OVERRUN_EXIT_CODE, _plan_round, _trials_that_fit, extract_tuning_tasks, tune
 
 
 def one_kernel_model():
@@ -162,3 +166,27 @@ def test_with_untuned_needs_a_database():
     with pytest.raises(SystemExit) as e:
         bench_main(["--models", "incept6", "--with-untuned"])
     assert e.value.code == 2
+
+
+_STUCK = """
+import sys, time
+from tvm_nimble.tuning import overrun_watchdog
+with overrun_watchdog(time.time() + 1.0, grace_s=1.0, work_dir="DB"):
+    time.sleep(float(sys.argv[1]))  # a round that does not return in time (or does)
+time.sleep(3.0)  # past deadline + grace: the watchdog must be disarmed once the block has ended
+print("finished")
+"""
+
+
+@pytest.mark.parametrize("round_s, stuck", [(60.0, True), (0.1, False)])
+def test_overrun_watchdog_ends_only_a_stuck_run(round_s, stuck):
+    """The CLI's backstop for a MetaSchedule call that ignores the time budget: exit code 3 with a message
+    naming the database, instead of hanging; a run whose rounds return in time is left alone."""
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", _STUCK, str(round_s)], capture_output=True, text=True, timeout=120)
+    if stuck:
+        assert r.returncode == OVERRUN_EXIT_CODE, r.stderr
+        assert "past the time budget" in r.stderr and "committed in DB" in r.stderr
+        assert "finished" not in r.stdout and time.time() - t0 < round_s
+    else:
+        assert r.returncode == 0 and r.stdout.strip() == "finished", r.stderr

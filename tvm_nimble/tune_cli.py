@@ -2,6 +2,8 @@
 
 Resumable: the database in --work-dir is continued, never restarted. --time-budget makes a
 run stop cleanly before its deadline (e.g. 480 s slices on the GPU machine); run again to go on.
+A MetaSchedule call that is still running 20 s past the budget cannot be interrupted: the process
+then exits with code 3, keeping every trial measured so far in the database.
 Trials go to the heaviest kernels first (calls x FLOPs, then calls x best measured time); each
 round tunes several of them in one MetaSchedule call, --trials-per-iter trials each.
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+
+OVERRUN_GRACE_S = 20.0  # scripts/gpu_session.sh gives tune 30 s past its --time-budget before killing it
 
 
 def _load(model_arg: str):
@@ -57,7 +61,8 @@ def main(argv=None):
     work_dir = args.work_dir or os.path.join("tuning", args.arch if args.target == "cuda" else "cpu", name)
     report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
                   total_trials=args.total_trials, trials_per_iter=args.trials_per_iter,
-                  trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model)
+                  trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model,
+                  overrun_grace_s=OVERRUN_GRACE_S)
     print(report.summary())
     print(f"database: {work_dir}")
     if args.output:

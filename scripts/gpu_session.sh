@@ -48,7 +48,8 @@ for spec in "$@"; do
         tune)
             name=${a[1]#*:}; name=$(basename "${name%.onnx}")
             t=$(left); (( a[2] < t )) && t=${a[2]}
-            # the tuner's own budget ends it cleanly; the step's timeout is only the backstop
+            # the tuner's own budget ends it cleanly (its watchdog exits 3 if a round hangs 20 s past it);
+            # the step's timeout is only the last backstop
             step "$t" "$PYTHON" -m tvm_nimble.cli tune "${a[1]}" --target "$TARGET" --arch sm_90 \
                 --time-budget $(( t - 30 )) --work-dir "$WORK/tuning/$name" ;;
         bench)

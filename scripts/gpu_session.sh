@@ -59,7 +59,15 @@ for spec in "$@"; do
         *) echo "unknown step: $spec" | tee -a "$LOG" ;;
     esac
 done
-# MetaSchedule's per-task logs are large and nest too deep to come back
+# MetaSchedule's per-task logs are large and nest too deep to come back; the tails of the scheduler's
+# log and of the task tuned last do (diag/), so that a stuck or slow round can be diagnosed afterwards
+mkdir -p "$WORK/diag"
+for logs in "$WORK"/tuning/*/logs; do
+    name=$(basename "$(dirname "$logs")")
+    for f in "$logs"/*task_scheduler*.log; do [[ -f $f ]] && tail -n 300 "$f" >"$WORK/diag/$name-task_scheduler.log"; done
+    last=$(ls -t "$logs"/*task_[0-9]*.log 2>/dev/null | head -1)
+    [[ -n $last ]] && tail -n 300 "$last" >"$WORK/diag/$name-last_task.log"
+done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
 grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error" "$LOG" | tail -40

@@ -159,8 +159,6 @@ def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
 
 
 def test_with_untuned_needs_a_database():
-    import pytest
-
     from tvm_nimble.bench_cli import main as bench_main
 
     with pytest.raises(SystemExit) as e:

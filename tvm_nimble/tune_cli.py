@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 OVERRUN_GRACE_S = 20.0  # scripts/gpu_session.sh gives tune 30 s past its --time-budget before killing it
 
@@ -54,15 +55,16 @@ def main(argv=None):
     ap.add_argument("-o", "--output", help="after tuning, build the Nimble artifact here with the database")
     args = ap.parse_args(argv)
 
-    from .tuning import tune
+    from .tuning import overrun_watchdog, tune
 
     name, model = _load(args.model)
     target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
     work_dir = args.work_dir or os.path.join("tuning", args.arch if args.target == "cuda" else "cpu", name)
-    report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
-                  total_trials=args.total_trials, trials_per_iter=args.trials_per_iter,
-                  trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model,
-                  overrun_grace_s=OVERRUN_GRACE_S)
+    deadline = time.time() + args.time_budget if args.time_budget else None
+    with overrun_watchdog(deadline, OVERRUN_GRACE_S, work_dir):  # tune() checks the budget only between rounds
+        report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
+                      total_trials=args.total_trials, trials_per_iter=args.trials_per_iter,
+                      trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model)
     print(report.summary())
     print(f"database: {work_dir}")
     if args.output:

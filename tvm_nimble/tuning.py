@@ -242,8 +242,8 @@ def overrun_watchdog(deadline: float | None, grace_s: float, work_dir: str):
 
     def stop():
         sys.stderr.write(
-            f"\ntvm-nimble tune: still running {grace_s:.0f} s past the time budget, inside a MetaSchedule call "
-            f"that cannot be interrupted; stopping the process. Every trial measured so far is committed in {work_dir}; "
+            f"\ntvm-nimble tune: still running {grace_s:.0f} s past the time budget (a MetaSchedule call cannot be "
+            f"interrupted from Python); stopping the process. Every trial measured so far is committed in {work_dir}; "
             "run again to continue.\n")
         sys.stderr.flush()
         sys.stdout.flush()
@@ -276,7 +276,7 @@ def _unnamed_log_handlers_detached(name: str = "tvm.s_tir.meta_schedule"):
 def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget: float | None = None,
          total_trials: int | None = None, trials_per_iter: int = 64, trials_per_round: int | None = None,
          shape_dict=None, progress: bool = True, seed: int = 0, strategy: str = "evolutionary",
-         cost_model: str = "xgb", overrun_grace_s: float | None = None) -> TuneReport:
+         cost_model: str = "xgb") -> TuneReport:
     """Tune the kernel tasks of ``model``, heaviest first, up to ``trials_per_task`` trials each, resuming
     from ``work_dir``.
 
@@ -290,9 +290,6 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
 
     ``strategy``/``cost_model`` default to MetaSchedule's evolutionary search guided by XGBoost;
     "replay-trace"/"random" are much cheaper per trial (tests, smoke runs).
-
-    ``overrun_grace_s`` (with ``time_budget``) arms ``overrun_watchdog``: the process exits if a round is
-    still running that many seconds past the budget. For tuning processes only, such as the CLI.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -348,59 +345,56 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     model_ = ms.cost_model.CostModel.create(cost_model, num_tuning_cores=ctxs[0].num_threads, tree_method="auto")
     callbacks = ms.measure_callback.MeasureCallback.create("default") + [_measure_callback(on_measured)]
     rounds: dict[bool, list[tuple[float, int]]] = {True: [], False: []}  # cold (workers started)? -> (s, trials)
-    watchdog = (overrun_watchdog(deadline, overrun_grace_s, work_dir) if overrun_grace_s is not None
-                else contextlib.nullcontext())
-    with watchdog:
-        try:
-            while True:
-                pending = [i for i, s in enumerate(state) if s["trials"] < trials_per_task and i not in exhausted]
-                if not pending:
+    try:
+        while True:
+            pending = [i for i, s in enumerate(state) if s["trials"] < trials_per_task and i not in exhausted]
+            if not pending:
+                break
+            room = trials_per_round
+            if total_trials is not None:
+                room = min(room, total_trials - report.trials_this_run)
+                if room <= 0:
+                    report.stopped_for_trials = True
                     break
-                room = trials_per_round
-                if total_trials is not None:
-                    room = min(room, total_trials - report.trials_this_run)
-                    if room <= 0:
-                        report.stopped_for_trials = True
-                        break
-                # a round that starts builder workers ("cold") is bounded by cold rounds, a warm one by warm rounds
-                cold = builder.pool is None or builder.batches >= _BUILDER_BATCHES
-                if deadline:
-                    fit = _trials_that_fit(deadline - time.time(), rounds[cold] or rounds[True])
-                    if fit < 1 and cold and builder.pool is not None:  # too late to replace the workers: keep them
-                        cold, fit = False, _trials_that_fit(deadline - time.time(), rounds[False] or rounds[True])
-                    if not rounds[True]:  # time one iteration of one task before sizing rounds on it
-                        fit = min(fit, trials_per_iter)
-                    if fit < 1:
-                        report.stopped_for_time = True
-                        break
-                    room = min(room, fit)
-                if cold:
-                    builder.close()
-                cost = shares()
-                order = sorted(pending, key=lambda i: -cost[i])
-                round_tasks, q = _plan_round(order, [trials_per_task - s["trials"] for s in state], trials_per_iter, room)
-                log.info("round: %d trials each for %s%s", q, ", ".join(state[i]["name"] for i in round_tasks),
-                         f" ({deadline - time.time():.0f}s left)" if deadline else "")
-                r0 = time.time()
-                ms.tune_tasks(tasks=[ctxs[i] for i in round_tasks], task_weights=[tasks[i].weight for i in round_tasks],
-                              work_dir=work_dir, max_trials_global=q * len(round_tasks), max_trials_per_task=q,
-                              num_trials_per_iter=q, database=db, cost_model=model_, builder=builder, runner=runner,
-                              measure_callbacks=callbacks)
-                rounds[cold and builder.pool is not None].append((time.time() - r0, q * len(round_tasks)))
-                after = _workload_trials(db)  # the database is the source of truth
-                for i in round_tasks:
-                    n, best = after.get(hashes[i], (0, None))
-                    if n <= state[i]["trials"]:
-                        exhausted.add(i)  # never loop on a task that yields no new trials
-                    report.trials_this_run += max(n - state[i]["trials"], 0)
-                    state[i].update(trials=n, best_us=best)
-                if bar:
-                    bar.n = report.trials_this_run
-                    bar.refresh()
-        finally:
-            builder.close()
+            # a round that starts builder workers ("cold") is bounded by cold rounds, a warm one by warm rounds
+            cold = builder.pool is None or builder.batches >= _BUILDER_BATCHES
+            if deadline:
+                fit = _trials_that_fit(deadline - time.time(), rounds[cold] or rounds[True])
+                if fit < 1 and cold and builder.pool is not None:  # too late to replace the workers: keep them
+                    cold, fit = False, _trials_that_fit(deadline - time.time(), rounds[False] or rounds[True])
+                if not rounds[True]:  # time one iteration of one task before sizing rounds on it
+                    fit = min(fit, trials_per_iter)
+                if fit < 1:
+                    report.stopped_for_time = True
+                    break
+                room = min(room, fit)
+            if cold:
+                builder.close()
+            cost = shares()
+            order = sorted(pending, key=lambda i: -cost[i])
+            round_tasks, q = _plan_round(order, [trials_per_task - s["trials"] for s in state], trials_per_iter, room)
+            log.info("round: %d trials each for %s%s", q, ", ".join(state[i]["name"] for i in round_tasks),
+                     f" ({deadline - time.time():.0f}s left)" if deadline else "")
+            r0 = time.time()
+            ms.tune_tasks(tasks=[ctxs[i] for i in round_tasks], task_weights=[tasks[i].weight for i in round_tasks],
+                          work_dir=work_dir, max_trials_global=q * len(round_tasks), max_trials_per_task=q,
+                          num_trials_per_iter=q, database=db, cost_model=model_, builder=builder, runner=runner,
+                          measure_callbacks=callbacks)
+            rounds[cold and builder.pool is not None].append((time.time() - r0, q * len(round_tasks)))
+            after = _workload_trials(db)  # the database is the source of truth
+            for i in round_tasks:
+                n, best = after.get(hashes[i], (0, None))
+                if n <= state[i]["trials"]:
+                    exhausted.add(i)  # never loop on a task that yields no new trials
+                report.trials_this_run += max(n - state[i]["trials"], 0)
+                state[i].update(trials=n, best_us=best)
             if bar:
-                bar.close()
+                bar.n = report.trials_this_run
+                bar.refresh()
+    finally:
+        builder.close()
+        if bar:
+            bar.close()
     shares()
     report.seconds = time.time() - start
     with open(os.path.join(work_dir, "tuning_summary.json"), "w") as f:

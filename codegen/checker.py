@@ -5,7 +5,7 @@ interleaving consistent with per-stream program order and the planned events):
   1. every tensor a launch reads was written by a launch that happens before it;
   2. two tensors that share storage never have overlapping lifetimes;
   3. inputs and constants are never written, outputs own their storage.
-The executor's CPU race simulator (``tvm_nimble.race_check``) tests the same property
+The executor's CPU race simulator (``tvm_nimble.runtime.race_check``) tests the same property
 dynamically; both use :mod:`codegen.happens_before`.
 """
 from __future__ import annotations

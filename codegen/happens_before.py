@@ -54,6 +54,6 @@ def access_masks(launches, root) -> tuple[dict[int, int], dict[int, int]]:
 
 
 def plan_happens_before(plan) -> list[int]:
-    """:func:`happens_before` of a :class:`codegen.plan.Plan`."""
+    """:func:`happens_before` of a :class:`tvm_nimble.runtime.plan.Plan`."""
     return happens_before([l.stream for l in plan.launches], [l.waits for l in plan.launches],
                           [l.records for l in plan.launches])

@@ -1,4 +1,4 @@
-"""Lower a stream-annotated Relax module to a :class:`codegen.plan.Plan`.
+"""Lower a stream-annotated Relax module to a :class:`tvm_nimble.runtime.plan.Plan`.
 
 Input: the output of stage 1 (``relay_passes``): ``main`` after ``CallTIRRewrite`` with
 ``nimble.*`` markers. Output: the launch plan with a concurrency-safe memory plan, plus the
@@ -15,7 +15,7 @@ from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, r
 
 from .happens_before import access_masks, happens_before, sequential_order
 from .memory_plan import best_pool_plan, no_reuse_bytes
-from .plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
 
 #: How tensors share storage: "concurrent" (safe under the schedule's happens-before),
 #: "sequential" (TVM-style, only safe on one stream; kept to demonstrate the race) or "none".

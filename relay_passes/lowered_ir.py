@@ -16,11 +16,7 @@ from tvm.ir.expr import Constant
 
 from tvm_nimble.errors import NimbleError
 
-#: Marker calls inserted by :mod:`relay_passes.annotate` (see there for their meaning).
-SET_STREAM = "nimble.set_stream"
-WAIT_EVENT = "nimble.wait_event"
-RECORD_EVENT = "nimble.record_event"
-MARKERS = (SET_STREAM, WAIT_EVENT, RECORD_EVENT)
+from tvm_nimble.runtime.executable import MARKERS, RECORD_EVENT, SET_STREAM, WAIT_EVENT  # noqa: F401
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 

@@ -79,8 +79,8 @@ def validate_model(log, name, meta, d, gpu, dev, args, first):
     from tvm.runtime.vm import VirtualMachine
 
     from tvm_nimble.bench import GPU_MODES, NIMBLE_SYSTEMS, System, interleaved_timing
-    from tvm_nimble.executor import NimbleExecutor
-    from tvm_nimble.module import load
+    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.module import load
     from tvm_nimble.timing import host_cost_us
 
     entry = log.data["models"].setdefault(name, {})
@@ -151,8 +151,8 @@ def validate_model(log, name, meta, d, gpu, dev, args, first):
 def reliability_checks(log, module, inputs, dev):
     """The #9 checks that need a GPU, on one model."""
     from tvm_nimble.errors import NimbleError
-    from tvm_nimble.executor import NimbleExecutor
-    from tvm_nimble.module import NimbleModule
+    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.module import NimbleModule
 
     checks = log.data.setdefault("checks", {})
     with log.section("check: runtime-only install"):
@@ -246,7 +246,7 @@ def main():
         index = json.load(f)
     gpu = index["arch"] != "cpu"  # "cpu": a dry run of this whole script on llvm artifacts
     if gpu:
-        from tvm_nimble.runtime import ensure_cuda_runtime
+        from tvm_nimble.runtime.device import ensure_cuda_runtime
 
         ensure_cuda_runtime()
     import tvm

@@ -8,8 +8,8 @@ import pytest
 
 import tvm_nimble
 from tvm_nimble import NimbleExecutor, load
-from tvm_nimble.codegen.artifact import ArtifactError
-from tvm_nimble.runtime import DeviceError
+from tvm_nimble.runtime.artifact import ArtifactError
+from tvm_nimble.runtime.device import DeviceError
 
 
 @pytest.fixture

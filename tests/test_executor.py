@@ -7,7 +7,7 @@ import tvm
 
 from tvm_nimble import NimbleExecutor, NimbleError, ShapeError
 from tvm_nimble.builder import normalize_target
-from tvm_nimble.executor import InputError
+from tvm_nimble.runtime.executor import InputError
 from tvm_nimble.frontend import from_onnx
 from tvm_nimble.stock import StockVM, build_stock_vm
 
@@ -121,7 +121,7 @@ def test_gpu_modes_are_refused_for_a_cpu_artifact(inception_built):
 def test_out_of_memory_at_prepare_time_is_a_clean_error(inception_built):
     import copy
 
-    from tvm_nimble.runtime import DeviceError
+    from tvm_nimble.runtime.device import DeviceError
 
     module = copy.copy(inception_built.module)
     module.plan = copy.deepcopy(module.plan)
@@ -134,7 +134,7 @@ def test_out_of_memory_at_prepare_time_is_a_clean_error(inception_built):
 def test_cuda_errors_become_clear_exceptions_without_a_gpu():
     """Real cuda-python calls on a machine without a driver: the status is named, not ignored."""
     pytest.importorskip("cuda.bindings")
-    from tvm_nimble.cuda_graph import CudaError, StreamSet, _rt
+    from tvm_nimble.runtime.cuda_graph import CudaError, StreamSet, _rt
 
     if _rt().cudaGetDeviceCount()[0] == _rt().cudaError_t.cudaSuccess:
         pytest.skip("a CUDA device is present: this checks the no-driver path")

@@ -6,7 +6,7 @@ from onnx.reference import ReferenceEvaluator
 
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.codegen.checker import check_plan
-from tvm_nimble.race_check import check_races
+from tvm_nimble.runtime.race_check import check_races
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

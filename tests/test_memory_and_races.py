@@ -7,7 +7,7 @@ from tvm_nimble import build
 from tvm_nimble.codegen.checker import check_plan
 from tvm_nimble.codegen.happens_before import happens_before, sequential_order
 from tvm_nimble.codegen.memory_plan import plan_pool, plan_pool_by_size
-from tvm_nimble.race_check import check_races, random_interleaving
+from tvm_nimble.runtime.race_check import check_races, random_interleaving
 from tvm_nimble.relay_passes.annotate import events_for
 from tvm_nimble.relay_passes.stream_assignment import assign_streams
 

@@ -14,8 +14,8 @@ if _os.path.isfile(_os.path.join(_root, "relay_passes", "__init__.py")) and _roo
 __version__ = "0.1.0"
 
 from .errors import ModelError, NimbleError, ShapeError, UnsupportedOperatorError  # noqa: E402
-from .executor import NimbleExecutor  # noqa: E402
-from .module import NimbleModule, load  # noqa: E402
+from .runtime.executor import NimbleExecutor  # noqa: E402
+from .runtime.module import NimbleModule, load  # noqa: E402
 
 _LAZY = {
     "build": ("tvm_nimble.builder", "build"),

@@ -73,7 +73,7 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
     ``model`` is an ONNX model or a Relax IRModule; ``nimble`` is a NimbleModule already built from ``model`` for ``target`` (built here if None).
     """
     from .builder import open_tuning_database, build
-    from .executor import NimbleExecutor
+    from .runtime.executor import NimbleExecutor
     from .frontend import from_onnx
     from .stock import StockVM, build_stock_vm
 

@@ -96,7 +96,7 @@ def main(argv=None):
         if not args.arch:
             import tvm
 
-            from .runtime import ensure_cuda_runtime
+            from .runtime.device import ensure_cuda_runtime
 
             ensure_cuda_runtime()
             target["arch"] = f"sm_{tvm.cuda(0).compute_version.replace('.', '')}"

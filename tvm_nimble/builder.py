@@ -11,7 +11,7 @@ from tvm_nimble.codegen.lower_plan import build_plan
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.pipeline import lower_and_annotate
 
-from .module import NimbleModule
+from .runtime.module import NimbleModule
 
 _warned_untuned = False
 

@@ -65,7 +65,7 @@ def cmd_compile(args):
 def cmd_run(args):
     import numpy as np
 
-    from .executor import NimbleExecutor
+    from .runtime.executor import NimbleExecutor
 
     with NimbleExecutor(args.artifact, mode=args.mode) as ex:
         feeds = {}

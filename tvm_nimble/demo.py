@@ -10,7 +10,7 @@ DISPLAY_NAMES = {"tvm-vm": "stock TVM VM", "tvm-vm-cudagraph": "stock TVM VM + C
 
 def gpu_available() -> bool:
     try:
-        from .runtime import ensure_cuda_runtime
+        from .runtime.device import ensure_cuda_runtime
         import tvm
 
         ensure_cuda_runtime()

@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from .cuda_graph import _rt, check
+from .runtime.cuda_graph import _rt, check
 
 
 class TensorRTUnavailable(Exception):

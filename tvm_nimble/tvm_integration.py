@@ -13,25 +13,13 @@ Importing ``tvm_nimble`` registers:
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 
 from tvm_nimble.builder import CUDA_LIMITS
-from tvm_nimble.relay_passes.lowered_ir import MARKERS
-
-PLAN_FUNC = "__nimble_plan__"
-PARAMS_FUNC = "__nimble_params__"
+from tvm_nimble.runtime.executable import PARAMS_FUNC, PLAN_FUNC, register_markers
 TAGS = {
     "nimble/h100": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 52428800},
     "nimble/h200": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 62914560},
 }
-
-
-def _register_markers() -> None:
-    names = set(tvm_ffi.registry.list_global_func_names())
-    for name in MARKERS:
-        if name not in names:
-            # In the Relax VM kernels run in program order on one stream: the markers are no-ops.
-            tvm_ffi.register_global_func(name, lambda *args: None)
 
 
 def attach_plan(mod: tvm.IRModule, plan, program) -> tvm.IRModule:
@@ -79,29 +67,4 @@ def register() -> None:
     for name, config in TAGS.items():
         if name not in existing:
             tvm.target.tag.register_tag(name, config)
-    _register_markers()
-
-
-def module_from_executable(executable, device=None):
-    """A :class:`NimbleModule` from an executable built with ``relax_pipeline="nimble"``."""
-    import numpy as np
-
-    from tvm_nimble.codegen.plan import Plan
-
-    from .errors import NimbleError
-    from .module import NimbleModule
-
-    _register_markers()
-    lib = executable.mod if hasattr(executable, "mod") and not isinstance(executable, tvm.runtime.Module) else executable
-    try:
-        # The plan and constants live in the VM's constant pool; a host VM reads them back.
-        vm = tvm.runtime.vm.VirtualMachine(lib, tvm.cpu(0))
-        plan_json = str(vm[PLAN_FUNC]())
-        consts = vm[PARAMS_FUNC]()
-    except Exception:
-        raise NimbleError("this executable was not built with relax_pipeline='nimble' (no embedded plan); "
-                          "rebuild it with tvm.compile(mod, target, relax_pipeline='nimble')") from None
-    plan = Plan.from_json(plan_json)
-    params = {f"c{c}": np.asarray(t.numpy()) for c, t in zip(plan.constants, consts)}
-    kernels = lib.imports[0] if len(lib.imports) else lib
-    return NimbleModule(plan, kernels, params, None, {"source": "relax_pipeline=nimble"})
+    register_markers()

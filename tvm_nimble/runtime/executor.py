@@ -20,7 +20,7 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError, ShapeError
 
-from .runtime import Workspace, device_for
+from .device import Workspace, device_for
 
 MODES = ("cuda-graph", "single-stream", "streams", "sequential")
 
@@ -37,7 +37,7 @@ def _load(module_or_artifact):
     if isinstance(module_or_artifact, str) or hasattr(module_or_artifact, "__fspath__"):
         return load(str(module_or_artifact))
     if hasattr(module_or_artifact, "export_library") or type(module_or_artifact).__name__ in ("Module", "Executable"):
-        from .tvm_integration import module_from_executable  # built with relax_pipeline="nimble"
+        from .executable import module_from_executable  # built with relax_pipeline="nimble"
 
         return module_from_executable(module_or_artifact)
     raise TypeError(f"NimbleExecutor takes a NimbleModule (tvm_nimble.build), an artifact path or an executable "

@@ -12,7 +12,7 @@ import random
 
 import numpy as np
 
-from .runtime import Workspace
+from .device import Workspace
 
 POISON = 0xFF  # all-ones bytes: NaN for floats, -1 for signed ints
 

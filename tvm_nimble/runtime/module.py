@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tvm_nimble.codegen.artifact import load_artifact_files, save_artifact
-from tvm_nimble.codegen.plan import Plan
+from .artifact import load_artifact_files, save_artifact
+from .plan import Plan
 
 
 @dataclass
@@ -27,11 +27,6 @@ class NimbleModule:
 
     export_library = export  # the TVM spelling
 
-    def executor(self, device=None, mode=None):
-        from .executor import NimbleExecutor
-
-        return NimbleExecutor(self, device, mode)
-
 
 def load(path: str) -> NimbleModule:
     """Load an artifact with the TVM runtime only (no compiler needed)."""
@@ -39,7 +34,7 @@ def load(path: str) -> NimbleModule:
 
     manifest, plan, kernels_path, params = load_artifact_files(path)
     if plan.target.get("kind") == "cuda":
-        from .runtime import ensure_cuda_runtime
+        from .device import ensure_cuda_runtime
 
         ensure_cuda_runtime()
     kernels = tvm.runtime.load_module(kernels_path)

@@ -16,7 +16,7 @@ from tvm.ir.expr import Constant
 
 from tvm_nimble.errors import NimbleError
 
-from tvm_nimble.runtime.executable import MARKERS, RECORD_EVENT, SET_STREAM, WAIT_EVENT  # noqa: F401
+from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, WAIT_EVENT  # noqa: F401  (used by annotate)
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 

@@ -7,93 +7,20 @@ sequential order, which is unsafe once kernels run on several streams.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
-import inspect
 import sys
 
 import tvm
 from tvm import relax
 
 from .annotate import AnnotateStreams
-
-# TVMScript's decorator modules; each calls ``inspect.stack()`` once per parsed function.
-_TVMSCRIPT_ENTRIES = ("tvm.tirx.script.parser.entry", "tvm.script.parser.ir.entry")
-_TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
-
-
-def _cheap_stack(context: int = 1) -> list[inspect.FrameInfo]:
-    """``inspect.stack()`` as TVMScript's decorators use it: every frame, source lines for the nearest three.
-
-    ``inspect.stack()`` resolves the module of every frame on the stack, and for a frame
-    without a source file (the ``<frozen importlib._bootstrap>`` frames of an import) that
-    scans all of ``sys.modules``. TVMScript's decorators read ``.frame`` of the outer frames
-    and ``code_context``/``lineno`` of ``stack[2]`` only, so deeper frames skip that lookup
-    (their ``code_context`` is None).
-    """
-    frame, infos = sys._getframe(1), []
-    while frame is not None:
-        if len(infos) < 3:
-            tb = inspect.getframeinfo(frame, context)
-            extra = {"positions": tb.positions} if hasattr(tb, "positions") else {}  # Python >= 3.11
-            infos.append(inspect.FrameInfo(frame, *tb[:5], **extra))
-        else:
-            code = frame.f_code
-            infos.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
-        frame = frame.f_back
-    return infos
-
-
-class _CheapStackInspect:
-    """``inspect`` as TVMScript's decorator modules see it inside :func:`cheap_tvmscript_stacks`."""
-
-    stack = staticmethod(_cheap_stack)
-
-    def __getattr__(self, name):
-        return getattr(inspect, name)
-
-
-@contextlib.contextmanager
-def cheap_tvmscript_stacks():
-    """TVMScript's decorators take the call stack with :func:`_cheap_stack` within this context.
-
-    The one place this matters: ``tvm.s_tir.tensor_intrin`` (TVM's tensor-core intrinsics), which
-    DLight's GPU Matmul rule imports the first time it tensorizes a float16 (or int8) matmul.
-    That import parses ~250 TVMScript functions, each taking ``inspect.stack()``, at a cost of
-    (import frames on the stack) x ``len(sys.modules)`` each: the first fp16 CUDA build of
-    googlenet spent over a minute there on a 2-core CPU, more with PyTorch loaded. Only the
-    decorator modules' ``inspect`` name is swapped (the global module is untouched) and it is
-    restored on exit; if TVM's internals move, this is a no-op.
-    """
-    with contextlib.ExitStack() as restore:
-        for name in _TVMSCRIPT_ENTRIES:
-            try:
-                entry = importlib.import_module(name)
-            except ImportError:
-                continue
-            if getattr(entry, "inspect", None) is inspect:
-                entry.inspect = _CheapStackInspect()
-                restore.callback(setattr, entry, "inspect", inspect)
-        yield
-
-
-def import_tensor_intrinsics() -> None:
-    """Import TVM's tensor intrinsics within :func:`cheap_tvmscript_stacks`, unless already imported.
-
-    MetaSchedule imports them in every TuneContext and every builder worker before its first build;
-    this makes that import cheap there too."""
-    if _TENSOR_INTRIN in sys.modules:
-        return
-    with cheap_tvmscript_stacks():
-        importlib.import_module(_TENSOR_INTRIN)
-
+from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks
 
 def _with_cheap_tvmscript_stacks(p: tvm.transform.Pass) -> tvm.transform.Pass:
     """``p`` run within :func:`cheap_tvmscript_stacks` until the tensor-core intrinsics are imported."""
 
     @tvm.transform.module_pass(opt_level=0, name=f"nimble.CheapTVMScriptStacks[{p.info.name}]")
     def _pass(mod, _ctx):
-        if _TENSOR_INTRIN in sys.modules:
+        if TENSOR_INTRIN in sys.modules:
             return p(mod)
         with cheap_tvmscript_stacks():
             return p(mod)

@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
@@ -23,13 +20,13 @@ def main():
     import tvm
 
     from tvm_nimble import zoo
-    from tvm_nimble.builder import normalize_target
-    from tvm_nimble.frontend import from_onnx
+    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.compiler.frontend import from_onnx
     from tvm_nimble.relay_passes.annotate import AnnotateStreams
     from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
     from tvm_nimble.relay_passes.pipeline import kernel_passes
 
-    target = normalize_target("llvm")
+    target = resolve_target("llvm")
     t0 = time.perf_counter()
     mod = from_onnx(zoo.inception(blocks=args.blocks, hw=8, channels=8))
     with target:

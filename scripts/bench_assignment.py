@@ -13,13 +13,10 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tvm_nimble.relay_passes.explain import dag_width  # noqa: E402
-from tvm_nimble.relay_passes.stream_assignment import assign_streams  # noqa: E402
+from tvm_nimble.relay_passes.explain import dag_width
+from tvm_nimble.relay_passes.stream_assignment import assign_streams
 
 Edges = list[tuple[int, int]]
 

@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
@@ -34,11 +31,12 @@ def main():
     from onnx.reference import ReferenceEvaluator
 
     from tvm_nimble import zoo
-    from tvm_nimble.builder import build, normalize_target
-    from tvm_nimble.frontend import from_onnx
-    from tvm_nimble.stock import build_stock_vm
+    from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.compiler.frontend import from_onnx
+    from tvm_nimble.compiler.stock import build_stock_vm
 
-    target = normalize_target({"kind": "llvm"} if args.arch == "cpu" else {"kind": "cuda", "arch": args.arch})
+    target = resolve_target({"kind": "llvm"} if args.arch == "cpu" else {"kind": "cuda", "arch": args.arch})
     os.makedirs(args.out, exist_ok=True)
     index = {}
     for name in args.models.split(","):

@@ -21,14 +21,11 @@ import dataclasses
 import datetime
 import json
 import os
-import sys
 import threading
 import time
 import traceback
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def mem_used_mib(gpu: bool) -> float | None:
@@ -78,10 +75,10 @@ def validate_model(log, name, meta, d, gpu, dev, args, first):
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
-    from tvm_nimble.bench import GPU_MODES, NIMBLE_SYSTEMS, System, interleaved_timing
+    from tvm_nimble.bench.harness import GPU_MODES, NIMBLE_SYSTEMS, System, interleaved_timing
     from tvm_nimble.runtime.executor import NimbleExecutor
     from tvm_nimble.runtime.module import load
-    from tvm_nimble.timing import host_cost_us
+    from tvm_nimble.bench.timing import host_cost_us
 
     entry = log.data["models"].setdefault(name, {})
     io = np.load(os.path.join(d, "io.npz"))
@@ -251,7 +248,7 @@ def main():
         ensure_cuda_runtime()
     import tvm
 
-    from tvm_nimble.bench import device_name
+    from tvm_nimble.bench.harness import device_name
 
     dev = tvm.cuda(0) if gpu else tvm.cpu(0)
     device = device_name(gpu)

@@ -11,9 +11,6 @@ import argparse
 import csv
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def plot_timeline(events, title, path):
@@ -45,7 +42,7 @@ def main():
     ap.add_argument("--timelines-only", action="store_true",
                     help="only draw the timelines (the run repeats timings already recorded)")
     args = ap.parse_args()
-    from tvm_nimble.report import CSV_COLUMNS, append_rows, write_report
+    from tvm_nimble.bench.report import CSV_COLUMNS, append_rows, write_report
 
     with open(os.path.join(args.src, "results_rows.csv")) as f:
         rows = [dict(zip(CSV_COLUMNS, r)) for r in csv.reader(f)]

@@ -2,14 +2,14 @@
 import pytest
 import tvm
 
-from tvm_nimble.builder import normalize_target
-from tvm_nimble.frontend import from_onnx
+from tvm_nimble.compiler.target import resolve_target
+from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_STREAMS, AnnotateStreams
 from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
 from tvm_nimble.relay_passes.pipeline import backend_for, kernel_passes, lower_and_annotate
 from tvm_nimble.relay_passes.stream_assignment import assign_streams
 
-LLVM = normalize_target("llvm")
+LLVM = resolve_target("llvm")
 
 
 def lowered(model):

@@ -6,15 +6,15 @@ import pytest
 import tvm
 
 from tvm_nimble import NimbleExecutor, NimbleError, ShapeError
-from tvm_nimble.builder import normalize_target
+from tvm_nimble.compiler.target import resolve_target
 from tvm_nimble.runtime.executor import InputError
-from tvm_nimble.frontend import from_onnx
-from tvm_nimble.stock import StockVM, build_stock_vm
+from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
 
 def test_outputs_match_stock_vm_and_onnx_reference(zoo_built):
     b = zoo_built
-    vm = StockVM(build_stock_vm(from_onnx(b.model), normalize_target("llvm")), tvm.cpu(), list(b.inputs.values()))
+    vm = StockVM(build_stock_vm(from_onnx(b.model), resolve_target("llvm")), tvm.cpu(), list(b.inputs.values()))
     vm_out = vm.outputs()
     with NimbleExecutor(b.module) as ex:
         out = [o.numpy() for o in ex(**b.inputs)]
@@ -166,7 +166,7 @@ def test_zero_dim_constants_and_inputs():
 def test_float16_build_matches_the_reference_to_fp16_precision(inception_built):
     """The benchmark's fp16 table: TVM's ToMixedPrecision, then the same Nimble plan and executor."""
     from tvm_nimble import build
-    from tvm_nimble.bench import with_precision
+    from tvm_nimble.bench.harness import with_precision
 
     b = inception_built
     mod16 = with_precision(b.model, "float16")

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 
-from tvm_nimble.relay_passes.pipeline import _cheap_stack
+from tvm_nimble.relay_passes.tvm_compat import _cheap_stack
 
 
 def _take_both():
@@ -43,8 +43,8 @@ _LOWER_FP16_MATMUL = textwrap.dedent("""
     import onnx
     from onnx import TensorProto, helper
     import tvm
-    from tvm_nimble.bench import with_precision
-    from tvm_nimble.builder import normalize_target
+    from tvm_nimble.bench.harness import with_precision
+    from tvm_nimble.compiler.target import resolve_target
     from tvm_nimble.relay_passes.pipeline import kernel_passes
 
     w = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
@@ -54,7 +54,7 @@ _LOWER_FP16_MATMUL = textwrap.dedent("""
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])],
         [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
     mod = with_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "float16")
-    target = normalize_target({"kind": "cuda", "arch": "sm_90"})
+    target = resolve_target({"kind": "cuda", "arch": "sm_90"})
 
     assert "tvm.s_tir.tensor_intrin" not in sys.modules
     calls = []
@@ -90,10 +90,10 @@ def test_with_precision_folds_the_weight_casts_once(inception_built):
     import tvm
     from tvm import relax
 
-    from tvm_nimble.bench import with_precision
-    from tvm_nimble.builder import normalize_target
-    from tvm_nimble.frontend import from_onnx
-    from tvm_nimble.stock import StockVM, build_stock_vm
+    from tvm_nimble.bench.harness import with_precision
+    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.compiler.frontend import from_onnx
+    from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
     def constant_casts(mod):
         const = type(relax.const(np.float32(0)))
@@ -108,7 +108,7 @@ def test_with_precision_folds_the_weight_casts_once(inception_built):
     assert constant_casts(mod16) == []
 
     def run(mod):
-        vm = StockVM(build_stock_vm(mod, normalize_target("llvm")), tvm.cpu(), list(b.inputs.values()))
+        vm = StockVM(build_stock_vm(mod, resolve_target("llvm")), tvm.cpu(), list(b.inputs.values()))
         return vm.outputs()
 
     for got, want in zip(run(mod16), run(raw)):

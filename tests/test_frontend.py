@@ -9,7 +9,7 @@ from onnx.reference import ReferenceEvaluator
 
 from tvm_nimble import zoo
 from tvm_nimble.errors import ModelError, NimbleError, ShapeError, UnsupportedOperatorError
-from tvm_nimble.frontend import (OnnxFileNotFoundError, from_onnx, load_onnx_model, supported_operators,
+from tvm_nimble.compiler.frontend import (OnnxFileNotFoundError, from_onnx, load_onnx_model, supported_operators,
                                  unsupported_operators)
 
 LLVM = tvm.target.Target({"kind": "llvm"})

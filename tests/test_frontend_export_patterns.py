@@ -1,5 +1,5 @@
 """Exporter patterns that TVM 0.27's ONNX importer cannot take as they are, imported through
-tvm_nimble.frontend (which folds static shape computations first) and checked against
+tvm_nimble.compiler.frontend (which folds static shape computations first) and checked against
 onnx.reference.
 
 The main one is torch.onnx's (TorchScript exporter, opset >= 11) F.pad with computed pads, as timm's
@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 import tvm_nimble
 from tvm_nimble import frontend
 from tvm_nimble.errors import ModelError
-from tvm_nimble.frontend import fold_static_shapes, from_onnx
+from tvm_nimble.compiler.frontend import fold_static_shapes, from_onnx
 
 H = W = 9
 K, S, C_OUT = 3, 2, 4

@@ -1,7 +1,7 @@
 """The GPU report's tables, from synthetic rows: one headline table per dtype, ratios from the medians."""
 import random
 
-from tvm_nimble.report import BASELINE_GPU, headline_table, tuning_label, tuning_table
+from tvm_nimble.bench.report import BASELINE_GPU, headline_table, tuning_label, tuning_table
 
 SYSTEMS = ["tvm-vm", BASELINE_GPU, "nimble-single-stream-graph", "nimble-multi-stream-graph", "torch-cudagraph"]
 

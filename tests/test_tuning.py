@@ -11,7 +11,10 @@ import tvm_ffi
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_nimble import NimbleExecutor, build
-from tvm_nimble.tuning import OVERRUN_EXIT_CODE, _plan_round, _trials_that_fit, extract_tuning_tasks, tune
+from tvm_nimble.cli.tune import OVERRUN_EXIT_CODE
+from tvm_nimble.compiler.tuning.rounds import plan_round, trials_that_fit
+from tvm_nimble.compiler.tuning.tasks import extract_tuning_tasks
+from tvm_nimble.compiler.tuning.tune import tune
 
 
 def one_kernel_model():
@@ -90,24 +93,25 @@ def test_trials_go_to_the_heaviest_task_first(tmp_path):
 
 def test_round_planning():
     """Round sizes: a round holds the heaviest tasks, honours each task's cap and fits the time left."""
-    tasks, q = _plan_round([2, 1, 0], remaining=[64, 64, 64], trials_per_iter=8, room=16)
+    tasks, q = plan_round([2, 1, 0], remaining=[64, 64, 64], trials_per_iter=8, room=16)
     assert tasks == [2, 1] and q == 8
-    tasks, q = _plan_round([2, 0, 1], remaining=[3, 64, 64], trials_per_iter=8, room=16)
+    tasks, q = plan_round([2, 0, 1], remaining=[3, 64, 64], trials_per_iter=8, room=16)
     assert tasks == [2, 0] and q == 3  # one call shares one per-task cap
-    tasks, q = _plan_round([0, 1], remaining=[64, 64], trials_per_iter=64, room=10)
+    tasks, q = plan_round([0, 1], remaining=[64, 64], trials_per_iter=64, room=10)
     assert tasks == [0] and q == 10
     # a round is predicted no cheaper than any past round, and proportionally longer when larger
-    assert _trials_that_fit(125, [(10, 8), (20, 64)]) == 80  # 100 s after the safety margin: 10 x (10 s, 8)
-    assert _trials_that_fit(20, [(10, 8), (20, 64)]) == 0
-    assert 0 < _trials_that_fit(300, []) < _trials_that_fit(600, [])  # before any round: the prior
+    assert trials_that_fit(125, [(10, 8), (20, 64)]) == 80  # 100 s after the safety margin: 10 x (10 s, 8)
+    assert trials_that_fit(20, [(10, 8), (20, 64)]) == 0
+    assert 0 < trials_that_fit(300, []) < trials_that_fit(600, [])  # before any round: the prior
 
 
 def test_an_empty_database_builds_the_default_kernels(tmp_path):
     """A slice that measured nothing leaves empty database files; stock TVM and Nimble still build from them
     (regression: an empty MetaSchedule Database is falsy, and the stock pipeline then ran without it)."""
-    from tvm_nimble.builder import normalize_target, open_tuning_database
-    from tvm_nimble.frontend import from_onnx
-    from tvm_nimble.stock import StockVM, build_stock_vm
+    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.compiler.tuning.database import open_tuning_database
+    from tvm_nimble.compiler.frontend import from_onnx
+    from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
     import tvm
 
@@ -117,7 +121,7 @@ def test_an_empty_database_builds_the_default_kernels(tmp_path):
         (db_dir / name).write_text("")
     model = one_kernel_model()
     x = np.random.default_rng(2).standard_normal((1, 4, 8, 8)).astype("float32")
-    t = normalize_target("llvm")
+    t = resolve_target("llvm")
     vm = StockVM(build_stock_vm(from_onnx(model), t, tuning_database=open_tuning_database(str(db_dir))),
                  tvm.cpu(0), [x])
     vm()
@@ -135,7 +139,7 @@ def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
 
     import onnx
 
-    from tvm_nimble.bench_cli import main as bench_main
+    from tvm_nimble.cli.bench import main as bench_main
 
     model = one_kernel_model()
     path = str(tmp_path / "one.onnx")
@@ -159,7 +163,7 @@ def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
 
 
 def test_with_untuned_needs_a_database():
-    from tvm_nimble.bench_cli import main as bench_main
+    from tvm_nimble.cli.bench import main as bench_main
 
     with pytest.raises(SystemExit) as e:
         bench_main(["--models", "incept6", "--with-untuned"])
@@ -168,7 +172,7 @@ def test_with_untuned_needs_a_database():
 
 _STUCK = """
 import sys, time
-from tvm_nimble.tuning import overrun_watchdog
+from tvm_nimble.cli.tune import overrun_watchdog
 with overrun_watchdog(time.time() + 1.0, grace_s=1.0, work_dir="DB"):
     time.sleep(float(sys.argv[1]))  # a round that does not return in time (or does)
 time.sleep(3.0)  # past deadline + grace: the watchdog must be disarmed once the block has ended

@@ -6,7 +6,7 @@ from tvm import relax
 
 import tvm_nimble
 from tvm_nimble import NimbleError, NimbleExecutor
-from tvm_nimble.frontend import from_onnx
+from tvm_nimble.compiler.frontend import from_onnx
 
 
 def test_nimble_pipeline_matches_stock_pipeline(zoo_built, tmp_path):

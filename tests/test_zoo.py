@@ -8,7 +8,7 @@ import tvm
 from onnx.reference import ReferenceEvaluator
 
 from tvm_nimble import zoo
-from tvm_nimble.frontend import from_onnx
+from tvm_nimble.compiler.frontend import from_onnx
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 

@@ -1,12 +1,19 @@
 """tvm-nimble: ahead-of-time, multi-stream GPU task scheduling for Apache TVM.
 
-Stages: ``tvm_nimble.relay_passes`` (stream assignment on Relax) -> ``tvm_nimble.codegen``
-(launch plan, memory plan, artifact) -> ``tvm_nimble`` executor (replay).
+Layers (each imports only the ones before it):
+  ``tvm_nimble.relay_passes`` (stage 1, Relax passes: stream assignment, annotation)
+  ``tvm_nimble.codegen``      (stage 2: launch plan, concurrency-safe memory plan, kernels)
+  ``tvm_nimble.runtime``      (stage 3: executor; needs only the TVM runtime)
+  ``tvm_nimble.compiler``     (the compile API wiring 1 -> 2, the TVM pipeline, tuning)
+  ``tvm_nimble.bench`` and ``tvm_nimble.cli`` on top; the library never imports them.
+The runtime API is imported eagerly; the compiler API on first use, so ``import tvm_nimble``
+works where only the TVM runtime is installed.
 """
 import os as _os
 
-# In a source checkout relay_passes/ and codegen/ sit at the repository root (the three stages
-# are visible in the tree); an installed wheel puts them inside tvm_nimble/. Make both work.
+# The one path exception: the card keeps stages 1 and 2 at the repository root (relay_passes/,
+# codegen/), where a reader sees them; an installed wheel puts them inside tvm_nimble/ (see
+# pyproject.toml's package-dir). In a source checkout this makes the same names resolve.
 _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_root, "relay_passes", "__init__.py")) and _root not in __path__:
     __path__.append(_root)
@@ -18,11 +25,12 @@ from .runtime.executor import NimbleExecutor  # noqa: E402
 from .runtime.module import NimbleModule, load  # noqa: E402
 
 _LAZY = {
-    "build": ("tvm_nimble.builder", "build"),
-    "from_onnx": ("tvm_nimble.frontend", "from_onnx"),
+    "build": ("tvm_nimble.compiler.build", "build"),
+    "BuildResult": ("tvm_nimble.compiler.build", "BuildResult"),
+    "from_onnx": ("tvm_nimble.compiler.frontend", "from_onnx"),
     "assign_streams": ("tvm_nimble.relay_passes.stream_assignment", "assign_streams"),
     "AnnotateStreams": ("tvm_nimble.relay_passes.annotate", "AnnotateStreams"),
-    "explain_model": ("tvm_nimble.explain_model", "explain_model"),
+    "explain_model": ("tvm_nimble.compiler.explain", "explain_model"),
     "zoo": ("tvm_nimble.zoo", None),
 }
 
@@ -43,12 +51,12 @@ def _register_with_tvm():
         import tvm.relax  # noqa: F401  (absent when only the TVM runtime is installed)
     except Exception:  # ImportError, or OSError for a missing compiler library
         return
-    from .tvm_integration import register
+    from .compiler.tvm_pipeline import register
 
     register()
 
 
 _register_with_tvm()
 
-__all__ = ["NimbleExecutor", "NimbleModule", "load", "build", "from_onnx", "assign_streams", "AnnotateStreams",
+__all__ = ["NimbleExecutor", "NimbleModule", "load", "build", "BuildResult", "from_onnx", "assign_streams", "AnnotateStreams",
            "explain_model", "NimbleError", "ModelError", "ShapeError", "UnsupportedOperatorError"]

@@ -351,7 +351,7 @@ def input_shape(model: onnx.ModelProto) -> dict[str, tuple]:
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs for every graph input: standard normals for float inputs, small
     non-negative integers for integer inputs, random booleans for bool inputs."""
-    from .errors import ShapeError
+    from tvm_nimble.errors import ShapeError
 
     rng = np.random.default_rng(seed)
     out = {}

@@ -14,34 +14,34 @@ from __future__ import annotations
 
 import tvm
 
-from tvm_nimble.builder import CUDA_LIMITS
 from tvm_nimble.runtime.executable import PARAMS_FUNC, PLAN_FUNC, register_markers
+
+from .target import CUDA_LIMITS
+
 TAGS = {
     "nimble/h100": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 52428800},
     "nimble/h200": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 62914560},
 }
 
 
-def attach_plan(mod: tvm.IRModule, plan, program) -> tvm.IRModule:
+def attach_plan(mod: tvm.IRModule, plan, params: dict) -> tvm.IRModule:
     """Add ``__nimble_plan__`` (plan JSON) and ``__nimble_params__`` (constants) to ``mod``."""
     from tvm import relax
 
     bb = relax.BlockBuilder(mod)
     with bb.function(PLAN_FUNC, []):
         bb.emit_func_output(tvm.ir.StringImm(plan.to_json(indent=None)))
-    consts = [program.values[c].constant for c in plan.constants]
     with bb.function(PARAMS_FUNC, []):
-        bb.emit_func_output(relax.Tuple(consts))
+        bb.emit_func_output(relax.Tuple([relax.const(params[f"c{c}"]) for c in plan.constants]))
     return bb.get()
 
 
 def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None):
     """The ``nimble`` Relax pipeline (see module docstring)."""
-    from tvm_nimble.codegen.lower_plan import build_plan
-    from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
-    from tvm_nimble.relay_passes.pipeline import backend_for, nimble_lowering
+    from tvm_nimble.relay_passes.pipeline import backend_for
 
-    from .builder import open_tuning_database, target_dict
+    from .build import lower, schedule
+    from .tuning.database import open_tuning_database
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -49,9 +49,8 @@ def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None
         if target is None:
             raise ValueError("the nimble pipeline needs a target: tvm.compile(mod, target, relax_pipeline='nimble')")
         database = open_tuning_database(tuning_db) if tuning_db else None
-        mod = nimble_lowering(target, max_streams, database)(mod)
-        plan, _ = build_plan(mod, target_dict(target))
-        mod = attach_plan(mod, plan, read_lowered_function(mod))
+        annotated, _, _, plan, params = schedule(lower(mod, target, database), target, max_streams=max_streams)
+        mod = attach_plan(annotated, plan, params)
         with target:
             return tvm.transform.Sequential(list(backend_for(target).finalize_passes(target)))(mod)
 

@@ -8,34 +8,19 @@ DISPLAY_NAMES = {"tvm-vm": "stock TVM VM", "tvm-vm-cudagraph": "stock TVM VM + C
                  "nimble-aot-cpu": "Nimble AoT replay (CPU)"}
 
 
-def gpu_available() -> bool:
-    try:
-        from .runtime.device import ensure_cuda_runtime
-        import tvm
-
-        ensure_cuda_runtime()
-        return bool(tvm.cuda(0).exist)
-    except Exception:
-        return False
-
-
 def run_demo(model_path: str | None = None, target: str | None = None, arch: str | None = None,
              iters: int = 50, blocks: int | None = None) -> list[dict]:
     import tvm
 
-    from . import zoo
-    from .bench import check_agreement, interleaved_timing, tvm_systems
-    from .builder import build, normalize_target
-    from .frontend import from_onnx, load_onnx_model
+    from tvm_nimble import zoo
+    from tvm_nimble.bench.harness import check_agreement, interleaved_timing, tvm_systems
+    from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.target import default_kind, resolve_target
+    from tvm_nimble.compiler.frontend import from_onnx, load_onnx_model
 
-    use_gpu = target == "cuda" or (target is None and gpu_available())
-    if use_gpu:
-        dev = tvm.cuda(0)
-        arch = arch or f"sm_{dev.compute_version.replace('.', '')}"
-        tgt = normalize_target({"kind": "cuda", "arch": arch})
-    else:
-        dev = tvm.cpu(0)
-        tgt = normalize_target({"kind": "llvm"})
+    tgt = resolve_target(target or default_kind(), arch)
+    use_gpu = tgt.kind.name == "cuda"
+    dev = tvm.cuda(0) if use_gpu else tvm.cpu(0)
     if model_path:
         model = load_onnx_model(model_path)
         name = model_path
@@ -43,7 +28,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
         model = zoo.inception(blocks=blocks or (6 if use_gpu else 3))
         name = f"zoo inception ({blocks or (6 if use_gpu else 3)} blocks)"
     inputs = list(zoo.random_inputs(model, seed=0).values())
-    print(f"model: {name}   target: {tgt.kind.name}{' ' + arch if use_gpu else ''}")
+    print(f"model: {name}   target: {tgt.kind.name}{' ' + str(tgt.attrs['arch']) if use_gpu else ''}")
 
     mod = from_onnx(model)
     nimble = build(mod, tgt)

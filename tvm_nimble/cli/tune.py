@@ -14,22 +14,58 @@ examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
+import threading
 import time
 
 OVERRUN_GRACE_S = 20.0  # scripts/gpu_session.sh gives tune 30 s past its --time-budget before killing it
 
 
+OVERRUN_EXIT_CODE = 3
+
+
+@contextlib.contextmanager
+def overrun_watchdog(deadline: float | None, grace_s: float, work_dir: str):
+    """Ends the process (exit code 3) if the block is still running ``grace_s`` seconds past ``deadline``.
+
+    The time budget is checked between rounds; a MetaSchedule round stuck inside TVM's C++ ignores
+    SIGINT, so without this a time-boxed slice hangs until something kills it. The database is safe:
+    each trial is appended to it as it is measured. Only for processes that exist to tune (the CLI):
+    it exits the whole process."""
+    if deadline is None:
+        yield
+        return
+
+    def stop():
+        sys.stderr.write(
+            f"\ntvm-nimble tune: still running {grace_s:.0f} s past the time budget (a MetaSchedule call cannot be "
+            f"interrupted from Python); stopping the process. Every trial measured so far is committed in {work_dir}; "
+            "run again to continue.\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(OVERRUN_EXIT_CODE)
+
+    timer = threading.Timer(max(0.0, deadline + grace_s - time.time()), stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def _load(model_arg: str):
     if model_arg.startswith("zoo:"):
-        from . import zoo
+        from tvm_nimble import zoo
 
         return zoo.get_bench_model(model_arg[4:])  # benchmark size, as `tvm-nimble bench` builds it
     if model_arg.startswith("tv:"):  # built from code with a fixed seed, exactly as `tvm-nimble bench` builds it
-        from .bench_cli import torchvision_builders
+        from tvm_nimble.cli.bench import torchvision_builders
 
         return model_arg[3:], torchvision_builders(model_arg[3:])[0](batch=1)
-    from .frontend import load_onnx_model
+    from tvm_nimble.compiler.frontend import load_onnx_model
 
     return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)
 
@@ -39,7 +75,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="ONNX file, zoo:<name> (benchmark size: incept6, nasnet, resnet, mobilenet), or tv:<torchvision/timm name>")
     ap.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
-    ap.add_argument("--arch", default="sm_90", help="GPU arch for cuda (default sm_90)")
+    ap.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
     ap.add_argument("--trials", type=int, default=64, help="trial budget per task (default 64)")
     ap.add_argument("--trials-per-iter", type=int, default=64,
                     help="trials per task per MetaSchedule iteration (default 64); a round gives each of its "
@@ -55,11 +91,13 @@ def main(argv=None):
     ap.add_argument("-o", "--output", help="after tuning, build the Nimble artifact here with the database")
     args = ap.parse_args(argv)
 
-    from .tuning import overrun_watchdog, tune
+    from tvm_nimble.compiler.tuning.tune import tune
 
     name, model = _load(args.model)
-    target = {"kind": "cuda", "arch": args.arch} if args.target == "cuda" else {"kind": "llvm"}
-    work_dir = args.work_dir or os.path.join("tuning", args.arch if args.target == "cuda" else "cpu", name)
+    from tvm_nimble.compiler.target import resolve_target, target_dict
+
+    target = target_dict(resolve_target(args.target, args.arch))
+    work_dir = args.work_dir or os.path.join("tuning", target.get("arch", "cpu"), name)
     deadline = time.time() + args.time_budget if args.time_budget else None
     with overrun_watchdog(deadline, OVERRUN_GRACE_S, work_dir):  # tune() checks the budget only between rounds
         report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
@@ -68,7 +106,7 @@ def main(argv=None):
     print(report.summary())
     print(f"database: {work_dir}")
     if args.output:
-        from .builder import build
+        from tvm_nimble.compiler.build import build
 
         module = build(model, target, tuning_db=work_dir)
         module.export(args.output)

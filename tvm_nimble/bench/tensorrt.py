@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from .runtime.cuda_graph import _rt, check
+from tvm_nimble.runtime.cuda_graph import _rt, check
 
 
 class TensorRTUnavailable(Exception):

@@ -66,17 +66,17 @@ def main(argv=None):
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
     args = ap.parse_args(argv)
     if args.report_only:
-        from .report import write_report
+        from tvm_nimble.bench.report import write_report
 
         write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
                      os.path.join(args.out, "results.png"))
         print(f"wrote {os.path.join(args.out, 'RESULTS.md')}, results.png")
         return
 
-    from . import zoo
-    from .bench import run_benchmark
-    from .report import database_trials, tuning_label
-    from .frontend import load_onnx_model
+    from tvm_nimble import zoo
+    from tvm_nimble.bench.harness import run_benchmark
+    from tvm_nimble.bench.report import database_trials, tuning_label
+    from tvm_nimble.compiler.frontend import load_onnx_model
 
     models, torch_models = {}, {}
     for name in [m for m in args.models.split(",") if m]:
@@ -91,23 +91,16 @@ def main(argv=None):
         model = load_onnx_model(path)
         models[os.path.basename(path)] = lambda batch, model=model: model
     target = None
-    if args.target == "cuda":
-        target = {"kind": "cuda", **({"arch": args.arch} if args.arch else {})}
-        if not args.arch:
-            import tvm
+    if args.target:
+        from tvm_nimble.compiler.target import resolve_target, target_dict
 
-            from .runtime.device import ensure_cuda_runtime
-
-            ensure_cuda_runtime()
-            target["arch"] = f"sm_{tvm.cuda(0).compute_version.replace('.', '')}"
-    elif args.target == "llvm":
-        target = {"kind": "llvm"}
+        target = target_dict(resolve_target(args.target, args.arch))
     batches = [int(b) for b in args.batch.split(",")]
     if args.with_untuned and not args.tuning_db:
         ap.error("--with-untuned compares against --tuning-db: give the database too")
     trials = 0
     if args.tuning_db:
-        from .builder import open_tuning_database
+        from tvm_nimble.compiler.tuning.database import open_tuning_database
 
         open_tuning_database(args.tuning_db)  # a clear error now rather than after the first builds
         trials = database_trials(args.tuning_db)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .report import NIMBLE_SYSTEMS, append_rows, write_report
+from tvm_nimble.bench.report import NIMBLE_SYSTEMS, append_rows, write_report
 
 GPU_MODES = ("single-stream", "cuda-graph", "streams")  # executor modes timed on a GPU
 
@@ -56,7 +56,7 @@ def with_precision(model, dtype: str):
     import tvm
     from tvm import relax
 
-    from .frontend import from_onnx
+    from tvm_nimble.compiler.frontend import from_onnx
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -72,10 +72,11 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
 
     ``model`` is an ONNX model or a Relax IRModule; ``nimble`` is a NimbleModule already built from ``model`` for ``target`` (built here if None).
     """
-    from .builder import open_tuning_database, build
-    from .runtime.executor import NimbleExecutor
-    from .frontend import from_onnx
-    from .stock import StockVM, build_stock_vm
+    from tvm_nimble.compiler.tuning.database import open_tuning_database
+    from tvm_nimble.compiler.build import build
+    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.compiler.frontend import from_onnx
+    from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
     import tvm
 
@@ -160,7 +161,7 @@ def tensorrt_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "flo
         return [], ["TensorRT not installed: no TensorRT row (it cannot be installed on our machines)"]
     if not use_gpu:
         return [], ["TensorRT needs a GPU: no TensorRT row on this run"]
-    from .tensorrt_baseline import TensorRTEngine, TensorRTUnavailable
+    from tvm_nimble.bench.tensorrt import TensorRTEngine, TensorRTUnavailable
 
     try:
         engine = TensorRTEngine(onnx_model, feeds, dtype)
@@ -211,20 +212,12 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     per model. They are timed again, interleaved with the new run's systems."""
     import tvm
 
-    from . import zoo
-    from .builder import normalize_target
-    from .demo import gpu_available
+    from tvm_nimble import zoo
+    from tvm_nimble.compiler.target import default_kind, resolve_target
 
-    if target is None:
-        use_gpu = gpu_available()
-    else:
-        use_gpu = (target if isinstance(target, dict) else {"kind": target}).get("kind") == "cuda"
-    if use_gpu:
-        dev = tvm.cuda(0)
-        t = normalize_target(target if isinstance(target, dict) else
-                             {"kind": "cuda", "arch": f"sm_{dev.compute_version.replace('.', '')}"})
-    else:
-        dev, t = tvm.cpu(0), normalize_target({"kind": "llvm"})
+    t = resolve_target(target if target is not None else default_kind())
+    use_gpu = t.kind.name == "cuda"
+    dev = tvm.cuda(0) if use_gpu else tvm.cpu(0)
     device = device_name(use_gpu)
     today = datetime.date.today().isoformat()
     rows, notes = [], []

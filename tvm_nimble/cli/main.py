@@ -37,21 +37,20 @@ def _usage(msg):
 
 
 def _target(args):
-    if args.target == "cuda":
-        return {"kind": "cuda", "arch": args.arch or "sm_90"}
-    return {"kind": "llvm"}
+    from tvm_nimble.compiler.target import resolve_target
+
+    return resolve_target(args.target, args.arch)
 
 
 def cmd_demo(args):
-    from .demo import run_demo
+    from tvm_nimble.cli.demo import run_demo
 
     run_demo(args.model, target=args.target, arch=args.arch, iters=args.iters)
 
 
 def cmd_compile(args):
-    from .builder import build
-
-    from .progress import spinner
+    from tvm_nimble.cli.progress import spinner
+    from tvm_nimble.compiler.build import build
 
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
@@ -65,7 +64,7 @@ def cmd_compile(args):
 def cmd_run(args):
     import numpy as np
 
-    from .runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.executor import NimbleExecutor
 
     with NimbleExecutor(args.artifact, mode=args.mode) as ex:
         feeds = {}
@@ -94,7 +93,7 @@ def cmd_run(args):
 
 
 def cmd_explain(args):
-    from .explain_model import explain_model
+    from tvm_nimble.compiler.explain import explain_model
 
     text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
                          dot_path=args.dot, show_plan=args.plan, show_ir=args.ir)
@@ -102,13 +101,13 @@ def cmd_explain(args):
 
 
 def cmd_bench(args):
-    from .bench_cli import main as bench_main
+    from tvm_nimble.cli.bench import main as bench_main
 
     bench_main(args.rest)
 
 
 def cmd_tune(args):
-    from .tune_cli import main as tune_main
+    from tvm_nimble.cli.tune import main as tune_main
 
     tune_main(args.rest)
 
@@ -127,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def target_opts(p, default="llvm"):
         p.add_argument("--target", choices=["cuda", "llvm"], default=default, help="build target (default %(default)s)")
-        p.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default sm_90)")
+        p.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
         p.add_argument("--shape", action="append", metavar="NAME=D1,D2", help="fix an input's shape (repeatable)")
         p.add_argument("--max-streams", type=int, help="cap the number of streams (1 = single stream)")
 
@@ -160,13 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true", help="print the launch plan table")
     p.add_argument("--ir", action="store_true", help="print the annotated Relax IR")
 
-    p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (scripts/benchmark.py)",
+    p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (tvm_nimble.cli.bench)",
             "tvm-nimble bench --models inception,nasnet --batch 1", passthrough=True)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/benchmark.py")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.bench")
 
-    p = add("tune", cmd_tune, "tune kernels with MetaSchedule + XGBoost (scripts/tune_and_build.py)",
+    p = add("tune", cmd_tune, "tune kernels with MetaSchedule + XGBoost (tvm_nimble.cli.tune)",
             "tvm-nimble tune model.onnx --target cuda --trials 300 --time-budget 480", passthrough=True)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for scripts/tune_and_build.py")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.tune")
     return parser
 
 
@@ -177,7 +176,7 @@ def main(argv=None) -> int:
         args = argparse.Namespace(fn=cmd_bench if argv[0] == "bench" else cmd_tune, rest=argv[1:])
     else:
         args = parser.parse_args(argv)
-    from .errors import NimbleError
+    from tvm_nimble.errors import NimbleError
 
     try:
         args.fn(args)

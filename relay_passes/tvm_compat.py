@@ -1,0 +1,166 @@
+"""Every use of a private or moving TVM/MetaSchedule API in the project, in one place.
+
+Each function says what it works around. They are pinned to apache-tvm 0.27.0.post1 (see
+pyproject.toml); when TVM changes one of these internals, this file is the one to update.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import sys
+
+# TVMScript's decorator modules; each calls ``inspect.stack()`` once per parsed function.
+_TVMSCRIPT_ENTRIES = ("tvm.tirx.script.parser.entry", "tvm.script.parser.ir.entry")
+TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+def _cheap_stack(context: int = 1) -> list[inspect.FrameInfo]:
+    """``inspect.stack()`` as TVMScript's decorators use it: every frame, source lines for the nearest three.
+
+    ``inspect.stack()`` resolves the module of every frame on the stack, and for a frame
+    without a source file (the ``<frozen importlib._bootstrap>`` frames of an import) that
+    scans all of ``sys.modules``. TVMScript's decorators read ``.frame`` of the outer frames
+    and ``code_context``/``lineno`` of ``stack[2]`` only, so deeper frames skip that lookup
+    (their ``code_context`` is None).
+    """
+    frame, infos = sys._getframe(1), []
+    while frame is not None:
+        if len(infos) < 3:
+            tb = inspect.getframeinfo(frame, context)
+            extra = {"positions": tb.positions} if hasattr(tb, "positions") else {}  # Python >= 3.11
+            infos.append(inspect.FrameInfo(frame, *tb[:5], **extra))
+        else:
+            code = frame.f_code
+            infos.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
+        frame = frame.f_back
+    return infos
+
+
+class _CheapStackInspect:
+    """``inspect`` as TVMScript's decorator modules see it inside :func:`cheap_tvmscript_stacks`."""
+
+    stack = staticmethod(_cheap_stack)
+
+    def __getattr__(self, name):
+        return getattr(inspect, name)
+
+
+@contextlib.contextmanager
+def cheap_tvmscript_stacks():
+    """TVMScript's decorators take the call stack with :func:`_cheap_stack` within this context.
+
+    The one place this matters: ``tvm.s_tir.tensor_intrin`` (TVM's tensor-core intrinsics), which
+    DLight's GPU Matmul rule imports the first time it tensorizes a float16 (or int8) matmul.
+    That import parses ~250 TVMScript functions, each taking ``inspect.stack()``, at a cost of
+    (import frames on the stack) x ``len(sys.modules)`` each: the first fp16 CUDA build of
+    googlenet spent over a minute there on a 2-core CPU, more with PyTorch loaded. Only the
+    decorator modules' ``inspect`` name is swapped (the global module is untouched) and it is
+    restored on exit; if TVM's internals move, this is a no-op.
+    """
+    with contextlib.ExitStack() as restore:
+        for name in _TVMSCRIPT_ENTRIES:
+            try:
+                entry = importlib.import_module(name)
+            except ImportError:
+                continue
+            if getattr(entry, "inspect", None) is inspect:
+                entry.inspect = _CheapStackInspect()
+                restore.callback(setattr, entry, "inspect", inspect)
+        yield
+
+
+def import_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics within :func:`cheap_tvmscript_stacks`, unless already imported.
+
+    MetaSchedule imports them in every TuneContext and every builder worker before its first build;
+    this makes that import cheap there too."""
+    if TENSOR_INTRIN in sys.modules:
+        return
+    with cheap_tvmscript_stacks():
+        importlib.import_module(TENSOR_INTRIN)
+
+
+def onnx_converter_map() -> dict:
+    """The Relax ONNX importer's table of converters (private: ``onnx_frontend._get_convert_map``)."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend._get_convert_map()
+
+
+def measure_callback(fn, mean_us):
+    """A MetaSchedule measure callback calling fn(task_id in the call, [run us or None per trial])."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class _Callback(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            fn(int(task_id), [mean_us(r.run_secs) for r in runner_results])
+
+    return _Callback()
+
+
+def _build_in_worker(args):
+    """One MetaSchedule build in a builder worker (runs there; pickled by reference)."""
+    from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func  # pinned TVM
+
+    import_tensor_intrinsics()  # cheaply, before _worker_func does it the slow way
+    return _worker_func(*args)
+
+
+def lasting_builder(timeout_sec: float):
+    """MetaSchedule's LocalBuilder, but its worker processes live until ``close()``, not one build batch.
+
+    LocalBuilder starts fresh workers for every batch (TVM's guard against a slow leak in long-lived
+    workers) and each fresh worker imports TVM's tensor intrinsics before its first build (30-70 s on a
+    2-core machine done plainly; see ``import_tensor_intrinsics``), paid once per MetaSchedule iteration.
+    ``tuning.tune`` closes it every few rounds instead, so that rounds that start workers are known and timed apart."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params  # pinned TVM
+    from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+    @derived_object
+    class _Builder(PyBuilder):
+        pool, batches = None, 0
+
+        def build(self, build_inputs):
+            if self.pool is None:
+                self.pool = PopenPoolExecutor(max_workers=os.cpu_count() or 1, timeout=timeout_sec)
+            self.batches += 1
+            results = []
+            for r in self.pool.map_with_error_catching(
+                    _build_in_worker,
+                    [(None, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]):
+                if r.status == StatusKind.COMPLETE:
+                    results.append(BuilderResult(r.value, None))
+                elif r.status == StatusKind.TIMEOUT:
+                    results.append(BuilderResult(None, f"LocalBuilder: Timeout, killed after {timeout_sec} seconds"))
+                else:
+                    results.append(BuilderResult(None, f"LocalBuilder: An exception occurred\n{r.value}"))
+            return results
+
+        def close(self):
+            if self.pool is not None:
+                self.pool.shutdown()
+            self.pool, self.batches = None, 0
+
+    return _Builder()
+
+
+@contextlib.contextmanager
+def unnamed_log_handlers_detached(name: str = "tvm.s_tir.meta_schedule"):
+    """MetaSchedule's logging setup names its logger's current handlers in a dictConfig and fails on an
+    unnamed one (pytest attaches its capture handlers to every non-propagating logger): keep them off."""
+    logger = logging.getLogger(name)
+    unnamed = [h for h in logger.handlers if h.get_name() is None]
+    for h in unnamed:
+        logger.removeHandler(h)
+    try:
+        yield
+    finally:
+        for h in unnamed:
+            logger.addHandler(h)

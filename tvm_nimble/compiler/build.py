@@ -1,0 +1,101 @@
+"""``tvm_nimble.build``: model in, one :class:`BuildResult` out (stage 1 -> stage 2).
+
+Every consumer of a build reuses this result instead of re-running a stage: the executor
+and ``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module),
+and the registered ``nimble`` TVM pipeline (the same :func:`schedule` on the module TVM
+hands it).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass
+
+import tvm
+
+from tvm_nimble.codegen.kernels import build_kernels
+from tvm_nimble.codegen.lower_plan import build_plan
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes.annotate import annotate_function
+from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_function
+from tvm_nimble.relay_passes.pipeline import kernel_passes
+from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
+from tvm_nimble.runtime.module import NimbleModule
+
+from .target import resolve_target, target_dict
+from .tuning.database import open_tuning_database
+
+_warned_untuned = False
+
+
+@dataclass
+class BuildResult(NimbleModule):
+    """A :class:`NimbleModule` (plan, kernels, params: what runs and exports) plus the stages' products."""
+
+    lowered: tvm.IRModule | None = None  # TVM kernel passes applied, before stream annotation
+    program: LoweredProgram | None = None  # the kernel DAG read from ``lowered``
+    assignment: StreamAssignment | None = None
+    tvm_target: tvm.target.Target | None = None
+
+
+def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None) -> tvm.IRModule:
+    """TVM's kernel passes (legalize, fuse, tuned database or DLight schedules, CallTIRRewrite)."""
+    seq = tvm.transform.Sequential(kernel_passes(target, tuning_database))
+    with target, (tuning_database if tuning_database is not None else contextlib.nullcontext()):
+        return seq(mod)
+
+
+def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
+             reuse: str = "concurrent"):
+    """Stream assignment, annotation and the launch plan of a lowered module.
+
+    Returns (annotated module, program, assignment, plan, params)."""
+    program = read_lowered_function(lowered)
+    func, assignment = annotate_function(lowered, max_streams=max_streams)
+    annotated = lowered.clone()
+    annotated["main"] = func
+    plan, params = build_plan(annotated, target_dict(target), reuse=reuse)
+    return annotated, program, assignment, plan, params
+
+
+def _as_relax(model, shape_dict):
+    if isinstance(model, tvm.IRModule):
+        return model
+    from tvm_nimble.compiler.frontend import from_onnx
+
+    return from_onnx(model, shape_dict=shape_dict)
+
+
+def _warn_untuned_once():
+    global _warned_untuned
+    if not _warned_untuned:
+        warnings.warn("building CUDA kernels without a tuning database: kernels use TVM's default "
+                      "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=3)
+        _warned_untuned = True
+
+
+def build(model, target="llvm", params: dict | None = None, *, max_streams: int | None = None,
+          shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
+          compile_kernels: bool = True) -> BuildResult:
+    """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
+
+    ``max_streams`` caps the stream count (1 gives the single-stream schedule); ``tuning_db``
+    is a MetaSchedule database directory whose tuned kernels replace the default schedules.
+    ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
+    """
+    t = resolve_target(target)
+    mod = _as_relax(model, shape_dict)
+    if params:
+        mod = tvm.relax.transform.BindParams("main", params)(mod)
+    if max_streams is not None and max_streams < 1:
+        raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
+    database = open_tuning_database(tuning_db) if tuning_db else None
+    if database is None and t.kind.name == "cuda" and compile_kernels:
+        _warn_untuned_once()
+    lowered = lower(mod, t, database)
+    annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=max_streams, reuse=reuse)
+    kernels = build_kernels(annotated, t) if compile_kernels else None
+    info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None}
+    return BuildResult(plan, kernels, consts, annotated, info, lowered=lowered, program=program,
+                       assignment=assignment, tvm_target=t)

@@ -1,0 +1,38 @@
+"""``tvm-nimble explain``: what Nimble does to a model (streams, syncs, width, memory, plan, DOT).
+
+It formats a :class:`BuildResult`; nothing is lowered or scheduled a second time.
+"""
+from __future__ import annotations
+
+from tvm_nimble.codegen.lower_plan import tvm_static_plan_bytes
+from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
+
+from .build import BuildResult, build
+
+
+def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=False) -> str:
+    program, assignment, plan = result.program, result.assignment, result.plan
+    edges = program.dependency_edges()
+    labels = [k.func for k in program.kernels]
+    lines = [format_summary(summarize(len(program.kernels), edges, assignment, labels=labels))]
+    mem = plan.memory
+    lines.append(f"memory pool: {mem['pool_bytes_concurrent_safe'] / 1024:.1f} KiB concurrency-safe, "
+                 f"{mem['pool_bytes_sequential'] / 1024:.1f} KiB sequential plan, "
+                 f"{tvm_static_plan_bytes(result.lowered) / 1024:.1f} KiB TVM StaticPlanBlockMemory (incl. outputs), "
+                 f"{mem['pool_bytes_no_reuse'] / 1024:.1f} KiB without reuse")
+    if dot_path:
+        with open(dot_path, "w") as f:
+            f.write(to_dot(len(program.kernels), edges, assignment, labels=labels, title="tvm-nimble streams"))
+        lines.append(f"wrote {dot_path}")
+    if show_plan:
+        lines.append(plan.format_table())
+    if show_ir:
+        lines.append(result.annotated_mod["main"].script())
+    return "\n".join(lines)
+
+
+def explain_model(model, target, shape_dict=None, max_streams=None, dot_path=None, show_plan=False,
+                  show_ir=False) -> str:
+    """Schedule ``model`` (no kernel code generation) and explain the result."""
+    result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=False)
+    return explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)

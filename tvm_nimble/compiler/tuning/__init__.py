@@ -1,0 +1,3 @@
+"""Kernel tuning: tasks and their cost (``tasks``), round planning (``rounds``), the tuning loop
+(``tune``), and opening a database (``database``). Private MetaSchedule workarounds live in
+``relay_passes.tvm_compat``; the process-ending watchdog lives with the CLI (``cli.tune``)."""

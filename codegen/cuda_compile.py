@@ -86,11 +86,21 @@ def load_cuda_runtime() -> None:
     _loaded = True
 
 
-def _arch(target: tvm.target.Target) -> str:
-    arch = target.attrs.get("arch") if hasattr(target, "attrs") else None
+def _arch(target: tvm.target.Target, nvcc: str) -> str:
+    """The target's arch, checked against what ``nvcc`` can compile for (before any kernel is compiled)."""
+    arch = target.attrs.get("arch")
     if not arch:
         raise CudaBuildError("the CUDA target has no arch: use {'kind': 'cuda', 'arch': 'sm_90'}")
-    return str(arch)
+    arch = str(arch)
+    try:
+        listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        listed = []
+    supported = sorted({a.replace("compute_", "sm_") for a in listed}, key=lambda a: int("".join(filter(str.isdigit, a)) or 0))
+    if supported and arch not in supported:
+        raise CudaBuildError(f"--arch {arch} is not a GPU arch this nvcc can compile for; use one of "
+                             f"{', '.join(supported)} (sm_90 for H100/H200)")
+    return arch
 
 
 @contextlib.contextmanager
@@ -105,8 +115,8 @@ def fatbin_compilation(target: tvm.target.Target):
                       stacklevel=3)
         yield
         return
+    arch = _arch(target, nvcc)
     load_cuda_runtime()
-    arch = _arch(target)
     from tvm.support import nvcc as tvm_nvcc
 
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)

@@ -100,7 +100,7 @@ def AnnotateStreams(max_streams: int | None = None, func_name: str = "main") -> 
     @tvm.transform.module_pass(opt_level=0, name="nimble.AnnotateStreams")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         new_func, _ = annotate_function(mod, func_name, max_streams)
-        mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(mod.functions, attrs=mod.attrs)
+        mod = mod.clone()
         mod[func_name] = new_func
         return relax.transform.Normalize()(mod)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import dataclasses
 import datetime
 import json
@@ -272,11 +273,13 @@ def main():
     rows = []
     for name, e in log.data["models"].items():
         for system, (med, p90) in e.get("timing_ms", {}).items():
-            rows.append([today, device, name, index["models"][name]["batch"], "float32", system,
-                         f"{med:.4f}", f"{p90:.4f}"])
-    with open(os.path.join(args.out, "results_rows.csv"), "w") as f:
-        for r in rows:
-            f.write(",".join(str(x) for x in r) + "\n")
+            rows.append({"date": today, "device": device, "model": name, "batch": index["models"][name]["batch"],
+                         "dtype": "float32", "kernels": "tvm-default", "system": system, "median_ms": f"{med:.4f}",
+                         "p90_ms": f"{p90:.4f}"})
+    with open(os.path.join(args.out, "results_rows.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["date"])
+        writer.writeheader()
+        writer.writerows(rows)
     log.save()
     print(f"\n{device}  TVM {tvm.__version__}  batch 1 fp32  (median ms / p90 ms)")
     for name, e in log.data["models"].items():

@@ -42,10 +42,10 @@ def main():
     ap.add_argument("--timelines-only", action="store_true",
                     help="only draw the timelines (the run repeats timings already recorded)")
     args = ap.parse_args()
-    from tvm_nimble.bench.report import CSV_COLUMNS, append_rows, write_report
+    from tvm_nimble.bench.report import append_rows, write_report
 
-    with open(os.path.join(args.src, "results_rows.csv")) as f:
-        rows = [dict(zip(CSV_COLUMNS, r)) for r in csv.reader(f)]
+    with open(os.path.join(args.src, "results_rows.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
     log = json.load(open(os.path.join(args.src, "gpu_validate.json")))
     notes = [f"GPU run {log['date']} on {log['device']}, TVM {log['tvm']}: Nimble systems replay the same kernels "
              "as the stock VM rows (untuned DLight schedules unless a tuning database is named)."]

@@ -1,14 +1,15 @@
 """The GPU report's tables, from synthetic rows: one headline table per dtype, ratios from the medians."""
 import random
 
-from tvm_nimble.bench.report import BASELINE_GPU, headline_table, tuning_label, tuning_table
+from tvm_nimble.bench.report import BASELINE_GPU, headline_table, tuning_table
 
 SYSTEMS = ["tvm-vm", BASELINE_GPU, "nimble-single-stream-graph", "nimble-multi-stream-graph", "torch-cudagraph"]
 
 
-def rows_for(model, dtype, rng, batch=1, date="2026-11-23"):
+def rows_for(model, dtype, rng, batch=1, date="2026-11-23", kernels="tvm-default", db_trials=""):
     return [{"date": date, "device": "GPU X", "model": model, "batch": str(batch), "dtype": dtype, "system": s,
-             "median_ms": f"{rng.uniform(0.5, 5):.4f}", "p90_ms": "9.0"} for s in SYSTEMS]
+             "kernels": kernels, "db_trials": db_trials, "median_ms": f"{rng.uniform(0.5, 5):.4f}", "p90_ms": "9.0"}
+            for s in SYSTEMS]
 
 
 def cells_of(line):
@@ -32,8 +33,8 @@ def test_headline_has_one_table_per_dtype_with_ratios_from_the_medians():
 
 def test_tuning_table_pairs_runs_and_shows_the_torch_drift_check():
     rng = random.Random(2)
-    u = rows_for(tuning_label("net", 100, tuned=False), "float32", rng)
-    t = rows_for(tuning_label("net", 100, tuned=True), "float32", rng)
+    u = rows_for("net", "float32", rng, kernels="tvm-default", db_trials="100")
+    t = rows_for("net", "float32", rng, kernels="tvm-tuned", db_trials="100")
     line = next(l for l in tuning_table(u + t) if l.startswith("| GPU X"))
     med = lambda rs, s: next(float(r["median_ms"]) for r in rs if r["system"] == s)  # noqa: E731
     c = cells_of(line)

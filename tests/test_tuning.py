@@ -133,8 +133,8 @@ def test_an_empty_database_builds_the_default_kernels(tmp_path):
 
 
 def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
-    """`bench --tuning-db DB --with-untuned`: two tables labelled with the database's trial count, and a
-    tuning table whose ratios are those of the CSV's medians."""
+    """`bench --tuning-db DB --with-untuned`: two runs whose rows carry the kernels and the database's trial
+    count as columns, and a tuning table whose ratios are those of the CSV's medians."""
     import csv
 
     import onnx
@@ -151,13 +151,14 @@ def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
     bench_main(["--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
                 "--tuning-db", db, "--with-untuned", "--out", str(out)])
     rows = list(csv.DictReader(open(out / "results.csv")))
-    by = {(r["model"], r["system"]): float(r["median_ms"]) for r in rows}
-    assert {m for m, _ in by} == {"one.onnx (untuned; vs 2 trials)", "one.onnx (tuned 2 trials)"}
+    by = {(r["kernels"], r["system"]): float(r["median_ms"]) for r in rows}
+    assert {(r["model"], r["kernels"], r["db_trials"]) for r in rows} == {("one.onnx", "tvm-default", "2"),
+                                                                         ("one.onnx", "tvm-tuned", "2")}
     md = (out / "RESULTS.md").read_text()
     line = next(l for l in md.splitlines() if l.startswith("| ") and "| one.onnx | 1 | float32 | 2 |" in l)
     cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
-    u_tvm, t_tvm = by[("one.onnx (untuned; vs 2 trials)", "tvm-vm")], by[("one.onnx (tuned 2 trials)", "tvm-vm")]
-    t_nimble = by[("one.onnx (tuned 2 trials)", "nimble-aot-cpu")]
+    u_tvm, t_tvm = by[("tvm-default", "tvm-vm")], by[("tvm-tuned", "tvm-vm")]
+    t_nimble = by[("tvm-tuned", "nimble-aot-cpu")]
     assert cells[5:7] == [f"{u_tvm:.3f}", f"{t_tvm:.3f}"]
     assert cells[9] == f"{u_tvm / t_tvm:.2f}x" and cells[10] == f"{t_tvm / t_nimble:.2f}x"
 

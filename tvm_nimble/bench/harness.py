@@ -204,8 +204,12 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
 
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
                   out_dir: str = "benchmarks", tuning_db: str | None = None, torch_models: dict | None = None,
-                  dtype: str = "float32", baseline_cache: dict | None = None) -> tuple[list[dict], list[str]]:
+                  dtype: str = "float32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
+                  db_trials: str = "") -> tuple[list[dict], list[str]]:
     """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes).
+
+    ``kernels`` and ``db_trials`` label the rows (see ``bench.report``): which kernels the TVM/Nimble
+    systems ran, and the trial count of the tuning database a tuned/untuned pair of runs shares.
 
     ``baseline_cache`` (a dict the caller keeps) lets a second run reuse the PyTorch and TensorRT systems
     built by the first: they do not depend on the tuning database, and torch.compile costs up to a minute
@@ -230,7 +234,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             feeds = zoo.random_inputs(model, seed=0)
             inputs = list(feeds.values())
             systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db)
-            key = (builder, batch, dtype)  # the builder, not the label: the label changes with the database
+            key = (builder, batch, dtype)
             if baseline_cache is not None and key in baseline_cache:
                 extra, why = baseline_cache[key]
             else:
@@ -248,8 +252,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             tol = 1e-3 if dtype == "float32" else 2e-2
             check_agreement(systems, "tvm-vm", rtol=tol, atol=tol)
             timing = interleaved_timing(systems, rounds=rounds, iters=iters)
-            new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype,
-                    "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"}
+            new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype, "kernels": kernels,
+                    "db_trials": db_trials, "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"}
                    for system, (med, p90) in timing.items()]
             print(f"[bench] {name} batch {batch}: " + ", ".join(f"{r['system']} {r['median_ms']}" for r in new), flush=True)
             append_rows(csv_path, new)  # model by model: a run cut short keeps what it measured

@@ -1,6 +1,11 @@
 """Benchmark results: the CSV every run appends to, and the report regenerated from all of it.
 
-``results.csv`` has one row per (date, device, model, batch, dtype, system) with median and p90 ms.
+``results.csv`` has one row per (date, device, model, batch, dtype, kernels, db_trials, system) with median
+and p90 ms. ``kernels`` says which kernels the TVM/Nimble systems ran (``tvm-default``: DLight's default
+schedules; ``tvm-tuned``: a MetaSchedule database; ``vendor``/``best``: cuDNN/cuBLAS, all or chosen per
+operator); ``db_trials`` is the trial count of the tuning database a run was paired with (an untuned run
+timed as the companion of a tuned one carries it too), empty otherwise; ``rel_err`` is the relative L2
+error of the system's output against the reference, where measured.
 ``RESULTS.md`` holds the headline tables (one per GPU and dtype), the tuned-vs-untuned table, the
 hand-written ``findings.md`` beside the CSV, and every run's own table; ``results.png`` the chart.
 """
@@ -8,10 +13,12 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import textwrap
 
-CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "system", "median_ms", "p90_ms"]
+CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "kernels", "db_trials", "system", "median_ms", "p90_ms",
+               "rel_err"]
+KERNELS = ("tvm-default", "tvm-tuned", "vendor", "best")
+_DEFAULTS = {"kernels": "tvm-default", "db_trials": "", "rel_err": ""}
 BASELINE_GPU = "tvm-vm-cudagraph"
 BASELINE_CPU = "tvm-vm"
 #: executor mode -> system name in results.csv
@@ -27,15 +34,12 @@ def append_rows(csv_path: str, rows: list[dict]) -> None:
         if new:
             w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in CSV_COLUMNS})
+            w.writerow({k: r.get(k, _DEFAULTS.get(k, "")) for k in CSV_COLUMNS})
 
 
 def read_rows(csv_path: str) -> list[dict]:
     with open(csv_path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-_TUNING_LABEL = re.compile(r"^(?P<model>.+) \((?:(?P<untuned>untuned; vs)|tuned) (?P<trials>\d+) trials\)$")
+        return [{**_DEFAULTS, **{k: v for k, v in r.items() if v is not None}} for r in csv.DictReader(f)]
 
 
 def database_trials(path: str) -> int:
@@ -44,16 +48,18 @@ def database_trials(path: str) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def tuning_label(model: str, trials: int, tuned: bool) -> str:
-    """Model label of a tuned run, or of its untuned companion run: unique per database state, so runs of
-    one day at different tuning stages never share a table."""
-    return f"{model} (tuned {trials} trials)" if tuned else f"{model} (untuned; vs {trials} trials)"
+def tuning_pair(key: tuple):
+    """(tuned?, trials) for a run that belongs to a tuned-vs-untuned pair (see :func:`_groups`), else None."""
+    kernels, db_trials = key[5], key[6]
+    return (kernels == "tvm-tuned", int(db_trials)) if db_trials else None
 
 
-def parse_tuning_label(label: str):
-    """(model, tuned?, trials) of a label made by :func:`tuning_label`, else None."""
-    m = _TUNING_LABEL.match(label)
-    return (m["model"], m["untuned"] is None, int(m["trials"])) if m else None
+def run_label(key: tuple) -> str:
+    """How a run is named in tables and charts: the model, and its kernels unless TVM's defaults."""
+    model, kernels, db_trials = key[2], key[5], key[6]
+    if db_trials:
+        return f"{model} ({'tuned' if kernels == 'tvm-tuned' else 'untuned; vs'} {db_trials} trials)"
+    return model if kernels == "tvm-default" else f"{model} ({kernels} kernels)"
 
 
 HEADLINE_SYSTEMS = [("nimble-multi-stream-graph", "Nimble multi-stream graph"),
@@ -63,10 +69,12 @@ HEADLINE_SYSTEMS = [("nimble-multi-stream-graph", "Nimble multi-stream graph"),
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """Rows per table: (device, date, model, batch, dtype); GPU devices first."""
+    """Rows per run: (device, date, model, batch, dtype, kernels, db_trials); GPU devices first."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["device"], r["date"], r["model"], r["batch"], r["dtype"]), []).append(r)
+        r = {**_DEFAULTS, **r}
+        key = (r["device"], r["date"], r["model"], r["batch"], r["dtype"], r["kernels"], r["db_trials"])
+        groups.setdefault(key, []).append(r)
     return dict(sorted(groups.items(), key=lambda kv: (kv[0][0].startswith("CPU"), kv[0][0], kv[0][2],
                                                        int(kv[0][3]), kv[0][1])))
 
@@ -80,12 +88,13 @@ def headline_table(rows: list[dict]) -> list[str]:
     """One table per GPU and dtype (float32 first), one line per model and batch (newest run): median ms of
     the key systems and Nimble's ratios."""
     latest: dict[tuple, dict] = {}
-    for (device, date, model, batch, dtype), rs in _groups(rows).items():
-        if parse_tuning_label(model):
+    for key, rs in _groups(rows).items():
+        device, _, _, batch, dtype = key[:5]
+        if tuning_pair(key):
             continue  # tuned-vs-untuned runs have their own table
         by = _medians(rs)
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
-            latest.setdefault((device, dtype), {})[(model, batch)] = by
+            latest.setdefault((device, dtype), {})[(run_label(key), batch)] = by
     systems = HEADLINE_SYSTEMS + ([("tensorrt", "TensorRT")] if any(r["system"] == "tensorrt" for r in rows) else [])
     head = ["model", "batch"] + [label for _, label in systems] + ["Nimble vs TVM VM+graph",
                                                                   "Nimble vs PyTorch CUDA graph"]
@@ -109,10 +118,11 @@ def tuning_table(rows: list[dict]) -> list[str]:
     Nimble, and Nimble's ratio once both use the tuned kernels. PyTorch's CUDA graph, timed in both runs and
     independent of tuning, shows whether the two runs measured alike."""
     pairs: dict[tuple, dict[bool, dict]] = {}
-    for (device, date, label, batch, dtype), rs in _groups(rows).items():
-        parsed = parse_tuning_label(label)
-        if parsed:
-            model, tuned, trials = parsed
+    for key, rs in _groups(rows).items():
+        pair = tuning_pair(key)
+        if pair:
+            device, date, model, batch, dtype = key[:5]
+            tuned, trials = pair
             pairs.setdefault((device, date, model, batch, dtype, trials), {})[tuned] = _medians(rs)
     head = ["device", "model", "batch", "dtype", "trials", "TVM untuned", "TVM tuned", "Nimble untuned",
             "Nimble tuned", "tuning gain (TVM)", "Nimble vs TVM, both tuned", "Nimble tuned vs TVM untuned",
@@ -170,10 +180,11 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
     if notes:
         lines += ["## Notes on the latest run", ""] + [f"- {n}" for n in notes] + [""]
     lines += ["## All runs", ""]
-    for (device, date, model, batch, dtype), rs in groups.items():
+    for key, rs in groups.items():
+        device, date, _, batch, dtype = key[:5]
         by = _medians(rs)
         base = BASELINE_GPU if BASELINE_GPU in by else BASELINE_CPU
-        lines += [f"### {model}, batch {batch}, {dtype} — {device} ({date})", "",
+        lines += [f"### {run_label(key)}, batch {batch}, {dtype} — {device} ({date})", "",
                   f"| system | median ms | p90 ms | speedup vs {base} |" + (" vs torch-eager |" if "torch-eager" in by else ""),
                   "|---|---|---|---|" + ("---|" if "torch-eager" in by else "")]
         for r in rs:
@@ -197,14 +208,16 @@ def _bar_chart(groups, png_path):
     import matplotlib.pyplot as plt
 
     latest: dict[str, dict[str, dict[str, float]]] = {}
-    parsed = {k: parse_tuning_label(k[2]) for k in groups}
-    tuned = {(k[0], p[0], k[3], k[4]) for k, p in parsed.items() if p and p[1]}
-    for (device, date, model, batch, dtype), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        p = parsed[(device, date, model, batch, dtype)]
+    tuned = {(k[0], k[2], k[3], k[4]) for k in groups if (tuning_pair(k) or (False,))[0]}
+    for key, rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        device, _, model, batch, dtype = key[:5]
+        p = tuning_pair(key)
         if p:  # one bar group per tuning state: the newest tuned run, else the untuned companion run
-            if not p[1] and (device, p[0], batch, dtype) in tuned:
+            if not p[0] and (device, model, batch, dtype) in tuned:
                 continue
-            model = f"{p[0]} {'tuned' if p[1] else 'untuned'}"
+            model = f"{model} {'tuned' if p[0] else 'untuned'}"
+        elif key[5] != "tvm-default":
+            model = f"{model} {key[5]}"
         label = textwrap.fill(model, 11, break_long_words=False) + f"\nb{batch}" + ("" if dtype == "float32" else f" {dtype}")
         latest.setdefault(device, {})[label] = _medians(rs)  # newest wins
     most = max(len(models) for models in latest.values())  # about 0.8 in per bar group keeps labels apart

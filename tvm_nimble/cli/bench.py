@@ -75,7 +75,7 @@ def main(argv=None):
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import run_benchmark
-    from tvm_nimble.bench.report import database_trials, tuning_label
+    from tvm_nimble.bench.report import database_trials
     from tvm_nimble.compiler.frontend import load_onnx_model
 
     models, torch_models = {}, {}
@@ -105,16 +105,13 @@ def main(argv=None):
         open_tuning_database(args.tuning_db)  # a clear error now rather than after the first builds
         trials = database_trials(args.tuning_db)
 
-    def label(name, db):  # with a database, labels carry its trial count: one table per tuning stage
-        return tuning_label(name, trials, tuned=db is not None) if args.tuning_db else name
-
     rows, notes, baseline_cache = [], [], {}  # PyTorch/TensorRT systems are built once, timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
         for dtype in args.dtype.split(","):
-            r, n = run_benchmark({label(k, db): v for k, v in models.items()}, target, batches, rounds=args.rounds,
-                                 iters=args.iters, out_dir=args.out, tuning_db=db, dtype=dtype,
-                                 torch_models={label(k, db): v for k, v in torch_models.items()},
-                                 baseline_cache=baseline_cache)
+            r, n = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
+                                 tuning_db=db, dtype=dtype, torch_models=torch_models, baseline_cache=baseline_cache,
+                                 kernels="tvm-tuned" if db else "tvm-default",
+                                 db_trials=str(trials) if args.tuning_db else "")
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

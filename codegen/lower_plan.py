@@ -51,8 +51,8 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
     num_streams = int(func.attrs[ATTR_NUM_STREAMS]) if func.attrs and ATTR_NUM_STREAMS in func.attrs else 1
     num_events = int(func.attrs[ATTR_NUM_EVENTS]) if func.attrs and ATTR_NUM_EVENTS in func.attrs else 0
     kinds = _kinds(program)
-    launches = [Launch(k.index, k.func, list(k.args), list(k.writes), k.stream, list(k.waits), list(k.records))
-                for k in program.kernels]
+    launches = [Launch(k.index, k.func, list(k.args), list(k.writes), k.stream, list(k.waits), list(k.records),
+                       [list(lit) for lit in k.literals]) for k in program.kernels]
 
     # memory: dedicated storage for inputs, outputs and constants; a shared pool for the rest
     roots = [v.id for v in program.values if v.base is None]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .lowered_ir import RECORD_EVENT, SET_STREAM, WAIT_EVENT, read_lowered_function
+from .lowered_ir import RECORD_EVENT, SET_STREAM, WAIT_EVENT, is_vendor_call, read_lowered_function
 from .stream_assignment import StreamAssignment, assign_streams
 
 ATTR_NUM_STREAMS = "nimble_num_streams"
@@ -43,7 +43,8 @@ def events_for(assignment: StreamAssignment) -> tuple[dict[int, int], dict[int, 
 
 
 def _is_kernel_call(value, prim_names: set[str]) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar) and value.op.name_hint in prim_names
+    return (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar) and value.op.name_hint in prim_names
+            or is_vendor_call(value))
 
 
 def annotate_function(mod: tvm.IRModule, func_name: str = "main", max_streams: int | None = None):

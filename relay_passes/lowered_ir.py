@@ -18,6 +18,9 @@ from tvm_nimble.errors import NimbleError
 
 from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, WAIT_EVENT  # noqa: F401  (used by annotate)
 
+#: Names of the vendor extension's global functions (``codegen/vendor``); calls of them are kernels.
+VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cublas.")
+
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 
 
@@ -57,6 +60,7 @@ class Kernel:
     stream: int | None = None
     waits: list[int] = field(default_factory=list)
     records: list[int] = field(default_factory=list)
+    literals: list = field(default_factory=list)  # [position, [ints]]: shape arguments of a vendor call
 
 
 @dataclass
@@ -110,6 +114,12 @@ def _op_name(call: relax.Call) -> str:
     if isinstance(op, tvm.ir.Op):
         return op.name
     return type(op).__name__
+
+
+def is_vendor_call(call) -> bool:
+    """A call of a vendor-kernel global function (cuDNN / cuBLASLt), emitted by ``vendor_offload``."""
+    return (isinstance(call, relax.Call) and isinstance(call.op, relax.ExternFunc)
+            and str(call.op.global_symbol).startswith(VENDOR_PREFIXES))
 
 
 def _marker_args(call: relax.Call) -> list[int]:
@@ -191,10 +201,14 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                     if not kernels:
                         raise LoweredIRError("record_event marker before any kernel")
                     kernels[-1].records.append(_marker_args(val)[0])
-                elif isinstance(val.op, relax.GlobalVar) and name in prim_funcs:
-                    args = [value_of(a, f"call of {name}") for a in val.args]
-                    if any(isinstance(a, relax.ShapeExpr) for a in val.args):
+                elif (isinstance(val.op, relax.GlobalVar) and name in prim_funcs) or is_vendor_call(val):
+                    literals = []
+                    if is_vendor_call(val):  # attributes travel as shape arguments
+                        literals = [[i, [int(d) for d in a.values]] for i, a in enumerate(val.args)
+                                    if isinstance(a, relax.ShapeExpr)]
+                    elif any(isinstance(a, relax.ShapeExpr) for a in val.args):
                         raise LoweredIRError(f"kernel {name} takes symbolic shape arguments; static shapes only")
+                    args = [value_of(a, f"call of {name}") for a in val.args if not isinstance(a, relax.ShapeExpr)]
                     writes, reads = [], []
                     for a in args:
                         root = a
@@ -206,12 +220,12 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                         else:
                             reads.append(a)
                     kernels.append(Kernel(len(kernels), name, args, writes, reads,
-                                          pending_stream, pending_waits))
+                                          pending_stream, pending_waits, literals=literals))
                     pending_stream, pending_waits = None, []
                 else:
                     raise LoweredIRError(
                         f"{where}: operation '{name}' is not supported by the Nimble launch plan "
-                        "(supported: compiled TIR kernels, alloc_tensor, reshape views, tuples)")
+                        "(supported: compiled TIR kernels, vendor kernels, alloc_tensor, reshape views, tuples)")
             else:
                 raise LoweredIRError(f"{where}: unsupported expression {type(val).__name__}")
 

@@ -5,6 +5,7 @@
 #
 # Steps (run in order; a failing or overrunning step is logged and the next one runs):
 #   validate                      scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
+#   vendorcheck                   scripts/gpu_vendor_check.py: the cuDNN/cuBLASLt extension against PyTorch
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
 #   bench SECONDS ARGS...         tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME means
@@ -45,6 +46,8 @@ for spec in "$@"; do
     case ${a[0]} in
         validate)
             step 90 "$PYTHON" scripts/gpu_validate.py --art out/gpu --out "$WORK/validate" ;;
+        vendorcheck)
+            step 150 "$PYTHON" scripts/gpu_vendor_check.py --out "$WORK/vendor" ;;
         tune)
             name=${a[1]#*:}; name=$(basename "${name%.onnx}")
             t=$(left); (( a[2] < t )) && t=${a[2]}
@@ -70,4 +73,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error" "$LOG" | tail -40
+grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor" "$LOG" | tail -60

@@ -67,20 +67,20 @@ def with_precision(model, dtype: str):
 
 
 def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None,
-                nimble=None) -> list[System]:
-    """Stock TVM and Nimble systems, all from the same kernels (and tuning database).
+                nimble=None, kernels: str = "tvm") -> list[System]:
+    """Stock TVM and Nimble systems, all from the same kernels (tuning database, vendor offload).
 
     ``model`` is an ONNX model or a Relax IRModule; ``nimble`` is a NimbleModule already built from ``model`` for ``target`` (built here if None).
     """
     from tvm_nimble.compiler.tuning.database import open_tuning_database
-    from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.build import build, offload
     from tvm_nimble.runtime.executor import NimbleExecutor
     from tvm_nimble.compiler.frontend import from_onnx
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
     import tvm
 
-    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model)
+    mod = offload(model if isinstance(model, tvm.IRModule) else from_onnx(model), target, kernels)
     db = open_tuning_database(tuning_db) if tuning_db else None
     systems = []
     vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)
@@ -100,6 +100,21 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
 
         systems.append(System(NIMBLE_SYSTEMS[mode], ex.run, ex.sync, outs))
     return systems
+
+
+def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """PyTorch's fp32 outputs (TF32 off) for each set of inputs: the reference every system is checked against."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = torch_model.float().eval().cuda()
+    outs = []
+    with torch.no_grad():
+        for inputs in input_sets:
+            y = model(*[torch.from_numpy(x).cuda() for x in inputs])
+            outs.append([t.float().cpu().numpy() for t in (y if isinstance(y, (list, tuple)) else [y])])
+    return outs
 
 
 def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32") -> tuple[list[System], list[str]]:
@@ -189,6 +204,27 @@ def interleaved_timing(systems: list[System], rounds: int = 5, iters: int = 50, 
     return {k: (float(np.median(v)), float(np.percentile(v, 90))) for k, v in samples.items()}
 
 
+def rel_l2(out: list, ref: list) -> float:
+    """Relative L2 error of ``out`` against ``ref`` (all outputs together)."""
+    num = sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64)) ** 2)) for o, r in zip(out, ref))
+    den = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in ref)
+    return (num / den) ** 0.5 if den > 0 else float("inf")
+
+
+class VacuousCheckError(AssertionError):
+    """The reference's output does not depend on its input: comparing against it would prove nothing."""
+
+
+def check_input_dependence(reference_outputs: list, other_outputs: list, tol: float, name: str) -> float:
+    """The reference's outputs for two different inputs must differ by far more than ``tol`` (relative L2)."""
+    diff = rel_l2(other_outputs, reference_outputs)
+    if not diff > 100 * tol:
+        raise VacuousCheckError(f"{name}: the reference output barely depends on the input (two inputs differ by "
+                                f"{diff:.2g} relative L2, tolerance {tol:g}); an output check would be vacuous, "
+                                "so the model is not timed")
+    return diff
+
+
 def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=1e-3) -> dict:
     ref = next(s for s in systems if s.name == reference_name).outputs()
     errors = {}
@@ -233,7 +269,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             model = builder(batch=batch)
             feeds = zoo.random_inputs(model, seed=0)
             inputs = list(feeds.values())
-            systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db)
+            systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db,
+                                  kernels="vendor" if kernels == "vendor" else "tvm")
             key = (builder, batch, dtype)
             if baseline_cache is not None and key in baseline_cache:
                 extra, why = baseline_cache[key]
@@ -251,9 +288,23 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             # fp16 rows agree to fp16 precision (different kernels round differently)
             tol = 1e-3 if dtype == "float32" else 2e-2
             check_agreement(systems, "tvm-vm", rtol=tol, atol=tol)
+            tm = (torch_models or {}).get(name)
+            errors = {}
+            if tm is not None and use_gpu:  # the independent reference: PyTorch fp32, TF32 off
+                ref_tol = 5e-3 if dtype == "float32" else 5e-2
+                ref, other = torch_reference(tm(batch) if callable(tm) else tm,
+                                             [inputs, list(zoo.random_inputs(model, seed=1).values())])
+                check_input_dependence(ref, other, ref_tol, name)
+                for s in systems:
+                    errors[s.name] = rel_l2(s.outputs(), ref)
+                    print(f"[bench] {name}: {s.name} rel L2 vs PyTorch fp32 {errors[s.name]:.2e}", flush=True)
+                bad = {k: v for k, v in errors.items() if not v <= ref_tol and not k.startswith("torch")}
+                if bad:
+                    raise AssertionError(f"{name}: outputs disagree with PyTorch (relative L2 > {ref_tol:g}): {bad}")
             timing = interleaved_timing(systems, rounds=rounds, iters=iters)
             new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype, "kernels": kernels,
-                    "db_trials": db_trials, "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}"}
+                    "db_trials": db_trials, "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",
+                    "rel_err": f"{errors[system]:.2e}" if system in errors else ""}
                    for system, (med, p90) in timing.items()]
             print(f"[bench] {name} batch {batch}: " + ", ".join(f"{r['system']} {r['median_ms']}" for r in new), flush=True)
             append_rows(csv_path, new)  # model by model: a run cut short keeps what it measured

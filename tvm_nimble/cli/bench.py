@@ -14,26 +14,51 @@ import argparse
 import os
 
 
+def calibrate_batchnorm(model, size: int, batches: int = 4, batch: int = 8, seed: int = 1):
+    """Give a randomly initialised model real BatchNorm statistics: train-mode forwards on seeded random
+    batches with cumulative averaging (momentum None), then eval. Without it, random-init nets collapse
+    to input-independent or vanishing outputs and an output check against them proves nothing."""
+    import torch
+
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return model.eval()
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(seed)
+    model.to(dev).train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(batch, 3, size, size, generator=gen).to(dev))
+    return model.cpu().eval()
+
+
 def torchvision_builders(name: str):
-    """(onnx builder, torch builder) for a torchvision/timm model, built from code with a fixed seed."""
+    """(onnx builder, torch builder) for a torchvision/timm model, built from code with a fixed seed and
+    calibrated BatchNorm statistics (see :func:`calibrate_batchnorm`)."""
     import io
 
     import onnx
     import torch
+
+    size = 299 if name in ("inception_v3",) else (331 if name == "nasnetalarge" else 224)
 
     def torch_model(batch=1):
         torch.manual_seed(0)
         if name == "nasnetalarge":
             import timm
 
-            return timm.create_model("nasnetalarge", pretrained=False).eval()
-        import torchvision
+            model = timm.create_model("nasnetalarge", pretrained=False)
+        else:
+            import torchvision
 
-        kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
-        return getattr(torchvision.models, name)(weights=None, **kw).eval()
+            kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
+            model = getattr(torchvision.models, name)(weights=None, **kw)
+        return calibrate_batchnorm(model, size)
 
     def onnx_model(batch=1):
-        size = 299 if name in ("inception_v3",) else (331 if name == "nasnetalarge" else 224)
         buf = io.BytesIO()
         torch.onnx.export(torch_model(batch), (torch.randn(batch, 3, size, size),), buf, input_names=["input"],
                           output_names=["output"], opset_version=17, dynamo=False)
@@ -61,6 +86,9 @@ def main(argv=None):
     ap.add_argument("--with-untuned", action="store_true",
                     help="with --tuning-db: also run the untuned kernels first, in the same process, for a same-run "
                          "tuned-vs-untuned ratio")
+    ap.add_argument("--kernels", choices=["tvm", "vendor"], default="tvm",
+                    help="kernels of every TVM/Nimble system: TVM's own (default), or convolutions and GEMMs on "
+                         "cuDNN / cuBLASLt (CUDA; needs the nvidia-cudnn-cu13 and nvidia-cublas wheels)")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
     ap.add_argument("--report-only", action="store_true",
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
@@ -110,7 +138,7 @@ def main(argv=None):
         for dtype in args.dtype.split(","):
             r, n = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
                                  tuning_db=db, dtype=dtype, torch_models=torch_models, baseline_cache=baseline_cache,
-                                 kernels="tvm-tuned" if db else "tvm-default",
+                                 kernels="vendor" if args.kernels == "vendor" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "")
             rows += r
             notes += [x for x in n if x not in notes]

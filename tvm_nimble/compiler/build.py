@@ -67,6 +67,26 @@ def _as_relax(model, shape_dict):
     return from_onnx(model, shape_dict=shape_dict)
 
 
+KERNEL_CHOICES = ("tvm", "vendor")
+
+
+def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str) -> tvm.IRModule:
+    """``mod`` with its convolutions and GEMMs on cuDNN / cuBLASLt (``kernels="vendor"``, CUDA only),
+    and the vendor extension built for the target's arch and loaded in this process."""
+    if kernels not in KERNEL_CHOICES:
+        raise NimbleError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    if kernels == "tvm":
+        return mod
+    if target.kind.name != "cuda":
+        raise NimbleError("vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for llvm")
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
+    from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
+    from tvm_nimble.runtime.vendor import load_vendor_library
+
+    load_vendor_library(build_vendor_library(str(target.attrs["arch"])))
+    return OffloadToVendor()(mod)
+
+
 def _warn_untuned_once():
     global _warned_untuned
     if not _warned_untuned:
@@ -77,17 +97,19 @@ def _warn_untuned_once():
 
 def build(model, target="llvm", params: dict | None = None, *, max_streams: int | None = None,
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
-          compile_kernels: bool = True) -> BuildResult:
+          compile_kernels: bool = True, kernels: str = "tvm") -> BuildResult:
     """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
 
     ``max_streams`` caps the stream count (1 gives the single-stream schedule); ``tuning_db``
     is a MetaSchedule database directory whose tuned kernels replace the default schedules.
     ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
+    ``kernels="vendor"`` runs convolutions and GEMMs on cuDNN / cuBLASLt (CUDA; see :func:`offload`).
     """
     t = resolve_target(target)
     mod = _as_relax(model, shape_dict)
     if params:
         mod = tvm.relax.transform.BindParams("main", params)(mod)
+    mod = offload(mod, t, kernels)
     if max_streams is not None and max_streams < 1:
         raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
     database = open_tuning_database(tuning_db) if tuning_db else None
@@ -95,7 +117,8 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
         _warn_untuned_once()
     lowered = lower(mod, t, database)
     annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=max_streams, reuse=reuse)
-    kernels = build_kernels(annotated, t) if compile_kernels else None
-    info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None}
-    return BuildResult(plan, kernels, consts, annotated, info, lowered=lowered, program=program,
+    library = build_kernels(annotated, t) if compile_kernels else None
+    info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
+            "kernels": kernels}
+    return BuildResult(plan, library, consts, annotated, info, lowered=lowered, program=program,
                        assignment=assignment, tvm_target=t)

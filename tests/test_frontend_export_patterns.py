@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import tvm_nimble
-from tvm_nimble import frontend
+from tvm_nimble.compiler.frontend import fold_shapes, onnx_import
 from tvm_nimble.errors import ModelError
 from tvm_nimble.compiler.frontend import fold_static_shapes, from_onnx
 
@@ -121,7 +121,7 @@ def test_same_pad_chain_fails_in_the_importer_without_folding(monkeypatch, sizes
     """The graphs above really are failing patterns: unfolded, TVM 0.27's importer rejects them
     ("constants" with nasnetalarge's exact error). If a newer TVM takes them, this test says so
     and the fold is merely an optimisation."""
-    monkeypatch.setattr(frontend, "fold_static_shapes", lambda m: m)
+    monkeypatch.setattr(onnx_import, "fold_static_shapes", lambda m: m)
     with pytest.raises(ModelError, match=error):
         from_onnx(same_pad_conv_model(sizes_from))
 
@@ -172,7 +172,7 @@ def test_fold_shape_slice_and_flatten_reshape():
 
 def test_fold_does_not_expand_large_constants():
     """A ConstantOfShape bigger than the folding limit stays in the graph for TVM."""
-    n = frontend._FOLD_MAX_ELEMENTS + 1
+    n = fold_shapes._FOLD_MAX_ELEMENTS + 1
     nodes = [_c("shape", [1, n]),
              helper.make_node("ConstantOfShape", ["shape"], ["big"],
                               value=numpy_helper.from_array(np.ones(1, np.float32))),

@@ -52,6 +52,27 @@ def test_wait_before_record_is_rejected(inception_built):
         Plan.from_json(_corrupt(plan, edit))
 
 
+def test_wait_on_an_event_recorded_only_by_a_later_launch_is_rejected(inception_built):
+    """CUDA binds a wait to the event's last record issued before it: a later record is not waited for."""
+    plan = inception_built.module.plan
+    recorder = plan.recorder_of_event()
+    waiting = next(l for l in plan.launches if l.waits)
+    later = next(e for e, j in sorted(recorder.items()) if j > waiting.idx)
+
+    def edit(d):
+        d["launches"][waiting.idx]["waits"] = [later]
+    with pytest.raises(PlanError, match=rf"launch {waiting.idx} waits on event {later}, which only launch "
+                                        rf"{recorder[later]} records, a later one") as e:
+        Plan.from_json(_corrupt(plan, edit))
+    assert "\n" not in str(e.value)
+    own = next(l for l in plan.launches if l.records)
+
+    def edit_own(d):
+        d["launches"][own.idx]["waits"] = [own.records[0]]
+    with pytest.raises(PlanError, match="the same launch"):
+        Plan.from_json(_corrupt(plan, edit_own))
+
+
 def test_not_json():
     with pytest.raises(PlanError, match="not valid JSON"):
         Plan.from_json("{nope")

@@ -38,6 +38,7 @@ def calibrate_batchnorm(model, size: int, batches: int = 4, batch: int = 8, seed
 def torchvision_builders(name: str):
     """(onnx builder, torch builder) for a torchvision/timm model, built from code with a fixed seed and
     calibrated BatchNorm statistics (see :func:`calibrate_batchnorm`)."""
+    import copy
     import io
 
     import onnx
@@ -45,18 +46,22 @@ def torchvision_builders(name: str):
 
     size = 299 if name in ("inception_v3",) else (331 if name == "nasnetalarge" else 224)
 
+    built = []  # one calibrated model; every caller gets its own copy (callers move it, cast it to fp16)
+
     def torch_model(batch=1):
-        torch.manual_seed(0)
-        if name == "nasnetalarge":
-            import timm
+        if not built:
+            torch.manual_seed(0)
+            if name == "nasnetalarge":
+                import timm
 
-            model = timm.create_model("nasnetalarge", pretrained=False)
-        else:
-            import torchvision
+                model = timm.create_model("nasnetalarge", pretrained=False)
+            else:
+                import torchvision
 
-            kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
-            model = getattr(torchvision.models, name)(weights=None, **kw)
-        return calibrate_batchnorm(model, size)
+                kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
+                model = getattr(torchvision.models, name)(weights=None, **kw)
+            built.append(calibrate_batchnorm(model, size))
+        return copy.deepcopy(built[0])
 
     def onnx_model(batch=1):
         buf = io.BytesIO()

@@ -70,6 +70,16 @@ def _as_relax(model, shape_dict):
 KERNEL_CHOICES = ("tvm", "vendor")
 
 
+def vendor_library(target: tvm.target.Target) -> str:
+    """The cuDNN/cuBLASLt extension for the target's arch, built (cached) and loaded in this process."""
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
+    from tvm_nimble.runtime.vendor import load_vendor_library
+
+    path = build_vendor_library(str(target.attrs["arch"]))
+    load_vendor_library(path)
+    return path
+
+
 def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str) -> tvm.IRModule:
     """``mod`` with its convolutions and GEMMs on cuDNN / cuBLASLt (``kernels="vendor"``, CUDA only),
     and the vendor extension built for the target's arch and loaded in this process."""
@@ -79,11 +89,9 @@ def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str) -> tvm.I
         return mod
     if target.kind.name != "cuda":
         raise NimbleError("vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for llvm")
-    from tvm_nimble.codegen.vendor_build import build_vendor_library
     from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
-    from tvm_nimble.runtime.vendor import load_vendor_library
 
-    load_vendor_library(build_vendor_library(str(target.attrs["arch"])))
+    vendor_library(target)
     return OffloadToVendor()(mod)
 
 
@@ -120,5 +128,7 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     library = build_kernels(annotated, t) if compile_kernels else None
     info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
             "kernels": kernels}
-    return BuildResult(plan, library, consts, annotated, info, lowered=lowered, program=program,
-                       assignment=assignment, tvm_target=t)
+    uses_vendor = t.kind.name == "cuda" and any(l.kernel.startswith(("nimble.cudnn.", "nimble.cublas."))
+                                                for l in plan.launches)
+    return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
+                       lowered=lowered, program=program, assignment=assignment, tvm_target=t)

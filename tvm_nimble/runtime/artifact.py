@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 
 import numpy as np
 
@@ -31,6 +32,10 @@ class ArtifactError(NimbleError):
     """An artifact is missing, corrupted or built for something else."""
 
 
+class TVMVersionWarning(UserWarning):
+    """The artifact was built with another TVM version than the one loading it."""
+
+
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -39,7 +44,12 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None = None) -> str:
+#: the vendor-kernel extension (cuDNN / cuBLASLt), present when the plan launches vendor kernels
+VENDOR_FILE = "vendor.so"
+
+
+def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None = None,
+                  vendor_library: str | None = None) -> str:
     """Write the artifact directory ``path`` (replacing an existing artifact there)."""
     import tvm
 
@@ -52,12 +62,19 @@ def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray],
         f.write(plan.to_json())
     kernels.export_library(os.path.join(path, "kernels.so"))
     np.savez(os.path.join(path, "params.npz"), **params)
+    files = list(FILES)
+    if any(l.kernel.startswith(("nimble.cudnn.", "nimble.cublas.")) for l in plan.launches):
+        if not vendor_library:
+            raise ArtifactError("the plan launches cuDNN/cuBLAS kernels but no vendor extension was given to "
+                                "package; export the module returned by tvm_nimble.build")
+        shutil.copyfile(vendor_library, os.path.join(path, VENDOR_FILE))
+        files.append(VENDOR_FILE)
     manifest = {
         "format": ARTIFACT_FORMAT,
         "version": ARTIFACT_VERSION,
         "target": plan.target,
         "tvm_version": tvm.__version__,
-        "sha256": {name: _sha256(os.path.join(path, name)) for name in FILES},
+        "sha256": {name: _sha256(os.path.join(path, name)) for name in files},
         **(extra or {}),
     }
     with open(os.path.join(path, "manifest.json"), "w") as f:
@@ -67,6 +84,8 @@ def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray],
 
 def read_manifest(path: str) -> dict:
     mpath = os.path.join(path, "manifest.json")
+    if os.path.isfile(path):
+        raise ArtifactError(_not_an_artifact_file(path))
     if not os.path.isdir(path):
         raise ArtifactError(f"artifact not found: {path} (expected a directory written by tvm-nimble compile)")
     if not os.path.isfile(mpath):
@@ -84,13 +103,36 @@ def read_manifest(path: str) -> dict:
     return manifest
 
 
+def _not_an_artifact_file(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith(".onnx"):
+        return (f"{path} is an ONNX model, not a built artifact: build it first with "
+                f"tvm_nimble.build({path!r}, target).export('model.nimble') or "
+                f"`tvm-nimble compile {path} -o model.nimble`, then load that directory")
+    if lower.endswith((".so", ".dylib", ".dll")):
+        return (f"{path} is a shared library, not a tvm-nimble artifact (a directory): for an executable from "
+                f"tvm.compile(..., relax_pipeline='nimble') pass tvm.runtime.load_module({path!r}) instead")
+    return f"{path} is a file, not a tvm-nimble artifact (a directory written by tvm-nimble compile)"
+
+
+def check_tvm_version(path: str, manifest: dict) -> None:
+    """Warn when the artifact was built with another TVM version than this process runs."""
+    import tvm
+
+    built, here = manifest.get("tvm_version"), getattr(tvm, "__version__", None)
+    if built and here and built != here:
+        warnings.warn(f"{path} was built with TVM {built}, this process runs TVM {here}: its kernels or plan may "
+                      "not load or run correctly; rebuild the artifact with this TVM", TVMVersionWarning, stacklevel=3)
+
+
 def load_artifact_files(path: str) -> tuple[dict, Plan, str, dict[str, np.ndarray]]:
     """Verify checksums and return (manifest, plan, kernels.so path, params)."""
     manifest = read_manifest(path)
+    check_tvm_version(path, manifest)
     sums = manifest.get("sha256")
     if not isinstance(sums, dict):
         raise ArtifactError(f"{path}/manifest.json has no checksums; rebuild the artifact")
-    for name in FILES:
+    for name in FILES + ((VENDOR_FILE,) if VENDOR_FILE in sums else ()):
         fpath = os.path.join(path, name)
         if not os.path.isfile(fpath):
             raise ArtifactError(f"{path} is incomplete: {name} is missing; rebuild the artifact")

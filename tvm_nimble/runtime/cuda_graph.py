@@ -3,8 +3,9 @@
 Every call's status is checked and turned into a :class:`CudaError` that names the call.
 TVM kernels launch on TVM's *current* stream, which :func:`tvm_ffi.use_raw_stream` sets; so
 replaying a plan onto several streams is: for each launch, switch TVM's stream, wait on the
-launch's events, call the kernel, record its events. Captured once, that sequence becomes
-one CUDA graph whose branches run concurrently.
+launch's events, call the kernel, record its events. That sequence is built as data by
+:mod:`tvm_nimble.runtime.issue` (and checked there on CPU); :func:`issue` only executes it.
+Captured once, it becomes one CUDA graph whose branches run concurrently.
 """
 from __future__ import annotations
 
@@ -77,44 +78,36 @@ def record_timing(event, stream, in_capture: bool) -> None:
         check(rt.cudaEventRecord(event, stream), "cudaEventRecord(timing)")
 
 
-def issue(plan, funcs, args, device, streams: StreamSet, events, single_stream: bool = False,
-          timing_events=None, in_capture: bool = False) -> None:
-    """Issue every launch of ``plan`` on its stream with its waits and records.
+def issue(ops, funcs, args, device, streams: StreamSet, events, timing_events=None, in_capture: bool = False) -> None:
+    """Execute the issue sequence ``ops`` (:func:`tvm_nimble.runtime.issue.issue_sequence`).
 
-    With ``single_stream`` everything goes on the main stream and events are skipped (the
-    baseline). With ``timing_events`` (pairs per launch) each launch is bracketed for profiling;
-    ``in_capture`` says the sequence is being captured into a graph (timing records then
-    become event-record nodes of the graph).
+    This only executes the list: which stream waits on which event, where each kernel runs and
+    the fork/join of the helper streams are all decided there, once, and checked on CPU. With
+    ``timing_events`` (a pair per launch) each launch is bracketed for profiling; ``in_capture``
+    says the sequence is being captured into a graph (timing records then become event-record
+    nodes of the graph).
     """
     import tvm_ffi
 
+    from .issue import LAUNCH, WAIT
+
     rt = _rt()
-    used = {0} if single_stream else {l.stream for l in plan.launches}
-    main = streams.streams[0]
-    fork, joins = events[-1], events[-len(streams.streams):-1] if len(streams.streams) > 1 else []
-    if not single_stream and len(streams.streams) > 1:
-        check(rt.cudaEventRecord(fork, main), "cudaEventRecord(fork)")
-        for s in sorted(used - {0}):
-            check(rt.cudaStreamWaitEvent(streams.streams[s], fork, 0), "cudaStreamWaitEvent(fork)")
-    for l, f, a in zip(plan.launches, funcs, args):
-        sid = 0 if single_stream else l.stream
-        stream = streams.streams[sid]
-        if not single_stream:
-            for e in l.waits:
-                check(rt.cudaStreamWaitEvent(stream, events[e], 0), f"cudaStreamWaitEvent(launch {l.idx})")
-        if timing_events is not None:
-            record_timing(timing_events[l.idx][0], stream, in_capture)
-        with tvm_ffi.use_raw_stream(device, streams.handle(sid)):
-            f(*a)
-        if timing_events is not None:
-            record_timing(timing_events[l.idx][1], stream, in_capture)
-        if not single_stream:
-            for e in l.records:
-                check(rt.cudaEventRecord(events[e], stream), f"cudaEventRecord(launch {l.idx})")
-    if not single_stream and len(streams.streams) > 1:
-        for j, s in enumerate(sorted(used - {0})):
-            check(rt.cudaEventRecord(joins[j], streams.streams[s]), "cudaEventRecord(join)")
-            check(rt.cudaStreamWaitEvent(main, joins[j], 0), "cudaStreamWaitEvent(join)")
+    wait, record, use_stream = rt.cudaStreamWaitEvent, rt.cudaEventRecord, tvm_ffi.use_raw_stream
+    cuda_streams = streams.streams
+    for op in ops:
+        stream = cuda_streams[op.stream]
+        if op.kind == LAUNCH:
+            i = op.launch
+            if timing_events is not None:
+                record_timing(timing_events[i][0], stream, in_capture)
+            with use_stream(device, streams.handle(op.stream)):
+                funcs[i](*args[i])
+            if timing_events is not None:
+                record_timing(timing_events[i][1], stream, in_capture)
+        elif op.kind == WAIT:
+            check(wait(stream, events[op.event], 0), op.label)
+        else:
+            check(record(events[op.event], stream), op.label)
 
 
 class CapturedGraph:

@@ -83,7 +83,16 @@ class Workspace:
             self.tensors[c].copyfrom(np.asarray(params[f"c{c}"], order="C"))  # keeps 0-d scalars 0-d
 
     def launch_args(self) -> list[list]:
-        return [[self.tensors[a] for a in l.args] for l in self.plan.launches]
+        """Each launch's call arguments: its tensors, with its literal shapes at their positions."""
+        import tvm_ffi
+
+        calls = []
+        for l in self.plan.launches:
+            args = [self.tensors[a] for a in l.args]
+            for pos, values in sorted(l.literals):
+                args.insert(pos, tvm_ffi.Shape(values))
+            calls.append(args)
+        return calls
 
     def release(self) -> None:
         self.tensors = []

@@ -7,14 +7,22 @@ Modes:
   ``streams``       the multi-stream sequence issued live each run (debugging, profiling).
   ``sequential``    CPU (llvm) replay in launch order.
 
-Outputs are views of the executor's static output buffers, as in Nimble: the next ``run``
-overwrites them. Pass ``copy=True`` to ``get_output``/``__call__`` for independent tensors.
-One instance serializes its callers with a lock (static buffers are shared); for parallel
-inference create one executor per thread.
+Threads. ``ex(*inputs)`` is thread-safe: one call sets the inputs, runs and copies the
+outputs out under the executor's lock, and returns tensors the caller owns (``copy=False``
+returns zero-copy views of the static output buffers instead, valid until the next run from
+any thread). Calls from several threads serialize; for parallel inference use
+:class:`tvm_nimble.runtime.pool.NimblePool` (or one executor per thread). The graph-executor
+calls ``set_input``/``run``/``get_output`` keep state between calls, so they belong to one
+thread at a time: a second thread calling them while another thread is between its
+``set_input``/``run`` and its ``get_output`` gets a :class:`ConcurrentUseError`, and so does a
+thread whose inputs or outputs another thread's run has overwritten meanwhile. Nothing is
+read that no run produced: ``get_output`` before the first ``run``, or ``run`` before every
+input was set once, raise :class:`NotReadyError`.
 """
 from __future__ import annotations
 
 import threading
+from threading import current_thread
 
 import numpy as np
 
@@ -24,9 +32,25 @@ from .device import Workspace, device_for
 
 MODES = ("cuda-graph", "single-stream", "streams", "sequential")
 
+#: How a thread-safety error names the fix.
+_FIX = ("use one executor per thread, tvm_nimble.runtime.pool.NimblePool, or ex(*inputs), which is thread-safe "
+        "and returns outputs the caller owns")
+
 
 class InputError(NimbleError):
     """An input does not match what the model was built for."""
+
+
+class NotReadyError(NimbleError):
+    """An output was read before any run, or a run started before every input was set."""
+
+
+class ConcurrentUseError(NimbleError):
+    """``set_input``/``run``/``get_output`` of one executor were interleaved across threads."""
+
+
+def _thread_name(t) -> str:
+    return f"thread {t.name!r}" if t is not None else "another thread"
 
 
 def _load(module_or_artifact):
@@ -47,6 +71,8 @@ def _load(module_or_artifact):
 
 class NimbleExecutor:
     def __init__(self, module_or_artifact, device=None, mode: str | None = None):
+        from .module import resolve_kernels
+
         self.module = _load(module_or_artifact)
         self.plan = self.module.plan
         self.device = device_for(self.plan.target, device)
@@ -61,7 +87,15 @@ class NimbleExecutor:
         self._closed = False
         self._graph = self._streams = None
         self._events = []
-        self._funcs = [self.module.kernels[l.kernel] for l in self.plan.launches]
+        self._ops = []
+        # what the buffers hold: who set each input last, whether any run produced the outputs
+        self._setter: list = [None] * len(self.plan.inputs)
+        self._inputs_by = None  # the thread that set every input, if one did
+        self._has_result = False
+        self._last_runner = None  # the thread whose run the outputs hold
+        self._owner = None  # the thread between its set_input/run and its get_output, if any
+        self._local = threading.local()  # per thread: set_any (it set an input), ran (it ran this executor)
+        self._funcs = resolve_kernels(self.plan, self.module.kernels)
         self._ws = Workspace(self.plan, self.module.params, self.device)
         self._args = self._ws.launch_args()
         try:
@@ -74,10 +108,12 @@ class NimbleExecutor:
     # ---- preparation ---------------------------------------------------------------------
     def _prepare_gpu(self):
         from . import cuda_graph as cg
+        from .issue import event_count, issue_sequence, num_streams
 
-        n = 1 if self.mode == "single-stream" else self.plan.num_streams
-        self._streams = cg.StreamSet(n)
-        self._events = cg.create_events(self.plan.num_events + n)
+        single = self.mode == "single-stream"
+        self._ops = issue_sequence(self.plan, single_stream=single)
+        self._streams = cg.StreamSet(num_streams(self.plan, single))
+        self._events = cg.create_events(event_count(self.plan, single))
         # one live run first: lazy CUDA module loading and first-launch set-up stay out of the capture
         self._issue()
         cg.synchronize(self._streams)
@@ -87,8 +123,8 @@ class NimbleExecutor:
     def _issue(self, timing_events=None, in_capture=False):
         from . import cuda_graph as cg
 
-        cg.issue(self.plan, self._funcs, self._args, self.device, self._streams, self._events,
-                 single_stream=self.mode == "single-stream", timing_events=timing_events, in_capture=in_capture)
+        cg.issue(self._ops, self._funcs, self._args, self.device, self._streams, self._events,
+                 timing_events=timing_events, in_capture=in_capture)
 
     # ---- graph-executor API ------------------------------------------------------------------
     def get_num_inputs(self) -> int:
@@ -107,22 +143,42 @@ class NimbleExecutor:
             raise InputError(f"input index {key} out of range: the model has {len(names)} input(s) {names}")
         return key
 
-    def set_input(self, key, value) -> None:
-        """Copy ``value`` (numpy array, TVM tensor or any DLPack tensor) into the input buffer."""
-        self._check_open()
+    def _claim(self, me, what: str) -> None:
+        """``me`` starts or continues a set_input/run/get_output sequence; refuse if another thread is mid-way."""
+        owner = self._owner
+        if owner is not None and owner is not me and owner.is_alive():
+            raise ConcurrentUseError(f"{what} from {_thread_name(me)} while {_thread_name(owner)} is between its "
+                                     f"set_input/run and get_output on the same NimbleExecutor: {_FIX}")
+        self._owner = me
+
+    def _prepare_input(self, key, value):
         i = self._input_index(key)
         slot = self.plan.tensors[self.plan.inputs[i]]
-        dst = self._ws.tensors[self.plan.inputs[i]]
         src = self._as_tensor(value, slot.name)
         if list(src.shape) != slot.shape:
             raise ShapeError(f"input {slot.name!r} has shape {list(src.shape)}, the model was built for {slot.shape}")
         if str(src.dtype) != slot.dtype:
             raise InputError(f"input {slot.name!r} has dtype {src.dtype}, the model expects {slot.dtype}; cast it first")
+        return i, src
+
+    def _copy_in(self, i, src, me) -> None:
+        dst = self._ws.tensors[self.plan.inputs[i]]
+        if isinstance(src, np.ndarray):
+            dst.copyfrom(src)
+        else:
+            src.copyto(dst)
+        self._setter[i] = me
+        self._inputs_by = me if all(s is me for s in self._setter) else None
+        self._local.set_any = True
+
+    def set_input(self, key, value) -> None:
+        """Copy ``value`` (numpy array, TVM tensor or any DLPack tensor) into the input buffer."""
+        self._check_open()
+        i, src = self._prepare_input(key, value)
+        me = current_thread()
         with self._lock:
-            if isinstance(src, np.ndarray):
-                dst.copyfrom(src)
-            else:
-                src.copyto(dst)
+            self._claim(me, "set_input")
+            self._copy_in(i, src, me)
 
     def _as_tensor(self, value, name):
         import tvm
@@ -158,15 +214,46 @@ class NimbleExecutor:
 
     def run(self) -> None:
         """Execute once. On GPU this only enqueues (get_output synchronizes)."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
+        me = current_thread()
         with self._lock:
-            if self._graph is not None:
-                self._graph.launch()
-            elif self._streams is not None:
-                self._issue()
-            else:
-                for f, a in zip(self._funcs, self._args):
-                    f(*a)
+            if self._owner is not me:
+                self._claim(me, "run")
+            if self._inputs_by is not me:  # (fast path: this thread set every input)
+                self._check_inputs(me)
+            self._launch()
+            if self._last_runner is not me:
+                self._ran_by(me)
+            self._has_result = True
+
+    def _ran_by(self, me) -> None:
+        """The outputs now hold ``me``'s run (another thread's earlier outputs are gone)."""
+        self._last_runner = me
+        self._local.ran = True
+
+    def _check_inputs(self, me) -> None:
+        setter = self._setter
+        if None in setter:
+            missing = [n for n, s in zip(self.plan.input_names, setter) if s is None]
+            raise NotReadyError(f"run() before set_input: input(s) {missing} were never set, so the kernels would "
+                                "read uninitialized memory; call set_input(name, value) for each input first "
+                                "(or ex(*inputs))")
+        if getattr(self._local, "set_any", False):  # this thread set inputs: all must still be its own
+            other = next((s for s in setter if s is not me), None)
+            if other is not None:
+                self._owner = None
+                raise ConcurrentUseError(f"run() from {_thread_name(me)}: the inputs it set were overwritten by "
+                                         f"{_thread_name(other)} since; {_FIX}")
+
+    def _launch(self) -> None:
+        if self._graph is not None:
+            self._graph.launch()
+        elif self._streams is not None:
+            self._issue()
+        else:
+            for f, a in zip(self._funcs, self._args):
+                f(*a)
 
     def sync(self) -> None:
         if self._streams is not None:
@@ -174,11 +261,40 @@ class NimbleExecutor:
 
             cg.synchronize(self._streams)
 
-    def get_output(self, index: int = 0, copy: bool = False):
-        """Output ``index`` as a TVM tensor: a view of the static buffer, or a copy with ``copy=True``."""
+    def get_output(self, index: int = 0, copy: bool = True):
+        """Output ``index`` of the last run as a TVM tensor the caller owns (a copy).
+
+        ``copy=False`` returns a zero-copy view of the static output buffer instead, as TVM's
+        graph executor does: the next run, from any thread, overwrites it.
+        """
         self._check_open()
         if not 0 <= index < len(self.plan.outputs):
             raise IndexError(f"output index {index} out of range: the model has {len(self.plan.outputs)} output(s)")
+        me = current_thread()
+        with self._lock:
+            if not self._has_result:
+                raise NotReadyError("get_output() before any run(): the output buffers hold no result yet; call "
+                                    "set_input(...) for every input and run() first (or ex(*inputs))")
+            owner = self._owner
+            ran = self._last_runner is me or getattr(self._local, "ran", False)
+            if ran and self._last_runner is not me:
+                raise ConcurrentUseError(f"get_output() from {_thread_name(me)}: the outputs of its run() were "
+                                         f"overwritten by a later run from {_thread_name(self._last_runner)}; {_FIX}")
+            if not ran and owner is not None and owner is not me and owner.is_alive():
+                raise ConcurrentUseError(f"get_output() from {_thread_name(me)}, which never ran this executor, while "
+                                         f"{_thread_name(owner)} is between its set_input/run and get_output; {_FIX}")
+            out = self._output(index, copy)
+            if owner is me:
+                self._owner = None  # this thread's sequence is complete; its outputs stay its own until the next run
+            return out
+
+    def _release(self, thread) -> None:
+        """``thread`` is done with this executor (a pool takes it back): end its open sequence."""
+        with self._lock:
+            if self._owner is thread:
+                self._owner = None
+
+    def _output(self, index: int, copy: bool):
         self.sync()
         out = self._ws.tensors[self.plan.outputs[index]]
         if copy:
@@ -189,18 +305,31 @@ class NimbleExecutor:
             return fresh
         return out
 
-    def __call__(self, *inputs, copy: bool = False, **named):
-        """Set inputs (positional in model order, or by name), run, return the list of outputs."""
+    def __call__(self, *inputs, copy: bool = True, **named):
+        """Set inputs (positional in model order, or by name), run, return the list of outputs.
+
+        Thread-safe: the whole call holds the executor's lock, and the outputs are copies the
+        caller owns. ``copy=False`` returns zero-copy views of the static output buffers, which
+        the next run (from any thread) overwrites.
+        """
+        self._check_open()
         if len(inputs) + len(named) != len(self.plan.inputs):
             raise InputError(f"the model takes {len(self.plan.inputs)} input(s) {self.plan.input_names}, "
                              f"got {len(inputs) + len(named)}")
+        prepared = [self._prepare_input(i, v) for i, v in enumerate(inputs)]
+        prepared += [self._prepare_input(k, v) for k, v in named.items()]
+        if len({i for i, _ in prepared}) != len(self.plan.inputs):
+            raise InputError(f"input(s) given twice: the model's inputs are {self.plan.input_names}")
+        me = current_thread()
         with self._lock:
-            for i, v in enumerate(inputs):
-                self.set_input(i, v)
-            for k, v in named.items():
-                self.set_input(k, v)
-            self.run()
-            return [self.get_output(i, copy=copy) for i in range(self.get_num_outputs())]
+            for i, src in prepared:
+                self._copy_in(i, src, me)
+            self._launch()
+            self._ran_by(me)
+            self._has_result = True
+            if self._owner is me:
+                self._owner = None
+            return [self._output(i, copy) for i in range(len(self.plan.outputs))]
 
     # ---- profiling ---------------------------------------------------------------------------
     def profile(self, graph: bool | None = None):

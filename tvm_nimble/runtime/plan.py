@@ -54,7 +54,9 @@ class Storage:
 
 @dataclass
 class Launch:
-    """One kernel launch."""
+    """One kernel launch: ``kernel(*call args)``, the call args being the tensors ``args`` with each
+    literal ``[position, [ints]]`` of ``literals`` inserted at its position as a shape (the attributes
+    of a vendor call, e.g. a convolution's strides and padding)."""
 
     idx: int
     kernel: str
@@ -63,6 +65,7 @@ class Launch:
     stream: int
     waits: list[int] = field(default_factory=list)
     records: list[int] = field(default_factory=list)
+    literals: list = field(default_factory=list)
 
 
 @dataclass
@@ -157,12 +160,21 @@ class Plan:
             _check(s.id == i and s.nbytes >= 0, f"storage {i} is malformed")
         _check(self.num_streams >= 1 or not self.launches, "num_streams must be >= 1")
         recorded = set()
+        recorder = {}
+        for l in self.launches:
+            for e in l.records:
+                recorder.setdefault(e, l.idx)
         for i, l in enumerate(self.launches):
             _check(l.idx == i, f"launch {i} has idx {l.idx}")
             _check(0 <= l.stream < max(self.num_streams, 1), f"launch {i} uses stream {l.stream} of {self.num_streams}")
             _check(all(0 <= a < nt for a in l.args + l.writes), f"launch {i} refers to a missing tensor")
             _check(set(l.writes) <= set(l.args), f"launch {i} writes a tensor it does not take")
             for e in l.waits:
+                # a wait binds to the event's last record issued before it: a later record is not waited for
+                _check(e in recorded or e not in recorder,
+                       f"launch {i} waits on event {e}, which only launch {recorder.get(e)} records, "
+                       f"{'the same launch' if recorder.get(e) == i else 'a later one'} (a wait binds to a record "
+                       "issued before it: this one would not wait)")
                 _check(e in recorded, f"launch {i} waits on event {e} that no earlier launch records")
             for e in l.records:
                 _check(0 <= e < self.num_events and e not in recorded, f"launch {i} records event {e} twice or out of range")

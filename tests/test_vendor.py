@@ -1,0 +1,196 @@
+"""The vendor-kernel extension (cuDNN conv, cuBLASLt GEMM): build, load and loader errors, on CPU.
+
+Numerics, streams and CUDA graphs need a GPU: scripts/gpu_vendor_check.py checks those there.
+"""
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm_ffi
+
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime import vendor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _available():
+    from codegen.vendor_build import vendor_available
+
+    return vendor_available()
+
+
+@pytest.fixture(scope="module")
+def built_lib():
+    ok, why = _available()
+    if not ok:
+        pytest.skip(f"cannot build the vendor extension here: {why}")
+    from codegen.vendor_build import build_vendor_library
+
+    return build_vendor_library("sm_90")
+
+
+@pytest.fixture(scope="module")
+def funcs(built_lib):
+    return vendor.load_vendor_library(built_lib)
+
+
+def _readelf_dynamic(path):
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf not found")
+    return subprocess.run([readelf, "-d", path], capture_output=True, text=True, check=True).stdout
+
+
+def test_extension_builds_for_sm90_without_rpath(built_lib, tmp_path):
+    from codegen.vendor_build import build_vendor_library
+
+    assert os.path.isfile(built_lib) and built_lib.endswith(".so")
+    assert os.sep + os.path.join("tvm-nimble", "vendor") + os.sep in built_lib  # the cache
+    dyn = _readelf_dynamic(built_lib)
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn))
+    assert {"libcudnn.so.9", "libcublasLt.so.13", "libtvm_ffi.so"} <= needed
+    assert "libcudart.so" not in " ".join(needed)  # the CUDA runtime is linked statically
+    assert "RPATH" not in dyn and "RUNPATH" not in dyn
+    # a second build is the cached one; out_path gets a copy
+    out = build_vendor_library("90", str(tmp_path / "lib" / "libnimble_vendor.so"))
+    assert open(out, "rb").read() == open(built_lib, "rb").read()
+
+
+def test_build_errors_are_one_line(monkeypatch):
+    from codegen import vendor_build
+
+    with pytest.raises(vendor_build.VendorBuildError, match="sm_90"):
+        vendor_build.build_vendor_library("hopper")
+    monkeypatch.setattr(vendor_build, "find_nvcc", lambda: None)
+    with pytest.raises(vendor_build.VendorBuildError) as err:
+        vendor_build.build_vendor_library("sm_90")
+    assert "nvcc" in str(err.value) and "\n" not in str(err.value)
+    ok, why = vendor_build.vendor_available()
+    assert not ok and "nvcc" in why
+    monkeypatch.setattr(vendor_build, "_all_nvidia_roots", lambda: [])
+    with pytest.raises(vendor_build.VendorBuildError) as err:
+        vendor_build.vendor_paths()
+    msg = str(err.value)
+    assert "\n" not in msg and "nvidia-cudnn-cu13" in msg and "nvidia-cublas" in msg and "tvm-nimble[vendor]" in msg
+
+
+def test_loading_registers_the_functions(funcs, built_lib):
+    assert set(vendor.FUNCTIONS) <= set(funcs)
+    for name in vendor.FUNCTIONS:
+        assert tvm_ffi.get_global_func(name) is not None
+    # host-only queries: answer without a GPU ("driver none" here)
+    versions = vendor.vendor_versions()
+    assert re.fullmatch(r"cudnn 9\.\d+\.\d+, cublas 13\.\d+\.\d+, cudart \d+\.\d+, driver (none|\d+\.\d+)", versions), versions
+    assert list(funcs["nimble.vendor.plans"]()) == []
+    # loading again is a no-op
+    assert set(vendor.load_vendor_library(built_lib)) == set(funcs)
+
+
+def _cpu(shape, dtype=np.float32):
+    return tvm_ffi.from_dlpack(np.zeros(shape, dtype))
+
+
+def _error(fn, *args):
+    with pytest.raises(Exception) as err:
+        fn(*args)
+    msg = str(err.value)
+    assert "\n" not in msg.strip(), msg
+    return err
+
+
+def test_arguments_are_checked_before_any_cuda_call(funcs):
+    conv, conv_add, mm = (funcs[n] for n in ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul"))
+    x, w, b, y, ws = _cpu((1, 3, 8, 8)), _cpu((4, 3, 3, 3)), _cpu((4,)), _cpu((1, 4, 8, 8)), _cpu((1,), np.uint8)
+    good = tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 1, -1, 0])
+    err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 0, -1]), y, ws)
+    assert err.type is ValueError and "nimble.cudnn.conv2d: attrs must have 10 entries" in str(err.value)
+    err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 3, -1, 0]), y, ws)
+    assert "activation must be 0 (identity), 1 (relu) or 2 (relu6)" in str(err.value)
+    err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 0, 8, 0]), y, ws)
+    assert "algo must be -1 (choose)" in str(err.value)
+    err = _error(conv, x, w, b, good, y, ws)
+    assert err.type is ValueError and str(err.value) == "nimble.cudnn.conv2d: x must be a CUDA tensor, got device type 1"
+    err = _error(conv_add, x, w, b, y, good, y, ws)
+    assert "nimble.cudnn.conv2d_add: x must be a CUDA tensor" in str(err.value)
+    err = _error(mm, _cpu((2, 3)), _cpu((4, 3)), _cpu((4,)), tvm_ffi.Shape([1, 2, 0]), _cpu((2, 4)), ws)
+    assert "nimble.cublas.matmul: a must be a CUDA tensor" in str(err.value)
+    err = _error(mm, _cpu((2, 3)), _cpu((4, 3)), _cpu((4,)), tvm_ffi.Shape([2, 0, 0]), _cpu((2, 4)), ws)
+    assert "transpose_b and allow_tf32 must be 0 or 1" in str(err.value)
+    # the algorithm query needs a GPU: a clean error, not a crash
+    err = _error(funcs["nimble.cudnn.conv2d_algos"], tvm_ffi.Shape([1, 3, 8, 8]), tvm_ffi.Shape([4, 3, 3, 3]), good,
+                 "float32", 0)
+    assert "nimble.cudnn.conv2d_algos" in str(err.value)
+
+
+def _cublas_dir():
+    for d in vendor.wheel_lib_dirs():
+        if os.path.isfile(os.path.join(d, "libcublasLt.so.13")) and os.path.isfile(os.path.join(d, "libcublas.so.13")):
+            return d
+    pytest.skip("the nvidia-cublas wheel is not installed")
+
+
+def test_missing_cudnn_names_library_and_wheel(tmp_path):
+    # the search path has cuBLAS but no cuDNN, and the system loader is not asked
+    with pytest.raises(vendor.VendorLibraryError) as err:
+        vendor.load_vendor_library(str(tmp_path / "never_reached.so"), search_dirs=[_cublas_dir(), str(tmp_path)],
+                                   system=False)
+    msg = str(err.value)
+    assert isinstance(err.value, NimbleError)
+    assert "\n" not in msg and "libcudnn" in msg and "nvidia-cudnn-cu13" in msg, msg
+
+
+def test_missing_cudnn_through_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(vendor.ENV_LIB_DIRS, os.pathsep.join([_cublas_dir(), str(tmp_path)]))
+    monkeypatch.setenv(vendor.ENV_SYSTEM, "0")
+    with pytest.raises(vendor.VendorLibraryError, match=r"libcudnn\.so\.9 .*nvidia-cudnn-cu13"):
+        vendor.preload_vendor_libraries()
+
+
+def test_older_cudnn_and_missing_cublas(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "libcudnn.so.8").write_bytes(b"")  # only its name is looked at: an older major is refused
+    with pytest.raises(vendor.VendorLibraryError) as err:
+        vendor.preload_vendor_libraries([_cublas_dir(), str(old)], system=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "major version 8" in msg and "libcudnn.so.9" in msg and "nvidia-cudnn-cu13" in msg
+    with pytest.raises(vendor.VendorLibraryError) as err:
+        vendor.preload_vendor_libraries([str(tmp_path)], system=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "libcublasLt" in msg and "nvidia-cublas" in msg
+
+
+def test_missing_extension(tmp_path):
+    if not vendor.wheel_lib_dirs():
+        pytest.skip("the cuDNN/cuBLAS wheels are not installed")
+    with pytest.raises(vendor.VendorLibraryError, match="build_vendor_library"):
+        vendor.load_vendor_library(str(tmp_path / "absent.so"))
+
+
+def test_runtime_loader_imports_only_the_runtime():
+    tree = ast.parse(open(os.path.join(ROOT, "tvm_nimble", "runtime", "vendor.py")).read())
+    mods = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            mods.add((node.module or "").split(".")[0] if node.module != "tvm_nimble.errors" else "tvm_nimble.errors")
+    assert mods <= {"__future__", "os", "ctypes", "tvm_ffi", "numpy", "tvm_nimble.errors"}, mods
+
+
+def test_gpu_check_script_fails_fast_without_a_gpu(tmp_path):
+    script = os.path.join(ROOT, "scripts", "gpu_vendor_check.py")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "--lib" in r.stdout and "--out" in r.stdout
+    r = subprocess.run([sys.executable, script, "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and line.startswith("gpu_vendor_check: ") and ("PyTorch" in line or "GPU" in line), line

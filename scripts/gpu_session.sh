@@ -6,6 +6,9 @@
 # Steps (run in order; a failing or overrunning step is logged and the next one runs):
 #   validate                      scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
 #   vendorcheck                   scripts/gpu_vendor_check.py: the cuDNN/cuBLASLt extension against PyTorch
+#   profile SECONDS ARGS...       scripts/gpu_kernel_profile.py ARGS --out $WORK/profile (per-kernel profile)
+#   gputests SECONDS              pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
+#   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
 #   bench SECONDS ARGS...         tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME means
@@ -48,6 +51,19 @@ for spec in "$@"; do
             step 90 "$PYTHON" scripts/gpu_validate.py --art out/gpu --out "$WORK/validate" ;;
         vendorcheck)
             step 150 "$PYTHON" scripts/gpu_vendor_check.py --out "$WORK/vendor" ;;
+        profile)
+            step "${a[1]}" "$PYTHON" scripts/gpu_kernel_profile.py "${a[@]:2}" --out "$WORK/profile" ;;
+        gputests)
+            step "${a[1]}" "$PYTHON" -m pytest -q -m gpu tests/gpu -p no:cacheprovider ;;
+        artifact)
+            step 60 "$PYTHON" -c "import glob, sys, numpy as np, tvm_nimble
+d = sys.argv[1]
+for art in sorted(glob.glob(d + '/*.nimble')):
+    y = tvm_nimble.NimbleExecutor(art)(np.load(d + '/x.npy'))[0].numpy()
+    ref = np.load(d + '/ref.npy')
+    err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+    print(f'artifact {art}: rel L2 vs ONNX reference {err:.2e}', 'ok' if err < 1e-4 else 'FAIL')
+    assert err < 1e-4" "${a[1]}" ;;
         tune)
             name=${a[1]#*:}; name=$(basename "${name%.onnx}")
             t=$(left); (( a[2] < t )) && t=${a[2]}
@@ -73,4 +89,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor" "$LOG" | tail -60
+grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

@@ -1,0 +1,142 @@
+"""Per-kernel GPU profile of a torchvision/timm model built with Nimble: where the time goes.
+
+    python3 scripts/gpu_kernel_profile.py --models tv:inception_v3,tv:googlenet --kernels vendor --batch 1 --out DIR
+
+For each model: builds the one-stream and the multi-stream plans (same kernels), profiles one replay
+of each as a CUDA graph with an event pair around every launch (``NimbleExecutor.profile``), and
+reports per kernel family the count, total time and share of the one-stream run, the slowest
+launches, the serial sum and the critical-path bound (the longest path through the data
+dependencies, weighted with the one-stream durations). The event brackets add a little time per
+launch, so the bound is slightly pessimistic. Writes DIR/profile_<model>_b<batch>.json, prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+
+import numpy as np
+
+
+def family(kernel: str) -> str:
+    if kernel.startswith(("nimble.cudnn.", "nimble.cublas.")):
+        return kernel
+    return "tvm:" + re.sub(r"\d+$", "", kernel)
+
+
+def data_edges(plan) -> list[tuple[int, int]]:
+    """Read-after-write edges between launch positions, on tensor ids (memory reuse ignored)."""
+    writer, edges = {}, set()
+    for pos, l in enumerate(plan.launches):
+        for a in l.args:
+            if a not in l.writes:
+                w = writer.get(plan.root(a))
+                if w is not None:
+                    edges.add((w, pos))
+        for w in l.writes:
+            writer[plan.root(w)] = pos
+    return sorted(edges)
+
+
+def critical_path(plan, durations) -> tuple[float, list[int]]:
+    best, prev = list(durations), [None] * len(durations)
+    incoming: dict[int, list[int]] = {}
+    for a, b in data_edges(plan):
+        incoming.setdefault(b, []).append(a)
+    for pos in range(len(durations)):  # launch order is topological
+        for a in incoming.get(pos, []):
+            if best[a] + durations[pos] > best[pos]:
+                best[pos], prev[pos] = best[a] + durations[pos], a
+    end = int(np.argmax(best))
+    path = [end]
+    while prev[path[-1]] is not None:
+        path.append(prev[path[-1]])
+    return float(best[end]), path[::-1]
+
+
+def profile(ex, reps: int = 5) -> list[float]:
+    runs = [ex.profile(graph=True) for _ in range(reps)]
+    return [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(runs[0]))]
+
+
+def latency(ex, iters: int = 200) -> float:
+    for _ in range(20):
+        ex.run()
+    ex.sync()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        ex.run()
+        ex.sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(samples))
+
+
+def profile_model(name: str, kernels: str, batch: int) -> dict:
+    from tvm_nimble.cli.bench import torchvision_builders
+    from tvm_nimble.compiler.build import build
+    from tvm_nimble.runtime.executor import NimbleExecutor
+
+    onnx_builder, _ = torchvision_builders(name)
+    model = onnx_builder(batch=batch)
+    out = {"model": name, "batch": batch, "kernels": kernels}
+    for label, streams in (("single", 1), ("multi", None)):
+        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels)
+        plan = result.plan
+        ex = NimbleExecutor(result, mode="cuda-graph")
+        shape = plan.tensors[plan.inputs[0]].shape
+        ex.set_input(0, np.random.default_rng(0).standard_normal(shape).astype("float32"))
+        ex.run()
+        ex.sync()
+        durations = profile(ex)
+        out[label] = {"latency_ms": latency(ex), "streams": plan.num_streams, "launches": len(plan.launches),
+                      "durations_ms": durations, "kernels": [l.kernel for l in plan.launches]}
+        if label == "single":
+            cp, path = critical_path(plan, durations)
+            fams: dict[str, list[float]] = {}
+            for l, d in zip(plan.launches, durations):
+                fams.setdefault(family(l.kernel), []).append(d)
+            serial = float(sum(durations))
+            out["serial_sum_ms"], out["critical_path_ms"] = serial, cp
+            out["critical_path_kernels"] = [plan.launches[p].kernel for p in path]
+            out["families"] = sorted(([k, len(v), float(sum(v)), float(sum(v)) / serial] for k, v in fams.items()),
+                                     key=lambda r: -r[2])
+            out["slowest"] = sorted(([l.kernel, d] for l, d in zip(plan.launches, durations)), key=lambda r: -r[1])[:15]
+        ex.close()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="tv:inception_v3")
+    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--out", default="out/profile")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    results = []
+    for spec in args.models.split(","):
+        name = spec.split(":", 1)[-1]
+        try:
+            r = profile_model(name, args.kernels, args.batch)
+        except Exception as err:  # one line per model, then the next one
+            print(f"{name}: failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            continue
+        with open(os.path.join(args.out, f"profile_{name}_b{args.batch}.json"), "w") as f:
+            json.dump(r, f, indent=1)
+        results.append(r)
+    for r in results:
+        s, m = r["single"], r["multi"]
+        print(f"\n{r['model']} batch {r['batch']} ({r['kernels']} kernels): 1-stream {s['latency_ms']:.3f} ms, "
+              f"{m['streams']}-stream {m['latency_ms']:.3f} ms; serial sum {r['serial_sum_ms']:.3f}, critical path "
+              f"{r['critical_path_ms']:.3f}; multi / bound {m['latency_ms'] / r['critical_path_ms']:.2f}, "
+              f"multi / serial {m['latency_ms'] / r['serial_sum_ms']:.2f}")
+        for k, n, t, share in r["families"][:12]:
+            print(f"  {k[:48]:48s} {n:4d} {t:8.3f} ms {share:6.1%}")
+        print("  slowest: " + ", ".join(f"{k} {d * 1e3:.0f}us" for k, d in r["slowest"][:6]))
+
+
+if __name__ == "__main__":
+    main()

@@ -253,6 +253,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     import tvm
 
     from tvm_nimble import zoo
+    from tvm_nimble.bench.onnxruntime_peer import onnxruntime_systems
     from tvm_nimble.compiler.target import default_kind, resolve_target
 
     t = resolve_target(target if target is not None else default_kind())
@@ -278,7 +279,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
                 tm = (torch_models or {}).get(name)
                 extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, dtype)
                 trt, why_trt = tensorrt_systems(model, feeds, dtype, use_gpu)
-                extra, why = extra + trt, why + why_trt
+                ort_systems, why_ort = onnxruntime_systems(model, feeds, dtype, use_gpu)
+                extra, why = extra + trt + ort_systems, why + why_trt + why_ort
                 if baseline_cache is not None:
                     baseline_cache[key] = extra, why
             systems += extra

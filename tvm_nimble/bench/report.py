@@ -95,9 +95,12 @@ def headline_table(rows: list[dict]) -> list[str]:
         by = _medians(rs)
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
             latest.setdefault((device, dtype), {})[(run_label(key), batch)] = by
+    has_ort = any(r["system"] == "ort-cuda-graph" for r in rows)
     systems = HEADLINE_SYSTEMS + ([("tensorrt", "TensorRT")] if any(r["system"] == "tensorrt" for r in rows) else [])
+    systems += [("ort-cuda-graph", "ONNX Runtime CUDA EP + graph")] if has_ort else []
     head = ["model", "batch"] + [label for _, label in systems] + [
-        "Nimble vs PyTorch CUDA graph", "Nimble vs torch.compile", "Nimble vs TVM VM+graph (same kernels)"]
+        "Nimble vs PyTorch CUDA graph", "Nimble vs torch.compile"] + (["Nimble vs ONNX Runtime"] if has_ort else []) + [
+        "Nimble vs TVM VM+graph (same kernels)"]
     out = []
     for device, dtype in sorted(latest, key=lambda k: (k[0], k[1] != "float32", k[1])):
         precision = "TF32 off on both sides" if dtype == "float32" else "TVM ToMixedPrecision, PyTorch .half()"
@@ -109,8 +112,10 @@ def headline_table(rows: list[dict]) -> list[str]:
             nimble = by["nimble-multi-stream-graph"]
             cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in systems]
             cells += [f"**{by['torch-cudagraph'] / nimble:.2f}x**" if "torch-cudagraph" in by else "-",
-                      f"**{by['torch-compile'] / nimble:.2f}x**" if "torch-compile" in by else "-",
-                      f"{by[BASELINE_GPU] / nimble:.2f}x"]
+                      f"**{by['torch-compile'] / nimble:.2f}x**" if "torch-compile" in by else "-"]
+            if has_ort:
+                cells.append(f"**{by['ort-cuda-graph'] / nimble:.2f}x**" if "ort-cuda-graph" in by else "-")
+            cells.append(f"{by[BASELINE_GPU] / nimble:.2f}x")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return out[:-1]

@@ -1,0 +1,59 @@
+"""ONNX Runtime's CUDA execution provider on the same ONNX file: the engine ONNX users deploy with
+where TensorRT is not installed. Two systems: plain (``ort-cuda``) and with ORT's own CUDA graph
+(``ort-cuda-graph``). TF32 off, exhaustive cuDNN algorithm search, inputs and outputs bound on the
+device (I/O binding), so timing covers execution only, as for every other system.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "float32",
+                        use_gpu: bool = True) -> tuple[list, list[str]]:
+    """(systems, notes): the two ORT systems, or none and a note saying why."""
+    from tvm_nimble.bench.harness import System
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return [], ["ONNX Runtime not installed: no ORT rows (../shared/device/pack_ort.sh brings it to the GPU machine)"]
+    if not use_gpu:
+        return [], ["ONNX Runtime's CUDA EP needs a GPU: no ORT rows on this run"]
+    if dtype != "float32":
+        return [], [f"ONNX Runtime rows are fp32 only (the ONNX file is fp32): none for {dtype}"]
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return [], ["ONNX Runtime has no CUDA execution provider here: no ORT rows"]
+    from cuda.bindings import runtime as rt
+
+    def sync():
+        rt.cudaDeviceSynchronize()
+
+    systems = []
+    blob = onnx_model.SerializeToString()
+    reference = None
+    for name, graph in (("ort-cuda", "0"), ("ort-cuda-graph", "1")):
+        options = {"use_tf32": "0", "cudnn_conv_algo_search": "EXHAUSTIVE", "enable_cuda_graph": graph}
+        sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", options)])
+        if reference is None:
+            reference = sess.run(None, feeds)
+        binding = sess.io_binding()
+        keep = []
+        for k, v in feeds.items():
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
+            keep.append(value)
+            binding.bind_ortvalue_input(k, value)
+        outs = []
+        for o, r in zip(sess.get_outputs(), reference):
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(r.shape), r.dtype, "cuda", 0)
+            outs.append(value)
+            binding.bind_ortvalue_output(o.name, value)
+
+        def run(sess=sess, binding=binding):
+            sess.run_with_iobinding(binding)
+
+        run()  # with a CUDA graph, the first run captures it
+        systems.append(System(name, run, sync, lambda run=run, outs=outs, keep=keep: (run(), sync(),
+                                                                                      [o.numpy() for o in outs])[2]))
+    return systems, []

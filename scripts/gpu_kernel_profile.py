@@ -19,41 +19,13 @@ import time
 
 import numpy as np
 
+from tvm_nimble.codegen.critical_path import critical_path, serial_sum
+
 
 def family(kernel: str) -> str:
     if kernel.startswith(("nimble.cudnn.", "nimble.cublas.")):
         return kernel
     return "tvm:" + re.sub(r"\d+$", "", kernel)
-
-
-def data_edges(plan) -> list[tuple[int, int]]:
-    """Read-after-write edges between launch positions, on tensor ids (memory reuse ignored)."""
-    writer, edges = {}, set()
-    for pos, l in enumerate(plan.launches):
-        for a in l.args:
-            if a not in l.writes:
-                w = writer.get(plan.root(a))
-                if w is not None:
-                    edges.add((w, pos))
-        for w in l.writes:
-            writer[plan.root(w)] = pos
-    return sorted(edges)
-
-
-def critical_path(plan, durations) -> tuple[float, list[int]]:
-    best, prev = list(durations), [None] * len(durations)
-    incoming: dict[int, list[int]] = {}
-    for a, b in data_edges(plan):
-        incoming.setdefault(b, []).append(a)
-    for pos in range(len(durations)):  # launch order is topological
-        for a in incoming.get(pos, []):
-            if best[a] + durations[pos] > best[pos]:
-                best[pos], prev[pos] = best[a] + durations[pos], a
-    end = int(np.argmax(best))
-    path = [end]
-    while prev[path[-1]] is not None:
-        path.append(prev[path[-1]])
-    return float(best[end]), path[::-1]
 
 
 def profile(ex, reps: int = 5) -> list[float]:
@@ -98,7 +70,7 @@ def profile_model(name: str, kernels: str, batch: int) -> dict:
             fams: dict[str, list[float]] = {}
             for l, d in zip(plan.launches, durations):
                 fams.setdefault(family(l.kernel), []).append(d)
-            serial = float(sum(durations))
+            serial = serial_sum(durations)
             out["serial_sum_ms"], out["critical_path_ms"] = serial, cp
             out["critical_path_kernels"] = [plan.launches[p].kernel for p in path]
             out["families"] = sorted(([k, len(v), float(sum(v)), float(sum(v)) / serial] for k, v in fams.items()),

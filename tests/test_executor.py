@@ -199,9 +199,9 @@ def test_out_of_memory_at_prepare_time_is_a_clean_error(inception_built):
 def test_cuda_errors_become_clear_exceptions_without_a_gpu():
     """Real cuda-python calls on a machine without a driver: the status is named, not ignored."""
     pytest.importorskip("cuda.bindings")
-    from tvm_nimble.runtime.cuda_graph import CudaError, StreamSet, _rt
+    from tvm_nimble.runtime.cuda_graph import CudaError, StreamSet, cuda_runtime
 
-    if _rt().cudaGetDeviceCount()[0] == _rt().cudaError_t.cudaSuccess:
+    if cuda_runtime().cudaGetDeviceCount()[0] == cuda_runtime().cudaError_t.cudaSuccess:
         pytest.skip("a CUDA device is present: this checks the no-driver path")
     with pytest.raises(CudaError, match=r"cudaStreamCreate failed: cudaError\w+"):
         StreamSet(2)

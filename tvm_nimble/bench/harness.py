@@ -12,21 +12,13 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from dataclasses import dataclass
 
 import numpy as np
 
 from tvm_nimble.bench.report import NIMBLE_SYSTEMS, append_rows, write_report
+from tvm_nimble.bench.system import System  # noqa: F401  (scripts import it from here)
 
 GPU_MODES = ("single-stream", "cuda-graph", "streams")  # executor modes timed on a GPU
-
-
-@dataclass
-class System:
-    name: str
-    run: object  # callable: one inference
-    sync: object  # callable: wait for completion
-    outputs: object  # callable -> list[np.ndarray]
 
 
 def device_name(use_gpu: bool) -> str:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_nimble.bench.system import System
+
 
 def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "float32",
                         use_gpu: bool = True) -> tuple[list, list[str]]:
     """(systems, notes): the two ORT systems, or none and a note saying why."""
-    from tvm_nimble.bench.harness import System
-
     try:
         import onnxruntime as ort
     except ImportError:

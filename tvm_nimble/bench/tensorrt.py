@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from tvm_nimble.runtime.cuda_graph import _rt, check
+from tvm_nimble.runtime.cuda_graph import cuda_runtime, check
 
 
 class TensorRTUnavailable(Exception):
@@ -24,7 +24,7 @@ class TensorRTEngine:
     def __init__(self, onnx_model, feeds: dict[str, np.ndarray], dtype: str = "float32"):
         import tensorrt as trt
 
-        rt = _rt()
+        rt = cuda_runtime()
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
         major = int(trt.__version__.split(".")[0])
@@ -72,10 +72,10 @@ class TensorRTEngine:
             raise RuntimeError("TensorRT execute_async_v3 failed")
 
     def sync(self):
-        check(_rt().cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+        check(cuda_runtime().cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
     def outputs(self) -> list[np.ndarray]:
-        rt = _rt()
+        rt = cuda_runtime()
         self.run()
         self.sync()
         result = []
@@ -89,7 +89,7 @@ class TensorRTEngine:
 
 
 def _release(pointers, stream):
-    rt = _rt()
+    rt = cuda_runtime()
     for p in pointers:
         rt.cudaFree(p)
     rt.cudaStreamDestroy(stream)

@@ -18,7 +18,7 @@ class CudaError(NimbleError):
     """A CUDA runtime call failed."""
 
 
-def _rt():
+def cuda_runtime():
     try:
         from cuda.bindings import runtime
     except ImportError:
@@ -28,7 +28,7 @@ def _rt():
 
 def check(result, what: str):
     """Unpack a cuda.bindings result tuple, raising on a non-success status."""
-    rt = _rt()
+    rt = cuda_runtime()
     err, *rest = result if isinstance(result, tuple) else (result,)
     if err != rt.cudaError_t.cudaSuccess:
         _, name = rt.cudaGetErrorName(err)
@@ -42,7 +42,7 @@ class StreamSet:
     """The main stream (blocking: ordered with TVM's default-stream copies) plus helper streams."""
 
     def __init__(self, count: int):
-        rt = _rt()
+        rt = cuda_runtime()
         self.streams = [check(rt.cudaStreamCreate(), "cudaStreamCreate")]
         for _ in range(max(count, 1) - 1):
             self.streams.append(check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags"))
@@ -51,27 +51,27 @@ class StreamSet:
         return int(self.streams[i])
 
     def close(self):
-        rt = _rt()
+        rt = cuda_runtime()
         for s in self.streams:
             rt.cudaStreamDestroy(s)
         self.streams = []
 
 
 def create_events(count: int, timing: bool = False) -> list:
-    rt = _rt()
+    rt = cuda_runtime()
     flags = rt.cudaEventDefault if timing else rt.cudaEventDisableTiming
     return [check(rt.cudaEventCreateWithFlags(flags), "cudaEventCreateWithFlags") for _ in range(count)]
 
 
 def destroy_events(events) -> None:
-    rt = _rt()
+    rt = cuda_runtime()
     for e in events:
         rt.cudaEventDestroy(e)
 
 
 def record_timing(event, stream, in_capture: bool) -> None:
     """Record a timing event; inside a capture it must be an *external* record to become a graph node."""
-    rt = _rt()
+    rt = cuda_runtime()
     if in_capture:
         check(rt.cudaEventRecordWithFlags(event, stream, rt.cudaEventRecordExternal), "cudaEventRecordWithFlags")
     else:
@@ -91,7 +91,7 @@ def issue(ops, funcs, args, device, streams: StreamSet, events, timing_events=No
 
     from .issue import LAUNCH, WAIT
 
-    rt = _rt()
+    rt = cuda_runtime()
     wait, record, use_stream = rt.cudaStreamWaitEvent, rt.cudaEventRecord, tvm_ffi.use_raw_stream
     cuda_streams = streams.streams
     for op in ops:
@@ -114,7 +114,7 @@ class CapturedGraph:
     """One CUDA graph holding the whole launch sequence; ``launch`` is the only per-run work."""
 
     def __init__(self, issue_fn, streams: StreamSet):
-        rt = _rt()
+        rt = cuda_runtime()
         self.main = streams.streams[0]
         check(rt.cudaStreamBeginCapture(self.main, rt.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed),
               "cudaStreamBeginCapture")
@@ -134,7 +134,7 @@ class CapturedGraph:
             check((err,), "cudaGraphLaunch")
 
     def close(self) -> None:
-        rt = _rt()
+        rt = cuda_runtime()
         if getattr(self, "exec", None) is not None:
             rt.cudaGraphExecDestroy(self.exec)
             rt.cudaGraphDestroy(self.graph)
@@ -142,8 +142,8 @@ class CapturedGraph:
 
 
 def synchronize(streams: StreamSet) -> None:
-    check(_rt().cudaStreamSynchronize(streams.streams[0]), "cudaStreamSynchronize")
+    check(cuda_runtime().cudaStreamSynchronize(streams.streams[0]), "cudaStreamSynchronize")
 
 
 def elapsed_ms(start, end) -> float:
-    return check(_rt().cudaEventElapsedTime(start, end), "cudaEventElapsedTime")
+    return check(cuda_runtime().cudaEventElapsedTime(start, end), "cudaEventElapsedTime")

@@ -66,14 +66,14 @@ def _stub_driver(runtime_lib: str) -> str:
     return path
 
 
-_loaded = False
-
-
 def load_cuda_runtime() -> None:
-    """Register TVM's CUDA runtime (module factory and loaders) in this process."""
-    global _loaded
-    if _loaded or "ffi.Module.create.cuda" in tvm_ffi.registry.list_global_func_names():
-        _loaded = True
+    """Register TVM's CUDA runtime in this process, also where no GPU driver is installed.
+
+    The runtime loader proper is ``tvm_nimble.runtime.device.ensure_cuda_runtime``; at build time
+    ``libcuda.so.1`` may be missing, so a stub is loaded first to satisfy the linker."""
+    from tvm_nimble.runtime.device import ensure_cuda_runtime
+
+    if "ffi.Module.load_from_bytes.cuda" in tvm_ffi.registry.list_global_func_names():
         return
     runtime_lib = os.path.join(tvm_lib_dir(), "libtvm_runtime_cuda.so")
     if not os.path.exists(runtime_lib):
@@ -82,8 +82,7 @@ def load_cuda_runtime() -> None:
         ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
     except OSError:
         ctypes.CDLL(_stub_driver(runtime_lib), mode=ctypes.RTLD_GLOBAL)
-    ctypes.CDLL(runtime_lib, mode=ctypes.RTLD_GLOBAL)
-    _loaded = True
+    ensure_cuda_runtime()
 
 
 def _arch(target: tvm.target.Target, nvcc: str) -> str:

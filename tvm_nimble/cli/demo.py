@@ -14,7 +14,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import check_agreement, interleaved_timing, tvm_systems
-    from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.build import build, offload, resolve_kernels
     from tvm_nimble.compiler.target import default_kind, resolve_target
     from tvm_nimble.compiler.frontend import from_onnx, load_onnx_model
 
@@ -30,9 +30,12 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     inputs = list(zoo.random_inputs(model, seed=0).values())
     print(f"model: {name}   target: {tgt.kind.name}{' ' + str(tgt.attrs['arch']) if use_gpu else ''}")
 
-    mod = from_onnx(model)
-    nimble = build(mod, tgt)
+    kernels = resolve_kernels("auto", tgt)  # the same kernels for Nimble and stock TVM
+    mod = offload(from_onnx(model), tgt, kernels)
+    nimble = build(mod, tgt, kernels="tvm")  # mod is offloaded already
     plan = nimble.plan
+    print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if kernels == 'vendor' else 'TVM'} "
+          "(the same in every system)")
     print(f"Nimble schedule: {len(plan.launches)} kernels on {plan.num_streams} stream(s), "
           f"{sum(len(l.waits) for l in plan.launches)} cross-stream waits")
     systems = tvm_systems(mod, tgt, dev, inputs, use_gpu, nimble=nimble)

@@ -67,7 +67,27 @@ def _as_relax(model, shape_dict):
     return from_onnx(model, shape_dict=shape_dict)
 
 
-KERNEL_CHOICES = ("tvm", "vendor")
+KERNEL_CHOICES = ("auto", "tvm", "vendor")
+_noted_auto = False
+
+
+def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
+    """``auto``: cuDNN / cuBLASLt on CUDA where the extension can be built here (they won on every model
+    measured, see benchmarks/RESULTS.md), TVM's kernels otherwise, with a one-line note why."""
+    global _noted_auto
+    if kernels not in KERNEL_CHOICES:
+        raise NimbleError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    if kernels != "auto":
+        return kernels
+    if target.kind.name != "cuda":
+        return "tvm"
+    from tvm_nimble.codegen.vendor_build import vendor_available
+
+    ok, why = vendor_available()
+    if not ok and not _noted_auto:
+        warnings.warn(f"vendor kernels unavailable, building with TVM's kernels: {why}", stacklevel=3)
+        _noted_auto = True
+    return "vendor" if ok else "tvm"
 
 
 def vendor_library(target: tvm.target.Target) -> str:
@@ -83,8 +103,7 @@ def vendor_library(target: tvm.target.Target) -> str:
 def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str) -> tvm.IRModule:
     """``mod`` with its convolutions and GEMMs on cuDNN / cuBLASLt (``kernels="vendor"``, CUDA only),
     and the vendor extension built for the target's arch and loaded in this process."""
-    if kernels not in KERNEL_CHOICES:
-        raise NimbleError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    kernels = resolve_kernels(kernels, target)
     if kernels == "tvm":
         return mod
     if target.kind.name != "cuda":
@@ -105,18 +124,21 @@ def _warn_untuned_once():
 
 def build(model, target="llvm", params: dict | None = None, *, max_streams: int | None = None,
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
-          compile_kernels: bool = True, kernels: str = "tvm") -> BuildResult:
+          compile_kernels: bool = True, kernels: str = "auto") -> BuildResult:
     """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
 
     ``max_streams`` caps the stream count (1 gives the single-stream schedule); ``tuning_db``
     is a MetaSchedule database directory whose tuned kernels replace the default schedules.
     ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
-    ``kernels="vendor"`` runs convolutions and GEMMs on cuDNN / cuBLASLt (CUDA; see :func:`offload`).
+    ``kernels``: ``"vendor"`` runs convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA; see
+    :func:`offload`), ``"tvm"`` keeps TVM's kernels, ``"auto"`` (default) is vendor on CUDA when the
+    extension can be built here (nvcc and the nvidia-cudnn-cu13 / nvidia-cublas wheels), else tvm.
     """
     t = resolve_target(target)
     mod = _as_relax(model, shape_dict)
     if params:
         mod = tvm.relax.transform.BindParams("main", params)(mod)
+    kernels = resolve_kernels(kernels, t)
     mod = offload(mod, t, kernels)
     if max_streams is not None and max_streams < 1:
         raise NimbleError(f"max_streams must be >= 1, got {max_streams}")

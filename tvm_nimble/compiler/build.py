@@ -59,6 +59,40 @@ def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: i
     return annotated, program, assignment, plan, params
 
 
+#: element-wise operators through which an index input keeps its meaning (the ONNX importer wraps
+#: negative indices with less/where/add before the take)
+_INDEX_PRESERVING = {"relax.astype", "relax.add", "relax.where", "relax.clip", "relax.maximum", "relax.minimum"}
+
+
+def index_bounds(mod: tvm.IRModule) -> dict[str, int]:
+    """Inputs of ``main`` used as indices of a ``take`` (ONNX Gather), directly or through element-wise
+    arithmetic: input name -> the size of the indexed axis. The executor checks them with
+    ``check_inputs=True``."""
+    from tvm import relax
+
+    func = mod["main"]
+    origin = {p: p.name for p in func.params}  # var -> the input its values come from
+    bounds: dict[str, int] = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+                continue
+            if v.op.name == "relax.take":
+                data, idx = v.args
+                name = origin.get(idx)
+                shape = data.ty.shape if isinstance(data.ty, relax.TensorType) else None
+                if name and shape is not None:
+                    axis = int(v.attrs.axis) if v.attrs.axis is not None else 0
+                    size = int(shape.values[axis % len(shape.values)])
+                    bounds[name] = min(size, bounds.get(name, size))
+            elif v.op.name in _INDEX_PRESERVING:
+                names = {origin[a] for a in v.args if a in origin}
+                if len(names) == 1:
+                    origin[b.var] = names.pop()
+    return bounds
+
+
 def _as_relax(model, shape_dict):
     if isinstance(model, tvm.IRModule):
         return model
@@ -145,8 +179,10 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     database = open_tuning_database(tuning_db) if tuning_db else None
     if database is None and t.kind.name == "cuda" and compile_kernels:
         _warn_untuned_once()
+    bounds = index_bounds(mod)
     lowered = lower(mod, t, database)
     annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=max_streams, reuse=reuse)
+    plan.index_bounds = bounds
     library = build_kernels(annotated, t) if compile_kernels else None
     info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
             "kernels": kernels}

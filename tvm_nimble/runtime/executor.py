@@ -70,9 +70,13 @@ def _load(module_or_artifact):
 
 
 class NimbleExecutor:
-    def __init__(self, module_or_artifact, device=None, mode: str | None = None):
+    def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = False):
+        """``check_inputs=True`` validates inputs that index a table (Gather / take) against the
+        table's size before they are copied in, as ONNX Runtime does; by default they are not
+        checked, as in stock TVM."""
         from .module import resolve_kernels
 
+        self.check_inputs = check_inputs
         self.module = _load(module_or_artifact)
         self.plan = self.module.plan
         self.device = device_for(self.plan.target, device)
@@ -159,7 +163,17 @@ class NimbleExecutor:
             raise ShapeError(f"input {slot.name!r} has shape {list(src.shape)}, the model was built for {slot.shape}")
         if str(src.dtype) != slot.dtype:
             raise InputError(f"input {slot.name!r} has dtype {src.dtype}, the model expects {slot.dtype}; cast it first")
+        if self.check_inputs and slot.name in self.plan.index_bounds:
+            self._check_indices(slot.name, src, self.plan.index_bounds[slot.name])
         return i, src
+
+    @staticmethod
+    def _check_indices(name, src, size) -> None:
+        values = src if isinstance(src, np.ndarray) else src.numpy()
+        if values.size and (values.min() < -size or values.max() >= size):
+            bad = values[(values < -size) | (values >= size)].flat[0]
+            raise InputError(f"input {name!r} indexes a table of {size} rows but holds {bad}; valid indices are "
+                             f"{-size}..{size - 1}")
 
     def _copy_in(self, i, src, me) -> None:
         dst = self._ws.tensors[self.plan.inputs[i]]

@@ -81,6 +81,8 @@ class Plan:
     constants: list[int]
     output_is_tuple: bool = False
     memory: dict = field(default_factory=dict)
+    #: input name -> size of the table its values index (Gather/take), for ``check_inputs``
+    index_bounds: dict = field(default_factory=dict)
     version: int = PLAN_VERSION
 
     # ---- queries -----------------------------------------------------------------------
@@ -138,6 +140,7 @@ class Plan:
                 constants=[_int(i) for i in data["constants"]],
                 output_is_tuple=bool(data.get("output_is_tuple", False)),
                 memory=dict(data.get("memory", {})),
+                index_bounds={str(k): _int(v) for k, v in data.get("index_bounds", {}).items()},
             )
         except (KeyError, TypeError) as err:
             raise PlanError(f"plan JSON is missing or has a malformed field ({err}); rebuild the artifact") from None

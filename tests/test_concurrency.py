@@ -57,41 +57,37 @@ def case():
     return b, xs, refs
 
 
-def test_one_executor_shared_by_8_threads_through_call(case):
-    b, xs, refs = case
+def _all_correct(call, xs, refs):
+    """THREADS threads x CALLS calls of ``call(x)``, each thread its own input: every result right."""
     wrong, done = [], []
-    with NimbleExecutor(b.module) as ex:
-        def worker(k):
-            for _ in range(CALLS):
-                out = [o.numpy() for o in ex(xs[k])]
-                done.append(k)
-                if not _same(out, refs[k]):
-                    wrong.append(k)
 
-        _hammer(worker)
+    def worker(k):
+        for _ in range(CALLS):
+            out = [o.numpy() for o in call(xs[k])]
+            done.append(k)
+            if not _same(out, refs[k]):
+                wrong.append(k)
+
+    _hammer(worker)
     assert len(done) == THREADS * CALLS
     assert wrong == []
 
 
+def test_one_executor_shared_by_8_threads_through_call(case):
+    b, xs, refs = case
+    with NimbleExecutor(b.module) as ex:
+        _all_correct(ex, xs, refs)
+
+
 def test_pool_shared_by_8_threads(case):
     b, xs, refs = case
-    wrong, done = [], []
     with NimblePool(b.module, replicas=3) as pool:
         assert pool.replicas == 3
         # one loaded module shared; each replica its own buffers
         assert len({id(ex.module) for ex in pool._executors}) == 1
         assert len({id(ex._ws.storages[0]) for ex in pool._executors}) == 3
 
-        def worker(k):
-            for _ in range(CALLS):
-                out = [o.numpy() for o in pool(xs[k])]
-                done.append(k)
-                if not _same(out, refs[k]):
-                    wrong.append(k)
-
-        _hammer(worker)
-    assert len(done) == THREADS * CALLS
-    assert wrong == []
+        _all_correct(pool, xs, refs)
 
 
 def test_pool_borrowed_replica_serves_the_graph_executor_calls(case):

@@ -80,7 +80,7 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
     if use_gpu:
         g = StockVM(build_stock_vm(mod, target, cuda_graph=True, tuning_database=db), device, inputs)
         systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs))
-    nimble = nimble or build(mod, target, tuning_db=tuning_db)
+    nimble = nimble or build(mod, target, tuning_db=tuning_db, kernels="tvm")  # mod is offloaded already
     for mode in GPU_MODES if use_gpu else ("sequential",):
         ex = NimbleExecutor(nimble, device, mode=mode)
         for i, x in enumerate(inputs):

@@ -125,3 +125,74 @@ def test_usage_errors_exit_2():
 def test_help_has_examples(command):
     r = cli(command, "--help")
     assert r.returncode == 0 and "example" in r.stdout
+
+
+def one_line_error(r, code=1):
+    """The command failed with ``code`` and said why in exactly one line, no traceback."""
+    assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    lines = [l for l in r.stderr.splitlines() if l.startswith("tvm-nimble:")]  # (progress and warnings aside)
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    return lines[0]
+
+
+def test_a_data_dependent_shape_is_named_before_import(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["idx"], name="nz")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+                              [helper.make_tensor_value_info("idx", TensorProto.INT64, [2, None])])
+    path = zoo.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "nz.onnx"))
+    line = one_line_error(cli("compile", path, "-o", str(tmp_path / "o")))
+    assert "NonZero (node 'nz')" in line and "depends on the input's values" in line and "static shapes" in line
+
+
+def test_the_dynamic_shape_hint_shows_the_cli_flag(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    path = zoo.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "dyn.onnx"))
+    assert "--shape x=1,8" in one_line_error(cli("compile", path, "-o", str(tmp_path / "o")))
+
+
+def test_duplicate_flags_are_usage_errors(model_file, tmp_path):
+    path, _, _, d = model_file
+    line = one_line_error(cli("compile", path, "-o", str(tmp_path / "o"), "--shape", "input=1,3,16,16",
+                              "--shape", "input=1,3,32,32"), code=2)
+    assert "--shape input=... is given twice" in line
+    art = str(d / "incept.nimble")
+    if not os.path.isdir(art):
+        assert cli("compile", path, "-o", art, "--target", "llvm").returncode == 0
+    x = f"input={d / 'x.npy'}"
+    assert "--input input=... is given twice" in one_line_error(cli("run", art, "--input", x, "--input", x), code=2)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x93NUMPY garbage", b"not numpy at all" * 4])
+def test_a_bad_npy_input_is_named(model_file, tmp_path, content):
+    path, _, _, d = model_file
+    art = str(d / "incept.nimble")
+    if not os.path.isdir(art):
+        assert cli("compile", path, "-o", art, "--target", "llvm").returncode == 0
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(content)
+    line = one_line_error(cli("run", art, "--input", f"input={bad}"))
+    assert str(bad) in line and "not a valid .npy array" in line and "allow_pickle" not in line
+
+
+def test_an_arch_nvcc_cannot_compile_for_is_one_line(model_file, tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: the arch is checked against nvcc --list-gpu-arch")
+    path, _, _, _ = model_file
+    line = one_line_error(cli("compile", path, "-o", str(tmp_path / "o"), "--target", "cuda", "--arch", "sm_12",
+                              "--kernels", "tvm"))
+    assert "sm_12" in line and "sm_90" in line
+
+
+def test_explain_counts_inputs_outputs_and_constants(model_file):
+    path, _, _, _ = model_file
+    r = cli("explain", path)
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("memory: inputs"))
+    assert "inputs 3.0 KiB" in line and "outputs 40 B" in line  # 1x3x16x16 and 1x10 float32
+    assert "kernels by source: " in r.stdout and "tvm-default" in r.stdout

@@ -25,9 +25,12 @@ def _shape_dict(items):
         try:
             if not sep:
                 raise ValueError
-            shapes[name] = tuple(int(d) for d in dims.split(","))
+            dims = tuple(int(d) for d in dims.split(","))
         except ValueError:
             raise SystemExit(_usage(f"--shape expects NAME=D1,D2,..., got {item!r}"))
+        if name in shapes:
+            raise SystemExit(_usage(f"--shape {name}=... is given twice; give each input's shape once"))
+        shapes[name] = dims
     return shapes
 
 
@@ -54,7 +57,7 @@ def cmd_compile(args):
 
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
-                       tuning_db=args.tuning_db)
+                       tuning_db=args.tuning_db, kernels=args.kernels)
         module.export(args.output)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
@@ -72,9 +75,15 @@ def cmd_run(args):
             name, sep, path = item.partition("=")
             if not sep:
                 raise SystemExit(_usage(f"--input expects NAME=FILE.npy, got {item!r}"))
+            if name in feeds:
+                raise SystemExit(_usage(f"--input {name}=... is given twice; give each input once"))
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"input file not found: {path}")
-            feeds[name] = np.load(path, allow_pickle=False)
+            try:
+                feeds[name] = np.load(path, allow_pickle=False)
+            except (ValueError, OSError, EOFError):
+                raise ValueError(f"--input {name}={path} is not a valid .npy array (empty, truncated or another "
+                                 "format); save the input with numpy.save(path, array)") from None
         missing = [n for n in ex.plan.input_names if n not in feeds]
         if missing:
             raise SystemExit(_usage(f"missing --input for {missing} (the model's inputs are {ex.plan.input_names})"))
@@ -143,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     target_opts(p)
     p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
+    p.add_argument("--kernels", choices=["auto", "tvm", "vendor"], default="auto",
+                   help="convolutions/GEMMs/average pools on cuDNN/cuBLASLt (vendor), TVM's kernels (tvm), or "
+                        "vendor on CUDA when the extension can be built here (auto, the default)")
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
             "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")

@@ -10,11 +10,28 @@ from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 from .build import BuildResult, build
 
 
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=False) -> str:
     program, assignment, plan = result.program, result.assignment, result.plan
     edges = program.dependency_edges()
     labels = [k.func for k in program.kernels]
     lines = [format_summary(summarize(len(program.kernels), edges, assignment, labels=labels))]
+    sources: dict[str, int] = {}
+    tuned = bool(result.info.get("tuning_db"))
+    for launch in plan.launches:
+        src = ("cudnn" if launch.kernel.startswith("nimble.cudnn.") else
+               "cublas" if launch.kernel.startswith("nimble.cublas.") else "tvm-tuned" if tuned else "tvm-default")
+        sources[src] = sources.get(src, 0) + 1
+    lines.append("kernels by source: " + ", ".join(f"{n} {src}" for src, n in sorted(sources.items())))
+    fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}
+    lines.append(f"memory: inputs {_size(fixed['input'])}, outputs {_size(fixed['output'])}, "
+                 f"constants {_size(fixed['const'])}, plus the pool below")
     mem = plan.memory
     lines.append(f"memory pool: {mem['pool_bytes_concurrent_safe'] / 1024:.1f} KiB concurrency-safe, "
                  f"{mem['pool_bytes_sequential'] / 1024:.1f} KiB sequential plan, "
@@ -32,7 +49,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
 
 
 def explain_model(model, target, shape_dict=None, max_streams=None, dot_path=None, show_plan=False,
-                  show_ir=False) -> str:
+                  show_ir=False, kernels: str = "auto") -> str:
     """Schedule ``model`` (no kernel code generation) and explain the result."""
-    result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=False)
+    result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=False,
+                   kernels=kernels)
     return explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)

@@ -159,6 +159,28 @@ def _check_operators(model: onnx.ModelProto, label: str) -> None:
         f"importer does not support: {', '.join(parts)}: {hint}")
 
 
+#: operators whose output shape depends on input values: never static
+_DATA_DEPENDENT = frozenset({"NonZero", "NonMaxSuppression", "Unique", "Compress", "StringSplit"})
+#: operators whose output shape is set by one of their inputs (index): static only when it is a constant
+_SHAPE_INPUT = {"TopK": 1, "Range": 0, "Expand": 1, "Tile": 1}
+
+
+def _check_data_dependent_shapes(model: onnx.ModelProto, label: str) -> None:
+    """Operators whose output shape depends on run-time values, named before TVM's legalization fails on them
+    (after static shape computations are folded, so shapes computed from static shapes pass)."""
+    constants = {t.name for t in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    for node in _walk_nodes(model.graph):
+        dynamic = node.op_type in _DATA_DEPENDENT
+        k = _SHAPE_INPUT.get(node.op_type)
+        if k is not None and len(node.input) > k and node.input[k] and node.input[k] not in constants:
+            dynamic = True
+        if dynamic:
+            raise ShapeError(f"{label}: operator {node.op_type} (node {node.name or '<unnamed>'!r}) produces a shape "
+                             "that depends on the input's values; tvm-nimble needs static shapes: move that part "
+                             "of the model out of the graph, or make its shape input a constant")
+
+
 # ---- checker ------------------------------------------------------------------------------
 def _check_model(model: onnx.ModelProto, label: str, path: str | None) -> None:
     try:
@@ -178,8 +200,8 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def _example(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
-    """A ready-to-paste shape_dict: the model's static dims, 1 for dynamic ones."""
+def _example_shapes(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> dict[str, tuple[int, ...]]:
+    """Ready-to-use static shapes: the given ones, else the model's static dims with 1 for dynamic ones."""
     ex = {}
     for vi in inputs:
         if vi.name in shape_dict:
@@ -187,7 +209,17 @@ def _example(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
             continue
         dims = declared_dims(vi)
         ex[vi.name] = (1, 3, 224, 224) if dims is None else tuple(d if isinstance(d, int) else 1 for d in dims)
-    return "{" + ", ".join(f"{k!r}: {v}" for k, v in ex.items()) + "}"
+    return ex
+
+
+def _example(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
+    """A ready-to-paste shape_dict."""
+    return "{" + ", ".join(f"{k!r}: {v}" for k, v in _example_shapes(inputs, shape_dict).items()) + "}"
+
+
+def _example_flags(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
+    """The same example as ``--shape NAME=D1,D2,...`` flags."""
+    return " ".join(f"--shape {k}={','.join(str(d) for d in v)}" for k, v in _example_shapes(inputs, shape_dict).items())
 
 
 def _normalize_shape_dict(shape_dict, inputs: list[onnx.ValueInfoProto]) -> dict[str, tuple[int, ...]]:
@@ -247,7 +279,8 @@ def _check_static_inputs(inputs: list[onnx.ValueInfoProto], shape_dict: dict) ->
             problems.append(f"input {vi.name!r} {_fmt_dims(dims)} has dynamic {', '.join(dyn)}")
     if problems:
         raise ShapeError(f"{'; '.join(problems)}: tvm-nimble needs static shapes, pass them as "
-                         f"shape_dict={_example(inputs, shape_dict)}")
+                         f"shape_dict={_example(inputs, shape_dict)} (on the command line: "
+                         f"{_example_flags(inputs, shape_dict)})")
 
 
 # ---- import -------------------------------------------------------------------------------
@@ -287,7 +320,9 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
         model = _with_input_shapes(model, shapes)
         path = None
     _check_model(model, label, path)
-    return _import(fold_static_shapes(model), shapes, label)
+    folded = fold_static_shapes(model)
+    _check_data_dependent_shapes(folded, label)
+    return _import(folded, shapes, label)
 
 
 def _with_input_shapes(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:

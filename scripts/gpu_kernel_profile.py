@@ -46,12 +46,12 @@ def latency(ex, iters: int = 200) -> float:
     return float(np.median(samples))
 
 
-def profile_model(name: str, kernels: str, batch: int) -> dict:
-    from tvm_nimble.cli.bench import torchvision_builders
+def profile_model(spec: str, kernels: str, batch: int) -> dict:
+    from tvm_nimble.cli.bench import model_builders
     from tvm_nimble.compiler.build import build
     from tvm_nimble.runtime.executor import NimbleExecutor
 
-    onnx_builder, _ = torchvision_builders(name)
+    name, onnx_builder, _ = model_builders(spec)
     model = onnx_builder(batch=batch)
     out = {"model": name, "batch": batch, "kernels": kernels}
     for label, streams in (("single", 1), ("multi", None)):
@@ -92,7 +92,7 @@ def main():
     for spec in args.models.split(","):
         name = spec.split(":", 1)[-1]
         try:
-            r = profile_model(name, args.kernels, args.batch)
+            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch)
         except Exception as err:  # one line per model, then the next one
             print(f"{name}: failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
             continue

@@ -6,6 +6,7 @@ examples:
   tvm-nimble bench --models incept6 --tuning-db tuning/sm_90/incept6 --with-untuned   # tuned vs untuned
   tvm-nimble bench --models tv:resnet50,tv:inception_v3 --target cuda   # torchvision (GPU machine)
   tvm-nimble bench --models tv:googlenet --dtype float32,float16 --batch 1,8   # fp16 as a second table
+  tvm-nimble bench --models timm:inception_v4,timm:nasnetalarge --kernels vendor   # any timm model
   tvm-nimble bench --onnx my.onnx                                  # any static ONNX model
 """
 from __future__ import annotations
@@ -35,8 +36,33 @@ def calibrate_batchnorm(model, size: int, batches: int = 4, batch: int = 8, seed
     return model.cpu().eval()
 
 
-def torchvision_builders(name: str):
-    """(onnx builder, torch builder) for a torchvision/timm model, built from code with a fixed seed and
+def _timm():
+    try:
+        import timm
+    except ImportError:
+        from tvm_nimble.errors import NimbleError
+
+        raise NimbleError("timm:NAME models need timm: pip install timm") from None
+    return timm
+
+
+def _randomize_zero_heads(model, seed: int = 0):
+    """Some timm models zero-initialise their classifier: an all-zero head makes every output the bias,
+    whatever the input. Give such heads seeded random weights."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if linears and not linears[-1].weight.detach().any():
+        with torch.no_grad():
+            w = linears[-1].weight
+            w.copy_(torch.randn(w.shape, generator=gen) * (1.0 / w.shape[1] ** 0.5))
+    return model
+
+
+def model_builders(spec: str):
+    """(label, onnx builder, torch builder) for ``tv:NAME`` (torchvision; nasnetalarge comes from timm) or
+    ``timm:NAME`` (any timm model, input size from its own config), built from code with a fixed seed and
     calibrated BatchNorm statistics (see :func:`calibrate_batchnorm`)."""
     import copy
     import io
@@ -44,39 +70,47 @@ def torchvision_builders(name: str):
     import onnx
     import torch
 
-    size = 299 if name in ("inception_v3",) else (331 if name == "nasnetalarge" else 224)
-
+    source, _, name = spec.partition(":")
+    if source not in ("tv", "timm") or not name:
+        raise ValueError(f"model {spec!r}: expected tv:NAME (torchvision) or timm:NAME")
+    use_timm = source == "timm" or name == "nasnetalarge"
     built = []  # one calibrated model; every caller gets its own copy (callers move it, cast it to fp16)
+
+    def make():
+        torch.manual_seed(0)
+        if use_timm:
+            model = _randomize_zero_heads(_timm().create_model(name, pretrained=False))
+            size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))[-1]
+        else:
+            import torchvision
+
+            kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
+            model = getattr(torchvision.models, name)(weights=None, **kw)
+            size = 299 if name == "inception_v3" else 224
+        return calibrate_batchnorm(model, size), size
 
     def torch_model(batch=1):
         if not built:
-            torch.manual_seed(0)
-            if name == "nasnetalarge":
-                import timm
-
-                model = timm.create_model("nasnetalarge", pretrained=False)
-            else:
-                import torchvision
-
-                kw = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
-                model = getattr(torchvision.models, name)(weights=None, **kw)
-            built.append(calibrate_batchnorm(model, size))
-        return copy.deepcopy(built[0])
+            built.append(make())
+        return copy.deepcopy(built[0][0])
 
     def onnx_model(batch=1):
+        model = torch_model(batch)
+        size = built[0][1]
         buf = io.BytesIO()
-        torch.onnx.export(torch_model(batch), (torch.randn(batch, 3, size, size),), buf, input_names=["input"],
+        torch.onnx.export(model, (torch.randn(batch, 3, size, size),), buf, input_names=["input"],
                           output_names=["output"], opset_version=17, dynamo=False)
         return onnx.load_from_string(buf.getvalue())
 
-    return onnx_model, torch_model
+    return name, onnx_model, torch_model
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tvm-nimble bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="incept6,nasnet,resnet",
-                    help="zoo nets at benchmark size (incept6, nasnet, resnet, mobilenet), or tv:<torchvision name>")
+                    help="zoo nets at benchmark size (incept6, nasnet, resnet, mobilenet), tv:<torchvision name> or "
+                         "timm:<timm name>")
     ap.add_argument("--onnx", action="append", help="benchmark this ONNX file too (repeatable)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
@@ -113,10 +147,10 @@ def main(argv=None):
 
     models, torch_models = {}, {}
     for name in [m for m in args.models.split(",") if m]:
-        if name.startswith("tv:"):
-            onnx_b, torch_b = torchvision_builders(name[3:])
-            models[name[3:]] = onnx_b
-            torch_models[name[3:]] = torch_b
+        if name.startswith(("tv:", "timm:")):
+            label, onnx_b, torch_b = model_builders(name)
+            models[label] = onnx_b
+            torch_models[label] = torch_b
         else:
             label, _, _ = zoo.bench_model_spec(name)  # checks the name; labels inception as incept6
             models[label] = lambda batch, name=name: zoo.get_bench_model(name, batch=batch, small=args.small)[1]

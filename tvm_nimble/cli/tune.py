@@ -61,10 +61,11 @@ def _load(model_arg: str):
         from tvm_nimble import zoo
 
         return zoo.get_bench_model(model_arg[4:])  # benchmark size, as `tvm-nimble bench` builds it
-    if model_arg.startswith("tv:"):  # built from code with a fixed seed, exactly as `tvm-nimble bench` builds it
-        from tvm_nimble.cli.bench import torchvision_builders
+    if model_arg.startswith(("tv:", "timm:")):  # built from code with a fixed seed, exactly as `bench` builds it
+        from tvm_nimble.cli.bench import model_builders
 
-        return model_arg[3:], torchvision_builders(model_arg[3:])[0](batch=1)
+        label, onnx_builder, _ = model_builders(model_arg)
+        return label, onnx_builder(batch=1)
     from tvm_nimble.compiler.frontend import load_onnx_model
 
     return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)

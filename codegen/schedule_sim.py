@@ -1,0 +1,99 @@
+"""Predict a plan's latency on a GPU model, to choose between schedules before measuring them.
+
+An event-driven simulation of one replay of the plan's CUDA graph:
+  * each stream runs its launches in plan order; a launch starts once its stream is free and every
+    event it waits on has been recorded, plus ``wait_us`` per cross-stream wait (an event edge in a
+    CUDA graph is not free) and ``launch_us`` per kernel (graph node overhead);
+  * kernels that run at the same time share the GPU: kernel ``i`` alone would fill ``fill[i]`` of it
+    (1.0 = a kernel that keeps every SM busy); while the running kernels' fills add up to more than
+    1, each advances at ``1 / sum(fills)`` of its solo speed (processor sharing) less a contention
+    loss, so overlapping two kernels that each fill the GPU loses a little, and two that each fill
+    half of it run in the time of one.
+Durations come from a graph-mode profile of the one-stream replay (``scripts/gpu_kernel_profile.py``),
+fills from the kernels' launch shapes or, lacking them, from a calibration against measured
+multi-stream runs. Plain Python on a :class:`~tvm_nimble.runtime.plan.Plan`: no GPU, no TVM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class GPUModel:
+    launch_us: float = 2.0  # per kernel node of the graph
+    wait_us: float = 1.0  # per cross-stream event wait
+    #: throughput lost while running kernels over-fill the GPU (cache and block-scheduling interference):
+    #: at a load of L > 1 each kernel advances at 1 / (L * (1 + contention))
+    contention: float = 0.1
+
+
+def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> float:
+    """Predicted latency (us) of one replay of ``plan``; ``durations_us[i]`` is launch i's solo time."""
+    gpu = gpu or GPUModel()
+    n = len(plan.launches)
+    if len(durations_us) != n:
+        raise ValueError(f"{len(durations_us)} durations for {n} launches")
+    fills = list(fills) if fills is not None else [1.0] * n
+    queues: dict[int, list[int]] = {}
+    for pos, launch in enumerate(plan.launches):
+        queues.setdefault(launch.stream, []).append(pos)
+    recorded_at: dict[int, float] = {}  # event -> time it was recorded
+    stream_free = {s: 0.0 for s in queues}
+    running: dict[int, float] = {}  # launch position -> solo-time work left (us)
+    now, done = 0.0, 0
+
+    def startable():
+        """(launch position, ready time) of every stream head that is not running and whose events are in."""
+        out = []
+        for s, q in queues.items():
+            if not q or q[0] in running:
+                continue
+            l = plan.launches[q[0]]
+            if all(e in recorded_at for e in l.waits):
+                ready = max([stream_free[s]] + [recorded_at[e] + gpu.wait_us for e in l.waits]) + gpu.launch_us
+                out.append((q[0], ready))
+        return out
+
+    while done < n:
+        starts = startable()
+        for pos, ready in starts:
+            if ready <= now + 1e-9:
+                running[pos] = float(durations_us[pos])
+        pending = [ready for pos, ready in starts if pos not in running]
+        if not running:
+            if not pending:
+                raise RuntimeError("the plan deadlocks: a launch waits on an event that is never recorded")
+            now = min(pending)
+            continue
+        load = sum(fills[p] for p in running)
+        rate = 1.0 if load <= 1.0 + 1e-9 else 1.0 / (load * (1.0 + gpu.contention))
+        step = min(min(work for work in running.values()) / rate, min(pending, default=float("inf")) - now)
+        for p in running:
+            running[p] -= step * rate
+        now += step
+        for p in [p for p, work in running.items() if work <= 1e-9]:
+            del running[p]
+            launch = plan.launches[p]
+            queues[launch.stream].pop(0)
+            stream_free[launch.stream] = now
+            for e in launch.records:
+                recorded_at[e] = now
+            done += 1
+    return now
+
+
+def best_schedule(candidates: dict, durations_of, fills_of=None, gpu: GPUModel | None = None,
+                  memory_budget: int | None = None):
+    """The name of the fastest predicted plan among ``candidates`` ({name: plan}) whose concurrency-safe
+    pool fits ``memory_budget`` bytes, and every prediction. ``durations_of(plan)`` / ``fills_of(plan)``
+    give per-launch solo times and fills in that plan's launch order. Ties go to fewer streams."""
+    predictions = {}
+    for name, plan in candidates.items():
+        if memory_budget is not None and plan.memory.get("pool_bytes", 0) > memory_budget:
+            continue
+        predictions[name] = simulate(plan, durations_of(plan), fills_of(plan) if fills_of else None, gpu)
+    if not predictions:
+        raise ValueError(f"no schedule's memory pool fits the budget of {memory_budget} bytes; "
+                         "raise the budget or use --max-streams 1")
+    best = min(predictions, key=lambda k: (round(predictions[k], 6), candidates[k].num_streams))
+    return best, predictions

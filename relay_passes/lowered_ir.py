@@ -15,11 +15,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from tvm_nimble.errors import NimbleError
-
 from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, WAIT_EVENT  # noqa: F401  (used by annotate)
-
-#: Names of the vendor extension's global functions (``codegen/vendor``); calls of them are kernels.
-VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cublas.")
+from tvm_nimble.runtime.plan import VENDOR_PREFIXES
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 

@@ -20,10 +20,11 @@ import time
 import numpy as np
 
 from tvm_nimble.codegen.critical_path import critical_path, serial_sum
+from tvm_nimble.runtime.plan import VENDOR_PREFIXES
 
 
 def family(kernel: str) -> str:
-    if kernel.startswith(("nimble.cudnn.", "nimble.cublas.")):
+    if kernel.startswith(VENDOR_PREFIXES):
         return kernel
     return "tvm:" + re.sub(r"\d+$", "", kernel)
 

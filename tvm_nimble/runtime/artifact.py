@@ -63,7 +63,7 @@ def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray],
     kernels.export_library(os.path.join(path, "kernels.so"))
     np.savez(os.path.join(path, "params.npz"), **params)
     files = list(FILES)
-    if any(l.kernel.startswith(("nimble.cudnn.", "nimble.cublas.")) for l in plan.launches):
+    if plan.uses_vendor_kernels:
         if not vendor_library:
             raise ArtifactError("the plan launches cuDNN/cuBLAS kernels but no vendor extension was given to "
                                 "package; export the module returned by tvm_nimble.build")

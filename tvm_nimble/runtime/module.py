@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .artifact import VENDOR_FILE, ArtifactError, load_artifact_files, save_artifact
-from .plan import Plan
+from .plan import VENDOR_PREFIXES, Plan
 
 
 class KernelNotFoundError(ArtifactError):
@@ -33,10 +33,6 @@ class NimbleModule:
                              vendor_library=self.vendor_library)
 
     export_library = export  # the TVM spelling
-
-
-#: Kernel names served by the vendor extension (cuDNN / cuBLASLt), not by the kernel library.
-VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cublas.")
 
 
 def lookup_kernel(kernels, name: str):

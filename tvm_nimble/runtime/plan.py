@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 from tvm_nimble.errors import NimbleError
 
+#: Kernel names served by the vendor extension (cuDNN / cuBLASLt, ``codegen/vendor``), not by the kernel library.
+VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cublas.")
+
 PLAN_FORMAT = "tvm-nimble-plan"
 PLAN_VERSION = 1
 TENSOR_KINDS = ("input", "output", "const", "intermediate")
@@ -89,6 +92,10 @@ class Plan:
     @property
     def input_names(self) -> list[str]:
         return [self.tensors[i].name for i in self.inputs]
+
+    @property
+    def uses_vendor_kernels(self) -> bool:
+        return any(l.kernel.startswith(VENDOR_PREFIXES) for l in self.launches)
 
     def stream_launches(self, stream: int) -> list[Launch]:
         return [l for l in self.launches if l.stream == stream]

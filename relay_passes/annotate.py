@@ -47,9 +47,11 @@ def _is_kernel_call(value, prim_names: set[str]) -> bool:
             or is_vendor_call(value))
 
 
-def annotate_function(mod: tvm.IRModule, func_name: str = "main", max_streams: int | None = None):
-    """Return (annotated function, assignment) for ``mod[func_name]``."""
-    program = read_lowered_function(mod, func_name)
+def annotate_function(mod: tvm.IRModule, func_name: str = "main", max_streams: int | None = None,
+                      program=None):
+    """Return (annotated function, assignment) for ``mod[func_name]``; ``program`` is that function
+    already read with ``read_lowered_function``, when the caller has it."""
+    program = program if program is not None else read_lowered_function(mod, func_name)
     if any(k.stream is not None for k in program.kernels):
         raise ValueError(f"function '{func_name}' is already stream-annotated")
     assignment = assign_streams(len(program.kernels), program.dependency_edges(), max_streams=max_streams)

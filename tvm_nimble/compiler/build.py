@@ -8,6 +8,7 @@ hands it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: i
 
     Returns (annotated module, program, assignment, plan, params)."""
     program = read_lowered_function(lowered)
-    func, assignment = annotate_function(lowered, max_streams=max_streams)
+    func, assignment = annotate_function(lowered, max_streams=max_streams, program=program)
     annotated = lowered.clone()
     annotated["main"] = func
     plan, params = build_plan(annotated, target_dict(target), reuse=reuse)
@@ -126,10 +127,16 @@ def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
 
 def vendor_library(target: tvm.target.Target) -> str:
     """The cuDNN/cuBLASLt extension for the target's arch, built (cached) and loaded in this process."""
+    return _vendor_library(str(target.attrs["arch"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _vendor_library(arch: str) -> str:
+    """Once per arch and process: offload() needs it loaded, build() packages the same file."""
     from tvm_nimble.codegen.vendor_build import build_vendor_library
     from tvm_nimble.runtime.vendor import load_vendor_library
 
-    path = build_vendor_library(str(target.attrs["arch"]))
+    path = build_vendor_library(arch)
     load_vendor_library(path)
     return path
 
@@ -186,7 +193,6 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     library = build_kernels(annotated, t) if compile_kernels else None
     info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
             "kernels": kernels}
-    uses_vendor = t.kind.name == "cuda" and any(l.kernel.startswith(("nimble.cudnn.", "nimble.cublas."))
-                                                for l in plan.launches)
+    uses_vendor = t.kind.name == "cuda" and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t)

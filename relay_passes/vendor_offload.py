@@ -77,6 +77,11 @@ class _Chains:
         self.value = {b.var: b.value for b in block.bindings}
         self.uses = uses
         self.claimed: set = set()  # vars of chains already replaced
+        self.consumers: dict = {}  # var -> the bindings of this block that take it as an argument, in order
+        for b in block.bindings:
+            for a in getattr(b.value, "args", []):
+                if isinstance(a, relax.Var):
+                    self.consumers.setdefault(a, []).append(b.var)
 
     def single_use(self, var) -> bool:
         return self.uses.get(var, 0) == 1
@@ -114,11 +119,9 @@ def _follow(chains: _Chains, var):
     binding is not part of a chain already replaced."""
     if not chains.single_use(var):
         return None, None
-    for v, val in chains.value.items():
-        if v in chains.claimed:
-            continue
-        if any(isinstance(a, relax.Var) and a.same_as(var) for a in getattr(val, "args", [])):
-            return v, val
+    for v in chains.consumers.get(var, []):
+        if v not in chains.claimed:
+            return v, chains.value[v]
     return None, None
 
 
@@ -165,7 +168,7 @@ class _Offloader:
         return relax.op.call_dps_packed(name, relax.Tuple(args), sinfo)
 
     def conv_chain(self, chains: _Chains, var, call):
-        """(vars removed, final var, new value) for the chain starting at conv2d ``var``, or None."""
+        """(vars removed, final var, (vendor call, None)) for the chain starting at conv2d ``var``, or None."""
         why = _conv_reason(call)
         if why:
             self.report.kept.append(("conv2d", why))
@@ -196,7 +199,7 @@ class _Offloader:
         if residual is not None:
             args.append(residual)
             name = CONV2D_ADD
-        return removed, last, self._call(name, args + [relax.ShapeExpr(attrs)], out_shape, dtype)
+        return removed, last, (self._call(name, args + [relax.ShapeExpr(attrs)], out_shape, dtype), None)
 
     def avg_pool(self, call):
         """avg_pool2d as a depthwise cuDNN convolution with constant weights (TVM's default avg_pool2d
@@ -255,7 +258,7 @@ class _Offloader:
             bias = np.zeros(n, dtype=dtype)
         args = [x, relax.const(weight.astype(dtype)), relax.const(bias.astype(dtype)),
                 relax.ShapeExpr([transpose_b, act, self.tf32])]
-        return removed, last, self._call(MATMUL, args, out_shape, dtype)
+        return removed, last, (self._call(MATMUL, args, out_shape, dtype), None)
 
 
 def _use_counts(func: relax.Function) -> dict:
@@ -283,7 +286,7 @@ def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSP
             blocks.append(block)
             continue
         chains = _Chains(block, uses)
-        replace: dict = {}  # final var of a chain -> new value
+        replace: dict = {}  # final var of a chain -> (vendor call, constant scale of its output or None)
         drop: set = set()
         for b in block.bindings:
             if b.var in drop or b.var in replace:
@@ -301,7 +304,7 @@ def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSP
             if found:
                 removed, last, value = found
                 drop.update(removed)
-                replace[last] = value if isinstance(value, tuple) else (value, None)
+                replace[last] = value
                 chains.claimed.update(removed + [last])
         bindings = []
         for b in block.bindings:

@@ -1,9 +1,10 @@
 """Benchmark harness: Nimble vs stock TVM (and PyTorch / TensorRT where present), side by side.
 
-Every system is built from the same model, outputs are checked against stock TVM first,
-then all systems are timed in one process, interleaved round by round, after warm-up.
-Results are appended to ``results.csv`` (date, device, model, batch, dtype, system,
-median_ms, p90_ms); ``RESULTS.md`` and a bar chart are regenerated from the whole CSV.
+Every system is built from the same model. The TVM/Nimble systems are checked against each other,
+and every system against an independent reference (PyTorch fp32, or the ONNX reference evaluator)
+that must depend on its input; then all systems are timed in one process, interleaved round by
+round, after warm-up. Rows go to ``results.csv`` (columns in ``bench.report``); ``RESULTS.md`` and a
+bar chart are regenerated from the whole CSV, and ``machines.json`` records what the run ran on.
 A system that cannot run here (no GPU, no torch, no TensorRT) is reported as such, never
 with a made-up number.
 """
@@ -94,12 +95,19 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
     return systems
 
 
-def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
-    """PyTorch's fp32 outputs (TF32 off) for each set of inputs: the reference every system is checked against."""
+def _torch_tf32_off():
+    """fp32 means fp32 on every side: the TVM/Nimble kernels do not use TF32 either."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """PyTorch's fp32 outputs (TF32 off) for each set of inputs: the reference every system is checked against."""
+    import torch
+
+    _torch_tf32_off()
     model = torch_model.float().eval().cuda()
     outs = []
     with torch.no_grad():
@@ -119,8 +127,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32")
         return [], ["no PyTorch definition of this model (zoo models are ONNX): torch rows skipped"]
     if not torch.cuda.is_available():
         return [], ["PyTorch has no CUDA device here: torch rows skipped"]
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    _torch_tf32_off()
     model = torch_model.eval().cuda()
     xs = [torch.from_numpy(x).cuda() for x in inputs]
     if dtype == "float16":
@@ -305,10 +312,10 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db,
                                   kernels="vendor" if kernels == "vendor" else "tvm")
             key = (builder, batch, dtype)
+            tm = (torch_models or {}).get(name)
             if baseline_cache is not None and key in baseline_cache:
                 extra, why = baseline_cache[key]
             else:
-                tm = (torch_models or {}).get(name)
                 extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, dtype)
                 trt, why_trt = tensorrt_systems(model, feeds, dtype, use_gpu)
                 ort_systems, why_ort = onnxruntime_systems(model, feeds, dtype, use_gpu)
@@ -324,7 +331,6 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             # the TVM/Nimble systems run the same kernels: they agree tightly with each other; other
             # frameworks are checked against the PyTorch fp32 reference below, by relative L2
             check_agreement([s for s in systems if s.name.startswith(("tvm", "nimble"))], "tvm-vm", rtol=tol, atol=tol)
-            tm = (torch_models or {}).get(name)
             try:
                 errors = reference_errors(name, model, systems, inputs, dtype,
                                           tm(batch) if callable(tm) and use_gpu else None)

@@ -164,7 +164,6 @@ class _Offloader:
     def _call(self, name, args, out, dtype):
         """``call_dps_packed(name, args) -> (out, workspace)``; the caller binds item 0."""
         sinfo = [relax.TensorType(out, dtype), relax.TensorType((self.ws,), "uint8")]
-        self.report.offloaded[name] = self.report.offloaded.get(name, 0) + 1
         return relax.op.call_dps_packed(name, relax.Tuple(args), sinfo)
 
     def conv_chain(self, chains: _Chains, var, call):
@@ -275,21 +274,50 @@ def _use_counts(func: relax.Function) -> dict:
     return uses
 
 
-def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
-                     allow_tf32: bool = False, report: OffloadReport | None = None) -> relax.Function:
+@dataclass
+class Offload:
+    """One chain the pass can replace: its original bindings (in order), the vendor call replacing the
+    final one, and a signature that equal workloads share (what a kernel measurement is keyed by)."""
+
+    block: int  # index of the dataflow block
+    bindings: list  # the chain's original VarBindings, in block order
+    last: relax.Var  # the var the vendor call's result is bound to
+    value: tuple  # (vendor call, constant scale of its output or None)
+    signature: str
+
+
+def _type_str(expr) -> str:
+    ty = expr.ty
+    if isinstance(ty, relax.TensorType) and ty.shape is not None:
+        return "x".join(str(d) for d in ty.shape.values) + ":" + str(ty.dtype)
+    if isinstance(expr, relax.ShapeExpr):
+        return "[" + ",".join(str(v) for v in expr.values) + "]"
+    return type(expr).__name__
+
+
+def _signature(ops: list[str], call) -> str:
+    """``conv2d+add+relu -> nimble.cudnn.conv2d(1x64x56x56:float32, ..., [1,1,...])``: the original
+    operators (an average pool and a depthwise convolution map to the same vendor call) and the vendor
+    call's argument types and attributes."""
+    packed = call.args[0]
+    args = call.args[1].fields
+    return "+".join(ops) + " -> " + str(packed.global_symbol) + "(" + ", ".join(_type_str(a) for a in args) + ")"
+
+
+def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+                  allow_tf32: bool = False, report: OffloadReport | None = None) -> list[Offload]:
+    """Every chain of ``func`` that :func:`offload_function` would replace, in program order."""
     report = report if report is not None else OffloadReport()
     off = _Offloader(workspace_bytes, allow_tf32, report)
     uses = _use_counts(func)
-    blocks = []
-    for block in func.body.blocks:
+    found_all: list[Offload] = []
+    for bi, block in enumerate(func.body.blocks):
         if not isinstance(block, relax.DataflowBlock):
-            blocks.append(block)
             continue
         chains = _Chains(block, uses)
-        replace: dict = {}  # final var of a chain -> (vendor call, constant scale of its output or None)
-        drop: set = set()
+        taken: set = set()
         for b in block.bindings:
-            if b.var in drop or b.var in replace:
+            if b.var in taken:
                 continue
             op = _op(b.value)
             found = None
@@ -303,9 +331,37 @@ def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSP
                     found = [], b.var, pooled
             if found:
                 removed, last, value = found
-                drop.update(removed)
-                replace[last] = value
-                chains.claimed.update(removed + [last])
+                members = set(removed) | {b.var, last}
+                taken.update(members)
+                chains.claimed.update(members)
+                bindings = [x for x in block.bindings if x.var in members]
+                ops = [_op(x.value).split(".")[-1] for x in bindings]
+                found_all.append(Offload(bi, bindings, last, value, _signature(ops, value[0])))
+    return found_all
+
+
+def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+                     allow_tf32: bool = False, report: OffloadReport | None = None,
+                     select=None) -> relax.Function:
+    """``func`` with its offloadable chains replaced by vendor calls; ``select(offload) -> bool``
+    (default: all) picks which ones, e.g. by measured kernel times."""
+    report = report if report is not None else OffloadReport()
+    chosen = []
+    for o in find_offloads(func, workspace_bytes, allow_tf32, report):
+        if select is None or select(o):
+            chosen.append(o)
+            name = str(o.value[0].args[0].global_symbol)
+            report.offloaded[name] = report.offloaded.get(name, 0) + 1
+        else:
+            report.kept.append((o.signature.split(" -> ")[0], "TVM's kernel measured faster"))
+    blocks = []
+    for bi, block in enumerate(func.body.blocks):
+        mine = [o for o in chosen if o.block == bi]
+        if not mine:
+            blocks.append(block)
+            continue
+        replace = {o.last: o.value for o in mine}
+        drop = {x.var for o in mine for x in o.bindings} - set(replace)
         bindings = []
         for b in block.bindings:
             if b.var in drop:
@@ -328,15 +384,16 @@ def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSP
 
 
 def OffloadToVendor(workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, allow_tf32: bool = False,
-                    report: OffloadReport | None = None) -> tvm.transform.Pass:
-    """Module pass: conv2d / matmul chains of every Relax function to cuDNN / cuBLASLt calls."""
+                    report: OffloadReport | None = None, select=None) -> tvm.transform.Pass:
+    """Module pass: conv2d / matmul chains of every Relax function to cuDNN / cuBLASLt calls
+    (those ``select(offload)`` accepts, when given)."""
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.OffloadToVendor")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod = mod.clone()
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
-                mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report)
+                mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report, select)
         return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
 
     return _pass

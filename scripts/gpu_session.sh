@@ -8,6 +8,7 @@
 #   vendorcheck                   scripts/gpu_vendor_check.py: the cuDNN/cuBLASLt extension against PyTorch
 #   profile SECONDS ARGS...       scripts/gpu_kernel_profile.py ARGS --out $WORK/profile (per-kernel profile)
 #   gputests SECONDS              pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
+#   pool SECONDS ARGS...          scripts/gpu_pool_bench.py ARGS --out $WORK/pool (replicas x threads, bit-identity)
 #   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
@@ -53,6 +54,8 @@ for spec in "$@"; do
             step 150 "$PYTHON" scripts/gpu_vendor_check.py --out "$WORK/vendor" ;;
         profile)
             step "${a[1]}" "$PYTHON" scripts/gpu_kernel_profile.py "${a[@]:2}" --out "$WORK/profile" ;;
+        pool)
+            step "${a[1]}" "$PYTHON" scripts/gpu_pool_bench.py "${a[@]:2}" --out "$WORK/pool" ;;
         gputests)
             step "${a[1]}" "$PYTHON" -m pytest -q -m gpu tests/gpu -p no:cacheprovider ;;
         artifact)
@@ -89,4 +92,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80
+grep -E "^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

@@ -35,3 +35,13 @@ def test_prepare_validate_record_on_cpu(tmp_path):
     assert {"tvm-vm", "nimble-aot-cpu"} <= {r["system"] for r in rows}
     md = open(bench / "RESULTS.md").read()
     assert "incept6" in md and "kernels on" in md  # the notes name kernels and streams per model
+
+
+def test_pool_bench_on_cpu(tmp_path):
+    out = script("gpu_pool_bench.py", "--models", "zoo:inception", "--target", "llvm", "--seconds", "0.2",
+                 "--runs", "80", "--out", str(tmp_path / "pool"), cwd=tmp_path)
+    res = json.load(open(tmp_path / "pool" / "pool_inception.json"))
+    assert [r["replicas"] for r in res["rows"]] == ["executor", 1, 2, 4]
+    assert all(r["calls_per_s"] > 0 for r in res["rows"])
+    assert res["bit_identical_runs"] == 80 and res["mismatches"] == 0
+    assert "80 pooled runs, 0 not bit-identical" in out

@@ -10,10 +10,9 @@ order in the pass shows up as a wrong output.
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
-from numpy.lib.stride_tricks import sliding_window_view
 
 from tvm_nimble import NimbleExecutor, zoo
+from vendor_reference import register_reference_functions
 from tvm_nimble.codegen.checker import check_plan
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
@@ -23,42 +22,9 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.vendor_offload import CONV2D, CONV2D_ADD, MATMUL, OffloadReport, OffloadToVendor
 
 
-def _act(y, act):
-    return np.maximum(y, 0) if act == 1 else np.clip(y, 0, 6) if act == 2 else y
-
-
-def np_conv2d(x, w, b, attrs):
-    sh, sw, ph, pw, dh, dw, groups, act = attrs[:8]
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    o, cg, kh, kw = w.shape
-    win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
-    og = o // groups
-    out = np.concatenate([np.einsum("nchwij,ocij->nohw", win[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og])
-                          for g in range(groups)], axis=1)
-    return out + b.reshape(1, -1, 1, 1), act
-
-
-def _register_reference_functions():
-    def conv(x, w, b, attrs, y, ws):
-        out, act = np_conv2d(x.numpy(), w.numpy(), b.numpy(), list(attrs))
-        y.copyfrom(_act(out, act).astype(y.dtype))
-
-    def conv_add(x, w, b, z, attrs, y, ws):
-        out, act = np_conv2d(x.numpy(), w.numpy(), b.numpy(), list(attrs))
-        y.copyfrom(_act(out + z.numpy(), act).astype(y.dtype))
-
-    def matmul(a, w, bias, attrs, y, ws):
-        transpose_b, act = int(attrs[0]), int(attrs[1])
-        wm = w.numpy().T if transpose_b else w.numpy()
-        y.copyfrom(_act(a.numpy() @ wm + bias.numpy(), act).astype(y.dtype))
-
-    for name, fn in ((CONV2D, conv), (CONV2D_ADD, conv_add), (MATMUL, matmul)):
-        tvm_ffi.register_global_func(name, fn, override=True)
-
-
 @pytest.mark.parametrize("name", ["inception", "nasnet", "resnet"])
 def test_offloaded_module_computes_the_reference(name):
-    _register_reference_functions()
+    register_reference_functions()
     model = zoo.get_model(name)
     inputs = zoo.random_inputs(model, seed=0)
     from onnx.reference import ReferenceEvaluator

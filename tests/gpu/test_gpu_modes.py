@@ -68,3 +68,15 @@ def test_threads_share_one_gpu_executor_and_a_pool(gpu_arch):
                 for t in threads:
                     t.join()
                 assert wrong == []
+
+
+def test_best_kernels_record_their_measurement(gpu_arch):
+    """``auto`` on a GPU machine is ``best``: both kernels of each distinct chain were timed here, the faster
+    one is in the plan, and the measurement is kept with the build (it goes into the artifact)."""
+    module, _, _ = _case("inception", gpu_arch)
+    assert module.info["kernels"] == "best"
+    choice = module.info["kernel_choice"]
+    assert choice and all(c["vendor_ms"] > 0 and c["tvm_ms"] > 0 for c in choice)
+    assert all(c["kernel"] == ("vendor" if c["vendor_ms"] <= c["tvm_ms"] else "tvm") for c in choice)
+    n_vendor = sum(c["count"] for c in choice if c["kernel"] == "vendor")
+    assert sum(l.kernel.startswith("nimble.") for l in module.plan.launches) == n_vendor

@@ -73,7 +73,7 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
 
     import tvm
 
-    mod = offload(model if isinstance(model, tvm.IRModule) else from_onnx(model), target, kernels)
+    mod, _ = offload(model if isinstance(model, tvm.IRModule) else from_onnx(model), target, kernels, tuning_db)
     db = open_tuning_database(tuning_db) if tuning_db else None
     systems = []
     vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)
@@ -310,7 +310,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             feeds = zoo.random_inputs(model, seed=0)
             inputs = list(feeds.values())
             systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db,
-                                  kernels="vendor" if kernels == "vendor" else "tvm")
+                                  kernels=kernels if kernels in ("vendor", "best") else "tvm")
             key = (builder, batch, dtype)
             tm = (torch_models or {}).get(name)
             if baseline_cache is not None and key in baseline_cache:

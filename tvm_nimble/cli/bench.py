@@ -125,9 +125,10 @@ def main(argv=None):
     ap.add_argument("--with-untuned", action="store_true",
                     help="with --tuning-db: also run the untuned kernels first, in the same process, for a same-run "
                          "tuned-vs-untuned ratio")
-    ap.add_argument("--kernels", choices=["tvm", "vendor"], default="tvm",
-                    help="kernels of every TVM/Nimble system: TVM's own (default), or convolutions and GEMMs on "
-                         "cuDNN / cuBLASLt (CUDA; needs the nvidia-cudnn-cu13 and nvidia-cublas wheels)")
+    ap.add_argument("--kernels", choices=["tvm", "vendor", "best"], default="tvm",
+                    help="kernels of every TVM/Nimble system: TVM's own (default), convolutions and GEMMs on "
+                         "cuDNN / cuBLASLt (vendor; CUDA, needs the nvidia-cudnn-cu13 and nvidia-cublas wheels), "
+                         "or each of them on whichever of the two measured faster on this GPU (best)")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
     ap.add_argument("--report-only", action="store_true",
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
@@ -177,7 +178,7 @@ def main(argv=None):
         for dtype in args.dtype.split(","):
             r, n = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
                                  tuning_db=db, dtype=dtype, torch_models=torch_models, baseline_cache=baseline_cache,
-                                 kernels="vendor" if args.kernels == "vendor" else "tvm-tuned" if db else "tvm-default",
+                                 kernels=args.kernels if args.kernels != "tvm" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "")
             rows += r
             notes += [x for x in n if x not in notes]

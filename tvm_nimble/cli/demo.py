@@ -15,6 +15,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import check_agreement, interleaved_timing, tvm_systems
     from tvm_nimble.compiler.build import build, offload, resolve_kernels
+    from tvm_nimble.compiler.kernel_choice import summarize as summarize_kernel_choice
     from tvm_nimble.compiler.target import default_kind, resolve_target
     from tvm_nimble.compiler.frontend import from_onnx, load_onnx_model
 
@@ -31,11 +32,14 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     print(f"model: {name}   target: {tgt.kind.name}{' ' + str(tgt.attrs['arch']) if use_gpu else ''}")
 
     kernels = resolve_kernels("auto", tgt)  # the same kernels for Nimble and stock TVM
-    mod = offload(from_onnx(model), tgt, kernels)
+    mod, timings = offload(from_onnx(model), tgt, kernels)
     nimble = build(mod, tgt, kernels="tvm")  # mod is offloaded already
     plan = nimble.plan
-    print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if kernels == 'vendor' else 'TVM'} "
-          "(the same in every system)")
+    if kernels == "best":
+        print(summarize_kernel_choice(timings) + " (the same in every system)")
+    else:
+        print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if kernels == 'vendor' else 'TVM'} "
+              "(the same in every system)")
     print(f"Nimble schedule: {len(plan.launches)} kernels on {plan.num_streams} stream(s), "
           f"{sum(len(l.waits) for l in plan.launches)} cross-stream waits")
     systems = tvm_systems(mod, tgt, dev, inputs, use_gpu, nimble=nimble)

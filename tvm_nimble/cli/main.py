@@ -101,11 +101,18 @@ def cmd_run(args):
             print(line)
 
 
+def kernels_opt(p):
+    p.add_argument("--kernels", choices=["auto", "tvm", "vendor", "best"], default="auto",
+                   help="convolutions/GEMMs/average pools on cuDNN/cuBLASLt (vendor), TVM's kernels (tvm), each on "
+                        "whichever of the two measured faster on this machine's GPU (best), or auto (the default): "
+                        "best on a CUDA machine, vendor when no GPU is here, tvm without the cuDNN/cuBLAS wheels")
+
+
 def cmd_explain(args):
     from tvm_nimble.compiler.explain import explain_model
 
     text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
-                         dot_path=args.dot, show_plan=args.plan, show_ir=args.ir)
+                         dot_path=args.dot, show_plan=args.plan, show_ir=args.ir, kernels=args.kernels)
     print(text)
 
 
@@ -152,9 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     target_opts(p)
     p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
-    p.add_argument("--kernels", choices=["auto", "tvm", "vendor"], default="auto",
-                   help="convolutions/GEMMs/average pools on cuDNN/cuBLASLt (vendor), TVM's kernels (tvm), or "
-                        "vendor on CUDA when the extension can be built here (auto, the default)")
+    kernels_opt(p)
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
             "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")
@@ -170,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", help="write the stream-colored DAG as Graphviz DOT here")
     p.add_argument("--plan", action="store_true", help="print the launch plan table")
     p.add_argument("--ir", action="store_true", help="print the annotated Relax IR")
+    kernels_opt(p)
 
     p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (tvm_nimble.cli.bench)",
             "tvm-nimble bench --models inception,nasnet --batch 1", passthrough=True)

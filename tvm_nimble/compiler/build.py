@@ -24,7 +24,7 @@ from tvm_nimble.relay_passes.pipeline import kernel_passes
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.runtime.module import NimbleModule
 
-from .target import resolve_target, target_dict
+from .target import local_gpu_arch, resolve_target, target_dict
 from .tuning.database import open_tuning_database
 
 _warned_untuned = False
@@ -102,14 +102,20 @@ def _as_relax(model, shape_dict):
     return from_onnx(model, shape_dict=shape_dict)
 
 
-KERNEL_CHOICES = ("auto", "tvm", "vendor")
-_noted_auto = False
+KERNEL_CHOICES = ("auto", "tvm", "vendor", "best")
+_noted_auto: set[str] = set()
+
+
+def _note_once(why: str):
+    if why not in _noted_auto:
+        warnings.warn(why, stacklevel=4)
+        _noted_auto.add(why)
 
 
 def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
-    """``auto``: cuDNN / cuBLASLt on CUDA where the extension can be built here (they won on every model
-    measured, see benchmarks/RESULTS.md), TVM's kernels otherwise, with a one-line note why."""
-    global _noted_auto
+    """``auto``: on CUDA, ``best`` (each operator on cuDNN/cuBLASLt or TVM, whichever measured faster)
+    when the vendor extension can be built and a GPU is here to measure on, ``vendor`` when there is
+    no GPU here, TVM's kernels when the extension cannot be built; a one-line note says which and why."""
     if kernels not in KERNEL_CHOICES:
         raise NimbleError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     if kernels != "auto":
@@ -119,10 +125,15 @@ def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
     from tvm_nimble.codegen.vendor_build import vendor_available
 
     ok, why = vendor_available()
-    if not ok and not _noted_auto:
-        warnings.warn(f"vendor kernels unavailable, building with TVM's kernels: {why}", stacklevel=3)
-        _noted_auto = True
-    return "vendor" if ok else "tvm"
+    if not ok:
+        _note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
+        return "tvm"
+    local = local_gpu_arch()
+    if local != str(target.attrs["arch"]):
+        _note_once(f"no {target.attrs['arch']} GPU here to time cuDNN/cuBLAS against TVM's kernels: every convolution "
+                   "and GEMM goes to cuDNN/cuBLAS (kernels='vendor'); build on that GPU for kernels='best'")
+        return "vendor"
+    return "best"
 
 
 def vendor_library(target: tvm.target.Target) -> str:
@@ -141,18 +152,27 @@ def _vendor_library(arch: str) -> str:
     return path
 
 
-def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str) -> tvm.IRModule:
-    """``mod`` with its convolutions and GEMMs on cuDNN / cuBLASLt (``kernels="vendor"``, CUDA only),
-    and the vendor extension built for the target's arch and loaded in this process."""
+def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_db: str | None = None):
+    """``mod`` with its convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA only): all of
+    them (``kernels="vendor"``) or those whose vendor kernel measured faster than TVM's (``"best"``,
+    TVM's tuned kernels when ``tuning_db`` is given); the vendor extension is built for the target's
+    arch and loaded in this process. Returns (module, the measured :class:`KernelTiming` list, empty
+    unless ``best``)."""
     kernels = resolve_kernels(kernels, target)
     if kernels == "tvm":
-        return mod
+        return mod, []
     if target.kind.name != "cuda":
-        raise NimbleError("vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for llvm")
+        raise NimbleError(f"vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for {target.kind.name}")
     from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
 
     vendor_library(target)
-    return OffloadToVendor()(mod)
+    if kernels == "vendor":
+        return OffloadToVendor()(mod), []
+    from .kernel_choice import measure_kernels
+
+    timings = measure_kernels(mod, target, build, tuning_db)
+    vendor = {t.signature for t in timings if t.kernel == "vendor"}
+    return OffloadToVendor(select=lambda o: o.signature in vendor)(mod), timings
 
 
 def _warn_untuned_once():
@@ -172,15 +192,17 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     is a MetaSchedule database directory whose tuned kernels replace the default schedules.
     ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
     ``kernels``: ``"vendor"`` runs convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA; see
-    :func:`offload`), ``"tvm"`` keeps TVM's kernels, ``"auto"`` (default) is vendor on CUDA when the
-    extension can be built here (nvcc and the nvidia-cudnn-cu13 / nvidia-cublas wheels), else tvm.
+    :func:`offload`), ``"best"`` each of them on cuDNN/cuBLASLt or TVM, whichever measured faster on
+    this machine's GPU, ``"tvm"`` keeps TVM's kernels; ``"auto"`` (default, see :func:`resolve_kernels`)
+    is best on a CUDA machine that can build the extension (nvcc and the nvidia-cudnn-cu13 /
+    nvidia-cublas wheels), vendor without a GPU here, else tvm.
     """
     t = resolve_target(target)
     mod = _as_relax(model, shape_dict)
     if params:
         mod = tvm.relax.transform.BindParams("main", params)(mod)
     kernels = resolve_kernels(kernels, t)
-    mod = offload(mod, t, kernels)
+    mod, timings = offload(mod, t, kernels, tuning_db)
     if max_streams is not None and max_streams < 1:
         raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
     database = open_tuning_database(tuning_db) if tuning_db else None
@@ -193,6 +215,8 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     library = build_kernels(annotated, t) if compile_kernels else None
     info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
             "kernels": kernels}
+    if timings:
+        info["kernel_choice"] = [k.to_dict() for k in timings]
     uses_vendor = t.kind.name == "cuda" and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t)

@@ -1,0 +1,94 @@
+"""A probe module: every distinct offloadable chain of a model, each on its own, in one function.
+
+Choosing cuDNN/cuBLASLt or TVM per operator needs both kernels timed on the GPU the model will run
+on. Timing them inside the full model would need a map from each chain to the fused TIR kernels
+TVM makes of it, which fusion does not keep. The probe side-steps that: it holds one copy of each
+distinct chain (by :attr:`Offload.signature`) with its own inputs as parameters and its result as
+one field of the output tuple. Built with TVM's kernels and again with the vendor offload, every
+launch of either build feeds exactly one output, so a per-launch profile sums to a per-chain time.
+The chains keep their original operators, so TVM legalizes and fuses them as it does in the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from .vendor_offload import Offload, find_offloads
+
+#: operators through which a chain reaches its constant weights (reshape of a bias, transpose of a
+#: matmul's weights); their bindings are copied into the probe instead of becoming parameters
+_CONSTANT_VIEWS = ("relax.reshape", "relax.permute_dims")
+
+
+@dataclass
+class Probe:
+    """The probe module and, per output field, the signature it measures and how often it occurs."""
+
+    mod: tvm.IRModule
+    signatures: list[str]
+    counts: list[int]
+
+
+def _constant_view(value) -> bool:
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _CONSTANT_VIEWS
+            and isinstance(value.args[0], Constant))
+
+
+def _substitute(value, var_map: dict):
+    if not isinstance(value, relax.Call):
+        raise TypeError(f"unexpected binding in an offload chain: {type(value).__name__}")
+    args = [var_map.get(a, a) if isinstance(a, relax.Var) else a for a in value.args]
+    return relax.Call(value.op, args, value.attrs, value.ty_args)
+
+
+def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
+    """(parameters, constant-view bindings to copy) of one chain, in first-use order."""
+    inside = {b.var for b in offload.bindings}
+    params, views, seen = [], [], set()
+    for b in offload.bindings:
+        for a in b.value.args:
+            if not isinstance(a, relax.Var) or a in inside or a in seen:
+                continue
+            seen.add(a)
+            value = bound.get(a)
+            if value is not None and _constant_view(value):
+                views.append(relax.VarBinding(a, value))
+            else:
+                params.append(a)
+    return params, views
+
+
+def build_probe(mod: tvm.IRModule, func_name: str = "main") -> Probe | None:
+    """The probe of ``mod[func_name]``, or None when nothing in it can be offloaded."""
+    func = mod[func_name]
+    offloads = find_offloads(func)
+    if not offloads:
+        return None
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    first: dict[str, Offload] = {}
+    counts: dict[str, int] = {}
+    for o in offloads:
+        first.setdefault(o.signature, o)
+        counts[o.signature] = counts.get(o.signature, 0) + 1
+    plan = []  # (offload, {original param var: probe param}, views)
+    all_params = []
+    for i, o in enumerate(first.values()):
+        params, views = _inputs(o, bound)
+        fresh = {p: relax.Var(f"c{i}_{k}", p.ty) for k, p in enumerate(params)}
+        all_params.extend(fresh.values())
+        plan.append((o, fresh, views))
+    bb = relax.BlockBuilder()
+    with bb.function("main", all_params):
+        with bb.dataflow():
+            outs = []
+            for o, var_map, views in plan:
+                var_map = dict(var_map)
+                for b in views + o.bindings:
+                    var_map[b.var] = bb.emit(_substitute(b.value, var_map))
+                outs.append(var_map[o.last])
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return Probe(bb.get(), list(first), [counts[s] for s in first])

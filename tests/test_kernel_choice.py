@@ -1,0 +1,114 @@
+"""kernels='best' on CPU: the probe module, the launch attribution and the per-chain selection.
+
+The timing itself needs a GPU (tests/gpu/test_gpu_modes.py builds with kernels='best' there). What
+can go wrong without one is checked here against independent references: the probe must reproduce
+every chain of the model exactly (the offload pass, run again on the probe, finds the same
+signatures), its TVM-kernel and vendor-call builds must compute the same values (the vendor calls
+run as numpy references of their contract), every launch of a probe build must be attributed to
+exactly one chain, and a partial selection must still compute what the ONNX reference evaluator does.
+"""
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+from vendor_reference import register_reference_functions
+
+from tvm_nimble import NimbleExecutor, zoo
+from tvm_nimble.compiler.build import build
+from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.compiler.kernel_choice import KernelTiming, launches_per_output, summarize
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes.kernel_probe import build_probe
+from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
+
+MODELS = ["inception", "nasnet", "resnet"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_probe_holds_each_distinct_chain_once(name):
+    mod = from_onnx(zoo.get_model(name))
+    offloads = find_offloads(mod["main"])
+    probe = build_probe(mod)
+    assert len(set(probe.signatures)) == len(probe.signatures) == len({o.signature for o in offloads})
+    assert sum(probe.counts) == len(offloads)
+    assert [o.signature for o in find_offloads(probe.mod["main"])] == probe.signatures
+
+
+def _run(result, inputs):
+    return [o.numpy() for o in NimbleExecutor(result)(*inputs)]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_probe_tvm_and_vendor_builds_agree_and_every_launch_feeds_one_chain(name):
+    register_reference_functions()
+    probe = build_probe(from_onnx(zoo.get_model(name)))
+    tvm_side = build(probe.mod, "llvm", max_streams=1)
+    vendor_side = build(OffloadToVendor()(probe.mod), "llvm", max_streams=1)
+    assert sum(l.kernel.startswith("nimble.") for l in vendor_side.plan.launches) == len(probe.signatures)
+    rng = np.random.default_rng(0)
+    shapes = [(vendor_side.plan.tensors[t].shape, vendor_side.plan.tensors[t].dtype) for t in vendor_side.plan.inputs]
+    x1, x2 = ([rng.standard_normal(s).astype(d) for s, d in shapes] for _ in range(2))
+    a, b = _run(tvm_side, x1), _run(vendor_side, x1)
+    assert len(a) == len(probe.signatures)
+    for ya, yb, y2 in zip(a, b, _run(tvm_side, x2)):
+        np.testing.assert_allclose(yb, ya, rtol=1e-4, atol=1e-4)
+        assert np.abs(ya - y2).max() > 1e-2  # each chain's output depends on its inputs
+    for result in (tvm_side, vendor_side):
+        owners = launches_per_output(result.plan)
+        assert all(owners)
+        flat = sorted(i for launches in owners for i in launches)
+        assert flat == list(range(len(result.plan.launches)))  # each launch belongs to exactly one chain
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_selected_chains_only_are_offloaded_and_the_model_still_computes_the_reference(name):
+    register_reference_functions()
+    model = zoo.get_model(name)
+    inputs = zoo.random_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, inputs)[0]
+    mod = from_onnx(model)
+    signatures = sorted({o.signature for o in find_offloads(mod["main"])})
+    keep = set(signatures[::2])
+    report = OffloadReport()
+    offloaded = OffloadToVendor(report=report, select=lambda o: o.signature in keep)(mod)
+    want = sum(o.signature in keep for o in find_offloads(mod["main"]))
+    assert 0 < want < len(find_offloads(mod["main"]))
+    assert sum(report.offloaded.values()) == want
+    assert sum(why == "TVM's kernel measured faster" for _, why in report.kept) == len(find_offloads(mod["main"])) - want
+    result = build(offloaded, "llvm")
+    assert sum(l.kernel.startswith("nimble.") for l in result.plan.launches) == want
+    out = _run(result, list(inputs.values()))[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_summary_counts_operators_and_totals():
+    timings = [KernelTiming("conv a", 3, 0.010, 0.020), KernelTiming("conv b", 2, 0.030, 0.015),
+               KernelTiming("matmul", 1, 0.005, 0.005)]
+    assert [t.kernel for t in timings] == ["vendor", "tvm", "vendor"]  # a tie goes to the vendor kernel
+    line = summarize(timings)
+    assert "4 operators on cuDNN/cuBLAS, 2 on TVM" in line
+    best = 3 * 0.010 + 2 * 0.015 + 0.005
+    assert f"kernel time {best:.3f} ms" in line and "all vendor 0.095 ms" in line and "all TVM 0.095 ms" in line
+
+
+def test_best_without_the_gpu_it_times_on_is_one_clear_error():
+    from tvm_nimble.codegen.vendor_build import vendor_available
+
+    ok, why = vendor_available()
+    if not ok:
+        pytest.skip(why)
+    with pytest.raises(NimbleError, match="kernels='best' times the kernels on a sm_90 GPU.*kernels='vendor'"):
+        build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, kernels="best", compile_kernels=False)
+
+
+def test_auto_without_a_gpu_here_is_vendor_with_a_note():
+    from tvm_nimble.codegen.vendor_build import vendor_available
+
+    ok, why = vendor_available()
+    if not ok:
+        pytest.skip(why)
+    import tvm_nimble.compiler.build as b
+
+    b._noted_auto.clear()
+    with pytest.warns(UserWarning, match="no sm_90 GPU here"):
+        result = build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, compile_kernels=False)
+    assert result.info["kernels"] == "vendor" and result.plan.uses_vendor_kernels

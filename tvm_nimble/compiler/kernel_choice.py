@@ -1,0 +1,125 @@
+"""``kernels="best"``: per offloadable operator, cuDNN/cuBLASLt or TVM's kernel, whichever is faster here.
+
+Both kernels of every distinct chain are timed on this machine's GPU, in graph mode, inside the
+probe module (``relay_passes.kernel_probe``): built once with TVM's kernels (tuned ones when a
+database is given) and once with the vendor offload, each replayed as a one-stream CUDA graph with
+an event pair around every launch. A chain's time is the sum over the launches that feed its
+output (TVM may need two kernels where the vendor needs one, e.g. a padding and a convolution).
+Each launch's bracket adds the same small cost on both sides. Measurements are kept per process,
+keyed by arch, tuning database and signature, so the stock-TVM baseline and the single-stream
+build of a benchmark reuse the choice of the first build.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import tvm
+
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes.kernel_probe import build_probe
+from tvm_nimble.runtime.plan import Plan
+
+from .target import local_gpu_arch
+
+#: profiled replays per build; the median per launch is kept
+PROFILE_REPS = 15
+
+_measured: dict[tuple, tuple[float, float]] = {}  # (arch, tuning db, signature) -> (vendor_ms, tvm_ms)
+
+
+@dataclass
+class KernelTiming:
+    """One distinct offloadable chain: how often the model has it and both kernels' measured times."""
+
+    signature: str
+    count: int
+    vendor_ms: float
+    tvm_ms: float
+
+    @property
+    def kernel(self) -> str:
+        return "vendor" if self.vendor_ms <= self.tvm_ms else "tvm"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "kernel": self.kernel}
+
+
+def launches_per_output(plan: Plan) -> list[list[int]]:
+    """For each output of ``plan``: the launches its value depends on (backward through the data flow)."""
+    producer: dict[int, int] = {}
+    for launch in plan.launches:
+        for w in launch.writes:
+            producer[plan.root(w)] = launch.idx
+    result = []
+    for out in plan.outputs:
+        seen: set[int] = set()
+        stack = [plan.root(out)]
+        visited_tensors: set[int] = set()
+        while stack:
+            t = stack.pop()
+            if t in visited_tensors:
+                continue
+            visited_tensors.add(t)
+            idx = producer.get(t)
+            if idx is None or idx in seen:
+                continue
+            seen.add(idx)
+            launch = plan.launches[idx]
+            stack.extend(plan.root(a) for a in launch.args if plan.root(a) != t)
+        result.append(sorted(seen))
+    return result
+
+
+def _per_output_ms(result, reps: int) -> list[float]:
+    """Graph-mode time of the launches behind each output of a built probe, on ``tvm.cuda(0)``."""
+    from tvm_nimble.runtime.executor import NimbleExecutor
+
+    plan = result.plan
+    rng = np.random.default_rng(0)
+    with NimbleExecutor(result, tvm.cuda(0), mode="cuda-graph") as ex:
+        for i, tid in enumerate(plan.inputs):
+            t = plan.tensors[tid]
+            ex.set_input(i, rng.standard_normal(t.shape).astype(t.dtype))
+        ex.run()
+        ex.sync()
+        runs = [ex.profile(graph=True) for _ in range(reps)]
+    per_launch = [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(plan.launches))]
+    return [sum(per_launch[i] for i in launches) for launches in launches_per_output(plan)]
+
+
+def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_db: str | None = None,
+                    reps: int = PROFILE_REPS) -> list[KernelTiming]:
+    """Both kernels' times for every distinct offloadable chain of ``mod``, measured on this GPU.
+    ``build`` is :func:`tvm_nimble.compiler.build.build` (passed in: this module sits below it)."""
+    if target.kind.name != "cuda":
+        raise NimbleError("kernels='best' measures on a CUDA GPU; use kernels='tvm' for llvm")
+    arch = str(target.attrs["arch"])
+    local = local_gpu_arch()
+    if local != arch:
+        raise NimbleError(f"kernels='best' times the kernels on a {arch} GPU, and this machine has "
+                          f"{'a ' + local if local else 'none'}; build there, or use kernels='vendor' or 'tvm'")
+    probe = build_probe(mod)
+    if probe is None:
+        return []
+    db = os.path.abspath(tuning_db) if tuning_db else None
+    keys = [(arch, db, s) for s in probe.signatures]
+    if any(k not in _measured for k in keys):
+        times = {}
+        for kernels in ("vendor", "tvm"):
+            built = build(probe.mod, target, max_streams=1, kernels=kernels, tuning_db=tuning_db)
+            times[kernels] = _per_output_ms(built, reps)
+        for k, v, t in zip(keys, times["vendor"], times["tvm"]):
+            _measured[k] = (v, t)
+    return [KernelTiming(s, n, *_measured[k]) for s, n, k in zip(probe.signatures, probe.counts, keys)]
+
+
+def summarize(timings: list[KernelTiming]) -> str:
+    """One line: how many operators each source got and the kernel time of each choice."""
+    n_vendor = sum(t.count for t in timings if t.kernel == "vendor")
+    n_tvm = sum(t.count for t in timings if t.kernel == "tvm")
+    total = {k: sum(t.count * getattr(t, f"{k}_ms") for t in timings) for k in ("vendor", "tvm")}
+    best = sum(t.count * min(t.vendor_ms, t.tvm_ms) for t in timings)
+    return (f"kernel choice (measured): {n_vendor} operators on cuDNN/cuBLAS, {n_tvm} on TVM; their kernel "
+            f"time {best:.3f} ms (all vendor {total['vendor']:.3f} ms, all TVM {total['tvm']:.3f} ms)")

@@ -73,6 +73,8 @@ def profile_model(spec: str, kernels: str, batch: int) -> dict:
             out[label]["critical_path_ms"] = critical_path(plan, durations)[0]
             out[label]["serial_sum_ms"] = serial_sum(durations)
         if label == "single":
+            out["kernel_choice"] = result.info.get("kernel_choice", [])
+            out["kernel_choice_check"] = result.info.get("kernel_choice_check")
             cp, path = critical_path(plan, durations)
             fams: dict[str, list[float]] = {}
             for l, d in zip(plan.launches, durations):
@@ -115,6 +117,16 @@ def main():
         print(f"  gap: kernels ran {m['serial_sum_ms'] / r['serial_sum_ms']:.2f}x longer concurrently (summed); "
               f"the critical path with those durations {m['critical_path_ms']:.3f} ms; measured / that "
               f"{m['latency_ms'] / m['critical_path_ms']:.2f} (event waits, launch gaps, graph launch)")
+        if r["kernel_choice"]:
+            from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, summarize
+
+            check = r["kernel_choice_check"]
+            print("  " + summarize([KernelTiming(**c) for c in r["kernel_choice"]],
+                                   ModelCheck(check["best_ms"], check["vendor_ms"]) if check else None))
+            for c in r["kernel_choice"]:
+                if c["tvm_ms"] < c["vendor_ms"]:
+                    print(f"  tvm faster: {c['count']} x {c['signature'][:90]} {c['tvm_ms'] * 1e3:.1f} vs "
+                          f"{c['vendor_ms'] * 1e3:.1f} us -> {c['kernel']}")
         for k, n, t, share in r["families"][:12]:
             print(f"  {k[:48]:48s} {n:4d} {t:8.3f} ms {share:6.1%}")
         print("  slowest: " + ", ".join(f"{k} {d * 1e3:.0f}us" for k, d in r["slowest"][:6]))

@@ -15,7 +15,7 @@ from vendor_reference import register_reference_functions
 from tvm_nimble import NimbleExecutor, zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
-from tvm_nimble.compiler.kernel_choice import KernelTiming, launches_per_output, summarize
+from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, launches_per_output, summarize
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
@@ -88,6 +88,10 @@ def test_summary_counts_operators_and_totals():
     assert "4 operators on cuDNN/cuBLAS, 2 on TVM" in line
     best = 3 * 0.010 + 2 * 0.015 + 0.005
     assert f"kernel time {best:.3f} ms" in line and "all vendor 0.095 ms" in line and "all TVM 0.095 ms" in line
+    assert ModelCheck(1.2, 1.0).kept == "vendor" and ModelCheck(0.9, 1.0).kept == "best"
+    assert summarize(timings, ModelCheck(1.2, 1.0)).endswith("per-operator choice 1.200 ms, all vendor 1.000 ms, kept all vendor")
+    overruled = KernelTiming("conv b", 2, 0.030, 0.015, kernel="vendor")
+    assert KernelTiming(**overruled.to_dict()) == overruled  # what explain reads back from the artifact
 
 
 def test_best_without_the_gpu_it_times_on_is_one_clear_error():

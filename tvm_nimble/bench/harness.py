@@ -73,7 +73,12 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
 
     import tvm
 
-    mod, _ = offload(model if isinstance(model, tvm.IRModule) else from_onnx(model), target, kernels, tuning_db)
+    mod, timings, check = offload(model if isinstance(model, tvm.IRModule) else from_onnx(model), target, kernels,
+                                  tuning_db)
+    if timings:
+        from tvm_nimble.compiler.kernel_choice import summarize
+
+        print(f"[bench] {summarize(timings, check)}", flush=True)
     db = open_tuning_database(tuning_db) if tuning_db else None
     systems = []
     vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)

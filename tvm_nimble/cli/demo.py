@@ -32,11 +32,11 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     print(f"model: {name}   target: {tgt.kind.name}{' ' + str(tgt.attrs['arch']) if use_gpu else ''}")
 
     kernels = resolve_kernels("auto", tgt)  # the same kernels for Nimble and stock TVM
-    mod, timings = offload(from_onnx(model), tgt, kernels)
+    mod, timings, check = offload(from_onnx(model), tgt, kernels)
     nimble = build(mod, tgt, kernels="tvm")  # mod is offloaded already
     plan = nimble.plan
     if kernels == "best":
-        print(summarize_kernel_choice(timings) + " (the same in every system)")
+        print(summarize_kernel_choice(timings, check) + " (the same in every system)")
     else:
         print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if kernels == 'vendor' else 'TVM'} "
               "(the same in every system)")

@@ -156,23 +156,34 @@ def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_d
     """``mod`` with its convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA only): all of
     them (``kernels="vendor"``) or those whose vendor kernel measured faster than TVM's (``"best"``,
     TVM's tuned kernels when ``tuning_db`` is given); the vendor extension is built for the target's
-    arch and loaded in this process. Returns (module, the measured :class:`KernelTiming` list, empty
-    unless ``best``)."""
+    arch and loaded in this process. With ``best``, a mix of vendor and TVM kernels is kept only if the
+    whole model, built one-stream both ways, confirms it is faster than all vendor kernels (see
+    :class:`ModelCheck`). Returns (module, the :class:`KernelTiming` list, the :class:`ModelCheck` or
+    None); both empty unless ``best``."""
     kernels = resolve_kernels(kernels, target)
     if kernels == "tvm":
-        return mod, []
+        return mod, [], None
     if target.kind.name != "cuda":
         raise NimbleError(f"vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for {target.kind.name}")
     from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
 
     vendor_library(target)
+    all_vendor = OffloadToVendor()(mod)
     if kernels == "vendor":
-        return OffloadToVendor()(mod), []
-    from .kernel_choice import measure_kernels
+        return all_vendor, [], None
+    from .kernel_choice import check_in_model, measure_kernels
 
     timings = measure_kernels(mod, target, build, tuning_db)
     vendor = {t.signature for t in timings if t.kernel == "vendor"}
-    return OffloadToVendor(select=lambda o: o.signature in vendor)(mod), timings
+    if len(vendor) == len(timings):
+        return all_vendor, timings, None
+    chosen = OffloadToVendor(select=lambda o: o.signature in vendor)(mod)
+    check = check_in_model(chosen, all_vendor, target, build, tuning_db)
+    if check.kept == "best":
+        return chosen, timings, check
+    for t in timings:
+        t.kernel = "vendor"
+    return all_vendor, timings, check
 
 
 def _warn_untuned_once():
@@ -202,7 +213,7 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     if params:
         mod = tvm.relax.transform.BindParams("main", params)(mod)
     kernels = resolve_kernels(kernels, t)
-    mod, timings = offload(mod, t, kernels, tuning_db)
+    mod, timings, check = offload(mod, t, kernels, tuning_db)
     if max_streams is not None and max_streams < 1:
         raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
     database = open_tuning_database(tuning_db) if tuning_db else None
@@ -217,6 +228,8 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
             "kernels": kernels}
     if timings:
         info["kernel_choice"] = [k.to_dict() for k in timings]
+    if check is not None:
+        info["kernel_choice_check"] = check.to_dict()
     uses_vendor = t.kind.name == "cuda" and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t)

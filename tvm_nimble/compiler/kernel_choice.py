@@ -31,19 +31,37 @@ _measured: dict[tuple, tuple[float, float]] = {}  # (arch, tuning db, signature)
 
 @dataclass
 class KernelTiming:
-    """One distinct offloadable chain: how often the model has it and both kernels' measured times."""
+    """One distinct offloadable chain: how often the model has it, both kernels' measured times, and
+    the kernel it got (the faster one, unless the whole-model check overruled the choice)."""
 
     signature: str
     count: int
     vendor_ms: float
     tvm_ms: float
+    kernel: str = ""
 
-    @property
-    def kernel(self) -> str:
-        return "vendor" if self.vendor_ms <= self.tvm_ms else "tvm"
+    def __post_init__(self):
+        self.kernel = self.kernel or ("vendor" if self.vendor_ms <= self.tvm_ms else "tvm")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "kernel": self.kernel}
+        return asdict(self)
+
+
+@dataclass
+class ModelCheck:
+    """The per-chain choice against all-vendor kernels, both as whole one-stream CUDA graphs: a chain
+    timed alone can fuse differently inside the model (TVM fuses a following element-wise op into
+    its convolution; the vendor call does not), so the mix is kept only where the model confirms it."""
+
+    best_ms: float
+    vendor_ms: float
+
+    @property
+    def kept(self) -> str:
+        return "best" if self.best_ms < self.vendor_ms else "vendor"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "kept": self.kept}
 
 
 def launches_per_output(plan: Plan) -> list[list[int]]:
@@ -77,16 +95,60 @@ def _per_output_ms(result, reps: int) -> list[float]:
     from tvm_nimble.runtime.executor import NimbleExecutor
 
     plan = result.plan
-    rng = np.random.default_rng(0)
     with NimbleExecutor(result, tvm.cuda(0), mode="cuda-graph") as ex:
-        for i, tid in enumerate(plan.inputs):
-            t = plan.tensors[tid]
-            ex.set_input(i, rng.standard_normal(t.shape).astype(t.dtype))
+        _random_inputs(ex, plan)
         ex.run()
         ex.sync()
         runs = [ex.profile(graph=True) for _ in range(reps)]
     per_launch = [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(plan.launches))]
     return [sum(per_launch[i] for i in launches) for launches in launches_per_output(plan)]
+
+
+def _random_inputs(ex, plan, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for i, tid in enumerate(plan.inputs):
+        t = plan.tensors[tid]
+        ex.set_input(i, rng.standard_normal(t.shape).astype(t.dtype))
+
+
+def replay_ms(results: list, rounds: int = 5, iters: int = 40) -> list[float]:
+    """Median ms of one CUDA-graph replay (launch to synchronize) of each built model, interleaved."""
+    import time
+
+    from tvm_nimble.runtime.executor import NimbleExecutor
+
+    executors = [NimbleExecutor(r, tvm.cuda(0), mode="cuda-graph") for r in results]
+    try:
+        samples: list[list[float]] = [[] for _ in results]
+        for ex, r in zip(executors, results):
+            _random_inputs(ex, r.plan)
+            for _ in range(10):
+                ex.run()
+            ex.sync()
+        for _ in range(rounds):
+            for ex, s in zip(executors, samples):
+                for _ in range(iters):
+                    t0 = time.perf_counter()
+                    ex.run()
+                    ex.sync()
+                    s.append((time.perf_counter() - t0) * 1e3)
+        return [float(np.median(s)) for s in samples]
+    finally:
+        for ex in executors:
+            ex.close()
+
+
+_checked: dict[tuple, ModelCheck] = {}
+
+
+def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, target: tvm.target.Target, build,
+                   tuning_db: str | None = None) -> ModelCheck:
+    """Both modules (already offloaded) built one-stream and replayed, side by side."""
+    key = (str(target.attrs["arch"]), tuning_db, tvm.ir.structural_hash(chosen), tvm.ir.structural_hash(all_vendor))
+    if key not in _checked:
+        built = [build(m, target, max_streams=1, kernels="tvm", tuning_db=tuning_db) for m in (chosen, all_vendor)]
+        _checked[key] = ModelCheck(*replay_ms(built))
+    return _checked[key]
 
 
 def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_db: str | None = None,
@@ -115,11 +177,15 @@ def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_
     return [KernelTiming(s, n, *_measured[k]) for s, n, k in zip(probe.signatures, probe.counts, keys)]
 
 
-def summarize(timings: list[KernelTiming]) -> str:
-    """One line: how many operators each source got and the kernel time of each choice."""
+def summarize(timings: list[KernelTiming], check: ModelCheck | None = None) -> str:
+    """One line: how many operators each source got, the kernel time of each choice, and the model check."""
     n_vendor = sum(t.count for t in timings if t.kernel == "vendor")
     n_tvm = sum(t.count for t in timings if t.kernel == "tvm")
     total = {k: sum(t.count * getattr(t, f"{k}_ms") for t in timings) for k in ("vendor", "tvm")}
-    best = sum(t.count * min(t.vendor_ms, t.tvm_ms) for t in timings)
-    return (f"kernel choice (measured): {n_vendor} operators on cuDNN/cuBLAS, {n_tvm} on TVM; their kernel "
-            f"time {best:.3f} ms (all vendor {total['vendor']:.3f} ms, all TVM {total['tvm']:.3f} ms)")
+    chosen = sum(t.count * (t.vendor_ms if t.kernel == "vendor" else t.tvm_ms) for t in timings)
+    line = (f"kernel choice (measured): {n_vendor} operators on cuDNN/cuBLAS, {n_tvm} on TVM; their kernel "
+            f"time {chosen:.3f} ms (all vendor {total['vendor']:.3f} ms, all TVM {total['tvm']:.3f} ms)")
+    if check is not None:
+        line += (f"; whole model, one stream: per-operator choice {check.best_ms:.3f} ms, all vendor "
+                 f"{check.vendor_ms:.3f} ms, kept {'the per-operator choice' if check.kept == 'best' else 'all vendor'}")
+    return line

@@ -85,12 +85,14 @@ def test_summary_counts_operators_and_totals():
                KernelTiming("matmul", 1, 0.005, 0.005)]
     assert [t.kernel for t in timings] == ["vendor", "tvm", "vendor"]  # a tie goes to the vendor kernel
     line = summarize(timings)
-    assert "4 operators on cuDNN/cuBLAS, 2 on TVM" in line
+    assert "cuDNN/cuBLAS measured faster for 4 operators, TVM for 2" in line
     best = 3 * 0.010 + 2 * 0.015 + 0.005
     assert f"kernel time {best:.3f} ms" in line and "all vendor 0.095 ms" in line and "all TVM 0.095 ms" in line
+    assert line.endswith("in the plan: 4 on cuDNN/cuBLAS, 2 on TVM")
     assert ModelCheck(1.2, 1.0).kept == "vendor" and ModelCheck(0.9, 1.0).kept == "best"
-    assert summarize(timings, ModelCheck(1.2, 1.0)).endswith("per-operator choice 1.200 ms, all vendor 1.000 ms, kept all vendor")
     overruled = KernelTiming("conv b", 2, 0.030, 0.015, kernel="vendor")
+    line = summarize(timings[:1] + [overruled], ModelCheck(1.2, 1.0))
+    assert "TVM for 2" in line and line.endswith("that mix 1.200 ms, all vendor 1.000 ms; in the plan: 5 on cuDNN/cuBLAS, 0 on TVM")
     assert KernelTiming(**overruled.to_dict()) == overruled  # what explain reads back from the artifact
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
@@ -144,7 +145,7 @@ _checked: dict[tuple, ModelCheck] = {}
 def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, target: tvm.target.Target, build,
                    tuning_db: str | None = None) -> ModelCheck:
     """Both modules (already offloaded) built one-stream and replayed, side by side."""
-    key = (str(target.attrs["arch"]), tuning_db, tvm.ir.structural_hash(chosen), tvm.ir.structural_hash(all_vendor))
+    key = (str(target.attrs["arch"]), tuning_db, tvm_ffi.structural_hash(chosen), tvm_ffi.structural_hash(all_vendor))
     if key not in _checked:
         built = [build(m, target, max_streams=1, kernels="tvm", tuning_db=tuning_db) for m in (chosen, all_vendor)]
         _checked[key] = ModelCheck(*replay_ms(built))
@@ -178,14 +179,16 @@ def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_
 
 
 def summarize(timings: list[KernelTiming], check: ModelCheck | None = None) -> str:
-    """One line: how many operators each source got, the kernel time of each choice, and the model check."""
-    n_vendor = sum(t.count for t in timings if t.kernel == "vendor")
-    n_tvm = sum(t.count for t in timings if t.kernel == "tvm")
+    """One line: which kernel measured faster for how many operators, the kernel time of each choice,
+    the model check, and the kernels the plan got."""
+    faster_tvm = sum(t.count for t in timings if t.tvm_ms < t.vendor_ms)
+    n = sum(t.count for t in timings)
     total = {k: sum(t.count * getattr(t, f"{k}_ms") for t in timings) for k in ("vendor", "tvm")}
-    chosen = sum(t.count * (t.vendor_ms if t.kernel == "vendor" else t.tvm_ms) for t in timings)
-    line = (f"kernel choice (measured): {n_vendor} operators on cuDNN/cuBLAS, {n_tvm} on TVM; their kernel "
-            f"time {chosen:.3f} ms (all vendor {total['vendor']:.3f} ms, all TVM {total['tvm']:.3f} ms)")
+    best = sum(t.count * min(t.vendor_ms, t.tvm_ms) for t in timings)
+    line = (f"kernel choice: cuDNN/cuBLAS measured faster for {n - faster_tvm} operators, TVM for {faster_tvm}; "
+            f"kernel time {best:.3f} ms with the faster of each (all vendor {total['vendor']:.3f} ms, "
+            f"all TVM {total['tvm']:.3f} ms)")
     if check is not None:
-        line += (f"; whole model, one stream: per-operator choice {check.best_ms:.3f} ms, all vendor "
-                 f"{check.vendor_ms:.3f} ms, kept {'the per-operator choice' if check.kept == 'best' else 'all vendor'}")
-    return line
+        line += (f"; whole model, one stream: that mix {check.best_ms:.3f} ms, all vendor {check.vendor_ms:.3f} ms")
+    on_tvm = sum(t.count for t in timings if t.kernel == "tvm")
+    return line + f"; in the plan: {n - on_tvm} on cuDNN/cuBLAS, {on_tvm} on TVM"

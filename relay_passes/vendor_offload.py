@@ -289,9 +289,9 @@ class Offload:
 def _type_str(expr) -> str:
     ty = expr.ty
     if isinstance(ty, relax.TensorType) and ty.shape is not None:
-        return "x".join(str(d) for d in ty.shape.values) + ":" + str(ty.dtype)
+        return "x".join(str(int(d)) for d in ty.shape.values) + ":" + str(ty.dtype)
     if isinstance(expr, relax.ShapeExpr):
-        return "[" + ",".join(str(v) for v in expr.values) + "]"
+        return "[" + ",".join(str(int(v)) for v in expr.values) + "]"
     return type(expr).__name__
 
 

@@ -118,3 +118,19 @@ def test_auto_without_a_gpu_here_is_vendor_with_a_note():
     with pytest.warns(UserWarning, match="no sm_90 GPU here"):
         result = build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, compile_kernels=False)
     assert result.info["kernels"] == "vendor" and result.plan.uses_vendor_kernels
+
+
+def test_allow_tf32_reaches_every_vendor_call_and_the_probe():
+    from tvm_nimble.codegen.vendor_build import vendor_available
+
+    ok, why = vendor_available()
+    if not ok:
+        pytest.skip(why)
+    model = zoo.get_model("inception")
+    for allow in (False, True):
+        result = build(model, {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", compile_kernels=False,
+                       allow_tf32=allow)
+        flags = [lit[1][-1] for l in result.plan.launches if l.kernel.startswith("nimble.cudnn.") for lit in l.literals]
+        assert flags and set(flags) == {int(allow)}
+        probe = build_probe(from_onnx(model), allow_tf32=allow)
+        assert all(s.endswith(f",{int(allow)}])") for s in probe.signatures if "cudnn" in s)

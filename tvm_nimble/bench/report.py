@@ -106,7 +106,8 @@ def headline_table(rows: list[dict]) -> list[str]:
         precision = "TF32 off on both sides" if dtype == "float32" else "TVM ToMixedPrecision, PyTorch .half()"
         out += [f"**{device}, {dtype}** ({precision}): median latency in ms; ratios > 1 mean Nimble is faster. "
                 "A model's label names its kernels when they are not TVM's defaults: `(vendor kernels)` = "
-                "convolutions and GEMMs on cuDNN / cuBLASLt in every TVM and Nimble column.", "",
+                "convolutions and GEMMs on cuDNN / cuBLASLt in every TVM and Nimble column; `(best kernels)` = each of "
+                "them on cuDNN / cuBLASLt or TVM, whichever measured faster on that GPU (`kernels='best'`).", "",
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for (model, batch), by in latest[(device, dtype)].items():
             nimble = by["nimble-multi-stream-graph"]
@@ -173,7 +174,10 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
     lines = ["# Benchmark results", "",
              "Generated from `benchmarks/results.csv` (by `tvm-nimble bench` / `scripts/record_gpu_results.py`); "
              "every table is one run on one device, all its systems timed interleaved in the same process after "
-             "their outputs were checked against the stock TVM VM. Speedups are ratios of medians.", ""]
+             "their outputs were checked: against PyTorch (`rel_err` in results.csv) where the model has a PyTorch "
+             "definition, else against the ONNX reference evaluator or the stock TVM VM (rows without `rel_err`, "
+             "from before that check existed, compared with stock TVM only; see Findings). Speedups are ratios "
+             "of medians.", ""]
     if versions:
         lines += [versions, ""]
     headline = headline_table(rows)

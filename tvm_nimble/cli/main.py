@@ -57,7 +57,7 @@ def cmd_compile(args):
 
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
-                       tuning_db=args.tuning_db, kernels=args.kernels)
+                       tuning_db=args.tuning_db, kernels=args.kernels, allow_tf32=args.allow_tf32)
         module.export(args.output)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     target_opts(p)
     p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
     kernels_opt(p)
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="let cuDNN/cuBLASLt use TF32 tensor cores for fp32 (faster, ~1e-3 relative error; off by default)")
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
             "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")

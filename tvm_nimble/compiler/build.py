@@ -152,7 +152,8 @@ def _vendor_library(arch: str) -> str:
     return path
 
 
-def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_db: str | None = None):
+def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_db: str | None = None,
+            allow_tf32: bool = False):
     """``mod`` with its convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA only): all of
     them (``kernels="vendor"``) or those whose vendor kernel measured faster than TVM's (``"best"``,
     TVM's tuned kernels when ``tuning_db`` is given); the vendor extension is built for the target's
@@ -168,16 +169,16 @@ def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_d
     from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
 
     vendor_library(target)
-    all_vendor = OffloadToVendor()(mod)
+    all_vendor = OffloadToVendor(allow_tf32=allow_tf32)(mod)
     if kernels == "vendor":
         return all_vendor, [], None
     from .kernel_choice import check_in_model, measure_kernels
 
-    timings = measure_kernels(mod, target, build, tuning_db)
+    timings = measure_kernels(mod, target, build, tuning_db, allow_tf32=allow_tf32)
     vendor = {t.signature for t in timings if t.kernel == "vendor"}
     if len(vendor) == len(timings):
         return all_vendor, timings, None
-    chosen = OffloadToVendor(select=lambda o: o.signature in vendor)(mod)
+    chosen = OffloadToVendor(allow_tf32=allow_tf32, select=lambda o: o.signature in vendor)(mod)
     check = check_in_model(chosen, all_vendor, target, build, tuning_db)
     if check.kept == "best":
         return chosen, timings, check
@@ -196,7 +197,7 @@ def _warn_untuned_once():
 
 def build(model, target="llvm", params: dict | None = None, *, max_streams: int | None = None,
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
-          compile_kernels: bool = True, kernels: str = "auto") -> BuildResult:
+          compile_kernels: bool = True, kernels: str = "auto", allow_tf32: bool = False) -> BuildResult:
     """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
 
     ``max_streams`` caps the stream count (1 gives the single-stream schedule); ``tuning_db``
@@ -206,14 +207,16 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     :func:`offload`), ``"best"`` each of them on cuDNN/cuBLASLt or TVM, whichever measured faster on
     this machine's GPU, ``"tvm"`` keeps TVM's kernels; ``"auto"`` (default, see :func:`resolve_kernels`)
     is best on a CUDA machine that can build the extension (nvcc and the nvidia-cudnn-cu13 /
-    nvidia-cublas wheels), vendor without a GPU here, else tvm.
+    nvidia-cublas wheels), vendor without a GPU here, else tvm. ``allow_tf32`` lets cuDNN / cuBLASLt use
+    TF32 tensor cores for fp32 (faster, about 1e-3 relative error; off by default, like PyTorch's
+    ``allow_tf32=False`` baseline).
     """
     t = resolve_target(target)
     mod = _as_relax(model, shape_dict)
     if params:
         mod = tvm.relax.transform.BindParams("main", params)(mod)
     kernels = resolve_kernels(kernels, t)
-    mod, timings, check = offload(mod, t, kernels, tuning_db)
+    mod, timings, check = offload(mod, t, kernels, tuning_db, allow_tf32)
     if max_streams is not None and max_streams < 1:
         raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
     database = open_tuning_database(tuning_db) if tuning_db else None
@@ -225,7 +228,7 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     plan.index_bounds = bounds
     library = build_kernels(annotated, t) if compile_kernels else None
     info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
-            "kernels": kernels}
+            "kernels": kernels, "allow_tf32": allow_tf32}
     if timings:
         info["kernel_choice"] = [k.to_dict() for k in timings]
     if check is not None:

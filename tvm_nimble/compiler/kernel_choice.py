@@ -153,7 +153,7 @@ def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, target: tvm.t
 
 
 def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_db: str | None = None,
-                    reps: int = PROFILE_REPS) -> list[KernelTiming]:
+                    reps: int = PROFILE_REPS, allow_tf32: bool = False) -> list[KernelTiming]:
     """Both kernels' times for every distinct offloadable chain of ``mod``, measured on this GPU.
     ``build`` is :func:`tvm_nimble.compiler.build.build` (passed in: this module sits below it)."""
     if target.kind.name != "cuda":
@@ -163,7 +163,7 @@ def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_
     if local != arch:
         raise NimbleError(f"kernels='best' times the kernels on a {arch} GPU, and this machine has "
                           f"{'a ' + local if local else 'none'}; build there, or use kernels='vendor' or 'tvm'")
-    probe = build_probe(mod)
+    probe = build_probe(mod, allow_tf32=allow_tf32)
     if probe is None:
         return []
     db = os.path.abspath(tuning_db) if tuning_db else None
@@ -171,7 +171,8 @@ def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_
     if any(k not in _measured for k in keys):
         times = {}
         for kernels in ("vendor", "tvm"):
-            built = build(probe.mod, target, max_streams=1, kernels=kernels, tuning_db=tuning_db)
+            built = build(probe.mod, target, max_streams=1, kernels=kernels, tuning_db=tuning_db,
+                          allow_tf32=allow_tf32)
             times[kernels] = _per_output_ms(built, reps)
         for k, v, t in zip(keys, times["vendor"], times["tvm"]):
             _measured[k] = (v, t)

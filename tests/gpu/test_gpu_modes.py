@@ -85,3 +85,19 @@ def test_best_kernels_record_their_measurement(gpu_arch):
         assert (check is None) == all(c["kernel"] == "vendor" for c in choice)
     n_vendor = sum(c["count"] for c in choice if c["kernel"] == "vendor")
     assert sum(l.kernel.startswith("nimble.") for l in module.plan.launches) == n_vendor
+
+
+def test_auto_streams_measure_every_candidate_and_keep_the_fastest(gpu_arch):
+    """``max_streams='auto'`` (the default) replays every candidate cap on this GPU; the one-stream plan
+    is kept unless another beats it by more than MIN_GAIN."""
+    from tvm_nimble.compiler.stream_choice import MIN_GAIN
+
+    module, _, _ = _case("nasnet", gpu_arch)
+    record = module.info["streams_choice"]
+    times = {c["max_streams"]: c["measured_ms"] for c in record["candidates"]}
+    assert len(times) >= 3 and all(t > 0 for t in times.values())
+    fastest = min(times, key=times.get)
+    if times[fastest] <= times[1] * (1 - MIN_GAIN):
+        assert record["chosen"] == fastest
+    else:
+        assert record["chosen"] == 1 and module.plan.num_streams == 1

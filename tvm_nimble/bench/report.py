@@ -96,7 +96,9 @@ def headline_table(rows: list[dict]) -> list[str]:
         if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
             latest.setdefault((device, dtype), {})[(run_label(key), batch)] = by
     has_ort = any(r["system"] == "ort-cuda-graph" for r in rows)
-    systems = HEADLINE_SYSTEMS + ([("tensorrt", "TensorRT")] if any(r["system"] == "tensorrt" for r in rows) else [])
+    systems = HEADLINE_SYSTEMS[:1] + ([("nimble-auto", "Nimble auto streams")] if any(
+        r["system"] == "nimble-auto" for r in rows) else []) + HEADLINE_SYSTEMS[1:]
+    systems += [("tensorrt", "TensorRT")] if any(r["system"] == "tensorrt" for r in rows) else []
     systems += [("ort-cuda-graph", "ONNX Runtime CUDA EP + graph")] if has_ort else []
     head = ["model", "batch"] + [label for _, label in systems] + [
         "Nimble vs PyTorch CUDA graph", "Nimble vs torch.compile"] + (["Nimble vs ONNX Runtime"] if has_ort else []) + [

@@ -16,6 +16,29 @@ EPILOG = """examples:
 """
 
 
+def _max_streams(text: str):
+    if text in ("auto", "max"):
+        return None if text == "max" else text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'max' or 'auto', got {text!r}")
+    return value
+
+
+def _bytes(text: str) -> int:
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 67108864, 64M or 2G, got {text!r}")
+    return value
+
+
 def _shape_dict(items):
     if not items:
         return None
@@ -57,6 +80,7 @@ def cmd_compile(args):
 
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
+                       memory_budget=args.memory_budget,
                        tuning_db=args.tuning_db, kernels=args.kernels, allow_tf32=args.allow_tf32)
         module.export(args.output)
     p = module.plan
@@ -112,7 +136,8 @@ def cmd_explain(args):
     from tvm_nimble.compiler.explain import explain_model
 
     text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
-                         dot_path=args.dot, show_plan=args.plan, show_ir=args.ir, kernels=args.kernels)
+                         dot_path=args.dot, show_plan=args.plan, show_ir=args.ir, kernels=args.kernels,
+                         memory_budget=args.memory_budget)
     print(text)
 
 
@@ -144,7 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--target", choices=["cuda", "llvm"], default=default, help="build target (default %(default)s)")
         p.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
         p.add_argument("--shape", action="append", metavar="NAME=D1,D2", help="fix an input's shape (repeatable)")
-        p.add_argument("--max-streams", type=int, help="cap the number of streams (1 = single stream)")
+        p.add_argument("--max-streams", type=_max_streams, default="auto",
+                       help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
+                            "'auto' (default: the fastest cap measured on this GPU; the widest without one)")
+        p.add_argument("--memory-budget", type=_bytes, metavar="BYTES",
+                       help="largest concurrency-safe memory pool allowed, e.g. 64M or 2G (with auto: the fastest "
+                            "schedule that fits)")
 
     p = add("demo", cmd_demo, "build the built-in Inception-style model, check it, time it vs stock TVM",
             "tvm-nimble demo --target llvm")

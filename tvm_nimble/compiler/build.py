@@ -195,12 +195,17 @@ def _warn_untuned_once():
         _warned_untuned = True
 
 
-def build(model, target="llvm", params: dict | None = None, *, max_streams: int | None = None,
+def build(model, target="llvm", params: dict | None = None, *, max_streams: int | str | None = "auto",
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
-          compile_kernels: bool = True, kernels: str = "auto", allow_tf32: bool = False) -> BuildResult:
+          compile_kernels: bool = True, kernels: str = "auto", allow_tf32: bool = False,
+          memory_budget: int | None = None) -> BuildResult:
     """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
 
-    ``max_streams`` caps the stream count (1 gives the single-stream schedule); ``tuning_db``
+    ``max_streams`` caps the stream count: 1 gives the single-stream schedule, None Nimble's widest
+    schedule, ``"auto"`` (default) the fastest of the caps 1, 2, 3, 4, 6, 8 and the widest, measured on
+    this machine's GPU (see :mod:`.stream_choice`; the widest without a GPU here). ``memory_budget``
+    (bytes) bounds the concurrency-safe memory pool: auto picks among the schedules that fit, and a
+    fixed cap whose pool does not fit is an error. ``tuning_db``
     is a MetaSchedule database directory whose tuned kernels replace the default schedules.
     ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
     ``kernels``: ``"vendor"`` runs convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA; see
@@ -217,8 +222,11 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
         mod = tvm.relax.transform.BindParams("main", params)(mod)
     kernels = resolve_kernels(kernels, t)
     mod, timings, check = offload(mod, t, kernels, tuning_db, allow_tf32)
-    if max_streams is not None and max_streams < 1:
-        raise NimbleError(f"max_streams must be >= 1, got {max_streams}")
+    auto_streams = max_streams == "auto"
+    if auto_streams:
+        max_streams = None
+    elif max_streams is not None and (not isinstance(max_streams, int) or max_streams < 1):
+        raise NimbleError(f"max_streams must be an integer >= 1, None or 'auto', got {max_streams!r}")
     database = open_tuning_database(tuning_db) if tuning_db else None
     if database is None and t.kind.name == "cuda" and compile_kernels:
         _warn_untuned_once()
@@ -234,5 +242,14 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     if check is not None:
         info["kernel_choice_check"] = check.to_dict()
     uses_vendor = t.kind.name == "cuda" and plan.uses_vendor_kernels
-    return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
-                       lowered=lowered, program=program, assignment=assignment, tvm_target=t)
+    result = BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
+                         lowered=lowered, program=program, assignment=assignment, tvm_target=t)
+    if auto_streams:
+        from .stream_choice import choose_streams
+
+        result, record = choose_streams(result, schedule, reuse, memory_budget)
+        result.info["streams_choice"] = record
+    elif memory_budget is not None and plan.memory["pool_bytes"] > memory_budget:
+        raise NimbleError(f"the schedule's memory pool needs {plan.memory['pool_bytes']} bytes, over the budget of "
+                          f"{memory_budget}: use max_streams='auto' (or fewer streams) to pick one that fits")
+    return result

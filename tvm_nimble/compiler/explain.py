@@ -9,6 +9,7 @@ from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 
 from .build import BuildResult, build
 from .kernel_choice import KernelTiming, ModelCheck, summarize as summarize_kernel_choice
+from .stream_choice import summarize as summarize_streams
 
 
 def _size(nbytes: int) -> str:
@@ -38,6 +39,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
         lines.append(f"  {'ops':>4s} {'vendor ms':>10s} {'tvm ms':>9s}  chosen  operators -> vendor call")
         for c in sorted(choice, key=lambda c: -c.count * max(c.vendor_ms, c.tvm_ms)):
             lines.append(f"  {c.count:4d} {c.vendor_ms:10.4f} {c.tvm_ms:9.4f}  {c.kernel:6s}  {c.signature}")
+    if "streams_choice" in result.info:
+        lines.append(summarize_streams(result.info["streams_choice"]))
     fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}
     lines.append(f"memory: inputs {_size(fixed['input'])}, outputs {_size(fixed['output'])}, "
                  f"constants {_size(fixed['const'])}, plus the pool below")
@@ -57,9 +60,10 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     return "\n".join(lines)
 
 
-def explain_model(model, target, shape_dict=None, max_streams=None, dot_path=None, show_plan=False,
-                  show_ir=False, kernels: str = "auto") -> str:
-    """Schedule ``model`` (no kernel code generation) and explain the result."""
+def explain_model(model, target, shape_dict=None, max_streams="auto", dot_path=None, show_plan=False,
+                  show_ir=False, kernels: str = "auto", memory_budget: int | None = None) -> str:
+    """Schedule ``model`` (no kernel code generation, so ``auto`` streams cannot measure: the widest
+    schedule that fits ``memory_budget``) and explain the result."""
     result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=False,
-                   kernels=kernels)
+                   kernels=kernels, memory_budget=memory_budget)
     return explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)

@@ -1,0 +1,82 @@
+"""``max_streams="auto"``: the stream cap chosen by measuring the candidate schedules on this GPU.
+
+Nimble's assignment maximizes logical concurrency and ignores cost; on a GPU whose kernels already
+fill it, more streams only add contention (nasnetalarge's 14 streams run their kernels 1.70x
+longer than alone on an H100, see benchmarks/findings.md). The kernels do not depend on the
+schedule, so every candidate cap (1, 2, 3, 4, 6, 8 and Nimble's maximum) reuses one compiled
+library; each plan is replayed as a CUDA graph side by side with the others, and the fastest is
+kept. The one-stream plan wins unless another beats it by more than ``MIN_GAIN``. A memory budget
+drops every candidate whose concurrency-safe pool does not fit. Without a GPU of the target's arch
+here, the largest cap that fits the budget is kept (Nimble's schedule), with a one-line note.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+from tvm_nimble.errors import NimbleError
+
+from .target import local_gpu_arch
+
+CAPS = (1, 2, 3, 4, 6, 8)
+_warned: list = []  # the no-GPU note is given once per process
+#: another schedule replaces the one-stream plan only when it is at least this much faster
+MIN_GAIN = 0.01
+
+
+def _candidates(result, schedule, reuse: str, memory_budget: int | None) -> dict[int, object]:
+    """cap -> a BuildResult with that cap's plan and ``result``'s kernels, for every cap that fits."""
+    widest = result.plan.num_streams
+    every = {}
+    for cap in sorted({c for c in CAPS if c < widest} | {widest}):
+        if cap == widest:
+            cand = result
+        else:
+            annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target, max_streams=cap,
+                                                                    reuse=reuse)
+            plan.index_bounds = result.plan.index_bounds
+            cand = dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
+                                       assignment=assignment, info={**result.info, "max_streams": cap})
+        every[cap] = cand
+    out = {cap: c for cap, c in every.items() if memory_budget is None or c.plan.memory["pool_bytes"] <= memory_budget}
+    if not out:
+        need = min(c.plan.memory["pool_bytes"] for c in every.values())
+        raise NimbleError(f"no schedule's memory pool fits the budget of {memory_budget} bytes: the smallest "
+                          f"needs {need} bytes; raise --memory-budget")
+    return out
+
+
+def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: int | None = None):
+    """(the chosen BuildResult, a record of every candidate: cap, streams, pool bytes, measured ms)."""
+    from .kernel_choice import replay_ms
+
+    candidates = _candidates(result, schedule, reuse, memory_budget)
+    target = result.tvm_target
+    record = {"candidates": [{"max_streams": cap, "streams": c.plan.num_streams, "pool_bytes": c.plan.memory["pool_bytes"]}
+                             for cap, c in candidates.items()], "memory_budget": memory_budget}
+    if target.kind.name != "cuda" or local_gpu_arch() != str(target.attrs["arch"]) or result.kernels is None:
+        if target.kind.name == "cuda" and result.kernels is not None and not _warned:
+            _warned.append(True)
+            warnings.warn(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and none is here: "
+                          "keeping Nimble's widest schedule that fits", stacklevel=3)
+        cap = max(candidates)
+        record.update(chosen=cap, how="widest that fits (nothing measured)")
+        return candidates[cap], record
+    caps = list(candidates)
+    times = replay_ms([candidates[c] for c in caps])
+    for entry, ms in zip(record["candidates"], times):
+        entry["measured_ms"] = ms
+    by_cap = dict(zip(caps, times))
+    best = min(caps, key=lambda c: (by_cap[c], c))
+    if 1 in by_cap and by_cap[best] > by_cap[1] * (1 - MIN_GAIN):
+        best = 1
+    record.update(chosen=best, how="measured: CUDA-graph replays, side by side")
+    return candidates[best], record
+
+
+def summarize(record: dict) -> str:
+    parts = []
+    for c in record["candidates"]:
+        ms = f" {c['measured_ms']:.3f} ms" if "measured_ms" in c else ""
+        parts.append(f"cap {c['max_streams']} ({c['streams']} streams){ms}")
+    return f"stream cap: {record['chosen']} ({record['how']}); " + ", ".join(parts)

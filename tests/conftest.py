@@ -39,3 +39,12 @@ def inception_built():
 @pytest.fixture
 def nasnet_built():
     return built("nasnet")
+
+
+@pytest.fixture
+def vendor_reference():
+    """The vendor functions' numpy contract under their global names, for this test only."""
+    from vendor_reference import reference_functions
+
+    with reference_functions():
+        yield

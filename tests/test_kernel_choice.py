@@ -10,7 +10,6 @@ exactly one chain, and a partial selection must still compute what the ONNX refe
 import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
-from vendor_reference import register_reference_functions
 
 from tvm_nimble import NimbleExecutor, zoo
 from tvm_nimble.compiler.build import build
@@ -38,8 +37,7 @@ def _run(result, inputs):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_probe_tvm_and_vendor_builds_agree_and_every_launch_feeds_one_chain(name):
-    register_reference_functions()
+def test_probe_tvm_and_vendor_builds_agree_and_every_launch_feeds_one_chain(name, vendor_reference):
     probe = build_probe(from_onnx(zoo.get_model(name)))
     tvm_side = build(probe.mod, "llvm", max_streams=1)
     vendor_side = build(OffloadToVendor()(probe.mod), "llvm", max_streams=1)
@@ -60,8 +58,7 @@ def test_probe_tvm_and_vendor_builds_agree_and_every_launch_feeds_one_chain(name
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_selected_chains_only_are_offloaded_and_the_model_still_computes_the_reference(name):
-    register_reference_functions()
+def test_selected_chains_only_are_offloaded_and_the_model_still_computes_the_reference(name, vendor_reference):
     model = zoo.get_model(name)
     inputs = zoo.random_inputs(model, seed=0)
     ref = ReferenceEvaluator(model).run(None, inputs)[0]

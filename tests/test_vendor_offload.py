@@ -12,7 +12,6 @@ import pytest
 import tvm
 
 from tvm_nimble import NimbleExecutor, zoo
-from vendor_reference import register_reference_functions
 from tvm_nimble.codegen.checker import check_plan
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
@@ -23,8 +22,7 @@ from tvm_nimble.relay_passes.vendor_offload import CONV2D, CONV2D_ADD, MATMUL, O
 
 
 @pytest.mark.parametrize("name", ["inception", "nasnet", "resnet"])
-def test_offloaded_module_computes_the_reference(name):
-    register_reference_functions()
+def test_offloaded_module_computes_the_reference(name, vendor_reference):
     model = zoo.get_model(name)
     inputs = zoo.random_inputs(model, seed=0)
     from onnx.reference import ReferenceEvaluator

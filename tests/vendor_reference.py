@@ -1,6 +1,8 @@
 """The vendor functions' contract in numpy, registered under their global names, so modules with
 vendor calls run on llvm (CPU tests); the real functions are checked against PyTorch on a GPU by
 scripts/gpu_vendor_check.py."""
+import contextlib
+
 import numpy as np
 import tvm_ffi
 from numpy.lib.stride_tricks import sliding_window_view
@@ -23,7 +25,10 @@ def np_conv2d(x, w, b, attrs):
     return out + b.reshape(1, -1, 1, 1), act
 
 
-def register_reference_functions():
+@contextlib.contextmanager
+def reference_functions():
+    """The numpy contract registered under the vendor names for the duration of the block; whatever
+    was registered before (the real extension, loaded by another test) is restored after it."""
     def conv(x, w, b, attrs, y, ws):
         out, act = np_conv2d(x.numpy(), w.numpy(), b.numpy(), list(attrs))
         y.copyfrom(_act(out, act).astype(y.dtype))
@@ -37,5 +42,15 @@ def register_reference_functions():
         wm = w.numpy().T if transpose_b else w.numpy()
         y.copyfrom(_act(a.numpy() @ wm + bias.numpy(), act).astype(y.dtype))
 
-    for name, fn in ((CONV2D, conv), (CONV2D_ADD, conv_add), (MATMUL, matmul)):
+    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul}
+    before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
+    for name, fn in names.items():
         tvm_ffi.register_global_func(name, fn, override=True)
+    try:
+        yield
+    finally:
+        for name, fn in before.items():
+            if fn is None:
+                tvm_ffi.remove_global_func(name)
+            else:
+                tvm_ffi.register_global_func(name, fn, override=True)

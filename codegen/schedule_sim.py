@@ -25,6 +25,8 @@ class GPUModel:
     #: throughput lost while running kernels over-fill the GPU (cache and block-scheduling interference):
     #: at a load of L > 1 each kernel advances at 1 / (L * (1 + contention))
     contention: float = 0.1
+    #: the share of the GPU one kernel fills when the caller gives no per-kernel fills
+    fill: float = 1.0
 
 
 def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> float:
@@ -33,7 +35,7 @@ def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> flo
     n = len(plan.launches)
     if len(durations_us) != n:
         raise ValueError(f"{len(durations_us)} durations for {n} launches")
-    fills = list(fills) if fills is not None else [1.0] * n
+    fills = list(fills) if fills is not None else [gpu.fill] * n
     queues: dict[int, list[int]] = {}
     for pos, launch in enumerate(plan.launches):
         queues.setdefault(launch.stream, []).append(pos)
@@ -97,3 +99,48 @@ def best_schedule(candidates: dict, durations_of, fills_of=None, gpu: GPUModel |
                          "raise the budget or use --max-streams 1")
     best = min(predictions, key=lambda k: (round(predictions[k], 6), candidates[k].num_streams))
     return best, predictions
+
+
+@dataclass
+class Case:
+    """One measured replay: a plan, its launches' profiled durations (us, each with the profiler's
+    per-launch bracket cost in it) and the measured latency (us) of the unbracketed replay."""
+
+    name: str
+    plan: object
+    durations_us: list
+    measured_us: float
+
+
+#: the calibration grid: per-launch bracket cost of the profile, event wait, contention, uniform fill
+GRID = {"bracket_us": (2.0, 2.5, 3.0, 3.5), "wait_us": (0.0, 1.0, 2.0, 4.0), "contention": (0.0, 0.1, 0.2, 0.4),
+        "fill": (0.25, 0.4, 0.55, 0.7, 0.85, 1.0)}
+
+
+def predict(case: Case, gpu: GPUModel, bracket_us: float) -> float:
+    return simulate(case.plan, [max(0.1, d - bracket_us) for d in case.durations_us], None, gpu)
+
+
+def calibrate(cases: list[Case], launch_us: float | None = None, grid: dict | None = None):
+    """Fit a :class:`GPUModel` (and the profile's bracket cost) to measured replays by grid search.
+
+    One-stream replays fix ``launch_us - bracket_us`` (a serial replay is the sum of its kernels plus
+    one launch cost each); the rest of the grid is searched on all cases for the least mean absolute
+    relative error. Returns (gpu, bracket_us, {case name: error per grid point index}, grid points)
+    so callers can also score leave-one-out fits."""
+    grid = grid or GRID
+    serial = [c for c in cases if c.plan.num_streams == 1]
+    if launch_us is None:
+        per_launch = [(c.measured_us - sum(c.durations_us)) / len(c.plan.launches) for c in serial]
+        offset = sum(per_launch) / len(per_launch) if per_launch else 0.0  # = launch_us - bracket_us
+    points = []
+    for b in grid["bracket_us"]:
+        lu = launch_us if launch_us is not None else max(0.0, b + offset)
+        for w in grid["wait_us"]:
+            for c in grid["contention"]:
+                for f in grid["fill"]:
+                    points.append((GPUModel(launch_us=lu, wait_us=w, contention=c, fill=f), b))
+    errors = {case.name: [abs(predict(case, g, b) - case.measured_us) / case.measured_us for g, b in points]
+              for case in cases}
+    best = min(range(len(points)), key=lambda i: sum(e[i] for e in errors.values()))
+    return points[best][0], points[best][1], errors, points

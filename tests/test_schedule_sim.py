@@ -76,3 +76,29 @@ def test_the_memory_budget_is_honoured():
     assert best == "small" and set(pred) == {"small"}
     with pytest.raises(ValueError, match="no schedule's memory pool fits the budget of 50 bytes"):
         best_schedule({"small": small}, lambda p: [1] * 6, memory_budget=50)
+
+
+def test_calibration_recovers_a_known_gpu_model_from_simulated_measurements():
+    """Replays 'measured' with a known GPU model (and a known profiler bracket in the durations) are
+    fitted back to predictions that match them: the fit, the grid and the per-case errors line up."""
+    import random
+
+    from tvm_nimble import zoo
+    from tvm_nimble.codegen.schedule_sim import Case, calibrate, predict
+    from tvm_nimble.compiler.build import build
+
+    truth, bracket = GPUModel(launch_us=1.0, wait_us=2.0, contention=0.2, fill=0.55), 3.0
+    rng = random.Random(0)
+    cases = []
+    for name in ("inception", "nasnet"):
+        model = zoo.get_model(name)
+        for cap in (1, None):
+            plan = build(model, "llvm", max_streams=cap, compile_kernels=False).plan
+            solo = [rng.uniform(2.0, 40.0) for _ in plan.launches]
+            measured = simulate(plan, solo, None, truth)
+            cases.append(Case(f"{name}/{cap}", plan, [d + bracket for d in solo], measured))
+    assert any(c.plan.num_streams > 2 for c in cases)
+    gpu, b, errors, points = calibrate(cases)
+    assert all(abs(predict(c, gpu, b) - c.measured_us) <= 1e-6 * c.measured_us for c in cases)
+    assert (gpu.launch_us, gpu.wait_us, gpu.contention, gpu.fill, b) == pytest.approx((1.0, 2.0, 0.2, 0.55, 3.0))
+    assert len(points) == len(next(iter(errors.values())))

@@ -90,6 +90,9 @@ def main(argv=None):
     ap.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "replay-trace", "replay-func"])
     ap.add_argument("--cost-model", default="xgb", choices=["xgb", "random", "mlp"])
     ap.add_argument("-o", "--output", help="after tuning, build the Nimble artifact here with the database")
+    ap.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                    help="measure on the RPC servers of this tracker (python -m tvm.exec.rpc_tracker) instead of here")
+    ap.add_argument("--rpc-key", help="with --rpc-tracker: the key the servers registered under")
     args = ap.parse_args(argv)
 
     from tvm_nimble.compiler.tuning.tune import tune
@@ -103,7 +106,8 @@ def main(argv=None):
     with overrun_watchdog(deadline, OVERRUN_GRACE_S, work_dir):  # tune() checks the budget only between rounds
         report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
                       total_trials=args.total_trials, trials_per_iter=args.trials_per_iter,
-                      trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model)
+                      trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model,
+                      rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key)
     print(report.summary())
     print(f"database: {work_dir}")
     if args.output:

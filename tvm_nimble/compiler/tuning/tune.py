@@ -44,6 +44,8 @@ def _us(v: float | None) -> str:
 class TuneReport:
     tasks: list[dict] = field(default_factory=list)  # name, weight, trials, best_us, share
     trials_this_run: int = 0
+    failed_trials: int = 0  # built but not measured (a remote server lost or timed out, a kernel that failed)
+    servers: int = 0  # RPC servers measuring, 0 = this machine
     stopped_for_time: bool = False
     stopped_for_trials: bool = False  # total_trials of this run spent
     seconds: float = 0.0
@@ -56,6 +58,9 @@ class TuneReport:
         lines = [f"{'task':40s} {'trials':>6s} {'best us':>9s} {'share':>6s}"]
         for t in self.tasks:
             lines.append(f"{t['name'][:40]:40s} {t['trials']:6d} {_us(t['best_us']):>9s} {t.get('share', 0):6.1%}")
+        if self.failed_trials:
+            lines.append(f"{self.failed_trials} trial(s) could not be measured (a remote server lost or timed out, "
+                         "or a candidate that failed to run); the run went on without them")
         stop = (" (stopped for the time budget; run again to continue)" if self.stopped_for_time else
                 " (trial budget of this run spent; run again to continue)" if self.stopped_for_trials else "")
         lines.append("share: estimated share of the model's kernel time (measured, or from FLOPs until measured)")
@@ -67,7 +72,7 @@ class TuneReport:
 def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget: float | None = None,
          total_trials: int | None = None, trials_per_iter: int = 64, trials_per_round: int | None = None,
          shape_dict=None, progress: bool = True, seed: int = 0, strategy: str = "evolutionary",
-         cost_model: str = "xgb") -> TuneReport:
+         cost_model: str = "xgb", rpc_tracker: str | None = None, rpc_key: str | None = None) -> TuneReport:
     """Tune the kernel tasks of ``model``, heaviest first, up to ``trials_per_task`` trials each, resuming
     from ``work_dir``.
 
@@ -81,11 +86,22 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
 
     ``strategy``/``cost_model`` default to MetaSchedule's evolutionary search guided by XGBoost;
     "replay-trace"/"random" are much cheaper per trial (tests, smoke runs).
+
+    ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key``: measure on every RPC server registered with that
+    tracker under that key, in parallel, instead of on this machine (see :mod:`.remote`).
     """
     from tvm.s_tir import meta_schedule as ms
 
     start = time.time()
     deadline = start + time_budget if time_budget else None
+    evaluator = ms.runner.EvaluatorConfig(number=10, repeat=1, min_repeat_ms=20)
+    servers = 0
+    if rpc_tracker:  # before the slow task extraction: a wrong tracker or key fails at once
+        from .remote import rpc_runner
+
+        if not rpc_key:
+            raise NimbleError("--rpc-tracker needs --rpc-key: the key the RPC servers registered under")
+        runner, servers = rpc_runner(rpc_tracker, rpc_key, evaluator)
     trials_per_round = trials_per_round or 4 * trials_per_iter
     t, tasks = extract_tuning_tasks(model, target, shape_dict)
     if not tasks:
@@ -99,7 +115,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     for task, h in zip(tasks, hashes):
         n, best = done.get(h, (0, None))
         state.append({"name": task.task_name, "weight": int(task.weight), "trials": n, "best_us": best})
-    report = TuneReport(tasks=state)
+    report = TuneReport(tasks=state, servers=servers)
     exhausted: set[int] = set()  # tasks whose search space yielded nothing new
 
     def shares():
@@ -116,6 +132,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     round_tasks: list[int] = []
 
     def on_measured(pos, run_us):  # live progress: best latency of the task just measured
+        report.failed_trials += sum(u is None for u in run_us)
         s = state[round_tasks[pos]]
         s["best_us"] = min([u for u in run_us + [s["best_us"]] if u is not None], default=None)
         if bar:
@@ -131,8 +148,10 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     builder = lasting_builder(timeout_sec=120)
     # kernels run for microseconds: 20 ms of repeats per measurement is thousands of runs (TVM's default 100 ms
     # makes measuring, one candidate at a time on the one device, a large share of each trial)
-    runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
-        number=10, repeat=1, min_repeat_ms=20))
+    if rpc_tracker:
+        log.info("measuring on %d RPC server(s) under key %r at %s", servers, rpc_key, rpc_tracker)
+    else:
+        runner = ms.runner.LocalRunner(timeout_sec=60, evaluator_config=evaluator)
     model_ = ms.cost_model.CostModel.create(cost_model, num_tuning_cores=ctxs[0].num_threads, tree_method="auto")
     callbacks = ms.measure_callback.MeasureCallback.create("default") + [measure_callback(on_measured, mean_us)]
     rounds: dict[bool, list[tuple[float, int]]] = {True: [], False: []}  # cold (workers started)? -> (s, trials)

@@ -1,0 +1,122 @@
+"""Tuning measured through TVM's RPC tracker: a real tracker and two real RPC servers on 127.0.0.1 (llvm).
+
+Both servers must measure trials (their logs show the modules they loaded), the database must
+resume across runs, killing one server mid-run must cost at most its in-flight trials, and a wrong
+tracker or key must be one line from the CLI.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tvm_nimble import zoo
+from tvm_nimble.compiler.tuning.remote import servers_under_key
+from tvm_nimble.compiler.tuning.tune import tune
+
+pytest.importorskip("tornado")  # TVM's tracker needs it; `make test` installs it
+KEY = "nimble-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """(tracker HOST:PORT, [server process, log path] x 2); everything is killed afterwards."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                               "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    servers = []
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "the RPC tracker did not start"
+                time.sleep(0.2)
+        for k in range(2):
+            log = tmp_path / f"server{k}.log"
+            sp = _free_port()
+            p = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+                                  "--key", KEY, "--host", "127.0.0.1", "--port", str(sp), "--port-end", str(sp + 1)],
+                                 stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+            procs.append(p)
+            servers.append((p, log))
+        while True:
+            try:
+                if servers_under_key("127.0.0.1", port, KEY) == 2:
+                    break
+            except Exception:
+                pass
+            assert time.time() < deadline, "the RPC servers did not register"
+            time.sleep(0.3)
+        yield f"127.0.0.1:{port}", servers
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _loads(log) -> int:
+    return open(log, errors="replace").read().count("load_module")
+
+
+def _tune(work_dir, tracker, model="inception", total=8, per_task=2):
+    return tune(zoo.get_model(model), "llvm", str(work_dir), trials_per_task=per_task, total_trials=total,
+                trials_per_iter=per_task, strategy="replay-trace", cost_model="random", progress=False,
+                rpc_tracker=tracker, rpc_key=KEY)
+
+
+def test_both_servers_measure_and_the_database_resumes(fleet, tmp_path):
+    tracker, servers = fleet
+    first = _tune(tmp_path / "db", tracker)
+    assert first.servers == 2 and first.trials_this_run == 8 and first.failed_trials == 0
+    assert all(_loads(log) > 0 for _, log in servers)  # both servers measured candidates
+    done = {t["name"]: t["trials"] for t in first.tasks if t["trials"]}
+    second = _tune(tmp_path / "db", tracker)
+    assert second.trials_this_run == 8
+    after = {t["name"]: t["trials"] for t in second.tasks}
+    assert all(after[name] == n for name, n in done.items())  # resumed: the first run's tasks were not redone
+    assert sum(after.values()) == 16
+
+
+def test_killing_a_server_mid_run_loses_only_its_trials(fleet, tmp_path):
+    tracker, servers = fleet
+    (victim, victim_log), (_, survivor_log) = servers
+    killed_at = []
+
+    def kill_after_first_measurement():
+        while _loads(victim_log) == 0:
+            time.sleep(0.02)
+        os.kill(victim.pid, signal.SIGKILL)
+        killed_at.append(_loads(survivor_log))
+
+    threading.Thread(target=kill_after_first_measurement, daemon=True).start()
+    report = _tune(tmp_path / "db", tracker, model="nasnet", total=24, per_task=4)
+    assert killed_at, "the victim server never measured"
+    assert report.trials_this_run == 24  # the run went on
+    assert report.failed_trials <= 2  # at most what the dead server held (two runner workers)
+    assert _loads(survivor_log) > killed_at[0]  # the other server kept measuring
+
+
+def test_wrong_tracker_or_key_is_one_line(fleet, tmp_path):
+    tracker, _ = fleet
+    cli = [sys.executable, "-m", "tvm_nimble.cli", "tune", "zoo:incept6", "--target", "llvm", "--total-trials", "1",
+           "--work-dir", str(tmp_path / "db")]
+    for extra, message in ((["--rpc-tracker", f"127.0.0.1:{_free_port()}", "--rpc-key", KEY], "cannot reach the RPC tracker"),
+                           (["--rpc-tracker", tracker, "--rpc-key", "other"], "no RPC server is registered under key 'other'"),
+                           (["--rpc-tracker", "nohostport", "--rpc-key", KEY], "--rpc-tracker expects HOST:PORT"),
+                           (["--rpc-tracker", tracker], "--rpc-tracker needs --rpc-key")):
+        r = subprocess.run(cli + extra, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and message in r.stderr, (extra, r.stderr[-500:])
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

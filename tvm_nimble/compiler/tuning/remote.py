@@ -1,0 +1,58 @@
+"""Measuring tuning trials on remote devices through TVM's RPC tracker.
+
+Building stays here (the local builder pool); each built candidate goes to whichever RPC server
+registered under the key is free (MetaSchedule's ``RPCRunner``, one worker per server), so two
+servers measure two candidates at once. A server that dies or times out fails only the trials it
+held: MetaSchedule records them as failed runs and the run goes on with the others.
+
+Start a fleet (every GPU machine runs a server; nothing else is needed there but TVM's runtime):
+
+    python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190
+    python -m tvm.exec.rpc_server --tracker TRACKER_HOST:9190 --key h100     # on each GPU machine
+    tvm-nimble tune model.onnx --rpc-tracker TRACKER_HOST:9190 --rpc-key h100 --arch sm_90
+"""
+from __future__ import annotations
+
+from tvm_nimble.errors import NimbleError
+
+#: seconds one remote measurement (upload, load, time, clean up) may take before it counts as lost
+SESSION_TIMEOUT_S = 60
+
+
+def parse_tracker(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port), or a one-line error."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise NimbleError(f"--rpc-tracker expects HOST:PORT (e.g. 127.0.0.1:9190), got {text!r}")
+    return host, int(port)
+
+
+def servers_under_key(host: str, port: int, key: str) -> int:
+    """How many servers the tracker lists under ``key`` (free or busy); a clear error if it is unreachable."""
+    import socket
+
+    from tvm import rpc
+
+    try:
+        socket.create_connection((host, port), timeout=5).close()  # TVM itself retries for a minute
+        summary = rpc.connect_tracker(host, port).summary()
+    except Exception as err:  # refused, unresolvable, not a tracker
+        raise NimbleError(f"cannot reach the RPC tracker at {host}:{port} ({str(err).splitlines()[0][:120]}); "
+                          "start one with `python -m tvm.exec.rpc_tracker --port PORT`") from None
+    count = sum(1 for server in summary.get("server_info", []) if server.get("key") == f"server:{key}")
+    if count == 0:
+        keys = ", ".join(sorted(summary.get("queue_info", {}))) or "none"
+        raise NimbleError(f"no RPC server is registered under key {key!r} at {host}:{port} (keys there: {keys}); "
+                          f"start one with `python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}`")
+    return count
+
+
+def rpc_runner(tracker: str, key: str, evaluator_config):
+    """(MetaSchedule RPCRunner over every server under ``key``, the server count)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    host, port = parse_tracker(tracker)
+    n = servers_under_key(host, port, key)
+    config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
+                                 session_timeout_sec=SESSION_TIMEOUT_S)
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=n), n

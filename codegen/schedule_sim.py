@@ -29,8 +29,15 @@ class GPUModel:
     fill: float = 1.0
 
 
-def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> float:
-    """Predicted latency (us) of one replay of ``plan``; ``durations_us[i]`` is launch i's solo time."""
+#: fitted to six multi-branch nets on an H100 (benchmarks/findings.md, scripts/calibrate_schedule_sim.py);
+#: launch durations from a profile that brackets each launch carry H100_BRACKET_US each
+H100 = GPUModel(launch_us=0.0, wait_us=1.0, contention=0.0, fill=0.4)
+H100_BRACKET_US = 2.5
+
+
+def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None, trace: list | None = None) -> float:
+    """Predicted latency (us) of one replay of ``plan``; ``durations_us[i]`` is launch i's solo time.
+    ``trace``, when given, receives (start, end) in us per launch position: the planned timeline."""
     gpu = gpu or GPUModel()
     n = len(plan.launches)
     if len(durations_us) != n:
@@ -42,6 +49,7 @@ def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> flo
     recorded_at: dict[int, float] = {}  # event -> time it was recorded
     stream_free = {s: 0.0 for s in queues}
     running: dict[int, float] = {}  # launch position -> solo-time work left (us)
+    started: dict[int, float] = {}
     now, done = 0.0, 0
 
     def startable():
@@ -61,6 +69,7 @@ def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> flo
         for pos, ready in starts:
             if ready <= now + 1e-9:
                 running[pos] = float(durations_us[pos])
+                started[pos] = now
         pending = [ready for pos, ready in starts if pos not in running]
         if not running:
             if not pending:
@@ -81,6 +90,11 @@ def simulate(plan, durations_us, fills=None, gpu: GPUModel | None = None) -> flo
             for e in launch.records:
                 recorded_at[e] = now
             done += 1
+            if trace is not None:
+                trace.append((p, started[p], now))
+    if trace is not None:
+        trace.sort()
+        trace[:] = [(s, e) for _, s, e in trace]
     return now
 
 

@@ -102,3 +102,27 @@ def test_calibration_recovers_a_known_gpu_model_from_simulated_measurements():
     assert all(abs(predict(c, gpu, b) - c.measured_us) <= 1e-6 * c.measured_us for c in cases)
     assert (gpu.launch_us, gpu.wait_us, gpu.contention, gpu.fill, b) == pytest.approx((1.0, 2.0, 0.2, 0.55, 3.0))
     assert len(points) == len(next(iter(errors.values())))
+
+
+def test_the_planned_timeline_respects_stream_order_and_events():
+    """Every launch starts after its stream's previous launch ends and after the launches whose events it
+    waits on end; the last end is the predicted latency."""
+    from tvm_nimble import zoo
+    from tvm_nimble.codegen.schedule_sim import H100
+    from tvm_nimble.compiler.build import build
+
+    plan = build(zoo.get_model("nasnet"), "llvm", max_streams=None, compile_kernels=False).plan
+    durations = [5.0 + (i * 7) % 13 for i in range(len(plan.launches))]
+    trace = []
+    latency = simulate(plan, durations, None, H100, trace=trace)
+    assert len(trace) == len(plan.launches) and max(e for _, e in trace) == pytest.approx(latency)
+    recorder = plan.recorder_of_event()
+    last_on_stream = {}
+    for pos, launch in enumerate(plan.launches):
+        start, end = trace[pos]
+        assert end >= start + durations[pos] - 1e-6  # sharing can only slow a kernel down
+        if launch.stream in last_on_stream:
+            assert start >= trace[last_on_stream[launch.stream]][1] - 1e-9
+        for e in launch.waits:
+            assert start >= trace[recorder[e]][1] - 1e-9
+        last_on_stream[launch.stream] = pos

@@ -137,7 +137,7 @@ def cmd_explain(args):
 
     text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
                          dot_path=args.dot, show_plan=args.plan, show_ir=args.ir, kernels=args.kernels,
-                         memory_budget=args.memory_budget)
+                         memory_budget=args.memory_budget, profile_png=args.profile)
     print(text)
 
 
@@ -207,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", help="write the stream-colored DAG as Graphviz DOT here")
     p.add_argument("--plan", action="store_true", help="print the launch plan table")
     p.add_argument("--ir", action="store_true", help="print the annotated Relax IR")
+    p.add_argument("--profile", metavar="PNG", help="on this machine's GPU: run the model, draw its measured and "
+                   "planned timelines per stream here, and report the critical-path bound")
     kernels_opt(p)
 
     p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (tvm_nimble.cli.bench)",

@@ -7,6 +7,8 @@ from __future__ import annotations
 from tvm_nimble.codegen.lower_plan import tvm_static_plan_bytes
 from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 
+from tvm_nimble.errors import NimbleError
+
 from .build import BuildResult, build
 from .kernel_choice import KernelTiming, ModelCheck, summarize as summarize_kernel_choice
 from .stream_choice import summarize as summarize_streams
@@ -61,9 +63,22 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
 
 
 def explain_model(model, target, shape_dict=None, max_streams="auto", dot_path=None, show_plan=False,
-                  show_ir=False, kernels: str = "auto", memory_budget: int | None = None) -> str:
-    """Schedule ``model`` (no kernel code generation, so ``auto`` streams cannot measure: the widest
-    schedule that fits ``memory_budget``) and explain the result."""
-    result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=False,
+                  show_ir=False, kernels: str = "auto", memory_budget: int | None = None,
+                  profile_png: str | None = None) -> str:
+    """Schedule ``model`` and explain the result. Without ``profile_png`` no kernel code is generated,
+    so ``auto`` streams cannot measure and keep the widest schedule that fits ``memory_budget``; with
+    it the model is built and run on this machine's GPU (see :mod:`.profile_report`)."""
+    if profile_png:  # checked before the build, not after it
+        from .profile_report import check_profilable
+        from .target import resolve_target
+
+        check_profilable(resolve_target(target))
+    result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=bool(profile_png),
                    kernels=kernels, memory_budget=memory_budget)
-    return explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)
+    text = explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)
+    if profile_png:
+        from .build import schedule
+        from .profile_report import profile_build
+
+        text += "\n" + "\n".join(profile_build(result, schedule, profile_png))
+    return text

@@ -7,8 +7,6 @@ from __future__ import annotations
 from tvm_nimble.codegen.lower_plan import tvm_static_plan_bytes
 from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 
-from tvm_nimble.errors import NimbleError
-
 from .build import BuildResult, build
 from .kernel_choice import KernelTiming, ModelCheck, summarize as summarize_kernel_choice
 from .stream_choice import summarize as summarize_streams

@@ -22,6 +22,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.runtime.plan import Plan
 
+from .gpu_timing import replay_ms, set_random_inputs
 from .target import local_gpu_arch
 
 #: profiled replays per build; the median per launch is kept
@@ -86,7 +87,7 @@ def launches_per_output(plan: Plan) -> list[list[int]]:
                 continue
             seen.add(idx)
             launch = plan.launches[idx]
-            stack.extend(plan.root(a) for a in launch.args if plan.root(a) != t)
+            stack.extend(plan.root(a) for a in launch.args)
         result.append(sorted(seen))
     return result
 
@@ -97,46 +98,12 @@ def _per_output_ms(result, reps: int) -> list[float]:
 
     plan = result.plan
     with NimbleExecutor(result, tvm.cuda(0), mode="cuda-graph") as ex:
-        _random_inputs(ex, plan)
+        set_random_inputs(ex, plan)
         ex.run()
         ex.sync()
         runs = [ex.profile(graph=True) for _ in range(reps)]
     per_launch = [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(plan.launches))]
     return [sum(per_launch[i] for i in launches) for launches in launches_per_output(plan)]
-
-
-def _random_inputs(ex, plan, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    for i, tid in enumerate(plan.inputs):
-        t = plan.tensors[tid]
-        ex.set_input(i, rng.standard_normal(t.shape).astype(t.dtype))
-
-
-def replay_ms(results: list, rounds: int = 5, iters: int = 40) -> list[float]:
-    """Median ms of one CUDA-graph replay (launch to synchronize) of each built model, interleaved."""
-    import time
-
-    from tvm_nimble.runtime.executor import NimbleExecutor
-
-    executors = [NimbleExecutor(r, tvm.cuda(0), mode="cuda-graph") for r in results]
-    try:
-        samples: list[list[float]] = [[] for _ in results]
-        for ex, r in zip(executors, results):
-            _random_inputs(ex, r.plan)
-            for _ in range(10):
-                ex.run()
-            ex.sync()
-        for _ in range(rounds):
-            for ex, s in zip(executors, samples):
-                for _ in range(iters):
-                    t0 = time.perf_counter()
-                    ex.run()
-                    ex.sync()
-                    s.append((time.perf_counter() - t0) * 1e3)
-        return [float(np.median(s)) for s in samples]
-    finally:
-        for ex in executors:
-            ex.close()
 
 
 _checked: dict[tuple, ModelCheck] = {}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from tvm_nimble.codegen.critical_path import critical_path, serial_sum
 from tvm_nimble.codegen.schedule_sim import H100, H100_BRACKET_US, simulate
 from tvm_nimble.errors import NimbleError
@@ -41,7 +39,7 @@ def _timeline(ex, reps: int) -> list[tuple[int, float, float]]:
 
 def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str]:
     """Profile ``result`` (a BuildResult with kernels) on this machine's GPU; write the picture; return text lines."""
-    from .kernel_choice import replay_ms
+    from .gpu_timing import replay_ms, set_random_inputs
 
     t = result.tvm_target
     check_profilable(t)
@@ -58,9 +56,7 @@ def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str
     timelines = []
     for r in (result, single):
         with NimbleExecutor(r, mode="cuda-graph") as ex:
-            for i, tid in enumerate(r.plan.inputs):
-                tensor = r.plan.tensors[tid]
-                ex.set_input(i, np.random.default_rng(i).standard_normal(tensor.shape).astype(tensor.dtype))
+            set_random_inputs(ex, r.plan)
             ex.run()
             ex.sync()
             timelines.append(_timeline(ex, reps))

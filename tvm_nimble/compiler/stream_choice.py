@@ -48,7 +48,7 @@ def _candidates(result, schedule, reuse: str, memory_budget: int | None) -> dict
 
 def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: int | None = None):
     """(the chosen BuildResult, a record of every candidate: cap, streams, pool bytes, measured ms)."""
-    from .kernel_choice import replay_ms
+    from .gpu_timing import replay_ms
 
     candidates = _candidates(result, schedule, reuse, memory_budget)
     target = result.tvm_target

@@ -38,3 +38,8 @@ test: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
+
+# Wheels the GPU machine's image lacks, carried along with the `device` tool (scripts/gpu_session.sh
+# installs them): tornado, which TVM's RPC tracker needs (`gpu_session.sh rpctune`).
+.device-extra: | $(VENV)/bin/python
+	$(PY) -m pip download -q --no-deps --only-binary :all: --python-version 3.12 -d $@ "tornado>=6"

@@ -9,6 +9,9 @@
 #   profile SECONDS ARGS...       scripts/gpu_kernel_profile.py ARGS --out $WORK/profile (per-kernel profile)
 #   gputests SECONDS              pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
 #   pool SECONDS ARGS...          scripts/gpu_pool_bench.py ARGS --out $WORK/pool (replicas x threads, bit-identity)
+#   explainprofile SECONDS ARGS...  scripts/gpu_explain_profile.py ARGS --out $WORK/explain (timeline PNGs)
+#   rpctune SECONDS ARGS...       scripts/gpu_rpc_tune.py ARGS --out $WORK/rpc (trials/min: local, 1 and 2 RPC
+#                                 servers on the loopback; needs tornado: carry .device-extra, see below)
 #   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
@@ -30,6 +33,10 @@ for d in tuning/sm_90/*/; do
     [[ -d $d && ! -e $WORK/tuning/$(basename "$d") ]] && cp -r "$d" "$WORK/tuning/"
 done
 PYTHON=${PYTHON:-python3}
+# wheels the GPU image lacks (tornado, for TVM's RPC tracker): `make .device-extra` here, carry it along
+if compgen -G ".device-extra/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/nimble-device/site .device-extra/*.whl 2>>"$LOG"
+fi
 export PYTHONUNBUFFERED=1
 
 left() { echo $(( DEADLINE - ($(date +%s) - START) - 15 )); }
@@ -54,6 +61,10 @@ for spec in "$@"; do
             step 150 "$PYTHON" scripts/gpu_vendor_check.py --out "$WORK/vendor" ;;
         profile)
             step "${a[1]}" "$PYTHON" scripts/gpu_kernel_profile.py "${a[@]:2}" --out "$WORK/profile" ;;
+        explainprofile)
+            step "${a[1]}" "$PYTHON" scripts/gpu_explain_profile.py "${a[@]:2}" --out "$WORK/explain" ;;
+        rpctune)
+            step "${a[1]}" "$PYTHON" scripts/gpu_rpc_tune.py "${a[@]:2}" --out "$WORK/rpc" ;;
         pool)
             step "${a[1]}" "$PYTHON" scripts/gpu_pool_bench.py "${a[@]:2}" --out "$WORK/pool" ;;
         gputests)
@@ -92,4 +103,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80
+grep -E "^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

@@ -45,3 +45,16 @@ def test_pool_bench_on_cpu(tmp_path):
     assert all(r["calls_per_s"] > 0 for r in res["rows"])
     assert res["bit_identical_runs"] == 80 and res["mismatches"] == 0
     assert "80 pooled runs, 0 not bit-identical" in out
+
+
+def test_rpc_tune_script_on_cpu(tmp_path):
+    """The GPU session's rpctune step, dry-run on llvm: local, 1 and 2 loopback servers, trials counted."""
+    import pytest
+
+    pytest.importorskip("tornado")
+    out = script("gpu_rpc_tune.py", "--model", "zoo:incept6", "--target", "llvm", "--trials", "4",
+                 "--out", str(tmp_path / "rpc"), cwd=tmp_path)
+    rows = json.load(open(tmp_path / "rpc" / "rpc_tune.json"))["rows"]
+    assert [r["servers"] for r in rows] == [0, 1, 2]
+    assert all(r["trials"] == 4 and r["failed"] == 0 and r["trials_per_min"] > 0 for r in rows)
+    assert "2 RPC server(s)" in out

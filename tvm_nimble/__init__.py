@@ -27,6 +27,7 @@ from .runtime.pool import NimblePool  # noqa: E402
 
 _LAZY = {
     "build": ("tvm_nimble.compiler.build", "build"),
+    "build_training": ("tvm_nimble.compiler.training", "build_training"),
     "BuildResult": ("tvm_nimble.compiler.build", "BuildResult"),
     "from_onnx": ("tvm_nimble.compiler.frontend", "from_onnx"),
     "assign_streams": ("tvm_nimble.relay_passes.stream_assignment", "assign_streams"),

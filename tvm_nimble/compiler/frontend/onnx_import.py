@@ -284,7 +284,7 @@ def _check_static_inputs(inputs: list[onnx.ValueInfoProto], shape_dict: dict) ->
 
 
 # ---- import -------------------------------------------------------------------------------
-def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = None):
+def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = None, keep_params_in_input: bool = False):
     """Import an ONNX model (file path, bytes or ModelProto) as a Relax ``tvm.IRModule``.
 
     ``shape_dict`` (``{"input": (1, 3, 224, 224)}``) fixes the shapes of inputs with dynamic
@@ -294,7 +294,8 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     Raises :class:`~tvm_nimble.errors.ModelError` (missing / malformed file, checker failure,
     importer failure), :class:`~tvm_nimble.errors.UnsupportedOperatorError` (naming every op
     type TVM cannot convert) or :class:`~tvm_nimble.errors.ShapeError` (dynamic input dims,
-    bad ``shape_dict``).
+    bad ``shape_dict``). ``keep_params_in_input`` makes the weights parameters of ``main`` after the
+    model's inputs (their values in ``main.attrs["params"]``), as training needs.
     """
     path = None
     if isinstance(path_or_model, (str, os.PathLike)):
@@ -322,7 +323,16 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     _check_model(model, label, path)
     folded = fold_static_shapes(model)
     _check_data_dependent_shapes(folded, label)
-    return _import(folded, shapes, label)
+    return _import(folded, shapes, label, keep_params_in_input)
+
+
+def from_onnx_trainable(path_or_model, shape_dict=None):
+    """(module whose ``main`` takes the inputs then the weights, the weights' initial values)."""
+    mod = from_onnx(path_or_model, shape_dict, keep_params_in_input=True)
+    weights = mod["main"].attrs["params"] if mod["main"].attrs and "params" in mod["main"].attrs else []
+    if not weights:
+        raise ModelError("the model has no weights to train")
+    return mod, [w.numpy() for w in weights]
 
 
 def _with_input_shapes(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
@@ -337,7 +347,7 @@ def _with_input_shapes(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
     return fixed
 
 
-def _import(model: onnx.ModelProto, shapes: dict, label: str):
+def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_input: bool = False):
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
@@ -347,7 +357,7 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str):
         # on a failure the importer prints "Error converting operator <op>, with inputs: <IR>"
         # to stdout: keep that out of the user's terminal, but use it to name the operator
         with contextlib.redirect_stdout(printed):
-            mod = tvm_from_onnx(model, shape_dict=shapes or None, keep_params_in_input=False)
+            mod = tvm_from_onnx(model, shape_dict=shapes or None, keep_params_in_input=keep_params_in_input)
     except Exception as e:  # noqa: BLE001  (anything from deep inside the importer)
         m = re.search(r"Error converting operator (\S+?),", printed.getvalue())
         where = f" while converting a {m.group(1)} node" if m else ""

@@ -1,0 +1,65 @@
+"""build_training on CPU: five Nimble training steps against TVM's own relax.training Trainer on the
+stock VM (same module, same optimizer), and the race simulator on the training step's plan."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.training import Trainer
+
+from tvm_nimble import zoo
+from tvm_nimble.codegen.checker import check_plan
+from tvm_nimble.compiler.training import NimbleTrainer, training_step
+from tvm_nimble.compiler.build import build
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime.race_check import check_races
+
+STEPS = 5
+
+
+def _data(shape_x, shape_y, seed=0):
+    rng = np.random.default_rng(seed)
+    return ([rng.standard_normal(shape_x).astype("float32") for _ in range(STEPS)],
+            [rng.standard_normal(shape_y).astype("float32") for _ in range(STEPS)])
+
+
+@pytest.mark.parametrize("name,optimizer", [("inception", "sgd"), ("nasnet", "momentum")])
+def test_steps_match_tvms_trainer(name, optimizer):
+    model = zoo.get_model(name)
+    step = training_step(model, "mse", optimizer, lr=0.01)
+    module = build(step.mod, "llvm")
+    assert module.plan.num_streams > 4  # the backward pass and the per-parameter updates run concurrently
+    trainer = NimbleTrainer(module, step)
+    xs, ys = _data((1, 3, 16, 16), (1, 10))
+    losses = [trainer.step(x, y) for x, y in zip(xs, ys)]
+
+    vm = relax.VirtualMachine(tvm.compile(step.train_mod, "llvm"), tvm.cpu())
+    reference = Trainer(step.train_mod, vm, tvm.cpu(), zero_init_param_state=True)
+    reference.load_params([tvm.runtime.tensor(w) for w in step.params.values()])
+    ref_losses = [float(reference.update([x], [y]).numpy()) for x, y in zip(xs, ys)]
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert len(set(np.round(losses, 4))) == STEPS  # the steps saw different data and moved the weights
+    ref_params = {k: v.numpy() for k, v in reference.export_params().items()}
+    for k, v in trainer.params.items():
+        np.testing.assert_allclose(v, ref_params[k], rtol=1e-5, atol=1e-6)
+    moved = max(float(np.abs(trainer.params[k] - step.params[k]).max()) for k in step.params)
+    assert moved > 1e-4
+
+
+def test_the_training_plan_is_race_free():
+    model = zoo.get_model("inception")
+    step = training_step(model, "mse", "momentum", lr=0.01)
+    module = build(step.mod, "llvm")
+    assert check_plan(module.plan) == []
+    xs, ys = _data((1, 3, 16, 16), (1, 10))
+    values = [xs[0], *step.params.values(), ys[0], *step.state]
+    inputs = dict(zip(module.plan.input_names, values))
+    reference = [o.numpy() for o in NimbleTrainer(module, step).executor(*values)]
+    assert check_races(module, inputs, reference, seeds=range(8)) == []
+
+
+def test_bad_loss_or_optimizer_is_one_clear_error():
+    model = zoo.get_model("inception")
+    with pytest.raises(NimbleError, match="loss must be one of"):
+        training_step(model, "hinge")
+    with pytest.raises(NimbleError, match="optimizer must be one of"):
+        training_step(model, "mse", "adam")

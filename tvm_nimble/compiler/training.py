@@ -1,0 +1,185 @@
+"""``tvm_nimble.build_training``: one training step (forward, loss, gradients, optimizer update) as one
+Nimble plan.
+
+TVM's own training transforms make the pieces: ``relax.training.SetupTrainer`` derives the loss,
+its adjoint (the gradients, by TVM's Gradient pass) and the optimizer update from the model.
+Here they are composed into one Relax function, ``main(inputs..., params..., labels...,
+optimizer state...) -> (loss, new params..., new state...)``, with the pieces inlined, so that
+stream assignment sees the whole step: the backward pass of parallel branches and the optimizer's
+independent per-parameter updates become concurrent streams like any other kernels. The step then
+goes through the same stages as inference: the concurrency-safe memory plan, the race checker and
+the executor (one CUDA graph on a GPU).
+
+A :class:`NimbleTrainer` runs steps: inputs and labels in, the loss out, the parameters and
+optimizer state carried from one step's outputs to the next step's inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_nimble.errors import NimbleError
+
+LOSSES = ("mse", "cross_entropy")
+OPTIMIZERS = ("sgd", "momentum")  # TVM 0.27's Adam fails in its own init (a numpy dtype from a TVM dtype)
+
+
+def _loss(name: str):
+    from tvm.relax.training.loss import CrossEntropyLoss, MSELoss
+
+    if name == "mse":
+        return MSELoss(reduction="sum")
+    if name == "cross_entropy":
+        return CrossEntropyLoss(reduction="sum")
+    raise NimbleError(f"loss must be one of {LOSSES}, got {name!r}")
+
+
+def _optimizer(name: str, lr: float):
+    from tvm.relax.training.optimizer import SGD, MomentumSGD
+
+    if name == "sgd":
+        return SGD(lr)
+    if name == "momentum":
+        return MomentumSGD(lr, momentum=0.9)
+    raise NimbleError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def _leaves(ty) -> list:
+    """The tensor types of a (nested) tuple type, in order."""
+    if isinstance(ty, relax.TensorType):
+        return [ty]
+    return [leaf for f in ty.fields for leaf in _leaves(f)]
+
+
+def _rebuild(ty, leaves: list):
+    """``leaves`` (Relax exprs, consumed in order) packed back into the nesting of ``ty``."""
+    if isinstance(ty, relax.TensorType):
+        return leaves.pop(0)
+    return relax.Tuple([_rebuild(f, leaves) for f in ty.fields])
+
+
+@dataclass
+class TrainingStep:
+    """The composed step module and what its ``main`` takes and returns, in order."""
+
+    mod: tvm.IRModule  # main + the PrimFuncs it calls
+    inputs: list[str]  # the model's data inputs
+    params: dict[str, np.ndarray]  # initial values of the trained parameters
+    labels: list[tuple[tuple, str]]  # (shape, dtype) per label
+    state: list[np.ndarray]  # the optimizer state's initial tensors (its step count, momenta...)
+    train_mod: tvm.IRModule = field(repr=False, default=None)  # SetupTrainer's output, for TVM's own Trainer
+
+
+def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
+                  shape_dict=None) -> TrainingStep:
+    """Compose one training step of ``model`` (ONNX file or ModelProto) with TVM's training transforms."""
+    from tvm.relax.training import SetupTrainer
+
+    from .frontend.onnx_import import from_onnx_trainable
+
+    loss_fn, optim = _loss(loss), _optimizer(optimizer, lr)  # bad names fail before the import
+    mod, params = from_onnx_trainable(model, shape_dict)
+    main = mod["main"]
+    n_in = len(main.params) - len(params)
+    backbone = main.without_attr("params").with_attr("global_symbol", "backbone")
+    mod = tvm.IRModule({"backbone": backbone}).with_attr("param_num", len(params)).with_attr("state_num", 0)
+    out_ty = main.ret_ty
+    if not isinstance(out_ty, relax.TensorType):
+        raise NimbleError("build_training needs a model with one output tensor (the prediction the loss compares)")
+    label_ty = out_ty
+    if loss == "cross_entropy":  # class indices: (batch,)
+        label_ty = relax.TensorType([out_ty.shape.values[0]], "int64")
+    train_mod = SetupTrainer(loss_fn, optim, [out_ty, label_ty])(mod)  # also initializes optim.state
+    adj_f, opt_f = train_mod["backbone_loss_adjoint"], train_mod["optimizer"]
+    state_ty = opt_f.params[2].ty
+    state_leaves = _leaves(state_ty)
+
+    xs = [relax.Var(p.name, p.ty) for p in adj_f.params[:n_in]]
+    ps = [relax.Var(p.name, p.ty) for p in adj_f.params[n_in:n_in + len(params)]]
+    label = relax.Var("label", adj_f.params[-1].ty)
+    states = [relax.Var(f"state{i}", t) for i, t in enumerate(state_leaves)]
+    bb = relax.BlockBuilder(train_mod)
+    adj = bb.add_func(adj_f.without_attr("global_symbol"), "step_adjoint")
+    opt = bb.add_func(opt_f.without_attr("global_symbol"), "step_optimizer")
+    with bb.function("main", [*xs, *ps, label, *states]):
+        with bb.dataflow():
+            result = bb.emit(relax.Call(adj, [*xs, *ps, label]))
+            loss_v = bb.emit(relax.TupleGetItem(result, 0))
+            grads = bb.emit(relax.TupleGetItem(result, 1))
+            updated = bb.emit(relax.Call(opt, [relax.Tuple(ps), grads, _rebuild(state_ty, list(states))]))
+            new_params = bb.emit(relax.TupleGetItem(updated, 0))
+            new_state = bb.emit(relax.TupleGetItem(updated, 1))
+            outs = [loss_v] + [bb.emit(relax.TupleGetItem(new_params, i)) for i in range(len(ps))]
+            outs += _flatten(bb, new_state, state_ty)
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    composed = relax.transform.InlinePrivateFunctions()(bb.get())
+    step = tvm.IRModule({gv: f for gv, f in composed.functions.items()
+                         if not isinstance(f, relax.Function) or gv.name_hint == "main"})
+    step = relax.transform.DeadCodeElimination(["main"])(step)
+    return TrainingStep(step, [p.name for p in xs], dict(zip([p.name for p in ps], params)),
+                        [(_shape(label.ty), str(label.ty.dtype))],
+                        [s.numpy() for s in _state_leaves(optim.state)], train_mod)
+
+
+def _state_leaves(state) -> list:
+    if hasattr(state, "numpy"):
+        return [state]
+    return [leaf for s in state for leaf in _state_leaves(s)]
+
+
+def _flatten(bb, expr, ty) -> list:
+    if isinstance(ty, relax.TensorType):
+        return [expr]
+    return [leaf for i, f in enumerate(ty.fields) for leaf in _flatten(bb, bb.emit(relax.TupleGetItem(expr, i)), f)]
+
+
+def _shape(ty) -> tuple:
+    return tuple(int(d) for d in ty.shape.values)
+
+
+class NimbleTrainer:
+    """Training steps on a built step plan: ``loss = trainer.step(inputs, labels)``; ``trainer.params``."""
+
+    def __init__(self, module, step: TrainingStep, device=None):
+        from tvm_nimble.runtime.executor import NimbleExecutor
+
+        self.module = module
+        self.executor = NimbleExecutor(module, device)
+        self.param_names = list(step.params)
+        self._params = [np.asarray(v) for v in step.params.values()]
+        self._state = [s.copy() for s in step.state]
+        self._n_inputs = len(step.inputs)
+
+    def step(self, inputs, labels) -> float:
+        """One step: forward, loss, gradients, update. Returns the loss before the update."""
+        inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        labels = list(labels) if isinstance(labels, (list, tuple)) else [labels]
+        if len(inputs) != self._n_inputs:
+            raise NimbleError(f"the model takes {self._n_inputs} input(s), got {len(inputs)}")
+        outs = self.executor(*inputs, *self._params, *labels, *self._state)
+        n = len(self._params)
+        self._params = outs[1:1 + n]
+        self._state = outs[1 + n:]
+        return float(outs[0].numpy())
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in zip(self.param_names, self._params)}
+
+
+def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
+                   max_streams="auto", shape_dict=None, device=None) -> NimbleTrainer:
+    """Build one training step of ``model`` with Nimble (see the module docstring) and return its trainer.
+
+    ``loss``: "mse" (labels shaped like the output) or "cross_entropy" (int64 class indices, one per
+    batch row); ``optimizer``: "sgd" or "momentum" (0.9), with learning rate ``lr``. Kernels are TVM's
+    (vendor backward kernels are not offloaded yet)."""
+    from .build import build
+
+    step = training_step(model, loss, optimizer, lr, shape_dict)
+    module = build(step.mod, target, max_streams=max_streams, kernels="tvm")
+    return NimbleTrainer(module, step, device)

@@ -63,3 +63,39 @@ def test_bad_loss_or_optimizer_is_one_clear_error():
         training_step(model, "hinge")
     with pytest.raises(NimbleError, match="optimizer must be one of"):
         training_step(model, "mse", "adam")
+
+
+def test_cli_train_runs_and_exports_the_trained_weights(tmp_path):
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    out = tmp_path / "trained.onnx"
+    r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "train", "zoo:inception", "--steps", "3",
+                        "--optimizer", "momentum", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert "training step:" in r.stdout and "wrote" in r.stdout and "loss" in r.stderr  # tqdm writes to stderr
+    trained, original = onnx.load(out), zoo.get_model("inception")
+    onnx.checker.check_model(trained)
+    before = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    after = {i.name: numpy_helper.to_array(i) for i in trained.graph.initializer}
+    assert before.keys() == after.keys() and any(not np.array_equal(before[k], after[k]) for k in before)
+    x = zoo.random_inputs(original, seed=1)
+    y0, y1 = (ReferenceEvaluator(m).run(None, x)[0] for m in (original, trained))
+    assert np.abs(y0 - y1).max() > 1e-4  # the exported weights are the trained ones
+
+
+def test_export_matches_the_trainers_parameters(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    step = training_step(zoo.get_model("nasnet"), "mse", "sgd", lr=0.01)
+    trainer = NimbleTrainer(build(step.mod, "llvm"), step)
+    xs, ys = _data((1, 3, 16, 16), (1, 10))
+    trainer.step(xs[0], ys[0])
+    exported = {i.name: numpy_helper.to_array(i) for i in onnx.load(trainer.export_onnx(str(tmp_path / "m.onnx"))).graph.initializer}
+    for k, v in trainer.params.items():
+        np.testing.assert_array_equal(exported[k], v)

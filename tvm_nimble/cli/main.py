@@ -153,6 +153,12 @@ def cmd_tune(args):
     tune_main(args.rest)
 
 
+def cmd_train(args):
+    from tvm_nimble.cli.train import main as train_main
+
+    train_main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-nimble", description="Nimble-style AoT multi-stream scheduling for TVM",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -218,14 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tune", cmd_tune, "tune kernels with MetaSchedule + XGBoost (tvm_nimble.cli.tune)",
             "tvm-nimble tune model.onnx --target cuda --trials 300 --time-budget 480", passthrough=True)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.tune")
+
+    p = add("train", cmd_train, "a quick training run with Nimble, loss shown as it goes (tvm_nimble.cli.train)",
+            "tvm-nimble train zoo:inception --steps 20 --lr 0.01 -o trained.onnx", passthrough=True)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.train")
     return parser
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("bench", "tune"):  # forwarded whole, --help included
-        args = argparse.Namespace(fn=cmd_bench if argv[0] == "bench" else cmd_tune, rest=argv[1:])
+    if argv and argv[0] in ("bench", "tune", "train"):  # forwarded whole, --help included
+        args = argparse.Namespace(fn={"bench": cmd_bench, "tune": cmd_tune, "train": cmd_train}[argv[0]], rest=argv[1:])
     else:
         args = parser.parse_args(argv)
     from tvm_nimble.errors import NimbleError

@@ -71,6 +71,7 @@ class TrainingStep:
     labels: list[tuple[tuple, str]]  # (shape, dtype) per label
     state: list[np.ndarray]  # the optimizer state's initial tensors (its step count, momenta...)
     train_mod: tvm.IRModule = field(repr=False, default=None)  # SetupTrainer's output, for TVM's own Trainer
+    onnx_model: object = field(repr=False, default=None)  # the model trained, for exporting its new weights
 
 
 def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
@@ -81,7 +82,10 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     from .frontend.onnx_import import from_onnx_trainable
 
     loss_fn, optim = _loss(loss), _optimizer(optimizer, lr)  # bad names fail before the import
-    mod, params = from_onnx_trainable(model, shape_dict)
+    from .frontend import load_onnx_model
+
+    onnx_model = load_onnx_model(model)
+    mod, params = from_onnx_trainable(onnx_model, shape_dict)
     main = mod["main"]
     n_in = len(main.params) - len(params)
     backbone = main.without_attr("params").with_attr("global_symbol", "backbone")
@@ -122,7 +126,7 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     step = relax.transform.DeadCodeElimination(["main"])(step)
     return TrainingStep(step, [p.name for p in xs], dict(zip([p.name for p in ps], params)),
                         [(_shape(label.ty), str(label.ty.dtype))],
-                        [s.numpy() for s in _state_leaves(optim.state)], train_mod)
+                        [s.numpy() for s in _state_leaves(optim.state)], train_mod, onnx_model)
 
 
 def _state_leaves(state) -> list:
@@ -153,6 +157,9 @@ class NimbleTrainer:
         self._params = [np.asarray(v) for v in step.params.values()]
         self._state = [s.copy() for s in step.state]
         self._n_inputs = len(step.inputs)
+        self.num_inputs = len(step.inputs)
+        self.label_spec = step.labels[0]
+        self._onnx = step.onnx_model
 
     def step(self, inputs, labels) -> float:
         """One step: forward, loss, gradients, update. Returns the loss before the update."""
@@ -169,6 +176,27 @@ class NimbleTrainer:
     @property
     def params(self) -> dict[str, np.ndarray]:
         return {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in zip(self.param_names, self._params)}
+
+    def export_onnx(self, path: str) -> str:
+        """The trained model as ONNX: the original graph with its initializers set to the current
+        parameters (deploy it with ``tvm_nimble.build`` like any model)."""
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self._onnx)
+        params = self.params
+        found = set()
+        for init in model.graph.initializer:
+            if init.name in params:
+                init.CopyFrom(numpy_helper.from_array(params[init.name].astype(numpy_helper.to_array(init).dtype),
+                                                      init.name))
+                found.add(init.name)
+        missing = sorted(set(params) - found)
+        if missing:
+            raise NimbleError(f"cannot export: trained parameter(s) {missing[:3]} are not initializers of the ONNX model")
+        onnx.save(model, path)
+        return path
 
 
 def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,

@@ -12,13 +12,13 @@ import argparse
 
 
 def main(argv=None):
+    from tvm_nimble.cli.options import target_args
     from tvm_nimble.compiler.training import LOSSES, OPTIMIZERS
 
     ap = argparse.ArgumentParser(prog="tvm-nimble train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="ONNX file or zoo:<name> (the zoo's small size, --batch rows)")
-    ap.add_argument("--target", choices=["cuda", "llvm"], default="llvm")
-    ap.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
+    target_args(ap, default="llvm")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=1, help="batch rows for zoo models (ONNX files keep their own)")
     ap.add_argument("--lr", type=float, default=0.01)

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from tvm_nimble.cli.options import target_args
+
 OVERRUN_GRACE_S = 20.0  # scripts/gpu_session.sh gives tune 30 s past its --time-budget before killing it
 
 
@@ -75,8 +77,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="tvm-nimble tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="ONNX file, zoo:<name> (benchmark size: incept6, nasnet, resnet, mobilenet), or tv:<torchvision/timm name>")
-    ap.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
-    ap.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
+    target_args(ap, default="cuda")
     ap.add_argument("--trials", type=int, default=64, help="trial budget per task (default 64)")
     ap.add_argument("--trials-per-iter", type=int, default=64,
                     help="trials per task per MetaSchedule iteration (default 64); a round gives each of its "

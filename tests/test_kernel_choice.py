@@ -109,9 +109,9 @@ def test_auto_without_a_gpu_here_is_vendor_with_a_note():
     ok, why = vendor_available()
     if not ok:
         pytest.skip(why)
-    import tvm_nimble.compiler.build as b
+    from tvm_nimble.compiler import notes
 
-    b._noted_auto.clear()
+    notes._given.clear()
     with pytest.warns(UserWarning, match="no sm_90 GPU here"):
         result = build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, compile_kernels=False)
     assert result.info["kernels"] == "vendor" and result.plan.uses_vendor_kernels

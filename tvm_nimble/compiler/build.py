@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 from dataclasses import dataclass
 
 import tvm
@@ -24,10 +23,10 @@ from tvm_nimble.relay_passes.pipeline import kernel_passes
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.runtime.module import NimbleModule
 
+from .notes import note_once
 from .target import local_gpu_arch, resolve_target, target_dict
 from .tuning.database import open_tuning_database
 
-_warned_untuned = False
 
 
 @dataclass
@@ -103,13 +102,6 @@ def _as_relax(model, shape_dict):
 
 
 KERNEL_CHOICES = ("auto", "tvm", "vendor", "best")
-_noted_auto: set[str] = set()
-
-
-def _note_once(why: str):
-    if why not in _noted_auto:
-        warnings.warn(why, stacklevel=4)
-        _noted_auto.add(why)
 
 
 def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
@@ -126,11 +118,11 @@ def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
 
     ok, why = vendor_available()
     if not ok:
-        _note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
+        note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
         return "tvm"
     local = local_gpu_arch()
     if local != str(target.attrs["arch"]):
-        _note_once(f"no {target.attrs['arch']} GPU here to time cuDNN/cuBLAS against TVM's kernels: every convolution "
+        note_once(f"no {target.attrs['arch']} GPU here to time cuDNN/cuBLAS against TVM's kernels: every convolution "
                    "and GEMM goes to cuDNN/cuBLAS (kernels='vendor'); build on that GPU for kernels='best'")
         return "vendor"
     return "best"
@@ -187,14 +179,6 @@ def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_d
     return all_vendor, timings, check
 
 
-def _warn_untuned_once():
-    global _warned_untuned
-    if not _warned_untuned:
-        warnings.warn("building CUDA kernels without a tuning database: kernels use TVM's default "
-                      "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=3)
-        _warned_untuned = True
-
-
 def build(model, target="llvm", params: dict | None = None, *, max_streams: int | str | None = "auto",
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
           compile_kernels: bool = True, kernels: str = "auto", allow_tf32: bool = False,
@@ -229,7 +213,8 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
         raise NimbleError(f"max_streams must be an integer >= 1, None or 'auto', got {max_streams!r}")
     database = open_tuning_database(tuning_db) if tuning_db else None
     if database is None and t.kind.name == "cuda" and compile_kernels:
-        _warn_untuned_once()
+        note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
+                  "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=2)
     bounds = index_bounds(mod)
     lowered = lower(mod, t, database)
     annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=max_streams, reuse=reuse)

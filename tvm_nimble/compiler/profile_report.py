@@ -9,12 +9,11 @@ One picture shows both timelines per stream, the critical path marked.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from tvm_nimble.codegen.critical_path import critical_path, serial_sum
 from tvm_nimble.codegen.schedule_sim import H100, H100_BRACKET_US, simulate
 from tvm_nimble.errors import NimbleError
 
+from .stream_choice import rescheduled
 from .target import local_gpu_arch
 
 REPS = 5
@@ -45,10 +44,8 @@ def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str
     check_profilable(t)
     if result.kernels is None:
         raise NimbleError("explain --profile needs the compiled kernels (build with compile_kernels=True)")
-    annotated, program, assignment, plan, consts = schedule(result.lowered, t, max_streams=1)
-    single = dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
-                                 assignment=assignment)
-    if [l.kernel for l in plan.launches] != [l.kernel for l in result.plan.launches]:
+    single = rescheduled(result, schedule, 1)
+    if [l.kernel for l in single.plan.launches] != [l.kernel for l in result.plan.launches]:
         raise NimbleError("explain --profile: the one-stream plan launches in another order than the built one")
     multi_ms, single_ms = replay_ms([result, single])
     from tvm_nimble.runtime.executor import NimbleExecutor

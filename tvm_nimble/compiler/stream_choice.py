@@ -12,32 +12,33 @@ here, the largest cap that fits the budget is kept (Nimble's schedule), with a o
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 from tvm_nimble.errors import NimbleError
 
+from .notes import note_once
 from .target import local_gpu_arch
 
 CAPS = (1, 2, 3, 4, 6, 8)
-_warned: list = []  # the no-GPU note is given once per process
 #: another schedule replaces the one-stream plan only when it is at least this much faster
 MIN_GAIN = 0.01
+
+
+def rescheduled(result, schedule, max_streams: int, reuse: str = "concurrent"):
+    """``result`` with the plan of another stream cap and the same compiled kernels (they do not depend on
+    the schedule). ``schedule`` is :func:`tvm_nimble.compiler.build.schedule` (passed in: this module sits
+    below it)."""
+    annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target,
+                                                            max_streams=max_streams, reuse=reuse)
+    plan.index_bounds = result.plan.index_bounds
+    return dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
+                               assignment=assignment, info={**result.info, "max_streams": max_streams})
 
 
 def _candidates(result, schedule, reuse: str, memory_budget: int | None) -> dict[int, object]:
     """cap -> a BuildResult with that cap's plan and ``result``'s kernels, for every cap that fits."""
     widest = result.plan.num_streams
-    every = {}
-    for cap in sorted({c for c in CAPS if c < widest} | {widest}):
-        if cap == widest:
-            cand = result
-        else:
-            annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target, max_streams=cap,
-                                                                    reuse=reuse)
-            plan.index_bounds = result.plan.index_bounds
-            cand = dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
-                                       assignment=assignment, info={**result.info, "max_streams": cap})
-        every[cap] = cand
+    every = {cap: result if cap == widest else rescheduled(result, schedule, cap, reuse)
+             for cap in sorted({c for c in CAPS if c < widest} | {widest})}
     out = {cap: c for cap, c in every.items() if memory_budget is None or c.plan.memory["pool_bytes"] <= memory_budget}
     if not out:
         need = min(c.plan.memory["pool_bytes"] for c in every.values())
@@ -55,10 +56,9 @@ def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: i
     record = {"candidates": [{"max_streams": cap, "streams": c.plan.num_streams, "pool_bytes": c.plan.memory["pool_bytes"]}
                              for cap, c in candidates.items()], "memory_budget": memory_budget}
     if target.kind.name != "cuda" or local_gpu_arch() != str(target.attrs["arch"]) or result.kernels is None:
-        if target.kind.name == "cuda" and result.kernels is not None and not _warned:
-            _warned.append(True)
-            warnings.warn(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and none is here: "
-                          "keeping Nimble's widest schedule that fits", stacklevel=3)
+        if target.kind.name == "cuda" and result.kernels is not None:
+            note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and none is here: "
+                      "keeping Nimble's widest schedule that fits")
         cap = max(candidates)
         record.update(chosen=cap, how="widest that fits (nothing measured)")
         return candidates[cap], record

@@ -5,6 +5,8 @@ import argparse
 import os
 import sys
 
+from tvm_nimble.cli.options import target_args
+
 EPILOG = """examples:
   tvm-nimble demo
   tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90
@@ -172,8 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     def target_opts(p, default="llvm"):
-        p.add_argument("--target", choices=["cuda", "llvm"], default=default, help="build target (default %(default)s)")
-        p.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
+        target_args(p, default)
         p.add_argument("--shape", action="append", metavar="NAME=D1,D2", help="fix an input's shape (repeatable)")
         p.add_argument("--max-streams", type=_max_streams, default="auto",
                        help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "

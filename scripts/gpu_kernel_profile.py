@@ -118,11 +118,9 @@ def main():
               f"the critical path with those durations {m['critical_path_ms']:.3f} ms; measured / that "
               f"{m['latency_ms'] / m['critical_path_ms']:.2f} (event waits, launch gaps, graph launch)")
         if r["kernel_choice"]:
-            from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, summarize
+            from tvm_nimble.compiler.kernel_choice import from_info, summarize
 
-            check = r["kernel_choice_check"]
-            print("  " + summarize([KernelTiming(**c) for c in r["kernel_choice"]],
-                                   ModelCheck(check["best_ms"], check["vendor_ms"]) if check else None))
+            print("  " + summarize(*from_info(r)))  # r keeps the build info's two keys
             for c in r["kernel_choice"]:
                 if c["tvm_ms"] < c["vendor_ms"]:
                     print(f"  tvm faster: {c['count']} x {c['signature'][:90]} {c['tvm_ms'] * 1e3:.1f} vs "

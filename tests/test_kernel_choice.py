@@ -14,7 +14,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble import NimbleExecutor, zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
-from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, launches_per_output, summarize
+from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, from_info, launches_per_output, summarize
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
@@ -91,6 +91,8 @@ def test_summary_counts_operators_and_totals():
     line = summarize(timings[:1] + [overruled], ModelCheck(1.2, 1.0))
     assert "TVM for 2" in line and line.endswith("that mix 1.200 ms, all vendor 1.000 ms; in the plan: 5 on cuDNN/cuBLAS, 0 on TVM")
     assert KernelTiming(**overruled.to_dict()) == overruled  # what explain reads back from the artifact
+    info = {"kernel_choice": [overruled.to_dict()], "kernel_choice_check": ModelCheck(1.2, 1.0).to_dict()}
+    assert from_info(info) == ([overruled], ModelCheck(1.2, 1.0)) and from_info({}) == ([], None)
 
 
 def test_best_without_the_gpu_it_times_on_is_one_clear_error():

@@ -8,7 +8,7 @@ from tvm_nimble.codegen.lower_plan import tvm_static_plan_bytes
 from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 
 from .build import BuildResult, build
-from .kernel_choice import KernelTiming, ModelCheck, summarize as summarize_kernel_choice
+from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice
 from .stream_choice import summarize as summarize_streams
 
 
@@ -31,10 +31,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
                "cublas" if launch.kernel.startswith("nimble.cublas.") else "tvm-tuned" if tuned else "tvm-default")
         sources[src] = sources.get(src, 0) + 1
     lines.append("kernels by source: " + ", ".join(f"{n} {src}" for src, n in sorted(sources.items())))
-    choice = [KernelTiming(**c) for c in result.info.get("kernel_choice", [])]
+    choice, check = kernel_choice_of(result.info)
     if choice:
-        check = result.info.get("kernel_choice_check")
-        check = ModelCheck(check["best_ms"], check["vendor_ms"]) if check else None
         lines.append(summarize_kernel_choice(choice, check))
         lines.append(f"  {'ops':>4s} {'vendor ms':>10s} {'tvm ms':>9s}  chosen  operators -> vendor call")
         for c in sorted(choice, key=lambda c: -c.count * max(c.vendor_ms, c.tvm_ms)):

@@ -146,6 +146,13 @@ def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_
     return [KernelTiming(s, n, *_measured[k]) for s, n, k in zip(probe.signatures, probe.counts, keys)]
 
 
+def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:
+    """The timings and the model check back from a build's ``info`` (as saved in an artifact)."""
+    check = info.get("kernel_choice_check")
+    return ([KernelTiming(**c) for c in info.get("kernel_choice", [])],
+            ModelCheck(check["best_ms"], check["vendor_ms"]) if check else None)
+
+
 def summarize(timings: list[KernelTiming], check: ModelCheck | None = None) -> str:
     """One line: which kernel measured faster for how many operators, the kernel time of each choice,
     the model check, and the kernels the plan got."""

@@ -9,57 +9,12 @@ Writes DIR/rpc_tune.json and prints a table. The tracker needs the tornado packa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 
 KEY = "nimble-local"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, seconds: float = 30):
-    deadline = time.time() + seconds
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.time() > deadline:
-                raise SystemExit(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
-            time.sleep(0.2)
-
-
-def fleet(n_servers: int, log_dir: str):
-    """(tracker HOST:PORT, processes) with ``n_servers`` servers registered."""
-    from tvm_nimble.compiler.tuning.remote import servers_under_key
-
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                               "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    _wait_port(port)
-    for k in range(n_servers):
-        sp = _free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
-                                       "--key", KEY, "--host", "127.0.0.1", "--port", str(sp), "--port-end", str(sp + 1)],
-                                      stdout=subprocess.DEVNULL, stderr=open(os.path.join(log_dir, f"server{n_servers}_{k}.log"), "w")))
-    deadline = time.time() + 60
-    while True:
-        try:
-            if servers_under_key("127.0.0.1", port, KEY) == n_servers:
-                return f"127.0.0.1:{port}", procs
-        except Exception:
-            pass
-        if time.time() > deadline:
-            raise SystemExit(f"{n_servers} RPC server(s) did not register")
-        time.sleep(0.3)
 
 
 def main(argv=None):
@@ -71,6 +26,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from tvm_nimble.cli.tune import _load
     from tvm_nimble.compiler.target import resolve_target, target_dict
+    from tvm_nimble.compiler.tuning.remote import loopback_fleet
     from tvm_nimble.compiler.tuning.tune import tune
 
     os.makedirs(args.out, exist_ok=True)
@@ -78,19 +34,14 @@ def main(argv=None):
     target = target_dict(resolve_target(args.target))
     rows = []
     for servers in (0, 1, 2):
-        procs, tracker = [], None
-        if servers:
-            tracker, procs = fleet(servers, args.out)
-        try:
+        logs = os.path.join(args.out, f"servers{servers}")
+        os.makedirs(logs, exist_ok=True)
+        with loopback_fleet(servers, KEY, logs) if servers else contextlib.nullcontext((None, [])) as (tracker, _):
             t0 = time.time()
             report = tune(model, target, os.path.join(args.out, f"db{servers}"), trials_per_task=args.trials,
                           total_trials=args.trials, trials_per_iter=16, progress=False,
                           rpc_tracker=tracker, rpc_key=KEY if servers else None)
             secs = time.time() - t0
-        finally:
-            for p in procs:
-                p.kill()
-                p.wait()
         rows.append({"servers": servers, "trials": report.trials_this_run, "failed": report.failed_trials,
                      "seconds": secs, "trials_per_min": 60 * report.trials_this_run / secs})
     with open(os.path.join(args.out, "rpc_tune.json"), "w") as f:

@@ -6,7 +6,6 @@ tracker or key must be one line from the CLI.
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,56 +14,18 @@ import time
 import pytest
 
 from tvm_nimble import zoo
-from tvm_nimble.compiler.tuning.remote import servers_under_key
+from tvm_nimble.compiler.tuning.remote import free_port, loopback_fleet
 from tvm_nimble.compiler.tuning.tune import tune
 
 pytest.importorskip("tornado")  # TVM's tracker needs it; `make test` installs it
 KEY = "nimble-test"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def fleet(tmp_path):
     """(tracker HOST:PORT, [server process, log path] x 2); everything is killed afterwards."""
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                               "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    servers = []
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.time() < deadline, "the RPC tracker did not start"
-                time.sleep(0.2)
-        for k in range(2):
-            log = tmp_path / f"server{k}.log"
-            sp = _free_port()
-            p = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
-                                  "--key", KEY, "--host", "127.0.0.1", "--port", str(sp), "--port-end", str(sp + 1)],
-                                 stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-            procs.append(p)
-            servers.append((p, log))
-        while True:
-            try:
-                if servers_under_key("127.0.0.1", port, KEY) == 2:
-                    break
-            except Exception:
-                pass
-            assert time.time() < deadline, "the RPC servers did not register"
-            time.sleep(0.3)
-        yield f"127.0.0.1:{port}", servers
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    with loopback_fleet(2, KEY, str(tmp_path)) as (tracker, servers):
+        yield tracker, servers
 
 
 def _loads(log) -> int:
@@ -113,7 +74,7 @@ def test_wrong_tracker_or_key_is_one_line(fleet, tmp_path):
     tracker, _ = fleet
     cli = [sys.executable, "-m", "tvm_nimble.cli", "tune", "zoo:incept6", "--target", "llvm", "--total-trials", "1",
            "--work-dir", str(tmp_path / "db")]
-    for extra, message in ((["--rpc-tracker", f"127.0.0.1:{_free_port()}", "--rpc-key", KEY], "cannot reach the RPC tracker"),
+    for extra, message in ((["--rpc-tracker", f"127.0.0.1:{free_port()}", "--rpc-key", KEY], "cannot reach the RPC tracker"),
                            (["--rpc-tracker", tracker, "--rpc-key", "other"], "no RPC server is registered under key 'other'"),
                            (["--rpc-tracker", "nohostport", "--rpc-key", KEY], "--rpc-tracker expects HOST:PORT"),
                            (["--rpc-tracker", tracker], "--rpc-tracker needs --rpc-key")):

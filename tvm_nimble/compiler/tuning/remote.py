@@ -13,6 +13,13 @@ Start a fleet (every GPU machine runs a server; nothing else is needed there but
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+
 from tvm_nimble.errors import NimbleError
 
 #: seconds one remote measurement (upload, load, time, clean up) may take before it counts as lost
@@ -29,8 +36,6 @@ def parse_tracker(text: str) -> tuple[str, int]:
 
 def servers_under_key(host: str, port: int, key: str) -> int:
     """How many servers the tracker lists under ``key`` (free or busy); a clear error if it is unreachable."""
-    import socket
-
     from tvm import rpc
 
     try:
@@ -56,3 +61,51 @@ def rpc_runner(tracker: str, key: str, evaluator_config):
     config = ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=key,
                                  session_timeout_sec=SESSION_TIMEOUT_S)
     return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator_config, max_workers=n), n
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(ready, what: str, seconds: float) -> None:
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if ready():
+                return
+        except (OSError, NimbleError):
+            pass
+        if time.time() > deadline:
+            raise NimbleError(f"{what} after {seconds:.0f} s")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def loopback_fleet(n_servers: int, key: str, log_dir: str, timeout: float = 60):
+    """A tracker and ``n_servers`` RPC servers on 127.0.0.1 (TVM's own ``tvm.exec`` processes), for tests
+    and for measuring tuning throughput on one machine. Yields (``HOST:PORT``, [(server process, its
+    log path)]); every process is killed on exit. The tracker needs the tornado package."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                               "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    servers = []
+    try:
+        _wait(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None,
+              f"the RPC tracker did not listen on 127.0.0.1:{port}", timeout)
+        for k in range(n_servers):
+            log, sp = os.path.join(log_dir, f"server{k}.log"), free_port()
+            with open(log, "w") as f:
+                procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker",
+                                               f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1", "--port",
+                                               str(sp), "--port-end", str(sp + 1)], stdout=subprocess.DEVNULL, stderr=f))
+            servers.append((procs[-1], log))
+        _wait(lambda: servers_under_key("127.0.0.1", port, key) == n_servers,
+              f"{n_servers} RPC server(s) did not register", timeout)
+        yield f"127.0.0.1:{port}", servers
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -156,7 +156,6 @@ class NimbleTrainer:
         self.param_names = list(step.params)
         self._params = [np.asarray(v) for v in step.params.values()]
         self._state = [s.copy() for s in step.state]
-        self._n_inputs = len(step.inputs)
         self.num_inputs = len(step.inputs)
         self.label_spec = step.labels[0]
         self._onnx = step.onnx_model
@@ -165,8 +164,8 @@ class NimbleTrainer:
         """One step: forward, loss, gradients, update. Returns the loss before the update."""
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         labels = list(labels) if isinstance(labels, (list, tuple)) else [labels]
-        if len(inputs) != self._n_inputs:
-            raise NimbleError(f"the model takes {self._n_inputs} input(s), got {len(inputs)}")
+        if len(inputs) != self.num_inputs:
+            raise NimbleError(f"the model takes {self.num_inputs} input(s), got {len(inputs)}")
         outs = self.executor(*inputs, *self._params, *labels, *self._state)
         n = len(self._params)
         self._params = outs[1:1 + n]

@@ -146,35 +146,55 @@ def _shape(ty) -> tuple:
 
 
 class NimbleTrainer:
-    """Training steps on a built step plan: ``loss = trainer.step(inputs, labels)``; ``trainer.params``."""
+    """Training steps on a built step plan: ``loss = trainer.step(inputs, labels)``; ``trainer.params``.
+
+    Parameters and optimizer state stay on the device: each is an output of the step that the
+    executor carries into the next step's input without a copy (see
+    :mod:`tvm_nimble.runtime.carry`). A step is: copy the batch in, one launch (one CUDA graph on
+    a GPU), and, if asked, read the loss back."""
 
     def __init__(self, module, step: TrainingStep, device=None):
         from tvm_nimble.runtime.executor import NimbleExecutor
 
         self.module = module
-        self.executor = NimbleExecutor(module, device)
         self.param_names = list(step.params)
-        self._params = [np.asarray(v) for v in step.params.values()]
-        self._state = [s.copy() for s in step.state]
         self.num_inputs = len(step.inputs)
         self.label_spec = step.labels[0]
         self._onnx = step.onnx_model
+        n_p, n_s = len(step.params), len(step.state)
+        # inputs: data..., params..., label, state...; outputs: loss, params..., state...
+        carried = {1 + k: self.num_inputs + k for k in range(n_p)}
+        carried.update({1 + n_p + k: self.num_inputs + n_p + 1 + k for k in range(n_s)})
+        self.executor = NimbleExecutor(module, device, carry=carried)
+        for k, value in zip(carried.values(), [*step.params.values(), *step.state]):
+            self.executor.set_input(k, np.asarray(value))
+        self._label_index = self.num_inputs + n_p
+        self._initial = {k: np.asarray(v) for k, v in step.params.items()}
+        self.steps = 0
 
-    def step(self, inputs, labels) -> float:
-        """One step: forward, loss, gradients, update. Returns the loss before the update."""
+    def step(self, inputs, labels, read_loss: bool = True) -> float | None:
+        """One step: forward, loss, gradients, update. Returns the loss before the update (``None``
+        with ``read_loss=False``, which leaves the step running asynchronously on a GPU)."""
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         labels = list(labels) if isinstance(labels, (list, tuple)) else [labels]
         if len(inputs) != self.num_inputs:
             raise NimbleError(f"the model takes {self.num_inputs} input(s), got {len(inputs)}")
-        outs = self.executor(*inputs, *self._params, *labels, *self._state)
-        n = len(self._params)
-        self._params = outs[1:1 + n]
-        self._state = outs[1 + n:]
-        return float(outs[0].numpy())
+        if len(labels) != 1:
+            raise NimbleError(f"the step takes one label tensor, got {len(labels)}")
+        ex = self.executor
+        for k, x in enumerate(inputs):
+            ex.set_input(k, x)
+        ex.set_input(self._label_index, labels[0])
+        ex.run()
+        self.steps += 1
+        return float(ex.get_output(0, copy=False).numpy()) if read_loss else None
 
     @property
     def params(self) -> dict[str, np.ndarray]:
-        return {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in zip(self.param_names, self._params)}
+        """The current parameters, copied to the host."""
+        if not self.steps:
+            return dict(self._initial)
+        return {k: self.executor.get_output(1 + i, copy=False).numpy() for i, k in enumerate(self.param_names)}
 
     def export_onnx(self, path: str) -> str:
         """The trained model as ONNX: the original graph with its initializers set to the current

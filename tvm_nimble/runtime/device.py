@@ -78,17 +78,26 @@ class Workspace:
             self.storages = []
             raise DeviceError(f"could not allocate the plan's {sum(s.nbytes for s in plan.storages) / 2**20:.1f} MiB "
                               f"on {device}: {str(err).splitlines()[0]}") from None
-        self.tensors = [self.storages[t.storage]._create_view(t.shape, t.dtype, t.offset) for t in plan.tensors]
+        self.tensors = self.views()
         for c in plan.constants:
             self.tensors[c].copyfrom(np.asarray(params[f"c{c}"], order="C"))  # keeps 0-d scalars 0-d
 
-    def launch_args(self) -> list[list]:
-        """Each launch's call arguments: its tensors, with its literal shapes at their positions."""
+    def views(self, swap: dict[int, int] | None = None) -> list:
+        """A typed view per tensor; ``swap`` (storage -> storage) places tensors in another storage
+        (see :mod:`tvm_nimble.runtime.carry`)."""
+        swap = swap or {}
+        return [self.storages[swap.get(t.storage, t.storage)]._create_view(t.shape, t.dtype, t.offset)
+                for t in self.plan.tensors]
+
+    def launch_args(self, tensors: list | None = None) -> list[list]:
+        """Each launch's call arguments: its tensors (``tensors``, default this workspace's views),
+        with its literal shapes at their positions."""
         import tvm_ffi
 
+        tensors = self.tensors if tensors is None else tensors
         calls = []
         for l in self.plan.launches:
-            args = [self.tensors[a] for a in l.args]
+            args = [tensors[a] for a in l.args]
             for pos, values in sorted(l.literals):
                 args.insert(pos, tvm_ffi.Shape(values))
             calls.append(args)

@@ -70,10 +70,16 @@ def _load(module_or_artifact):
 
 
 class NimbleExecutor:
-    def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = False):
+    def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = False,
+                 carry: dict | None = None):
         """``check_inputs=True`` validates inputs that index a table (Gather / take) against the
         table's size before they are copied in, as ONNX Runtime does; by default they are not
-        checked, as in stock TVM."""
+        checked, as in stock TVM.
+
+        ``carry`` (output index -> input index or name) makes those outputs the next run's inputs
+        with no copy: the paired buffers trade roles every run (see :mod:`tvm_nimble.runtime.carry`).
+        A training step carries its parameters this way; set them once with ``set_input``."""
+        from .carry import storage_swap
         from .module import resolve_kernels
 
         self.check_inputs = check_inputs
@@ -89,7 +95,8 @@ class NimbleExecutor:
         self.mode = mode
         self._lock = threading.RLock()
         self._closed = False
-        self._graph = self._streams = None
+        self._graphs: list = []
+        self._streams = None
         self._events = []
         self._ops = []
         # what the buffers hold: who set each input last, whether any run produced the outputs
@@ -100,8 +107,12 @@ class NimbleExecutor:
         self._owner = None  # the thread between its set_input/run and its get_output, if any
         self._local = threading.local()  # per thread: set_any (it set an input), ran (it ran this executor)
         self._funcs = resolve_kernels(self.plan, self.module.kernels)
+        swap = storage_swap(self.plan, carry or {})
         self._ws = Workspace(self.plan, self.module.params, self.device)
-        self._args = self._ws.launch_args()
+        # one set of tensor views and launch arguments per parity; two only when state is carried
+        self._views = [self._ws.tensors] + ([self._ws.views(swap)] if swap else [])
+        self._arg_sets = [self._ws.launch_args(v) for v in self._views]
+        self._parity = self._last_parity = 0  # which set the next run uses / the last run used
         try:
             if is_gpu:
                 self._prepare_gpu()
@@ -122,12 +133,14 @@ class NimbleExecutor:
         self._issue()
         cg.synchronize(self._streams)
         if self.mode != "streams":
-            self._graph = cg.CapturedGraph(lambda: self._issue(), self._streams)
+            self._graphs = [cg.CapturedGraph(lambda p=p: self._issue(parity=p), self._streams)
+                            for p in range(len(self._arg_sets))]
 
-    def _issue(self, timing_events=None, in_capture=False):
+    def _issue(self, timing_events=None, in_capture=False, parity=None):
         from . import cuda_graph as cg
 
-        cg.issue(self._ops, self._funcs, self._args, self.device, self._streams, self._events,
+        args = self._arg_sets[self._parity if parity is None else parity]
+        cg.issue(self._ops, self._funcs, args, self.device, self._streams, self._events,
                  timing_events=timing_events, in_capture=in_capture)
 
     # ---- graph-executor API ------------------------------------------------------------------
@@ -176,7 +189,7 @@ class NimbleExecutor:
                              f"{-size}..{size - 1}")
 
     def _copy_in(self, i, src, me) -> None:
-        dst = self._ws.tensors[self.plan.inputs[i]]
+        dst = self._views[self._parity][self.plan.inputs[i]]
         if isinstance(src, np.ndarray):
             dst.copyfrom(src)
         else:
@@ -261,13 +274,15 @@ class NimbleExecutor:
                                          f"{_thread_name(other)} since; {_FIX}")
 
     def _launch(self) -> None:
-        if self._graph is not None:
-            self._graph.launch()
+        p = self._parity
+        if self._graphs:
+            self._graphs[p].launch()
         elif self._streams is not None:
             self._issue()
         else:
-            for f, a in zip(self._funcs, self._args):
+            for f, a in zip(self._funcs, self._arg_sets[p]):
                 f(*a)
+        self._last_parity, self._parity = p, (p + 1) % len(self._arg_sets)
 
     def sync(self) -> None:
         if self._streams is not None:
@@ -310,7 +325,7 @@ class NimbleExecutor:
 
     def _output(self, index: int, copy: bool):
         self.sync()
-        out = self._ws.tensors[self.plan.outputs[index]]
+        out = self._views[self._last_parity][self.plan.outputs[index]]
         if copy:
             import tvm
 
@@ -397,9 +412,9 @@ class NimbleExecutor:
         self._closed = True
         from contextlib import suppress
 
-        if self._graph is not None:
+        for g in self._graphs:
             with suppress(Exception):
-                self._graph.close()
+                g.close()
         if self._events:
             from . import cuda_graph as cg
 
@@ -408,7 +423,7 @@ class NimbleExecutor:
         if self._streams is not None:
             with suppress(Exception):
                 self._streams.close()
-        self._graph, self._streams, self._events, self._args = None, None, [], []
+        self._graphs, self._streams, self._events, self._arg_sets, self._views = [], None, [], [], []
         if getattr(self, "_ws", None) is not None:
             self._ws.release()
 

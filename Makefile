@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e ".[test]"
+	@# PyTorch as the training tests' reference, unless one is installed already
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q -e ".[reference]"
 	@# Graphviz's `dot` checks that `tvm-nimble explain` writes DOT it can parse (best effort:
 	@# without root/apt the DOT-parsing assertions are skipped, and say so).
 	@command -v dot >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \

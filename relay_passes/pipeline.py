@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 
 from .annotate import AnnotateStreams
-from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks
+from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks, tolerant_default_schedule
 
 def _with_cheap_tvmscript_stacks(p: tvm.transform.Pass) -> tvm.transform.Pass:
     """``p`` run within :func:`cheap_tvmscript_stacks` until the tensor-core intrinsics are imported."""
@@ -47,6 +47,7 @@ def _split_legalize(target: tvm.target.Target) -> tuple[list, list]:
     legalize = list(backend.legalize_passes(target))
     # The GPU backends end legalization with DLight's default schedule; the CPU backend has none.
     fuse, schedule = (legalize, []) if target.kind.name == "llvm" else (legalize[:-1], legalize[-1:])
+    schedule = [tolerant_default_schedule(p) for p in schedule]
     return list(backend.library_dispatch_passes(target)) + fuse, schedule
 
 

@@ -164,3 +164,32 @@ def unnamed_log_handlers_detached(name: str = "tvm.s_tir.meta_schedule"):
     finally:
         for h in unnamed:
             logger.addHandler(h)
+
+
+def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transform.Pass:
+    """DLight's ``ApplyDefaultSchedule`` with each rule skipped where it raises a ScheduleError.
+
+    A rule is meant to return None for a kernel it does not fit, and the next rule (last of all
+    ``Fallback``) takes it. TVM 0.27's ``GeneralReduction`` raises instead on some fused gradient
+    kernels (a max-pool gradient fused with the adds of the branch gradients it joins:
+    "does not have compact dataflow"), which fails the whole build of a training step; skipping the
+    rule there lets the next one schedule it. Any other pass is returned unchanged."""
+    from tvm.s_tir import dlight as dl
+    from tvm.s_tir.schedule import ScheduleError
+
+    inst = getattr(schedule_pass, "_inst", None)  # the pass object's Python instance
+    rules = getattr(inst, "rules", None)
+    if type(inst).__name__ != "ApplyDefaultSchedule" or not rules:
+        return schedule_pass
+
+    class SkipOnScheduleError(dl.ScheduleRule):
+        def __init__(self, rule):
+            self.rule = rule
+
+        def apply(self, func, target, tunable):
+            try:
+                return self.rule.apply(func, target, tunable)
+            except ScheduleError:
+                return None
+
+    return dl.ApplyDefaultSchedule(*[SkipOnScheduleError(r) for r in rules])

@@ -99,3 +99,53 @@ def test_export_matches_the_trainers_parameters(tmp_path):
     exported = {i.name: numpy_helper.to_array(i) for i in onnx.load(trainer.export_onnx(str(tmp_path / "m.onnx"))).graph.initializer}
     for k, v in trainer.params.items():
         np.testing.assert_array_equal(exported[k], v)
+
+
+@pytest.mark.parametrize("label", ["cifar_inception", "resnet18_chain"])
+def test_twenty_steps_match_pytorch(label):
+    """The training benchmark's models, small: Nimble's first 20 losses are PyTorch's (same weights, data,
+    cross-entropy, SGD with momentum), the bench's own check, at a tolerance 100x tighter."""
+    pytest.importorskip("torch")
+    from tvm_nimble.bench.training import make_case, max_rel_diff, nimble_losses, torch_losses
+
+    case = make_case(label, batch=2, steps=20, small=True)
+    trainer = NimbleTrainer(build(case.step.mod, "llvm"), case.step)
+    losses = nimble_losses(trainer, case)
+    assert max_rel_diff(losses, torch_losses(case, "cpu")) < 1e-5
+    assert len(set(np.round(losses, 4))) > 10
+
+
+def test_training_benchmark_checks_then_times(tmp_path):
+    import csv
+    import json
+
+    pytest.importorskip("torch")
+    from tvm_nimble.bench.training import LOSS_RTOL, run_training_benchmark
+
+    rows = run_training_benchmark(["cifar_inception"], [2], "llvm", steps=6, rounds=1, iters=2, out_dir=str(tmp_path),
+                                  small=True)
+    assert {r["system"] for r in rows} == {"nimble-aot-cpu", "tvm-vm"}
+    written = list(csv.DictReader(open(tmp_path / "training.csv")))
+    assert [r["system"] for r in written] == [r["system"] for r in rows]
+    assert all(float(r["median_ms"]) > 0 and r["batch"] == "2" for r in written)
+    record, = json.load(open(tmp_path / "training_losses.json"))
+    assert len(record["nimble"]) == len(record["pytorch"]) == 6 and record["max_rel_diff"] < LOSS_RTOL
+
+
+def test_training_step_schedules_for_cuda():
+    """TVM 0.27's DLight GeneralReduction rule raises on the max-pool gradient fused with the branch
+    gradients' adds; the pipeline skips a rule that raises, so the step builds for CUDA (kernels only,
+    no GPU needed)."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.relay_passes.pipeline import backend_for
+
+    step = training_step(zoo.get_model("inception", batch=2), "cross_entropy", "momentum")
+    target = resolve_target("cuda", "sm_90")
+    result = build(step.mod, target, kernels="tvm", max_streams=None, compile_kernels=False)
+    assert result.plan.num_streams > 4
+    backend = backend_for(target)
+    stock = tvm.transform.Sequential(list(backend.legalize_passes(target)))
+    with target, pytest.raises(ScheduleError, match="compact dataflow"):
+        stock(step.mod)

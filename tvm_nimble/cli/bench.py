@@ -8,6 +8,7 @@ examples:
   tvm-nimble bench --models tv:googlenet --dtype float32,float16 --batch 1,8   # fp16 as a second table
   tvm-nimble bench --models timm:inception_v4,timm:nasnetalarge --kernels vendor   # any timm model
   tvm-nimble bench --onnx my.onnx                                  # any static ONNX model
+  tvm-nimble bench --training --batch 32,1     # training steps (cifar_inception, resnet18_chain) -> training.csv
 """
 from __future__ import annotations
 
@@ -108,9 +109,10 @@ def model_builders(spec: str):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tvm-nimble bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="incept6,nasnet,resnet",
+    ap.add_argument("--models",
                     help="zoo nets at benchmark size (incept6, nasnet, resnet, mobilenet), tv:<torchvision name> or "
-                         "timm:<timm name>")
+                         "timm:<timm name>; default incept6,nasnet,resnet (with --training: cifar_inception,"
+                         "resnet18_chain)")
     ap.add_argument("--onnx", action="append", help="benchmark this ONNX file too (repeatable)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
@@ -130,6 +132,9 @@ def main(argv=None):
                          "cuDNN / cuBLASLt (vendor; CUDA, needs the nvidia-cudnn-cu13 and nvidia-cublas wheels), "
                          "or each of them on whichever of the two measured faster on this GPU (best)")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
+    ap.add_argument("--training", action="store_true",
+                    help="time training steps (forward, cross-entropy, backward, SGD with momentum) instead of "
+                         "inference, after checking 20 losses against PyTorch: appends to training.csv in --out")
     ap.add_argument("--report-only", action="store_true",
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
     args = ap.parse_args(argv)
@@ -140,6 +145,10 @@ def main(argv=None):
                      os.path.join(args.out, "results.png"))
         print(f"wrote {os.path.join(args.out, 'RESULTS.md')}, results.png")
         return
+
+    if args.training:
+        return _training(args)
+    args.models = args.models or "incept6,nasnet,resnet"
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import run_benchmark
@@ -188,6 +197,23 @@ def main(argv=None):
     for n in notes:
         print(f"note: {n}")
     print(f"wrote {os.path.join(args.out, 'results.csv')}, RESULTS.md, results.png")
+
+
+def _training(args):
+    from tvm_nimble.bench.training import TRAINING_MODELS, run_training_benchmark
+
+    target = None
+    if args.target:
+        from tvm_nimble.compiler.target import resolve_target, target_dict
+
+        target = target_dict(resolve_target(args.target, args.arch))
+    models = [m for m in (args.models or ",".join(TRAINING_MODELS)).split(",") if m]
+    rows = run_training_benchmark(models, [int(b) for b in args.batch.split(",")], target, rounds=args.rounds,
+                                  iters=min(args.iters, 20), out_dir=args.out, small=args.small)
+    print(f"{'model':16s} {'batch':>5s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
+    for r in rows:
+        print(f"{r['model']:16s} {r['batch']:>5} {r['system']:30s} {r['median_ms']:>10s} {r['p90_ms']:>8s}")
+    print(f"wrote {os.path.join(args.out, 'training.csv')}, training_losses.json")
 
 
 if __name__ == "__main__":

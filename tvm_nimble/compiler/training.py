@@ -153,7 +153,8 @@ class NimbleTrainer:
     :mod:`tvm_nimble.runtime.carry`). A step is: copy the batch in, one launch (one CUDA graph on
     a GPU), and, if asked, read the loss back."""
 
-    def __init__(self, module, step: TrainingStep, device=None):
+    def __init__(self, module, step: TrainingStep, device=None, mode: str | None = None):
+        """``mode``: the executor's (``single-stream`` replays the same kernels on one stream)."""
         from tvm_nimble.runtime.executor import NimbleExecutor
 
         self.module = module
@@ -165,7 +166,7 @@ class NimbleTrainer:
         # inputs: data..., params..., label, state...; outputs: loss, params..., state...
         carried = {1 + k: self.num_inputs + k for k in range(n_p)}
         carried.update({1 + n_p + k: self.num_inputs + n_p + 1 + k for k in range(n_s)})
-        self.executor = NimbleExecutor(module, device, carry=carried)
+        self.executor = NimbleExecutor(module, device, mode=mode, carry=carried)
         for k, value in zip(carried.values(), [*step.params.values(), *step.state]):
             self.executor.set_input(k, np.asarray(value))
         self._label_index = self.num_inputs + n_p

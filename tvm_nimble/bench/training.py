@@ -1,0 +1,280 @@
+"""Training steps side by side: Nimble's multi-stream and single-stream graphs, stock TVM's VM (and
+its CUDA graph), PyTorch eager and PyTorch's CUDA graph. One model, one optimizer, one data set.
+
+Every system trains the same zoo network from the same initial weights (PyTorch's copy is read
+from the ONNX graph, :mod:`tvm_nimble.bench.torch_onnx`). Before any timing, the first ``steps``
+losses of Nimble and of PyTorch are compared on the same batches: the training is checked, not
+only the speed. A step is timed from launch to synchronize with the batch already on the device;
+every system runs the same kernels of its own kind (TVM's for the TVM/Nimble rows, cuDNN/cuBLAS
+for PyTorch), fp32 with TF32 off.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .system import System
+
+#: name -> (zoo builder, keyword arguments): a CIFAR-10-sized multi-branch net and a ResNet-18-style
+#: chain (a stem and 8 basic blocks: 17 convolutions and the classifier), 32x32 RGB in, 10 classes out
+TRAINING_MODELS = {
+    "cifar_inception": ("inception", {"blocks": 3, "hw": 32, "channels": 64}),
+    "resnet18_chain": ("resnet", {"blocks": 8, "hw": 32, "channels": 64}),
+}
+CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "system", "median_ms", "p90_ms", "kernels", "optimizer",
+               "loss_max_rel_diff", "versions"]
+#: Nimble and PyTorch losses must agree this closely over the first steps (fp32, TF32 off; kernels and
+#: reduction orders differ, and each step feeds the next)
+LOSS_RTOL = 1e-3
+
+
+@dataclass
+class TrainingCase:
+    """One model at one batch: its composed step and the batches every system trains on."""
+
+    label: str
+    onnx_model: object
+    step: object  # tvm_nimble.compiler.training.TrainingStep
+    xs: list  # one input array per step
+    ys: list  # one label array per step
+    loss: str
+    optimizer: str
+    lr: float
+
+
+def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", optimizer: str = "momentum",
+              lr: float = 1e-3, small: bool = False, seed: int = 0) -> TrainingCase:
+    from tvm_nimble import zoo
+    from tvm_nimble.compiler.training import training_step
+
+    builder, kw = TRAINING_MODELS[label]
+    model = zoo.get_model(builder, batch=batch, **({} if small else kw))
+    step = training_step(model, loss, optimizer, lr)
+    shape = tuple(zoo.input_shape(model).values())[0]
+    rng = np.random.default_rng(seed)
+    (label_shape, label_dtype), = step.labels
+    xs = [rng.standard_normal(shape).astype("float32") for _ in range(steps)]
+    if label_dtype == "int64":
+        ys = [rng.integers(0, zoo.NUM_CLASSES, size=label_shape).astype("int64") for _ in range(steps)]
+    else:
+        ys = [rng.standard_normal(label_shape).astype(label_dtype) for _ in range(steps)]
+    return TrainingCase(label, model, step, xs, ys, loss, optimizer, lr)
+
+
+# ---- PyTorch -------------------------------------------------------------------------------------
+def _torch_loss(name: str):
+    import torch.nn.functional as F
+
+    if name == "cross_entropy":
+        return lambda out, y: F.cross_entropy(out, y, reduction="sum")
+    return lambda out, y: F.mse_loss(out, y, reduction="sum")
+
+
+def torch_trainer(case: TrainingCase, device: str):
+    """(module, optimizer, loss function) of PyTorch training the case's model from its initial weights."""
+    import torch
+
+    from .torch_onnx import torch_module
+
+    module = torch_module(case.onnx_model, trainable=case.step.params).to(device)
+    momentum = 0.9 if case.optimizer == "momentum" else 0.0
+    opt = torch.optim.SGD(module.parameters(), lr=case.lr, momentum=momentum)
+    return module, opt, _torch_loss(case.loss)
+
+
+def torch_losses(case: TrainingCase, device: str) -> list[float]:
+    """The loss of each of the case's steps, trained eagerly in PyTorch."""
+    import torch
+
+    module, opt, loss_fn = torch_trainer(case, device)
+    losses = []
+    for x, y in zip(case.xs, case.ys):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(module(torch.from_numpy(x).to(device)), torch.from_numpy(y).to(device))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach().cpu()))
+    return losses
+
+
+def torch_step_systems(case: TrainingCase) -> list[System]:
+    """PyTorch eager and PyTorch CUDA-graph training steps (whole step captured: forward, backward, SGD)."""
+    import torch
+
+    dev = "cuda"
+    x, y = torch.from_numpy(case.xs[0]).to(dev), torch.from_numpy(case.ys[0]).to(dev)
+    module, opt, loss_fn = torch_trainer(case, dev)
+
+    def eager():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(module(x), y).backward()
+        opt.step()
+
+    gmod, gopt, gloss = torch_trainer(case, dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (PyTorch's whole-network recipe)
+        for _ in range(3):
+            gopt.zero_grad(set_to_none=True)
+            gloss(gmod(x), y).backward()
+            gopt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    gopt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        gloss(gmod(x), y).backward()
+        gopt.step()
+    sync = torch.cuda.synchronize
+    return [System("pytorch-eager", eager, sync, lambda: []), System("pytorch-cudagraph", graph.replay, sync, lambda: [])]
+
+
+# ---- TVM and Nimble ------------------------------------------------------------------------------
+def step_inputs(case: TrainingCase, i: int = 0) -> list[np.ndarray]:
+    """The step function's inputs in order: data, parameters, label, optimizer state."""
+    s = case.step
+    return [case.xs[i], *s.params.values(), case.ys[i], *s.state]
+
+
+def nimble_losses(trainer, case: TrainingCase) -> list[float]:
+    return [trainer.step(x, y) for x, y in zip(case.xs, case.ys)]
+
+
+def nimble_step_systems(module, case: TrainingCase, device, modes: tuple[str, ...]) -> list[System]:
+    """One NimbleTrainer per executor mode on the same build, each a ``System`` whose run is one step."""
+    from tvm_nimble.compiler.training import NimbleTrainer
+
+    from .report import NIMBLE_SYSTEMS
+
+    systems = []
+    for mode in modes:
+        trainer = NimbleTrainer(module, case.step, device, mode=mode)
+        x, y = case.xs[0], case.ys[0]
+        trainer.step(x, y)  # the batch is in the device buffers; later runs reuse it, like PyTorch's graph
+        systems.append(System(NIMBLE_SYSTEMS[mode], trainer.executor.run, trainer.executor.sync, lambda: []))
+    return systems
+
+
+def stock_step_systems(case: TrainingCase, target, device, use_gpu: bool) -> list[System]:
+    """Stock TVM's VM on the same step module (and its CUDA graph on a GPU), parameters passed each call."""
+    from tvm_nimble.compiler.stock import StockVM, build_stock_vm
+
+    inputs = step_inputs(case)
+    systems = []
+    for name, graph in [("tvm-vm", False)] + ([("tvm-vm-cudagraph", True)] if use_gpu else []):
+        vm = StockVM(build_stock_vm(case.step.mod, target, cuda_graph=graph), device, inputs)
+        systems.append(System(name, vm, vm.sync, vm.outputs))
+    return systems
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
+
+
+def append_rows(path: str, rows: list[dict]) -> None:
+    new = not os.path.exists(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerows({k: r.get(k, "") for k in CSV_COLUMNS} for r in rows)
+
+
+def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str, rounds: int = 5,
+             iters: int = 20, torch_device: str | None = None, log=print) -> tuple[list[dict], dict]:
+    """Check the case's losses against PyTorch, then time every system. Returns (csv rows, loss record)."""
+    from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.training import NimbleTrainer
+    from tvm_nimble.errors import NimbleError
+
+    from .harness import interleaved_timing
+    from .machine import describe
+
+    batch = int(case.xs[0].shape[0])
+    module = build(case.step.mod, target, max_streams=None, kernels="tvm")
+    plan = module.plan
+    log(f"[train] {case.label} batch {batch}: {len(plan.launches)} kernels on {plan.num_streams} streams")
+    losses = nimble_losses(NimbleTrainer(module, case.step, device), case)
+    record = {"model": case.label, "batch": batch, "nimble": losses}
+    diff = ""
+    if torch_device is not None:
+        record["pytorch"] = reference = torch_losses(case, torch_device)
+        diff = max_rel_diff(losses, reference)
+        record["max_rel_diff"] = diff
+        log(f"[train] {case.label} batch {batch}: {len(losses)} losses, Nimble vs PyTorch max rel diff {diff:.2e} "
+            f"(first {losses[0]:.4g} / {reference[0]:.4g}, last {losses[-1]:.4g} / {reference[-1]:.4g})")
+        if not diff <= LOSS_RTOL:
+            raise NimbleError(f"{case.label} batch {batch}: Nimble's losses differ from PyTorch's by {diff:.2e} "
+                              f"(> {LOSS_RTOL}); not timing a step that trains differently")
+    if len(set(np.round(losses, 6))) < 2:
+        raise NimbleError(f"{case.label}: every step gave the same loss; the training check proves nothing")
+    modes = ("cuda-graph", "single-stream") if use_gpu else ("sequential",)
+    systems = nimble_step_systems(module, case, device, modes) + stock_step_systems(case, target, device, use_gpu)
+    if use_gpu and torch_device is not None:
+        systems += torch_step_systems(case)
+    times = interleaved_timing(systems, rounds=rounds, iters=iters)
+    machine = describe(device_name, use_gpu)
+    versions = ";".join(f"{k}={machine[k]}" for k in ("tvm", "torch") if k in machine)
+    rows = [{"date": datetime.date.today().isoformat(), "device": device_name, "model": case.label, "batch": batch,
+             "dtype": "float32", "system": name, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",
+             "kernels": "pytorch" if name.startswith("pytorch") else "tvm-default", "optimizer":
+             f"{case.optimizer} lr={case.lr}", "loss_max_rel_diff": f"{diff:.2e}" if diff != "" else "",
+             "versions": versions} for name, (med, p90) in times.items()]
+    return rows, record
+
+
+def _torch_device(use_gpu: bool) -> str | None:
+    """Where PyTorch's reference losses are computed, or None without PyTorch (no PyTorch rows then)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if use_gpu:
+        from .harness import _torch_tf32_off
+
+        _torch_tf32_off()
+        return "cuda"
+    return "cpu"
+
+
+def run_training_benchmark(models: list[str], batches: list[int], target=None, steps: int = 20, rounds: int = 5,
+                           iters: int = 20, out_dir: str = "benchmarks", small: bool = False) -> list[dict]:
+    """Every model x batch of :data:`TRAINING_MODELS`: check, time, append to ``out_dir/training.csv``;
+    the loss trajectories go to ``out_dir/training_losses.json``."""
+    import json
+
+    import tvm
+
+    from tvm_nimble.compiler.target import default_kind, resolve_target
+    from tvm_nimble.errors import NimbleError
+
+    from .harness import device_name
+
+    unknown = [m for m in models if m not in TRAINING_MODELS]
+    if unknown:
+        raise NimbleError(f"unknown training model(s) {unknown}: choose from {', '.join(TRAINING_MODELS)}")
+    t = resolve_target(target if target is not None else default_kind())
+    use_gpu = t.kind.name == "cuda"
+    dev = tvm.cuda(0) if use_gpu else tvm.cpu(0)
+    torch_device = _torch_device(use_gpu)
+    if torch_device is None:
+        print("[train] note: PyTorch is not installed: no PyTorch rows and no loss check against it", flush=True)
+    rows, records = [], []
+    for label in models:
+        for batch in batches:
+            case = make_case(label, batch, steps, small=small)
+            r, record = run_case(case, t, dev, use_gpu, device_name(use_gpu), rounds, iters, torch_device,
+                                 log=lambda m: print(m, flush=True))
+            append_rows(os.path.join(out_dir, "training.csv"), r)
+            rows += r
+            records.append(record)
+    path = os.path.join(out_dir, "training_losses.json")
+    old = json.load(open(path)) if os.path.exists(path) else []
+    with open(path, "w") as f:
+        json.dump(old + [{"date": datetime.date.today().isoformat(), **rec} for rec in records], f, indent=1)
+    return rows

@@ -81,3 +81,11 @@ def test_wrong_tracker_or_key_is_one_line(fleet, tmp_path):
         r = subprocess.run(cli + extra, capture_output=True, text=True, timeout=300)
         assert r.returncode == 1 and message in r.stderr, (extra, r.stderr[-500:])
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_rpc_server_with_a_malformed_tracker_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "rpc-server", "--tracker", "no-port", "--key", "k"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "tvm-nimble: error: --rpc-tracker expects HOST:PORT (e.g. 127.0.0.1:9190), got 'no-port'"]

@@ -148,7 +148,8 @@ def main(argv=None):
 
     if args.training:
         return _training(args)
-    args.models = args.models or "incept6,nasnet,resnet"
+    if args.models is None:
+        args.models = "incept6,nasnet,resnet"
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import run_benchmark
@@ -207,7 +208,7 @@ def _training(args):
         from tvm_nimble.compiler.target import resolve_target, target_dict
 
         target = target_dict(resolve_target(args.target, args.arch))
-    models = [m for m in (args.models or ",".join(TRAINING_MODELS)).split(",") if m]
+    models = [m for m in (",".join(TRAINING_MODELS) if args.models is None else args.models).split(",") if m]
     rows = run_training_benchmark(models, [int(b) for b in args.batch.split(",")], target, rounds=args.rounds,
                                   iters=min(args.iters, 20), out_dir=args.out, small=args.small)
     print(f"{'model':16s} {'batch':>5s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

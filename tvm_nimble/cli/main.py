@@ -155,6 +155,12 @@ def cmd_tune(args):
     tune_main(args.rest)
 
 
+def cmd_rpc_server(args):
+    from tvm_nimble.cli.rpc_server import main as server_main
+
+    server_main(args.rest)
+
+
 def cmd_train(args):
     from tvm_nimble.cli.train import main as train_main
 
@@ -229,14 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("train", cmd_train, "a quick training run with Nimble, loss shown as it goes (tvm_nimble.cli.train)",
             "tvm-nimble train zoo:inception --steps 20 --lr 0.01 -o trained.onnx", passthrough=True)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.train")
+
+    p = add("rpc-server", cmd_rpc_server, "serve this machine's GPU to an RPC tracker for tuning "
+            "(tvm_nimble.cli.rpc_server)", "tvm-nimble rpc-server --tracker 10.0.0.5:9190 --key h100", passthrough=True)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.rpc_server")
     return parser
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0] in ("bench", "tune", "train"):  # forwarded whole, --help included
-        args = argparse.Namespace(fn={"bench": cmd_bench, "tune": cmd_tune, "train": cmd_train}[argv[0]], rest=argv[1:])
+    forwarded = {"bench": cmd_bench, "tune": cmd_tune, "train": cmd_train, "rpc-server": cmd_rpc_server}
+    if argv and argv[0] in forwarded:  # forwarded whole, --help included
+        args = argparse.Namespace(fn=forwarded[argv[0]], rest=argv[1:])
     else:
         args = parser.parse_args(argv)
     from tvm_nimble.errors import NimbleError

@@ -23,21 +23,27 @@ def _tvm():
     return tvm
 
 
+def cuda_runtime_libraries() -> list[str]:
+    """TVM's CUDA runtime libraries, in load order. The apache-tvm wheel keeps them apart from
+    ``libtvm_runtime``: ``import tvm`` does not load them, so neither does a plain
+    ``python -m tvm.exec.rpc_server`` (``tvm-nimble rpc-server`` passes them as ``--load-library``)."""
+    lib_dir = os.path.join(os.path.dirname(_tvm().__file__), "lib")
+    paths = [os.path.join(lib_dir, n) for n in ("libtvm_runtime_extra.so", "libtvm_runtime_cuda.so")]
+    return [p for p in paths if os.path.exists(p)]
+
+
 def ensure_cuda_runtime() -> None:
     """Load TVM's CUDA runtime library (needed when only the runtime part of TVM is installed)."""
     import tvm_ffi
 
     if "ffi.Module.load_from_bytes.cuda" in tvm_ffi.registry.list_global_func_names():
         return
-    lib_dir = os.path.join(os.path.dirname(_tvm().__file__), "lib")
-    for name in ("libtvm_runtime_extra.so", "libtvm_runtime_cuda.so"):
-        path = os.path.join(lib_dir, name)
-        if os.path.exists(path):
-            try:
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            except OSError as err:
-                if "cuda" in name:
-                    raise DeviceError(f"cannot load TVM's CUDA runtime ({err}): is an NVIDIA driver installed?") from None
+    for path in cuda_runtime_libraries():
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as err:
+            if "cuda" in os.path.basename(path):
+                raise DeviceError(f"cannot load TVM's CUDA runtime ({err}): is an NVIDIA driver installed?") from None
 
 
 def device_for(target: dict, device=None):
@@ -79,6 +85,11 @@ class Workspace:
             raise DeviceError(f"could not allocate the plan's {sum(s.nbytes for s in plan.storages) / 2**20:.1f} MiB "
                               f"on {device}: {str(err).splitlines()[0]}") from None
         self.tensors = self.views()
+        # inputs start as zeros, not leftover memory: the executor's first (warm-up) run reads them before
+        # any set_input, and an index input (a label, a Gather's indices) holding garbage reads out of bounds
+        for s in plan.storages:
+            if s.kind == "input":
+                self.storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
         for c in plan.constants:
             self.tensors[c].copyfrom(np.asarray(params[f"c{c}"], order="C"))  # keeps 0-d scalars 0-d
 

@@ -5,10 +5,11 @@ registered under the key is free (MetaSchedule's ``RPCRunner``, one worker per s
 servers measure two candidates at once. A server that dies or times out fails only the trials it
 held: MetaSchedule records them as failed runs and the run goes on with the others.
 
-Start a fleet (every GPU machine runs a server; nothing else is needed there but TVM's runtime):
+Start a fleet (every GPU machine runs a server: TVM's own, with TVM's CUDA runtime loaded, which
+a plain ``python -m tvm.exec.rpc_server`` from the apache-tvm wheel does not do):
 
     python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190
-    python -m tvm.exec.rpc_server --tracker TRACKER_HOST:9190 --key h100     # on each GPU machine
+    tvm-nimble rpc-server --tracker TRACKER_HOST:9190 --key h100             # on each GPU machine
     tvm-nimble tune model.onnx --rpc-tracker TRACKER_HOST:9190 --rpc-key h100 --arch sm_90
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def servers_under_key(host: str, port: int, key: str) -> int:
     if count == 0:
         keys = ", ".join(sorted(summary.get("queue_info", {}))) or "none"
         raise NimbleError(f"no RPC server is registered under key {key!r} at {host}:{port} (keys there: {keys}); "
-                          f"start one with `python -m tvm.exec.rpc_server --tracker {host}:{port} --key {key}`")
+                          f"start one with `tvm-nimble rpc-server --tracker {host}:{port} --key {key}`")
     return count
 
 
@@ -85,7 +86,7 @@ def _wait(ready, what: str, seconds: float) -> None:
 
 @contextlib.contextmanager
 def loopback_fleet(n_servers: int, key: str, log_dir: str, timeout: float = 60):
-    """A tracker and ``n_servers`` RPC servers on 127.0.0.1 (TVM's own ``tvm.exec`` processes), for tests
+    """A tracker and ``n_servers`` RPC servers on 127.0.0.1 (TVM's tracker, ``tvm-nimble rpc-server``), for tests
     and for measuring tuning throughput on one machine. Yields (``HOST:PORT``, [(server process, its
     log path)]); every process is killed on exit. The tracker needs the tornado package."""
     port = free_port()
@@ -98,7 +99,7 @@ def loopback_fleet(n_servers: int, key: str, log_dir: str, timeout: float = 60):
         for k in range(n_servers):
             log, sp = os.path.join(log_dir, f"server{k}.log"), free_port()
             with open(log, "w") as f:
-                procs.append(subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker",
+                procs.append(subprocess.Popen([sys.executable, "-m", "tvm_nimble.cli", "rpc-server", "--tracker",
                                                f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1", "--port",
                                                str(sp), "--port-end", str(sp + 1)], stdout=subprocess.DEVNULL, stderr=f))
             servers.append((procs[-1], log))

@@ -1,0 +1,52 @@
+"""tvm-nimble rpc-server: an RPC server that measures kernels on this machine's GPU for a tracker.
+
+  tvm-nimble rpc-server --tracker 10.0.0.5:9190 --key h100
+
+TVM's own ``python -m tvm.exec.rpc_server`` with TVM's CUDA runtime libraries loaded: the
+apache-tvm wheel keeps them apart from the core runtime, and a server without them fails every
+CUDA measurement ("device type cuda not enabled"). On a machine without an NVIDIA driver it
+serves the CPU only, and says so.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+
+
+def load_library() -> str | None:
+    """TVM's CUDA runtime libraries as ``--load-library`` wants them, or None without an NVIDIA driver."""
+    from tvm_nimble.runtime.device import cuda_runtime_libraries
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return ":".join(cuda_runtime_libraries()) or None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="tvm-nimble rpc-server", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tracker", required=True, help="HOST:PORT of the RPC tracker")
+    ap.add_argument("--key", required=True, help="the device key tuners ask the tracker for (e.g. h100)")
+    ap.add_argument("--host", default="0.0.0.0", help="address this server listens on")
+    ap.add_argument("--port", type=int, default=9090, help="first port to try")
+    ap.add_argument("--port-end", type=int, default=9199, help="last port to try")
+    args = ap.parse_args(argv)
+    from tvm_nimble.compiler.tuning.remote import parse_tracker
+
+    parse_tracker(args.tracker)  # a malformed address is one line, before anything starts
+    import tvm.exec.rpc_server as tvm_server
+
+    libs = load_library()
+    if libs is None:
+        print("tvm-nimble rpc-server: no NVIDIA driver here: serving the CPU only", flush=True)
+    logging.basicConfig(level=logging.INFO)
+    tvm_server.main(argparse.Namespace(tracker=args.tracker, key=args.key, host=args.host, port=args.port,
+                                       port_end=args.port_end, through_proxy=False, load_library=libs,
+                                       custom_addr=None, silent=False, fork=True))
+
+
+if __name__ == "__main__":
+    main()

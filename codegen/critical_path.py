@@ -48,3 +48,11 @@ def critical_path(plan, durations) -> tuple[float, list[int]]:
 
 def serial_sum(durations) -> float:
     return float(sum(durations))
+
+
+def critical_stream_priority(plan, durations) -> list[int]:
+    """One 0/1 per stream: 1 for the streams that carry a launch of the critical path (with launch ``i``
+    costing ``durations[i]``), so that those kernels go first when streams compete for the GPU."""
+    _, path = critical_path(plan, durations)
+    on_path = {plan.launches[p].stream for p in path}
+    return [1 if s in on_path else 0 for s in range(plan.num_streams)]

@@ -91,14 +91,16 @@ def onnx_converter_map() -> dict:
 
 
 def measure_callback(fn, mean_us):
-    """A MetaSchedule measure callback calling fn(task_id in the call, [run us or None per trial])."""
+    """A MetaSchedule measure callback calling fn(task_id in the call, [run us or None per trial],
+    [the runner's error message or None per trial])."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
     @derived_object
     class _Callback(PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-            fn(int(task_id), [mean_us(r.run_secs) for r in runner_results])
+            fn(int(task_id), [mean_us(r.run_secs) for r in runner_results],
+               [str(r.error_msg) if r.error_msg else None for r in runner_results])
 
     return _Callback()
 

@@ -43,13 +43,16 @@ def main(argv=None):
                           rpc_tracker=tracker, rpc_key=KEY if servers else None)
             secs = time.time() - t0
         rows.append({"servers": servers, "trials": report.trials_this_run, "failed": report.failed_trials,
-                     "seconds": secs, "trials_per_min": 60 * report.trials_this_run / secs})
+                     "seconds": secs, "trials_per_min": 60 * report.trials_this_run / secs,
+                     "first_failure": report.first_failure})
     with open(os.path.join(args.out, "rpc_tune.json"), "w") as f:
         json.dump({"model": args.model, "target": args.target, "rows": rows}, f, indent=1)
     print(f"{'measured on':>14s} {'trials':>7s} {'failed':>7s} {'seconds':>8s} {'trials/min':>11s}")
     for r in rows:
         where = "this process" if r["servers"] == 0 else f"{r['servers']} RPC server(s)"
         print(f"rpctune {where:>14s} {r['trials']:7d} {r['failed']:7d} {r['seconds']:8.1f} {r['trials_per_min']:11.1f}")
+        if r["failed"]:
+            print(f"rpctune   first failure: {r['first_failure']}")
 
 
 if __name__ == "__main__":

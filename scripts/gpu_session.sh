@@ -10,6 +10,8 @@
 #   gputests SECONDS              pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
 #   pool SECONDS ARGS...          scripts/gpu_pool_bench.py ARGS --out $WORK/pool (replicas x threads, bit-identity)
 #   explainprofile SECONDS ARGS...  scripts/gpu_explain_profile.py ARGS --out $WORK/explain (timeline PNGs)
+#   streamchoice SECONDS ARGS...  scripts/gpu_stream_choice.py ARGS --out $WORK/streams (caps and priorities
+#                                 measured: auto against widest and one-stream)
 #   rpctune SECONDS ARGS...       scripts/gpu_rpc_tune.py ARGS --out $WORK/rpc (trials/min: local, 1 and 2 RPC
 #                                 servers on the loopback; needs tornado: carry .device-extra, see below)
 #   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
@@ -63,6 +65,8 @@ for spec in "$@"; do
             step "${a[1]}" "$PYTHON" scripts/gpu_kernel_profile.py "${a[@]:2}" --out "$WORK/profile" ;;
         explainprofile)
             step "${a[1]}" "$PYTHON" scripts/gpu_explain_profile.py "${a[@]:2}" --out "$WORK/explain" ;;
+        streamchoice)
+            step "${a[1]}" "$PYTHON" scripts/gpu_stream_choice.py "${a[@]:2}" --out "$WORK/streams" ;;
         rpctune)
             step "${a[1]}" "$PYTHON" scripts/gpu_rpc_tune.py "${a[@]:2}" --out "$WORK/rpc" ;;
         pool)
@@ -103,4 +107,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80
+grep -E "^streams |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tvm_nimble.codegen.critical_path import critical_path, dependency_edges, serial_sum
+from tvm_nimble.codegen.critical_path import critical_path, critical_stream_priority, dependency_edges, serial_sum
 from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
 
 
@@ -52,3 +52,20 @@ def test_longest_path_equals_brute_force(seed):
             if all((a, b) in edges for a, b in zip(chain, chain[1:])):
                 best = max(best, sum(durations[i] for i in chain))
     assert critical_path(plan, durations)[0] == pytest.approx(best)
+
+
+def test_the_streams_of_a_heavy_branch_get_priority(inception_built):
+    """One heavy launch in one branch: the critical path runs through it, so its stream is marked, and
+    the streams of the branches beside it are not."""
+    plan = inception_built.module.plan
+    assert plan.num_streams > 2
+    first = plan.launches[0].stream
+    heavy = next(l for l in plan.launches if l.stream != first)
+    durations = [1.0] * len(plan.launches)
+    durations[heavy.idx] = 1000.0
+    priority = critical_stream_priority(plan, durations)
+    _, path = critical_path(plan, durations)
+    assert heavy.idx in path
+    assert len(priority) == plan.num_streams and priority[heavy.stream] == 1
+    assert priority == [int(any(plan.launches[p].stream == s for p in path)) for s in range(plan.num_streams)]
+    assert 0 < sum(priority) < plan.num_streams

@@ -58,3 +58,14 @@ def test_rpc_tune_script_on_cpu(tmp_path):
     assert [r["servers"] for r in rows] == [0, 1, 2]
     assert all(r["trials"] == 4 and r["failed"] == 0 and r["trials_per_min"] > 0 for r in rows)
     assert "2 RPC server(s)" in out
+
+
+def test_stream_choice_script_on_cpu(tmp_path):
+    """The GPU session's streamchoice step, dry-run on llvm: builds, chooses (nothing measured without a
+    GPU: the widest schedule, said so), writes its JSON."""
+    out = script("gpu_stream_choice.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+                 "--out", str(tmp_path / "streams"), cwd=tmp_path)
+    row, = json.load(open(tmp_path / "streams" / "stream_choice.json"))
+    assert row["model"] == "incept6" and row["batch"] == 1 and row["auto_ms"] is None
+    assert row["record"]["how"].startswith("widest") and row["auto_streams"] > 1
+    assert "nothing measured" in out

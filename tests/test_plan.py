@@ -36,6 +36,8 @@ def _corrupt(plan, edit):
     (lambda d: d["launches"][0].update(stream=99), "stream 99"),
     (lambda d: d.update(num_streams="4"), "expected an integer"),
     (lambda d: d.pop("launches"), "missing or has a malformed field"),
+    (lambda d: d.update(stream_priority=[1]), "stream_priority must be empty or one 0/1 per stream"),
+    (lambda d: d.update(stream_priority=[2] * d["num_streams"]), "stream_priority must be empty"),
 ])
 def test_corrupted_plan_is_rejected_with_a_clear_error(inception_built, edit, message):
     with pytest.raises(PlanError, match=message):
@@ -76,3 +78,14 @@ def test_wait_on_an_event_recorded_only_by_a_later_launch_is_rejected(inception_
 def test_not_json():
     with pytest.raises(PlanError, match="not valid JSON"):
         Plan.from_json("{nope")
+
+
+def test_stream_priorities_survive_the_round_trip(inception_built):
+    import dataclasses
+
+    plan = inception_built.module.plan
+    marked = dataclasses.replace(plan, stream_priority=[i % 2 for i in range(plan.num_streams)])
+    assert Plan.from_json(marked.to_json()).stream_priority == marked.stream_priority
+    data = json.loads(plan.to_json())
+    data.pop("stream_priority")  # plans written before the field: all streams equal
+    assert Plan.from_json(json.dumps(data)).stream_priority == []

@@ -101,3 +101,37 @@ def test_auto_streams_measure_every_candidate_and_keep_the_fastest(gpu_arch):
         assert record["chosen"] == fastest
     else:
         assert record["chosen"] == 1 and module.plan.num_streams == 1
+
+
+def test_prioritized_streams_keep_the_outputs(gpu_arch):
+    """Critical-path streams at the device's greatest priority (a graph instantiated with per-node
+    priorities): the same kernels, the same results."""
+    from tvm_nimble import NimbleExecutor, build, zoo
+    from tvm_nimble.compiler.stream_choice import prioritized
+
+    model = zoo.get_model("inception")
+    inputs = zoo.random_inputs(model, seed=0)
+    reference = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, inputs)]
+    widest = build(model, {"kind": "cuda", "arch": gpu_arch}, max_streams=None, kernels="tvm")
+    result = prioritized(widest, [1.0] * len(widest.plan.launches))
+    assert 0 < sum(result.plan.stream_priority) < result.plan.num_streams
+    for mode in ("cuda-graph", "streams"):
+        with NimbleExecutor(result, mode=mode) as ex:
+            for _ in range(3):
+                np.testing.assert_allclose(ex(**inputs)[0].numpy(), reference[0], rtol=1e-3, atol=1e-3)
+
+
+def test_training_steps_on_the_gpu_match_the_cpu(gpu_arch):
+    """Five steps of the training benchmark's multi-branch net at batch 1 (cross-entropy labels: index
+    inputs), on the GPU's multi-stream graph and on the CPU."""
+    from tvm_nimble.bench.training import make_case, nimble_losses
+    from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.training import NimbleTrainer
+
+    case = make_case("cifar_inception", batch=1, steps=5, small=True)
+    gpu = NimbleTrainer(build(case.step.mod, {"kind": "cuda", "arch": gpu_arch}, max_streams=None, kernels="tvm"),
+                        case.step)
+    cpu = NimbleTrainer(build(case.step.mod, "llvm"), case.step)
+    np.testing.assert_allclose(nimble_losses(gpu, case), nimble_losses(cpu, case), rtol=1e-4)
+    for name, value in cpu.params.items():
+        np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5)

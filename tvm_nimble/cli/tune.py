@@ -58,16 +58,17 @@ def overrun_watchdog(deadline: float | None, grace_s: float, work_dir: str):
         timer.cancel()
 
 
-def _load(model_arg: str):
+def _load(model_arg: str, batch: int = 1):
+    """(name, ONNX model) of ``zoo:NAME`` / ``tv:NAME`` / ``timm:NAME`` at ``batch`` (a file keeps its own)."""
     if model_arg.startswith("zoo:"):
         from tvm_nimble import zoo
 
-        return zoo.get_bench_model(model_arg[4:])  # benchmark size, as `tvm-nimble bench` builds it
+        return zoo.get_bench_model(model_arg[4:], batch=batch)  # benchmark size, as `tvm-nimble bench` builds it
     if model_arg.startswith(("tv:", "timm:")):  # built from code with a fixed seed, exactly as `bench` builds it
         from tvm_nimble.cli.bench import model_builders
 
         label, onnx_builder, _ = model_builders(model_arg)
-        return label, onnx_builder(batch=1)
+        return label, onnx_builder(batch=batch)
     from tvm_nimble.compiler.frontend import load_onnx_model
 
     return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)

@@ -39,3 +39,17 @@ def replay_ms(results: list, rounds: int = 5, iters: int = 40) -> list[float]:
     finally:
         for ex in executors:
             ex.close()
+
+
+def timeline(result, reps: int = 5) -> list[tuple[int, float, float]]:
+    """(stream, start ms, end ms) per launch of ``result``'s plan, from the replay with the median end
+    of ``reps`` replays with every launch bracketed by events (one CUDA graph, so overlap is real)."""
+    from tvm_nimble.runtime.executor import NimbleExecutor
+
+    with NimbleExecutor(result, tvm.cuda(0), mode="cuda-graph") as ex:
+        set_random_inputs(ex, result.plan)
+        ex.run()
+        ex.sync()
+        runs = [ex.profile(graph=True) for _ in range(reps)]
+    runs.sort(key=lambda rows: max(r[4] for r in rows))
+    return [(r[1], r[3], r[4]) for r in runs[len(runs) // 2]]

@@ -29,16 +29,9 @@ def check_profilable(target) -> None:
                           f"{'a ' + local if local else 'none'}; run it there")
 
 
-def _timeline(ex, reps: int) -> list[tuple[int, float, float]]:
-    """(stream, start ms, end ms) per launch, from the replay with the median end of ``reps`` bracketed ones."""
-    runs = [ex.profile(graph=True) for _ in range(reps)]
-    runs.sort(key=lambda rows: max(r[4] for r in rows))
-    return [(r[1], r[3], r[4]) for r in runs[len(runs) // 2]]
-
-
 def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str]:
     """Profile ``result`` (a BuildResult with kernels) on this machine's GPU; write the picture; return text lines."""
-    from .gpu_timing import replay_ms, set_random_inputs
+    from .gpu_timing import replay_ms, timeline
 
     t = result.tvm_target
     check_profilable(t)
@@ -48,16 +41,7 @@ def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str
     if [l.kernel for l in single.plan.launches] != [l.kernel for l in result.plan.launches]:
         raise NimbleError("explain --profile: the one-stream plan launches in another order than the built one")
     multi_ms, single_ms = replay_ms([result, single])
-    from tvm_nimble.runtime.executor import NimbleExecutor
-
-    timelines = []
-    for r in (result, single):
-        with NimbleExecutor(r, mode="cuda-graph") as ex:
-            set_random_inputs(ex, r.plan)
-            ex.run()
-            ex.sync()
-            timelines.append(_timeline(ex, reps))
-    measured, one_stream = timelines
+    measured, one_stream = timeline(result, reps), timeline(single, reps)
     durations = [end - start for _, start, end in one_stream]  # the same launch order in both plans
     bound, path = critical_path(result.plan, durations)
     serial = serial_sum(durations)

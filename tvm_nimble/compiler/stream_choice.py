@@ -5,7 +5,10 @@ fill it, more streams only add contention (nasnetalarge's 14 streams run their k
 longer than alone on an H100, see benchmarks/findings.md). The kernels do not depend on the
 schedule, so every candidate cap (1, 2, 3, 4, 6, 8 and Nimble's maximum) reuses one compiled
 library; each plan is replayed as a CUDA graph side by side with the others, and the fastest is
-kept. The one-stream plan wins unless another beats it by more than ``MIN_GAIN``. A memory budget
+kept. The one-stream plan wins unless another beats it by more than ``MIN_GAIN``. The chosen
+multi-stream plan is then tried with CUDA stream priorities: the streams that carry the critical
+path (one-stream kernel durations measured here along the plan's dependencies) go first when
+streams compete for the GPU; the prioritized plan is kept only if it too wins by ``MIN_GAIN``. A memory budget
 drops every candidate whose concurrency-safe pool does not fit. Without a GPU of the target's arch
 here, the largest cap that fits the budget is kept (Nimble's schedule), with a one-line note.
 """
@@ -71,7 +74,33 @@ def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: i
     if 1 in by_cap and by_cap[best] > by_cap[1] * (1 - MIN_GAIN):
         best = 1
     record.update(chosen=best, how="measured: CUDA-graph replays, side by side")
-    return candidates[best], record
+    chosen = candidates[best]
+    if best != 1 and 1 in candidates:
+        chosen = _try_priorities(chosen, candidates[1], record)
+    return chosen, record
+
+
+def prioritized(result, durations):
+    """``result`` with its plan's critical-path streams given priority (same kernels, same plan otherwise)."""
+    from tvm_nimble.codegen.critical_path import critical_stream_priority
+
+    plan = dataclasses.replace(result.plan, stream_priority=critical_stream_priority(result.plan, durations))
+    return dataclasses.replace(result, plan=plan)
+
+
+def _try_priorities(chosen, one_stream, record: dict):
+    """``chosen`` with critical-path stream priorities if that measures ``MIN_GAIN`` faster, else ``chosen``."""
+    from .gpu_timing import replay_ms, timeline
+
+    if [l.kernel for l in one_stream.plan.launches] != [l.kernel for l in chosen.plan.launches]:
+        return chosen  # durations are matched by launch position
+    durations = [end - start for _, start, end in timeline(one_stream)]
+    candidate = prioritized(chosen, durations)
+    base_ms, prio_ms = replay_ms([chosen, candidate])
+    kept = prio_ms < base_ms * (1 - MIN_GAIN)
+    record["priority"] = {"streams": candidate.plan.stream_priority, "base_ms": base_ms, "measured_ms": prio_ms,
+                          "kept": kept}
+    return candidate if kept else chosen
 
 
 def summarize(record: dict) -> str:
@@ -79,4 +108,9 @@ def summarize(record: dict) -> str:
     for c in record["candidates"]:
         ms = f" {c['measured_ms']:.3f} ms" if "measured_ms" in c else ""
         parts.append(f"cap {c['max_streams']} ({c['streams']} streams){ms}")
-    return f"stream cap: {record['chosen']} ({record['how']}); " + ", ".join(parts)
+    text = f"stream cap: {record['chosen']} ({record['how']}); " + ", ".join(parts)
+    p = record.get("priority")
+    if p:
+        text += (f"; critical-path stream priority on {sum(p['streams'])} of {len(p['streams'])} streams: "
+                 f"{p['measured_ms']:.3f} vs {p['base_ms']:.3f} ms, {'kept' if p['kept'] else 'not kept'}")
+    return text

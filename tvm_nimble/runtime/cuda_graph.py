@@ -39,13 +39,23 @@ def check(result, what: str):
 
 
 class StreamSet:
-    """The main stream (blocking: ordered with TVM's default-stream copies) plus helper streams."""
+    """The main stream (blocking: ordered with TVM's default-stream copies) plus helper streams.
 
-    def __init__(self, count: int):
+    ``priorities`` (one 0/1 per stream, or empty) gives the streams marked 1 the device's greatest
+    CUDA stream priority; a graph captured from them keeps it per kernel node (see :class:`CapturedGraph`)."""
+
+    def __init__(self, count: int, priorities=()):
         rt = cuda_runtime()
-        self.streams = [check(rt.cudaStreamCreate(), "cudaStreamCreate")]
-        for _ in range(max(count, 1) - 1):
-            self.streams.append(check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags"))
+        count = max(count, 1)
+        self.prioritized = any(priorities)
+        levels = [0] * count
+        if self.prioritized:
+            _least, greatest = check(rt.cudaDeviceGetStreamPriorityRange(), "cudaDeviceGetStreamPriorityRange")
+            levels = [greatest if p else 0 for p in priorities]
+        self.streams = []
+        for i in range(count):
+            flags = rt.cudaStreamDefault if i == 0 else rt.cudaStreamNonBlocking
+            self.streams.append(check(rt.cudaStreamCreateWithPriority(flags, levels[i]), "cudaStreamCreateWithPriority"))
 
     def handle(self, i: int) -> int:
         return int(self.streams[i])
@@ -125,7 +135,10 @@ class CapturedGraph:
                 rt.cudaStreamEndCapture(self.main)
             raise
         self.graph = check(rt.cudaStreamEndCapture(self.main), "cudaStreamEndCapture")
-        self.exec = check(rt.cudaGraphInstantiate(self.graph, 0), "cudaGraphInstantiate")
+        # kernel nodes carry the priority of the stream they were captured from; by default a graph runs
+        # at the priority of the stream it is launched into, so per-node priorities must be asked for
+        flags = int(rt.cudaGraphInstantiateFlags.cudaGraphInstantiateFlagUseNodePriority) if streams.prioritized else 0
+        self.exec = check(rt.cudaGraphInstantiateWithFlags(self.graph, flags), "cudaGraphInstantiateWithFlags")
         self._launch = rt.cudaGraphLaunch
 
     def launch(self) -> None:

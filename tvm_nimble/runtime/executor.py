@@ -127,7 +127,7 @@ class NimbleExecutor:
 
         single = self.mode == "single-stream"
         self._ops = issue_sequence(self.plan, single_stream=single)
-        self._streams = cg.StreamSet(num_streams(self.plan, single))
+        self._streams = cg.StreamSet(num_streams(self.plan, single), () if single else self.plan.stream_priority)
         self._events = cg.create_events(event_count(self.plan, single))
         # one live run first: lazy CUDA module loading and first-launch set-up stay out of the capture
         self._issue()

@@ -86,6 +86,9 @@ class Plan:
     memory: dict = field(default_factory=dict)
     #: input name -> size of the table its values index (Gather/take), for ``check_inputs``
     index_bounds: dict = field(default_factory=dict)
+    #: per stream, 1 where the stream runs ahead of the others when both have work ready (a CUDA stream
+    #: priority: the streams that carry the critical path); empty: all streams equal
+    stream_priority: list = field(default_factory=list)
     version: int = PLAN_VERSION
 
     # ---- queries -----------------------------------------------------------------------
@@ -148,6 +151,7 @@ class Plan:
                 output_is_tuple=bool(data.get("output_is_tuple", False)),
                 memory=dict(data.get("memory", {})),
                 index_bounds={str(k): _int(v) for k, v in data.get("index_bounds", {}).items()},
+                stream_priority=[_int(p) for p in data.get("stream_priority", [])],
             )
         except (KeyError, TypeError) as err:
             raise PlanError(f"plan JSON is missing or has a malformed field ({err}); rebuild the artifact") from None
@@ -169,6 +173,9 @@ class Plan:
         for i, s in enumerate(self.storages):
             _check(s.id == i and s.nbytes >= 0, f"storage {i} is malformed")
         _check(self.num_streams >= 1 or not self.launches, "num_streams must be >= 1")
+        _check(not self.stream_priority or (len(self.stream_priority) == self.num_streams
+                                            and set(self.stream_priority) <= {0, 1}),
+               f"stream_priority must be empty or one 0/1 per stream, got {self.stream_priority}")
         recorded = set()
         recorder = {}
         for l in self.launches:

@@ -40,11 +40,18 @@ def _us(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}" if v >= 1 else f"{v:.3f}"
 
 
+def _last_line(text: str) -> str:
+    """The message of a (remote) traceback: its last non-empty line."""
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 @dataclass
 class TuneReport:
     tasks: list[dict] = field(default_factory=list)  # name, weight, trials, best_us, share
     trials_this_run: int = 0
     failed_trials: int = 0  # built but not measured (a remote server lost or timed out, a kernel that failed)
+    first_failure: str = ""  # the last line of the first failed trial's error (what to fix when all fail)
     servers: int = 0  # RPC servers measuring, 0 = this machine
     stopped_for_time: bool = False
     stopped_for_trials: bool = False  # total_trials of this run spent
@@ -61,6 +68,7 @@ class TuneReport:
         if self.failed_trials:
             lines.append(f"{self.failed_trials} trial(s) could not be measured (a remote server lost or timed out, "
                          "or a candidate that failed to run); the run went on without them")
+            lines.append(f"first failure: {self.first_failure}")
         stop = (" (stopped for the time budget; run again to continue)" if self.stopped_for_time else
                 " (trial budget of this run spent; run again to continue)" if self.stopped_for_trials else "")
         lines.append("share: estimated share of the model's kernel time (measured, or from FLOPs until measured)")
@@ -131,8 +139,10 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
         bar = tqdm(total=sum(max(0, trials_per_task - s["trials"]) for s in state), desc="tuning", unit="trial")
     round_tasks: list[int] = []
 
-    def on_measured(pos, run_us):  # live progress: best latency of the task just measured
+    def on_measured(pos, run_us, errors):  # live progress: best latency of the task just measured
         report.failed_trials += sum(u is None for u in run_us)
+        if not report.first_failure:
+            report.first_failure = next((_last_line(e) for e in errors if e), "")
         s = state[round_tasks[pos]]
         s["best_us"] = min([u for u in run_us + [s["best_us"]] if u is not None], default=None)
         if bar:

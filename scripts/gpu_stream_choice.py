@@ -1,0 +1,58 @@
+"""The stream choice (``max_streams="auto"``) on benchmark models: every cap, then critical-path stream
+priorities, measured on this GPU with one compiled library per model and batch.
+
+    python3 scripts/gpu_stream_choice.py --models tv:googlenet,tv:inception_v3 --batch 1,8 --kernels vendor --out DIR
+
+Writes DIR/stream_choice.json (every candidate's time, the priority trial) and prints a table:
+auto (what the choice keeps) against the widest schedule and the one-stream graph.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tv:googlenet")
+    ap.add_argument("--batch", default="1")
+    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
+    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from tvm_nimble.cli.tune import _load
+    from tvm_nimble.compiler.build import build, schedule
+    from tvm_nimble.compiler.stream_choice import choose_streams, summarize
+    from tvm_nimble.compiler.target import resolve_target
+
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target(args.target)
+    rows = []
+    for spec in args.models.split(","):
+        for batch in [int(b) for b in args.batch.split(",")]:
+            name, model = _load(spec, batch=batch)
+            widest = build(model, target, max_streams=None, kernels=args.kernels)
+            chosen, record = choose_streams(widest, schedule)
+            print(f"{name} batch {batch}: {summarize(record)}", flush=True)
+            times = {c["max_streams"]: c.get("measured_ms") for c in record["candidates"]}
+            prio = record.get("priority") or {}
+            auto_ms = prio["measured_ms"] if prio.get("kept") else times.get(record["chosen"])
+            rows.append({"model": name, "batch": batch, "kernels": args.kernels, "record": record,
+                         "one_stream_ms": times.get(1), "widest_ms": times.get(widest.plan.num_streams),
+                         "auto_ms": auto_ms, "auto_streams": chosen.plan.num_streams,
+                         "auto_priority": bool(sum(chosen.plan.stream_priority))})
+    with open(os.path.join(args.out, "stream_choice.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"{'model':16s} {'batch':>5s} {'1-stream':>9s} {'widest':>9s} {'auto':>9s} {'auto/widest':>11s}  chosen")
+    for r in rows:
+        if r["auto_ms"] is None:
+            print(f"{r['model']:16s} {r['batch']:>5} (nothing measured: no GPU of the target here)")
+            continue
+        print(f"{r['model']:16s} {r['batch']:>5} {r['one_stream_ms']:9.3f} {r['widest_ms']:9.3f} {r['auto_ms']:9.3f} "
+              f"{r['widest_ms'] / r['auto_ms']:10.3f}x  {r['auto_streams']} streams"
+              f"{', priorities' if r['auto_priority'] else ''}")
+
+
+if __name__ == "__main__":
+    main()

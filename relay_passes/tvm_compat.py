@@ -168,15 +168,44 @@ def unnamed_log_handlers_detached(name: str = "tvm.s_tir.meta_schedule"):
             logger.addHandler(h)
 
 
+def folds_epilogue(mod) -> bool:
+    """Whether a scheduled kernel of ``mod`` has a reduction block whose ``init`` reads a buffer: an
+    epilogue folded into the reduction, which TVM 0.27 gets wrong (see :func:`tolerant_default_schedule`)."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+
+    found = []
+
+    def visit_block(block):
+        if block.init is not None:
+            tvm_ffi.structural_walk(block.init, [(object, lambda n: found.append(1) if type(n).__name__ in (
+                "BufferLoad", "TensorLoad") else None)], order="post")
+
+    for func in mod.functions.values():
+        if isinstance(func, tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit_block)], order="post")
+    return bool(found)
+
+
 def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transform.Pass:
-    """DLight's ``ApplyDefaultSchedule`` with each rule skipped where it raises a ScheduleError.
+    """DLight's ``ApplyDefaultSchedule`` with two TVM 0.27 bugs kept out of the kernels.
 
     A rule is meant to return None for a kernel it does not fit, and the next rule (last of all
-    ``Fallback``) takes it. TVM 0.27's ``GeneralReduction`` raises instead on some fused gradient
-    kernels (a max-pool gradient fused with the adds of the branch gradients it joins:
-    "does not have compact dataflow"), which fails the whole build of a training step; skipping the
-    rule there lets the next one schedule it. Any other pass is returned unchanged."""
+    ``Fallback``) takes it. Here a rule is also skipped where
+    - it raises a ScheduleError instead (``GeneralReduction`` on a max-pool gradient fused with the
+      adds of the branch gradients it joins: "does not have compact dataflow"), which failed the
+      whole build of a training step;
+    - its schedule folds an epilogue into a reduction block, so that the block's ``init`` reads a
+      buffer: ``Fallback`` inlines ``momentum * v + a @ b`` into the matmul's reduction and then adds
+      ``momentum * v`` in the init *and* in every update (``2 * momentum * v + a @ b`` for a
+      one-element reduction: the Gemm weight gradient with the optimizer's momentum update at
+      batch 1, wrong on CUDA in stock TVM too).
+    Where ``Fallback`` itself is skipped, the kernel gets its plain form: every block's spatial loops
+    bound to blocks and threads, nothing inlined. Any other pass is returned unchanged."""
+    from tvm import s_tir
     from tvm.s_tir import dlight as dl
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import max_threads_per_block
     from tvm.s_tir.schedule import ScheduleError
 
     inst = getattr(schedule_pass, "_inst", None)  # the pass object's Python instance
@@ -184,14 +213,46 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
     if type(inst).__name__ != "ApplyDefaultSchedule" or not rules:
         return schedule_pass
 
-    class SkipOnScheduleError(dl.ScheduleRule):
-        def __init__(self, rule):
-            self.rule = rule
+    def plain(func, target):
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reductions = []
+        for info in infos:
+            block = info.block_rv
+            loops = sch.get_loops(block)
+            if any(sch.get(l).thread_binding is not None for l in loops):
+                continue
+            kinds = dict(zip(loops, info.dom_kind()))
+            spatial = [l for l in loops if kinds[l] == "S"] or [sch.add_unit_loop(block)]
+            rest = [l for l in loops if kinds.get(l) == "R"] + [l for l in loops if kinds.get(l) == "O"]
+            sch.reorder(*spatial, *rest)
+            bx, tx = sch.split(sch.fuse(*spatial), factors=[None, max_threads_per_block(target)])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+            reduction = [l for l in loops if kinds[l] == "R"]
+            if reduction:
+                reductions.append((block, reduction[0]))
+        for block, loop in reductions:
+            sch.decompose_reduction(block, loop)
+        return sch
+
+    class Guarded(dl.ScheduleRule):
+        def __init__(self, rule, last: bool):
+            self.rule, self.last = rule, last
 
         def apply(self, func, target, tunable):
             try:
-                return self.rule.apply(func, target, tunable)
+                sch = self.rule.apply(func, target, tunable)
             except ScheduleError:
-                return None
+                sch = None
+            if sch is not None and not isinstance(sch, list) and folds_epilogue(sch.mod):
+                logging.getLogger("tvm_nimble").debug("DLight %s folded an epilogue into a reduction: skipped",
+                                                      type(self.rule).__name__)
+                sch = None
+            if sch is None and self.last:
+                return plain(func, target)
+            return sch
 
-    return dl.ApplyDefaultSchedule(*[SkipOnScheduleError(r) for r in rules])
+    return dl.ApplyDefaultSchedule(*[Guarded(r, i == len(rules) - 1) for i, r in enumerate(rules)])

@@ -47,12 +47,14 @@ class TrainingCase:
 
 
 def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", optimizer: str = "momentum",
-              lr: float = 1e-3, small: bool = False, seed: int = 0) -> TrainingCase:
+              lr: float | None = None, small: bool = False, seed: int = 0) -> TrainingCase:
+    """``lr`` defaults to 1e-3 / batch: the losses are sums over the batch, so that is a mean's 1e-3."""
     from tvm_nimble import zoo
     from tvm_nimble.compiler.training import training_step
 
     builder, kw = TRAINING_MODELS[label]
     model = zoo.get_model(builder, batch=batch, **({} if small else kw))
+    lr = 1e-3 / batch if lr is None else lr
     step = training_step(model, loss, optimizer, lr)
     shape = tuple(zoo.input_shape(model).values())[0]
     rng = np.random.default_rng(seed)
@@ -218,6 +220,8 @@ def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str
         if not diff <= LOSS_RTOL:
             raise NimbleError(f"{case.label} batch {batch}: Nimble's losses differ from PyTorch's by {diff:.2e} "
                               f"(> {LOSS_RTOL}); not timing a step that trains differently")
+    if not np.all(np.isfinite(losses)):
+        raise NimbleError(f"{case.label} batch {batch}: the training diverged (loss {losses[-1]}); lower the lr")
     if len(set(np.round(losses, 6))) < 2:
         raise NimbleError(f"{case.label}: every step gave the same loss; the training check proves nothing")
     modes = ("cuda-graph", "single-stream") if use_gpu else ("sequential",)
@@ -230,7 +234,7 @@ def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str
     rows = [{"date": datetime.date.today().isoformat(), "device": device_name, "model": case.label, "batch": batch,
              "dtype": "float32", "system": name, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",
              "kernels": "pytorch" if name.startswith("pytorch") else "tvm-default", "optimizer":
-             f"{case.optimizer} lr={case.lr}", "loss_max_rel_diff": f"{diff:.2e}" if diff != "" else "",
+             f"{case.optimizer} lr={case.lr:.3g}", "loss_max_rel_diff": f"{diff:.2e}" if diff != "" else "",
              "versions": versions} for name, (med, p90) in times.items()]
     return rows, record
 

@@ -2,10 +2,12 @@
 
   tvm-nimble rpc-server --tracker 10.0.0.5:9190 --key h100
 
-TVM's own ``python -m tvm.exec.rpc_server`` with TVM's CUDA runtime libraries loaded: the
-apache-tvm wheel keeps them apart from the core runtime, and a server without them fails every
-CUDA measurement ("device type cuda not enabled"). On a machine without an NVIDIA driver it
-serves the CPU only, and says so.
+TVM's own ``python -m tvm.exec.rpc_server``, set up to measure on a GPU:
+- TVM's CUDA runtime libraries are loaded in every session: the apache-tvm wheel keeps them apart
+  from the core runtime, and a server without them fails every CUDA measurement;
+- every session runs in a spawned process (TVM's ``--no-fork``): a session forked from the server
+  could not initialize CUDA (``cudaErrorInitializationError``, every trial lost on an H100).
+On a machine without an NVIDIA driver it serves the CPU only, and says so.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO)
     tvm_server.main(argparse.Namespace(tracker=args.tracker, key=args.key, host=args.host, port=args.port,
                                        port_end=args.port_end, through_proxy=False, load_library=libs,
-                                       custom_addr=None, silent=False, fork=True))
+                                       custom_addr=None, silent=False, fork=False))
 
 
 if __name__ == "__main__":

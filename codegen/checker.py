@@ -17,6 +17,9 @@ def check_plan(plan) -> list[str]:
     """Return the violations found (empty when the plan is safe)."""
     before = plan_happens_before(plan)
     writer, mask = access_masks(((l.idx, l.args, l.writes) for l in plan.launches), plan.root)
+    writers_of = {}  # reader -> the launches whose bytes it reads
+    for w, r in plan.read_after_write():
+        writers_of.setdefault(r, []).append(w)
     problems: list[str] = []
     kind = {t.id: t.kind for t in plan.tensors}
     for l in plan.launches:
@@ -28,11 +31,11 @@ def check_plan(plan) -> list[str]:
                 continue
             if kind[r] in ("input", "const"):
                 continue
-            w = writer.get(r)
-            if w is None:
+            if r not in writer:
                 problems.append(f"launch {l.idx} ({l.kernel}) reads t{r}, which no launch writes")
-            elif not before[l.idx] >> w & 1:
-                problems.append(f"launch {l.idx} ({l.kernel}) reads t{r} written by launch {w} "
+        for w in writers_of.get(l.idx, ()):
+            if not before[l.idx] >> w & 1:
+                problems.append(f"launch {l.idx} ({l.kernel}) reads what launch {w} wrote "
                                 "without a happens-before edge (missing sync)")
     by_storage: dict[int, list[int]] = {}
     for t in plan.tensors:

@@ -11,17 +11,8 @@ from __future__ import annotations
 
 def dependency_edges(plan) -> list[tuple[int, int]]:
     """(producer position, consumer position) pairs in ``plan.launches``, deduplicated."""
-    writer: dict[int, int] = {}
-    edges: set[tuple[int, int]] = set()
-    for pos, launch in enumerate(plan.launches):
-        for a in launch.args:
-            if a not in launch.writes:
-                w = writer.get(plan.root(a))
-                if w is not None and w != pos:
-                    edges.add((w, pos))
-        for w in launch.writes:
-            writer[plan.root(w)] = pos
-    return sorted(edges)
+    pos = {l.idx: p for p, l in enumerate(plan.launches)}
+    return sorted((pos[w], pos[r]) for w, r in plan.read_after_write())
 
 
 def critical_path(plan, durations) -> tuple[float, list[int]]:

@@ -87,7 +87,8 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
         if r not in storage_of:  # never written, never read: give it its own (empty) storage
             storage_of[r] = len(storages)
             storages.append(Storage(len(storages), nbytes[r], "pool"))
-        tensors.append(TensorSlot(v.id, v.name, list(v.shape), v.dtype, kinds[v.id], storage_of[r], 0, v.base))
+        offset = program.region(v.id)[1]  # roots sit at the start of their storage
+        tensors.append(TensorSlot(v.id, v.name, list(v.shape), v.dtype, kinds[v.id], storage_of[r], offset, v.base))
     constants = [v.id for v in program.values if v.kind == "const"]
     params = {f"c{v.id}": v.constant.value.numpy() for v in program.values if v.kind == "const"}
     memory = {
@@ -108,8 +109,9 @@ def _root_bytes(program: LoweredProgram, root: int) -> int:
     """A root's storage must also hold every view of it (views may be larger in theory)."""
     size = program.values[root].nbytes
     for v in program.values:
-        if v.base is not None and program.root(v.id) == root:
-            size = max(size, v.nbytes)
+        r, _, end = program.region(v.id)
+        if r == root:
+            size = max(size, end)
     return size
 
 

@@ -15,8 +15,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, WAIT_EVENT  # noqa: F401  (used by annotate)
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES
+from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT  # noqa: F401
+from tvm_nimble.runtime.plan import VENDOR_PREFIXES, read_after_write
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 
@@ -36,6 +36,7 @@ class Value:
     kind: str  # "input" | "const" | "alloc" | "view"
     base: int | None = None  # for views: the value whose memory this one reinterprets
     constant: object | None = None  # Constant for kind == "const"
+    offset: int = 0  # for views: where in ``base`` this one starts, in bytes (slices of an in-place concat)
 
     @property
     def nbytes(self) -> int:
@@ -75,18 +76,21 @@ class LoweredProgram:
             vid = self.values[vid].base
         return vid
 
+    def region(self, vid: int) -> tuple[int, int, int]:
+        """(root, first byte, end byte) of ``vid`` within the memory of its root."""
+        return _region(self.values, vid)
+
     def dependency_edges(self) -> list[tuple[int, int]]:
         """Read-after-write edges between kernels (writer -> reader), deduplicated."""
-        writer: dict[int, int] = {}
-        edges = set()
-        for k in self.kernels:
-            for r in k.reads:
-                w = writer.get(self.root(r))
-                if w is not None and w != k.index:
-                    edges.add((w, k.index))
-            for w in k.writes:
-                writer[self.root(w)] = k.index
-        return sorted(edges)
+        return read_after_write(((k.index, k.args, k.writes) for k in self.kernels), self.region)
+
+
+def _region(values: list[Value], vid: int) -> tuple[int, int, int]:
+    start, v = 0, vid
+    while values[v].base is not None:
+        start += values[v].offset
+        v = values[v].base
+    return v, start, start + values[vid].nbytes
 
 
 def _static_shape(ty, what: str) -> tuple[tuple[int, ...], str]:
@@ -133,14 +137,14 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
     var_to_value: dict[object, int] = {}
     const_ids: list[tuple[object, int]] = []
     tuples: dict[object, list[int]] = {}
-    written: set[int] = set()
+    written: dict[int, list[tuple[int, int]]] = {}  # root -> byte ranges some kernel wrote
     kernels: list[Kernel] = []
     pending_stream: int | None = None
     pending_waits: list[int] = []
 
-    def new_value(name, ty, kind, base=None, constant=None) -> int:
+    def new_value(name, ty, kind, base=None, constant=None, offset=0) -> int:
         shape, dtype = _static_shape(ty, f"tensor '{name}'")
-        values.append(Value(len(values), name, shape, dtype, kind, base, constant))
+        values.append(Value(len(values), name, shape, dtype, kind, base, constant, offset))
         return len(values) - 1
 
     def value_of(expr, where: str) -> int:
@@ -190,6 +194,10 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                 elif name in _VIEW_OPS:
                     base = value_of(val.args[0], where)
                     var_to_value[var] = new_value(var.name, var.ty, "view", base=base)
+                elif name == SLICE_VIEW:
+                    base = value_of(val.args[0], where)
+                    offset = int(val.args[1].value)
+                    var_to_value[var] = new_value(var.name, var.ty, "view", base=base, offset=offset)
                 elif name == SET_STREAM:
                     pending_stream = _marker_args(val)[0]
                 elif name == WAIT_EVENT:
@@ -206,14 +214,15 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                     elif any(isinstance(a, relax.ShapeExpr) for a in val.args):
                         raise LoweredIRError(f"kernel {name} takes symbolic shape arguments; static shapes only")
                     args = [value_of(a, f"call of {name}") for a in val.args if not isinstance(a, relax.ShapeExpr)]
+                    # destination passing: the first kernel to take an allocation's bytes writes them
+                    # (a kernel writing one slice of an in-place concat leaves the others unwritten)
                     writes, reads = [], []
                     for a in args:
-                        root = a
-                        while values[root].base is not None:
-                            root = values[root].base
-                        if values[root].kind == "alloc" and root not in written:
+                        root, start, end = _region(values, a)
+                        taken = written.setdefault(root, [])
+                        if values[root].kind == "alloc" and not any(s < end and start < e for s, e in taken):
                             writes.append(a)
-                            written.add(root)
+                            taken.append((start, end))
                         else:
                             reads.append(a)
                     kernels.append(Kernel(len(kernels), name, args, writes, reads,

@@ -13,6 +13,7 @@ import tvm
 from tvm import relax
 
 from .annotate import AnnotateStreams
+from .concat_in_place import ConcatInPlace, FlattenConcats
 from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks, tolerant_default_schedule
 
 def _with_cheap_tvmscript_stacks(p: tvm.transform.Pass) -> tvm.transform.Pass:
@@ -73,8 +74,10 @@ def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.t
 
 def nimble_lowering(target: tvm.target.Target, max_streams: int | None = None,
                     tuning_database=None) -> tvm.transform.Pass:
-    """Everything stage 1 does: TVM lowering to explicit kernel calls + Nimble annotation."""
-    seq = tvm.transform.Sequential(kernel_passes(target, tuning_database) + [AnnotateStreams(max_streams)],
+    """Everything stage 1 does: TVM lowering to explicit kernel calls, concatenations built in place,
+    Nimble annotation."""
+    passes = [FlattenConcats()] + kernel_passes(target, tuning_database) + [ConcatInPlace(), AnnotateStreams(max_streams)]
+    seq = tvm.transform.Sequential(passes,
                                    name="nimble.lowering")
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.Lower")

@@ -12,6 +12,8 @@
 #   explainprofile SECONDS ARGS...  scripts/gpu_explain_profile.py ARGS --out $WORK/explain (timeline PNGs)
 #   streamchoice SECONDS ARGS...  scripts/gpu_stream_choice.py ARGS --out $WORK/streams (caps and priorities
 #                                 measured: auto against widest and one-stream)
+#   concat SECONDS ARGS...        scripts/gpu_concat_in_place.py ARGS --out $WORK/concat (concats built in place
+#                                 against concat kernels, multi- and one-stream, outputs checked first)
 #   rpctune SECONDS ARGS...       scripts/gpu_rpc_tune.py ARGS --out $WORK/rpc (trials/min: local, 1 and 2 RPC
 #                                 servers on the loopback; needs tornado: carry .device-extra, see below)
 #   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
@@ -67,6 +69,8 @@ for spec in "$@"; do
             step "${a[1]}" "$PYTHON" scripts/gpu_explain_profile.py "${a[@]:2}" --out "$WORK/explain" ;;
         streamchoice)
             step "${a[1]}" "$PYTHON" scripts/gpu_stream_choice.py "${a[@]:2}" --out "$WORK/streams" ;;
+        concat)
+            step "${a[1]}" "$PYTHON" scripts/gpu_concat_in_place.py "${a[@]:2}" --out "$WORK/concat" ;;
         rpctune)
             step "${a[1]}" "$PYTHON" scripts/gpu_rpc_tune.py "${a[@]:2}" --out "$WORK/rpc" ;;
         pool)
@@ -107,4 +111,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^streams |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80
+grep -E "^concat |^streams |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

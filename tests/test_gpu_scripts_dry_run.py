@@ -69,3 +69,14 @@ def test_stream_choice_script_on_cpu(tmp_path):
     assert row["model"] == "incept6" and row["batch"] == 1 and row["auto_ms"] is None
     assert row["record"]["how"].startswith("widest") and row["auto_streams"] > 1
     assert "nothing measured" in out
+
+
+def test_concat_in_place_script_on_cpu(tmp_path):
+    """The GPU session's concat step, dry-run on llvm: both builds, outputs checked against each other."""
+    out = script("gpu_concat_in_place.py", "--models", "zoo:inception", "--target", "llvm",
+                 "--out", str(tmp_path / "concat"), cwd=tmp_path)
+    row, = json.load(open(tmp_path / "concat" / "concat_in_place.json"))
+    assert row["model"] == "incept6" and row["concats_in_place"] == 6
+    assert row["launches"]["in-place"] == row["launches"]["concat-kernels"] - 6
+    assert max(row["rel_err"].values()) < 1e-5 and row["ms"] == {}
+    assert "no GPU to time on" in out

@@ -18,6 +18,7 @@ from tvm_nimble.codegen.kernels import build_kernels
 from tvm_nimble.codegen.lower_plan import build_plan
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.annotate import annotate_function
+from tvm_nimble.relay_passes.concat_in_place import ATTR_CONCATS_IN_PLACE, ConcatInPlace, FlattenConcats
 from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_function
 from tvm_nimble.relay_passes.pipeline import kernel_passes
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
@@ -39,9 +40,14 @@ class BuildResult(NimbleModule):
     tvm_target: tvm.target.Target | None = None
 
 
-def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None) -> tvm.IRModule:
-    """TVM's kernel passes (legalize, fuse, tuned database or DLight schedules, CallTIRRewrite)."""
-    seq = tvm.transform.Sequential(kernel_passes(target, tuning_database))
+def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
+          concat_in_place: bool = True) -> tvm.IRModule:
+    """TVM's kernel passes (legalize, fuse, tuned database or DLight schedules, CallTIRRewrite), then,
+    unless ``concat_in_place`` is off, concatenations built in place (:mod:`relay_passes.concat_in_place`)."""
+    passes = kernel_passes(target, tuning_database)
+    if concat_in_place:
+        passes = [FlattenConcats()] + passes + [ConcatInPlace()]
+    seq = tvm.transform.Sequential(passes)
     with target, (tuning_database if tuning_database is not None else contextlib.nullcontext()):
         return seq(mod)
 
@@ -182,7 +188,7 @@ def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_d
 def build(model, target="llvm", params: dict | None = None, *, max_streams: int | str | None = "auto",
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
           compile_kernels: bool = True, kernels: str = "auto", allow_tf32: bool = False,
-          memory_budget: int | None = None) -> BuildResult:
+          memory_budget: int | None = None, concat_in_place: bool = True) -> BuildResult:
     """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
 
     ``max_streams`` caps the stream count: 1 gives the single-stream schedule, None Nimble's widest
@@ -198,7 +204,9 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     is best on a CUDA machine that can build the extension (nvcc and the nvidia-cudnn-cu13 /
     nvidia-cublas wheels), vendor without a GPU here, else tvm. ``allow_tf32`` lets cuDNN / cuBLASLt use
     TF32 tensor cores for fp32 (faster, about 1e-3 relative error; off by default, like PyTorch's
-    ``allow_tf32=False`` baseline).
+    ``allow_tf32=False`` baseline). ``concat_in_place`` (default on) lets the kernels feeding a
+    concatenation write straight into their slice of it where the slices are contiguous (batch 1 along
+    channels), which removes the concatenation's copy kernel; off, every concat is a kernel as in stock TVM.
     """
     t = resolve_target(target)
     mod = _as_relax(model, shape_dict)
@@ -216,12 +224,13 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
         note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
                   "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=2)
     bounds = index_bounds(mod)
-    lowered = lower(mod, t, database)
+    lowered = lower(mod, t, database, concat_in_place)
     annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=max_streams, reuse=reuse)
     plan.index_bounds = bounds
     library = build_kernels(annotated, t) if compile_kernels else None
     info = {"max_streams": max_streams, "tuning_db": os.path.abspath(tuning_db) if tuning_db else None,
-            "kernels": kernels, "allow_tf32": allow_tf32}
+            "kernels": kernels, "allow_tf32": allow_tf32,
+            "concats_in_place": int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if concat_in_place else 0}
     if timings:
         info["kernel_choice"] = [k.to_dict() for k in timings]
     if check is not None:

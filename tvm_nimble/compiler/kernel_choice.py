@@ -68,26 +68,19 @@ class ModelCheck:
 
 def launches_per_output(plan: Plan) -> list[list[int]]:
     """For each output of ``plan``: the launches its value depends on (backward through the data flow)."""
-    producer: dict[int, int] = {}
-    for launch in plan.launches:
-        for w in launch.writes:
-            producer[plan.root(w)] = launch.idx
+    writers_of: dict[int, list[int]] = {}
+    for w, r in plan.read_after_write():
+        writers_of.setdefault(r, []).append(w)
     result = []
     for out in plan.outputs:
+        root = plan.root(out)
+        stack = [l.idx for l in plan.launches if any(plan.root(t) == root for t in l.writes)]
         seen: set[int] = set()
-        stack = [plan.root(out)]
-        visited_tensors: set[int] = set()
         while stack:
-            t = stack.pop()
-            if t in visited_tensors:
-                continue
-            visited_tensors.add(t)
-            idx = producer.get(t)
-            if idx is None or idx in seen:
-                continue
-            seen.add(idx)
-            launch = plan.launches[idx]
-            stack.extend(plan.root(a) for a in launch.args)
+            idx = stack.pop()
+            if idx not in seen:
+                seen.add(idx)
+                stack.extend(writers_of.get(idx, ()))
         result.append(sorted(seen))
     return result
 

@@ -71,6 +71,22 @@ def device_for(target: dict, device=None):
     return device
 
 
+def tensor_at(storage, shape, dtype: str, offset: int):
+    """A typed view of ``storage`` starting ``offset`` bytes in, as TVM's kernels accept it.
+
+    TVM's compiled kernels reject a tensor whose ``byte_offset`` is not 0, so a view that starts
+    inside its storage (a slice of a concatenation built in place) gets its data pointer advanced
+    instead. TVM does that only for offsets aligned to its allocation alignment (64 bytes) and would
+    otherwise copy, which here would silently lose the kernel's writes: the plan guarantees the
+    alignment (:data:`tvm_nimble.runtime.plan.SLICE_ALIGN`)."""
+    view = storage._create_view(shape, dtype, offset)
+    if offset == 0:
+        return view
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func("vm.builtin.ensure_zero_offset")(view)
+
+
 class Workspace:
     """The plan's storage blocks on the device, a typed view per tensor, constants loaded."""
 
@@ -97,7 +113,7 @@ class Workspace:
         """A typed view per tensor; ``swap`` (storage -> storage) places tensors in another storage
         (see :mod:`tvm_nimble.runtime.carry`)."""
         swap = swap or {}
-        return [self.storages[swap.get(t.storage, t.storage)]._create_view(t.shape, t.dtype, t.offset)
+        return [tensor_at(self.storages[swap.get(t.storage, t.storage)], t.shape, t.dtype, t.offset)
                 for t in self.plan.tensors]
 
     def launch_args(self, tensors: list | None = None) -> list[list]:

@@ -20,17 +20,29 @@ SET_STREAM = "nimble.set_stream"
 WAIT_EVENT = "nimble.wait_event"
 RECORD_EVENT = "nimble.record_event"
 MARKERS = (SET_STREAM, WAIT_EVENT, RECORD_EVENT)
+#: ``nimble.slice_view(base, byte_offset, shape, dtype)``: a tensor over bytes of ``base``, left in
+#: ``main`` by ``relay_passes.concat_in_place`` where a kernel writes its slice of a concatenation
+SLICE_VIEW = "nimble.slice_view"
 
 PLAN_FUNC = "__nimble_plan__"
 PARAMS_FUNC = "__nimble_params__"
 
 
+def _slice_view(base, offset, shape, dtype):
+    from .device import tensor_at
+
+    return tensor_at(base, shape, str(dtype), int(offset))
+
+
 def register_markers() -> None:
-    """Make the markers callable: in the Relax VM kernels run in program order on one stream."""
+    """Make the markers callable (in the Relax VM kernels run in program order on one stream, so they
+    do nothing there) and the slice views they run beside."""
     names = set(tvm_ffi.registry.list_global_func_names())
     for name in MARKERS:
         if name not in names:
             tvm_ffi.register_global_func(name, lambda *args: None)
+    if SLICE_VIEW not in names:
+        tvm_ffi.register_global_func(SLICE_VIEW, _slice_view)
 
 
 def _holds_cuda(module) -> bool:

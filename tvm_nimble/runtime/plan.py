@@ -16,6 +16,9 @@ from tvm_nimble.errors import NimbleError
 #: Kernel names served by the vendor extension (cuDNN / cuBLASLt, ``codegen/vendor``), not by the kernel library.
 VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cublas.")
 
+#: Byte alignment of a view that starts inside its storage (see :func:`tvm_nimble.runtime.device.tensor_at`)
+SLICE_ALIGN = 64
+
 PLAN_FORMAT = "tvm-nimble-plan"
 PLAN_VERSION = 1
 TENSOR_KINDS = ("input", "output", "const", "intermediate")
@@ -109,6 +112,16 @@ class Plan:
             tid = self.tensors[tid].view_of
         return tid
 
+    def region(self, tid: int) -> tuple[int, int, int]:
+        """(root, first byte, end byte) of ``tid`` within its root tensor's memory."""
+        r = self.root(tid)
+        start = self.tensors[tid].offset - self.tensors[r].offset
+        return r, start, start + self.tensors[tid].nbytes
+
+    def read_after_write(self) -> list[tuple[int, int]]:
+        """(writer, reader) launch pairs: see :func:`read_after_write`."""
+        return read_after_write(((l.idx, l.args, l.writes) for l in self.launches), self.region)
+
     def recorder_of_event(self) -> dict[int, int]:
         """event id -> index of the launch that records it."""
         return {e: l.idx for l in self.launches for e in l.records}
@@ -170,6 +183,7 @@ class Plan:
             _check(t.view_of is None or 0 <= t.view_of < i, f"tensor {i} is a view of a missing tensor")
             _check(t.offset >= 0 and t.offset + t.nbytes <= self.storages[t.storage].nbytes,
                    f"tensor {i} ({t.nbytes} bytes at offset {t.offset}) overflows storage {t.storage}")
+            _check(t.offset % SLICE_ALIGN == 0, f"tensor {i} starts at byte {t.offset}, not a multiple of {SLICE_ALIGN}")
         for i, s in enumerate(self.storages):
             _check(s.id == i and s.nbytes >= 0, f"storage {i} is malformed")
         _check(self.num_streams >= 1 or not self.launches, "num_streams must be >= 1")
@@ -221,6 +235,30 @@ def _int(x) -> int:
     if not isinstance(x, int) or isinstance(x, bool):
         raise PlanError(f"expected an integer in the plan, got {x!r}; rebuild the artifact")
     return x
+
+
+def read_after_write(launches, region) -> list[tuple[int, int]]:
+    """(writer, reader) pairs, sorted and deduplicated: ``reader`` reads bytes that ``writer``, earlier
+    in the list, wrote.
+
+    ``launches`` yields (index, args, writes) in program order; ``region(t)`` gives tensor ``t``'s
+    (root, first byte, end byte). Every tensor is written once (destination passing), but one root may
+    be written in disjoint slices by several launches (a concatenation built in place): a reader of
+    the whole root depends on every slice's writer, a reader of one slice only on that slice's."""
+    written: dict[int, list[tuple[int, int, int]]] = {}
+    edges: set[tuple[int, int]] = set()
+    for idx, args, writes in launches:
+        for a in args:
+            if a in writes:
+                continue
+            root, start, end = region(a)
+            for ws, we, w in written.get(root, ()):
+                if ws < end and start < we and w != idx:
+                    edges.add((w, idx))
+        for a in writes:
+            root, start, end = region(a)
+            written.setdefault(root, []).append((start, end, idx))
+    return sorted(edges)
 
 
 def _check(cond: bool, msg: str) -> None:

@@ -1,0 +1,223 @@
+"""Concatenation without copies: each branch writes its output straight into its slice of the concat.
+
+An Inception block ends in ``concat(branch_1, ..., branch_n)``. Stock TVM runs that as one more
+kernel that copies every branch output again, and on a multi-stream schedule it is also the join
+that every branch waits for. Where the slices are contiguous in memory (every axis before the
+concat axis has extent 1: channels of an NCHW tensor at batch 1), the branch kernels can write into
+the concatenated buffer directly and the copy disappears, as TensorRT does. The rewrite works on the
+lowered function (after ``CallTIRRewrite``, before stream assignment)::
+
+    o = R.builtin.alloc_tensor(...)            # moved up, before the first branch's buffer
+    a1 = nimble.slice_view(o, 0, shape_1)      # was R.builtin.alloc_tensor(shape_1)
+    branch_1(..., a1)
+    a2 = nimble.slice_view(o, bytes_1, shape_2)
+    branch_2(..., a2)
+    # concatenate(a1, a2, o) is gone: a reader of o now depends on branch_1 and branch_2
+
+A concat is rewritten only when every input is a buffer of its own (an allocation of this function,
+not an input, a constant, an output or a slice of another concat), each slice starts on a
+:data:`SLICE_ALIGN` boundary (TVM advances the data pointer only then), and no input is read after
+the concat's output is dead (so TVM's own memory planner, which does not see the aliasing, never
+reuses the output's storage while a slice is alive, when the Relax VM runs the function). Nested
+concats (inception_v3's) compose: an inner concat's output becomes a slice of the outer one.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import tvm
+from tvm import relax
+
+from tvm_nimble.runtime.executable import SLICE_VIEW
+from tvm_nimble.runtime.plan import SLICE_ALIGN
+
+from .lowered_ir import _op_name, _static_shape
+
+#: the PrimFuncs TVM's legalization names after ``relax.concat`` (unfused: a fused one carries more names)
+_CONCAT = re.compile(r"concatenate\d*")
+_ALLOC = "relax.builtin.alloc_tensor"
+
+
+def concat_axis(inputs: list[tuple[int, ...]], out: tuple[int, ...]) -> int | None:
+    """The axis along which ``inputs`` concatenate to ``out``, or None if they do not."""
+    if len(inputs) < 2 or any(len(s) != len(out) for s in inputs):
+        return None
+    axes = [ax for ax in range(len(out))
+            if sum(s[ax] for s in inputs) == out[ax]
+            and all(s[d] == out[d] for s in inputs for d in range(len(out)) if d != ax)]
+    return axes[0] if len(axes) == 1 else None
+
+
+class _Block:
+    """The bindings of one block, with what the rewrite needs to know about each variable."""
+
+    def __init__(self, bindings, returned: set):
+        self.bindings = list(bindings)
+        self.returned = returned
+        self.alias = {}  # var bound to another var -> that var
+        for b in self.bindings:
+            if isinstance(b.value, relax.Var):
+                self.alias[b.var] = b.value
+
+    def root(self, var):
+        while var in self.alias:
+            var = self.alias[var]
+        return var
+
+    def index_of_alloc(self, var) -> int | None:
+        for i, b in enumerate(self.bindings):
+            if b.var.same_as(var) and isinstance(b.value, relax.Call) and _op_name(b.value) == _ALLOC:
+                return i
+        return None
+
+    def last_use(self, root, skip: int) -> int:
+        """Position of the last binding other than ``skip`` that uses ``root`` (or an alias of it)."""
+        last = -1
+        for i, b in enumerate(self.bindings):
+            if i == skip or not isinstance(b.value, relax.Call):
+                continue
+            if any(isinstance(a, relax.Var) and self.root(a).same_as(root) for a in b.value.args):
+                last = i
+        return last
+
+    def returns(self, root) -> bool:
+        return any(self.root(v).same_as(root) for v in self.returned)
+
+
+def _slice_binding(var, base, offset: int) -> relax.VarBinding:
+    shape, dtype = _static_shape(var.ty, f"tensor '{var.name}'")
+    call = relax.Call(relax.ExternFunc(SLICE_VIEW),
+                      [base, relax.prim_value(tvm.tirx.IntImm("int64", offset)), relax.ShapeExpr(list(shape)),
+                       tvm.ir.StringImm(dtype)], ty_args=[var.ty])
+    return relax.VarBinding(var, call)
+
+
+def _try_rewrite(block: _Block, pos: int, prim_names: set[str]) -> bool:
+    """Rewrite the concat at ``pos`` in place if it qualifies; return whether it did."""
+    call = block.bindings[pos].value
+    if not (isinstance(call, relax.Call) and isinstance(call.op, relax.GlobalVar)
+            and call.op.name_hint in prim_names and _CONCAT.fullmatch(call.op.name_hint)):
+        return False
+    args = [block.root(a) if isinstance(a, relax.Var) else None for a in call.args]
+    if any(a is None for a in args):
+        return False
+    *inputs, out = args
+    if any(a.same_as(b) for i, a in enumerate(args) for b in args[i + 1:]):
+        return False
+    shapes = [_static_shape(a.ty, a.name) for a in args]
+    if len({dtype for _, dtype in shapes}) != 1:
+        return False
+    axis = concat_axis([s for s, _ in shapes[:-1]], shapes[-1][0])
+    if axis is None or math.prod(shapes[-1][0][:axis]) != 1:
+        return False
+    out_at = block.index_of_alloc(out)
+    in_at = [block.index_of_alloc(a) for a in inputs]
+    if out_at is None or any(i is None for i in in_at) or any(block.returns(a) for a in inputs):
+        return False
+    offsets, offset = [], 0
+    bits = tvm.runtime.DataType(shapes[0][1]).bits
+    for s, _ in shapes[:-1]:
+        offsets.append(offset)
+        offset += math.prod(s) * bits // 8
+    if any(o % SLICE_ALIGN for o in offsets):
+        return False
+    if max(block.last_use(a, pos) for a in inputs) > block.last_use(out, pos) and not block.returns(out):
+        return False
+    for a, at, off in zip(inputs, in_at, offsets):
+        block.bindings[at] = _slice_binding(a, out, off)
+    block.bindings[pos] = None
+    first = min(in_at)
+    if out_at > first:  # the output's buffer must exist before the first slice of it
+        block.bindings.insert(first, block.bindings[out_at])
+        block.bindings[out_at + 1] = None
+    block.bindings = [b for b in block.bindings if b is not None]
+    return True
+
+
+def concat_in_place(func: relax.Function, prim_names: set[str]) -> tuple[relax.Function, int]:
+    """(``func`` with every qualifying concat built in place, how many were)."""
+    body = func.body
+    returned = {body.body} if isinstance(body.body, relax.Var) else set(getattr(body.body, "fields", []))
+    returned = {v for v in returned if isinstance(v, relax.Var)}
+    blocks, count = [], 0
+    for blk in body.blocks:
+        block = _Block(blk.bindings, returned)
+        pos = 0
+        while pos < len(block.bindings):
+            if _try_rewrite(block, pos, prim_names):
+                count += 1  # the binding list changed around pos; rescan from the start
+                pos = 0
+            else:
+                pos += 1
+        blocks.append(relax.BindingBlock(block.bindings))
+    if not count:
+        return func, 0
+    new = relax.Function(func.params, relax.SeqExpr(blocks, body.body), func.ret_ty, func.is_pure, func.attrs,
+                         func.span)
+    return new, count
+
+
+def flatten_concats(func: relax.Function) -> relax.Function:
+    """``concat((concat((a, b), k), c), k)`` -> ``concat((a, b, c), k)`` where the inner concat has no
+    other reader. Run before fusion: TVM fuses nested concats into one kernel whose parameter order
+    need not be the concatenation order, which :func:`concat_in_place` cannot then rewrite safely; a
+    flat concat legalizes to one ``concatenate`` kernel whose inputs are in order."""
+    uses: dict = {}
+
+    def count(expr):
+        if isinstance(expr, relax.Var):
+            uses[expr] = uses.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, count)
+    bound = {}  # var -> (fields, axis) of the flat concat it is bound to
+    blocks = []
+    for blk in func.body.blocks:
+        bindings = []
+        for b in blk.bindings:
+            v = b.value
+            if (isinstance(b, relax.VarBinding) and isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                    and v.op.name == "relax.concat" and isinstance(v.args[0], relax.Tuple)):
+                axis = int(v.attrs.axis)
+                fields = []
+                for f in v.args[0].fields:
+                    inner = bound.get(f)
+                    fields += inner[0] if inner is not None and inner[1] == axis and uses.get(f) == 1 else [f]
+                bound[b.var] = (fields, axis)
+                if len(fields) != len(v.args[0].fields):
+                    b = relax.VarBinding(b.var, relax.op.concat(relax.Tuple(fields), axis=axis))
+            bindings.append(b)
+        blocks.append(type(blk)(bindings))
+    new = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                         func.attrs, func.span)
+    return relax.analysis.remove_all_unused(new)
+
+
+def FlattenConcats(func_name: str = "main") -> tvm.transform.Pass:
+    """Module pass: :func:`flatten_concats` on ``func_name`` (before legalization and fusion)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="nimble.FlattenConcats")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod = mod.clone()
+        mod[func_name] = flatten_concats(mod[func_name])
+        return relax.transform.Normalize()(mod)
+
+    return _pass
+
+
+ATTR_CONCATS_IN_PLACE = "nimble_concats_in_place"
+
+
+def ConcatInPlace(func_name: str = "main") -> tvm.transform.Pass:
+    """Module pass: :func:`concat_in_place` on ``func_name``; the count goes to its attribute
+    ``nimble_concats_in_place``."""
+
+    @tvm.transform.module_pass(opt_level=0, name="nimble.ConcatInPlace")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+        func, count = concat_in_place(mod[func_name], prim_names)
+        mod = mod.clone()
+        mod[func_name] = func.with_attr(ATTR_CONCATS_IN_PLACE, count)
+        return mod
+
+    return _pass

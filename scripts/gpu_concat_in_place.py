@@ -1,0 +1,92 @@
+"""Concatenations built in place against concat kernels, side by side on this GPU: each model built
+twice (``concat_in_place`` on and off, same kernels otherwise), Nimble's widest schedule and the
+one-stream schedule of each, CUDA-graph replays interleaved in one process. Every build's output is
+checked first: against PyTorch for tv:/timm: models, against the other build always.
+
+    python3 scripts/gpu_concat_in_place.py --models tv:googlenet,tv:inception_v3 --kernels vendor --out DIR
+
+Writes DIR/concat_in_place.json and prints a table (``concat`` lines).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+
+def _outputs(result, x, device, mode: str):
+    from tvm_nimble.runtime.executor import NimbleExecutor
+
+    with NimbleExecutor(result, device, mode=mode) as ex:
+        return [o.numpy() for o in ex(x)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tv:googlenet")
+    ap.add_argument("--batch", default="1")
+    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
+    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import tvm
+
+    from tvm_nimble.bench.harness import rel_l2, torch_reference
+    from tvm_nimble.cli.tune import _load
+    from tvm_nimble.compiler.build import build, schedule
+    from tvm_nimble.compiler.gpu_timing import replay_ms
+    from tvm_nimble.compiler.stream_choice import rescheduled
+    from tvm_nimble.compiler.target import resolve_target
+
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target(args.target)
+    gpu = target.kind.name == "cuda"
+    device = tvm.cuda(0) if gpu else tvm.cpu(0)
+    rows = []
+    for spec in args.models.split(","):
+        for batch in [int(b) for b in args.batch.split(",")]:
+            name, model = _load(spec, batch=batch)
+            kernels = args.kernels if gpu else "tvm"
+            builds = {"in-place": build(model, target, max_streams=None, kernels=kernels),
+                      "concat-kernels": build(model, target, max_streams=None, kernels=kernels, concat_in_place=False)}
+            for key in list(builds):
+                builds[f"{key} 1-stream"] = rescheduled(builds[key], schedule, 1)
+            shape = builds["in-place"].plan.tensors[builds["in-place"].plan.inputs[0]].shape
+            x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+            outs = {k: _outputs(b, x, device, "cuda-graph" if gpu else "sequential") for k, b in builds.items()}
+            errs = {k: rel_l2(o, outs["concat-kernels"]) for k, o in outs.items()}
+            if spec.startswith(("tv:", "timm:")) and gpu:
+                from tvm_nimble.cli.bench import model_builders
+
+                ref = torch_reference(model_builders(spec)[2](batch=batch), [[x]])[0]
+                errs = {k: rel_l2(o, ref) for k, o in outs.items()}
+            bad = {k: e for k, e in errs.items() if not e < 1e-3}
+            if bad:
+                raise SystemExit(f"{name} batch {batch}: outputs disagree ({bad}); not timing")
+            times = dict(zip(builds, replay_ms(list(builds.values())))) if gpu else {}
+            row = {"model": name, "batch": batch, "kernels": kernels, "rel_err": errs, "ms": times,
+                   "concats_in_place": builds["in-place"].info["concats_in_place"],
+                   "launches": {k: len(b.plan.launches) for k, b in builds.items()},
+                   "streams": {k: b.plan.num_streams for k, b in builds.items()}}
+            rows.append(row)
+            print(f"concat {name} batch {batch}: {row['concats_in_place']} concats in place, launches "
+                  f"{row['launches']['concat-kernels']} -> {row['launches']['in-place']}, max rel err "
+                  f"{max(errs.values()):.1e}", flush=True)
+    with open(os.path.join(args.out, "concat_in_place.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"concat {'model':16s} {'batch':>5s} {'copies ms':>10s} {'in place':>9s} {'gain':>6s} "
+          f"{'1-str copies':>12s} {'1-str in place':>14s} {'gain':>6s}")
+    for r in rows:
+        t = r["ms"]
+        if not t:
+            print(f"concat {r['model']:16s} {r['batch']:>5} (built and checked; no GPU to time on)")
+            continue
+        print(f"concat {r['model']:16s} {r['batch']:>5} {t['concat-kernels']:10.3f} {t['in-place']:9.3f} "
+              f"{t['concat-kernels'] / t['in-place']:5.3f}x {t['concat-kernels 1-stream']:12.3f} "
+              f"{t['in-place 1-stream']:14.3f} {t['concat-kernels 1-stream'] / t['in-place 1-stream']:5.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -23,6 +23,19 @@ def _outputs(result, x, device, mode: str):
         return [o.numpy() for o in ex(x)]
 
 
+HEADER = (f"concat {'model':16s} {'batch':>5s} {'copies ms':>10s} {'in place':>9s} {'gain':>6s} "
+          f"{'1-str copies':>12s} {'1-str in place':>14s} {'gain':>6s}")
+
+
+def _table_line(r: dict) -> str:
+    t = r["ms"]
+    if not t:
+        return f"concat {r['model']:16s} {r['batch']:>5} (built and checked; no GPU to time on)"
+    return (f"concat {r['model']:16s} {r['batch']:>5} {t['concat-kernels']:10.3f} {t['in-place']:9.3f} "
+            f"{t['concat-kernels'] / t['in-place']:5.3f}x {t['concat-kernels 1-stream']:12.3f} "
+            f"{t['in-place 1-stream']:14.3f} {t['concat-kernels 1-stream'] / t['in-place 1-stream']:5.3f}x")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tv:googlenet")
@@ -74,18 +87,12 @@ def main(argv=None):
             print(f"concat {name} batch {batch}: {row['concats_in_place']} concats in place, launches "
                   f"{row['launches']['concat-kernels']} -> {row['launches']['in-place']}, max rel err "
                   f"{max(errs.values()):.1e}", flush=True)
-    with open(os.path.join(args.out, "concat_in_place.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"concat {'model':16s} {'batch':>5s} {'copies ms':>10s} {'in place':>9s} {'gain':>6s} "
-          f"{'1-str copies':>12s} {'1-str in place':>14s} {'gain':>6s}")
+            print(HEADER + "\n" + _table_line(row), flush=True)  # now, in case a later model runs out of time
+            with open(os.path.join(args.out, "concat_in_place.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+    print(HEADER)
     for r in rows:
-        t = r["ms"]
-        if not t:
-            print(f"concat {r['model']:16s} {r['batch']:>5} (built and checked; no GPU to time on)")
-            continue
-        print(f"concat {r['model']:16s} {r['batch']:>5} {t['concat-kernels']:10.3f} {t['in-place']:9.3f} "
-              f"{t['concat-kernels'] / t['in-place']:5.3f}x {t['concat-kernels 1-stream']:12.3f} "
-              f"{t['in-place 1-stream']:14.3f} {t['concat-kernels 1-stream'] / t['in-place 1-stream']:5.3f}x")
+        print(_table_line(r))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ dynamically; both use :mod:`codegen.happens_before`.
 """
 from __future__ import annotations
 
-from .happens_before import access_masks, plan_happens_before
+from .happens_before import access_masks, plan_happens_before, write_ready
 
 
 def check_plan(plan) -> list[str]:
     """Return the violations found (empty when the plan is safe)."""
     before = plan_happens_before(plan)
     writer, mask = access_masks(((l.idx, l.args, l.writes) for l in plan.launches), plan.root)
+    ready = write_ready(((l.idx, l.args, l.writes) for l in plan.launches), plan.root, before)
     writers_of = {}  # reader -> the launches whose bytes it reads
     for w, r in plan.read_after_write():
         writers_of.setdefault(r, []).append(w)
@@ -47,8 +48,8 @@ def check_plan(plan) -> list[str]:
         live = [r for r in roots if r in writer]
         for i, a in enumerate(live):
             for b in live[i + 1:]:
-                a_then_b = mask[a] & ~before[writer[b]] == 0
-                b_then_a = mask[b] & ~before[writer[a]] == 0
+                a_then_b = mask[a] & ~ready[b] == 0
+                b_then_a = mask[b] & ~ready[a] == 0
                 if not (a_then_b or b_then_a):
                     problems.append(f"tensors t{a} and t{b} share storage {s} but their lifetimes may overlap")
     for o in plan.outputs:

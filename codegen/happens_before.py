@@ -53,6 +53,19 @@ def access_masks(launches, root) -> tuple[dict[int, int], dict[int, int]]:
     return first_write, accesses
 
 
+def write_ready(launches, root, before: list[int]) -> dict[int, int]:
+    """Per tensor (resolved by ``root``): the bitmask of launches that happen before *every* launch
+    writing it. Memory may pass to a tensor only once its previous occupants are done before all of its
+    writers, not just the first: the slices of a concatenation built in place are written by unordered
+    launches. ``launches`` yields (index, args, writes)."""
+    ready: dict[int, int] = {}
+    for idx, _args, writes in launches:
+        for w in writes:
+            r = root(w)
+            ready[r] = ready.get(r, before[idx]) & before[idx]
+    return ready
+
+
 def plan_happens_before(plan) -> list[int]:
     """:func:`happens_before` of a :class:`tvm_nimble.runtime.plan.Plan`."""
     return happens_before([l.stream for l in plan.launches], [l.waits for l in plan.launches],

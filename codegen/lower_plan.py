@@ -13,7 +13,7 @@ from tvm import relax
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
 from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
 
-from .happens_before import access_masks, happens_before, sequential_order
+from .happens_before import access_masks, happens_before, sequential_order, write_ready
 from .memory_plan import best_pool_plan, no_reuse_bytes
 from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
 
@@ -68,8 +68,10 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
     pool = [r for r in pool if r in first_write]  # allocated but never written: dead
     n = len(launches)
     hb = happens_before([l.stream for l in launches], [l.waits for l in launches], [l.records for l in launches])
-    concurrent = best_pool_plan(pool, nbytes, first_write, accesses, hb)
-    sequential = best_pool_plan(pool, nbytes, first_write, accesses, sequential_order(n))
+    kernels = [(k.index, k.args, k.writes) for k in program.kernels]
+    seq = sequential_order(n)
+    concurrent = best_pool_plan(pool, nbytes, first_write, accesses, hb, write_ready(kernels, program.root, hb))
+    sequential = best_pool_plan(pool, nbytes, first_write, accesses, seq, write_ready(kernels, program.root, seq))
     chosen = {"concurrent": concurrent, "sequential": sequential}.get(reuse)
     if chosen is None:  # no reuse
         block_of = {r: i for i, r in enumerate(pool)}

@@ -25,19 +25,27 @@ class PoolPlan:
         return sum(self.block_sizes)
 
 
+def _ready(first_write, before, ready):
+    """t -> the launches that happen before every write of t: ``ready[t]`` when given (a tensor written
+    in slices by several launches), else what happens before its one writer."""
+    return (lambda t: ready[t]) if ready is not None else (lambda t: before[first_write[t]])
+
+
 def plan_pool(tensors: list[int], nbytes: dict[int, int], first_write: dict[int, int],
-              accesses: dict[int, int], before: list[int]) -> PoolPlan:
+              accesses: dict[int, int], before: list[int], ready: dict[int, int] | None = None) -> PoolPlan:
     """Assign each tensor to a block.
 
     ``accesses[t]`` is the bitmask of launches that touch ``t`` (its writer included) and
     ``before`` the happens-before bitsets. Greedy in first-write order, best fit by size,
-    growing the largest free block when none is big enough (as TVM does).
+    growing the largest free block when none is big enough (as TVM does). ``ready`` (see
+    :func:`codegen.happens_before.write_ready`) is needed when a tensor has several writers.
     """
+    ready_of = _ready(first_write, before, ready)
     block_sizes: list[int] = []
     block_users: list[int] = []  # union of the access masks of every occupant so far
     block_of: dict[int, int] = {}
     for t in sorted(tensors, key=lambda t: (first_write[t], t)):
-        hb = before[first_write[t]]
+        hb = ready_of(t)
         free = [b for b in range(len(block_sizes)) if block_users[b] & ~hb == 0]
         fits = [b for b in free if block_sizes[b] >= nbytes[t]]
         if fits:
@@ -55,12 +63,13 @@ def plan_pool(tensors: list[int], nbytes: dict[int, int], first_write: dict[int,
 
 
 def plan_pool_by_size(tensors: list[int], nbytes: dict[int, int], first_write: dict[int, int],
-                      accesses: dict[int, int], before: list[int]) -> PoolPlan:
+                      accesses: dict[int, int], before: list[int], ready: dict[int, int] | None = None) -> PoolPlan:
     """Largest tensors first; a tensor joins the block that grows least among those whose every
     occupant is happens-before ordered with it (either way). Packs better when sizes vary."""
+    ready_of = _ready(first_write, before, ready)
 
     def ordered(a: int, b: int) -> bool:
-        return accesses[a] & ~before[first_write[b]] == 0 or accesses[b] & ~before[first_write[a]] == 0
+        return accesses[a] & ~ready_of(b) == 0 or accesses[b] & ~ready_of(a) == 0
 
     block_sizes: list[int] = []
     occupants: list[list[int]] = []
@@ -83,10 +92,10 @@ def plan_pool_by_size(tensors: list[int], nbytes: dict[int, int], first_write: d
     return PoolPlan(block_of, block_sizes)
 
 
-def best_pool_plan(tensors, nbytes, first_write, accesses, before) -> PoolPlan:
+def best_pool_plan(tensors, nbytes, first_write, accesses, before, ready=None) -> PoolPlan:
     """The smaller of the two greedy plans (both are safe under ``before``)."""
-    plans = [plan_pool(tensors, nbytes, first_write, accesses, before),
-             plan_pool_by_size(tensors, nbytes, first_write, accesses, before)]
+    plans = [plan_pool(tensors, nbytes, first_write, accesses, before, ready),
+             plan_pool_by_size(tensors, nbytes, first_write, accesses, before, ready)]
     return min(plans, key=lambda p: p.total_bytes)
 
 

@@ -35,7 +35,7 @@ from tvm_nimble.runtime.plan import SLICE_ALIGN
 from .lowered_ir import _op_name, _static_shape
 
 #: the PrimFuncs TVM's legalization names after ``relax.concat`` (unfused: a fused one carries more names)
-_CONCAT = re.compile(r"concatenate\d*")
+_CONCAT = re.compile(r"(fused_)?concatenate\d*")
 _ALLOC = "relax.builtin.alloc_tensor"
 
 
@@ -55,10 +55,18 @@ class _Block:
     def __init__(self, bindings, returned: set):
         self.bindings = list(bindings)
         self.returned = returned
-        self.alias = {}  # var bound to another var -> that var
+        self.alias = {}  # var bound to another var (or to a field of a tuple of vars) -> that var
+        tuples = {}
         for b in self.bindings:
-            if isinstance(b.value, relax.Var):
-                self.alias[b.var] = b.value
+            v = b.value
+            if isinstance(v, relax.Var):
+                self.alias[b.var] = v
+            elif isinstance(v, relax.Tuple):
+                tuples[b.var] = v.fields
+            elif isinstance(v, relax.TupleGetItem) and v.tuple_value in tuples:
+                field = tuples[v.tuple_value][v.index]
+                if isinstance(field, relax.Var):
+                    self.alias[b.var] = field
 
     def root(self, var):
         while var in self.alias:

@@ -26,15 +26,18 @@ NIMBLE_SYSTEMS = {"single-stream": "nimble-single-stream-graph", "cuda-graph": "
                   "streams": "nimble-multi-stream-nograph", "sequential": "nimble-aot-cpu"}
 
 
-def append_rows(csv_path: str, rows: list[dict]) -> None:
+def append_rows(csv_path: str, rows: list[dict], columns: list[str] = CSV_COLUMNS,
+                defaults: dict | None = None) -> None:
+    """Append ``rows`` to ``csv_path`` (header first if new); a missing field takes its default, else ''."""
+    defaults = _DEFAULTS if defaults is None else defaults
     new = not os.path.exists(csv_path)
     os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
     with open(csv_path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         if new:
             w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k, _DEFAULTS.get(k, "")) for k in CSV_COLUMNS})
+            w.writerow({k: r.get(k, defaults.get(k, "")) for k in columns})
 
 
 def read_rows(csv_path: str) -> list[dict]:

@@ -10,13 +10,13 @@ for PyTorch), fp32 with TF32 off.
 """
 from __future__ import annotations
 
-import csv
 import datetime
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from .report import append_rows
 from .system import System
 
 #: name -> (zoo builder, keyword arguments): a CIFAR-10-sized multi-branch net and a ResNet-18-style
@@ -184,16 +184,6 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
 
 
-def append_rows(path: str, rows: list[dict]) -> None:
-    new = not os.path.exists(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        if new:
-            w.writeheader()
-        w.writerows({k: r.get(k, "") for k in CSV_COLUMNS} for r in rows)
-
-
 def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str, rounds: int = 5,
              iters: int = 20, torch_device: str | None = None, log=print) -> tuple[list[dict], dict]:
     """Check the case's losses against PyTorch, then time every system. Returns (csv rows, loss record)."""
@@ -281,7 +271,7 @@ def run_training_benchmark(models: list[str], batches: list[int], target=None, s
             case = make_case(label, batch, steps, small=small)
             r, record = run_case(case, t, dev, use_gpu, device_name(use_gpu), rounds, iters, torch_device,
                                  log=lambda m: print(m, flush=True))
-            append_rows(os.path.join(out_dir, "training.csv"), r)
+            append_rows(os.path.join(out_dir, "training.csv"), r, CSV_COLUMNS, defaults={})
             rows += r
             records.append(record)
     path = os.path.join(out_dir, "training_losses.json")

@@ -32,7 +32,7 @@ from tvm import relax
 from tvm_nimble.runtime.executable import SLICE_VIEW
 from tvm_nimble.runtime.plan import SLICE_ALIGN
 
-from .lowered_ir import _op_name, _static_shape
+from .lowered_ir import _op_name, _static_shape, is_vendor_call
 
 #: the PrimFuncs TVM's legalization names after ``relax.concat`` (unfused: a fused one carries more names)
 _CONCAT = re.compile(r"(fused_)?concatenate\d*")
@@ -118,6 +118,12 @@ def _try_rewrite(block: _Block, pos: int, prim_names: set[str]) -> bool:
         return False
     axis = concat_axis([s for s, _ in shapes[:-1]], shapes[-1][0])
     if axis is None or math.prod(shapes[-1][0][:axis]) != 1:
+        return False
+    # slices written by vendor calls are left alone: with a mix of vendor and TVM kernels they gave a
+    # wrong output on CPU (tests/test_kernel_choice.py) and the cause is not found yet
+    vendor_args = [block.root(a) for b in block.bindings if b is not None and is_vendor_call(b.value)
+                   for a in b.value.args if isinstance(a, relax.Var)]
+    if any(a.same_as(v) for a in inputs for v in vendor_args):
         return False
     out_at = block.index_of_alloc(out)
     in_at = [block.index_of_alloc(a) for a in inputs]

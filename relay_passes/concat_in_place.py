@@ -32,7 +32,8 @@ from tvm import relax
 from tvm_nimble.runtime.executable import SLICE_VIEW
 from tvm_nimble.runtime.plan import SLICE_ALIGN
 
-from .lowered_ir import _op_name, _static_shape, is_vendor_call
+from .concat_kernel import slice_starts, tiles_output
+from .lowered_ir import _op_name, _static_shape
 
 #: the PrimFuncs TVM's legalization names after ``relax.concat`` (unfused: a fused one carries more names)
 _CONCAT = re.compile(r"(fused_)?concatenate\d*")
@@ -101,11 +102,11 @@ def _slice_binding(var, base, offset: int) -> relax.VarBinding:
     return relax.VarBinding(var, call)
 
 
-def _try_rewrite(block: _Block, pos: int, prim_names: set[str]) -> bool:
+def _try_rewrite(block: _Block, pos: int, prim_funcs: dict) -> bool:
     """Rewrite the concat at ``pos`` in place if it qualifies; return whether it did."""
     call = block.bindings[pos].value
     if not (isinstance(call, relax.Call) and isinstance(call.op, relax.GlobalVar)
-            and call.op.name_hint in prim_names and _CONCAT.fullmatch(call.op.name_hint)):
+            and call.op.name_hint in prim_funcs and _CONCAT.fullmatch(call.op.name_hint)):
         return False
     args = [block.root(a) if isinstance(a, relax.Var) else None for a in call.args]
     if any(a is None for a in args):
@@ -119,21 +120,17 @@ def _try_rewrite(block: _Block, pos: int, prim_names: set[str]) -> bool:
     axis = concat_axis([s for s, _ in shapes[:-1]], shapes[-1][0])
     if axis is None or math.prod(shapes[-1][0][:axis]) != 1:
         return False
-    # slices written by vendor calls are left alone: with a mix of vendor and TVM kernels they gave a
-    # wrong output on CPU (tests/test_kernel_choice.py) and the cause is not found yet
-    vendor_args = [block.root(a) for b in block.bindings if b is not None and is_vendor_call(b.value)
-                   for a in b.value.args if isinstance(a, relax.Var)]
-    if any(a.same_as(v) for a in inputs for v in vendor_args):
+    # the kernel's parameters need not be in concatenation order: read each one's slice off the kernel
+    starts = slice_starts(prim_funcs[call.op.name_hint], [s for s, _ in shapes[:-1]])
+    sizes = [math.prod(s) for s, _ in shapes[:-1]]
+    if starts is None or not tiles_output(starts, sizes, math.prod(shapes[-1][0])):
         return False
     out_at = block.index_of_alloc(out)
     in_at = [block.index_of_alloc(a) for a in inputs]
     if out_at is None or any(i is None for i in in_at) or any(block.returns(a) for a in inputs):
         return False
-    offsets, offset = [], 0
     bits = tvm.runtime.DataType(shapes[0][1]).bits
-    for s, _ in shapes[:-1]:
-        offsets.append(offset)
-        offset += math.prod(s) * bits // 8
+    offsets = [start * bits // 8 for start in starts]
     if any(o % SLICE_ALIGN for o in offsets):
         return False
     if max(block.last_use(a, pos) for a in inputs) > block.last_use(out, pos) and not block.returns(out):
@@ -149,7 +146,7 @@ def _try_rewrite(block: _Block, pos: int, prim_names: set[str]) -> bool:
     return True
 
 
-def concat_in_place(func: relax.Function, prim_names: set[str]) -> tuple[relax.Function, int]:
+def concat_in_place(func: relax.Function, prim_funcs: dict) -> tuple[relax.Function, int]:
     """(``func`` with every qualifying concat built in place, how many were)."""
     body = func.body
     returned = {body.body} if isinstance(body.body, relax.Var) else set(getattr(body.body, "fields", []))
@@ -159,7 +156,7 @@ def concat_in_place(func: relax.Function, prim_names: set[str]) -> tuple[relax.F
         block = _Block(blk.bindings, returned)
         pos = 0
         while pos < len(block.bindings):
-            if _try_rewrite(block, pos, prim_names):
+            if _try_rewrite(block, pos, prim_funcs):
                 count += 1  # the binding list changed around pos; rescan from the start
                 pos = 0
             else:
@@ -228,8 +225,8 @@ def ConcatInPlace(func_name: str = "main") -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.ConcatInPlace")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
-        func, count = concat_in_place(mod[func_name], prim_names)
+        prim_funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+        func, count = concat_in_place(mod[func_name], prim_funcs)
         mod = mod.clone()
         mod[func_name] = func.with_attr(ATTR_CONCATS_IN_PLACE, count)
         return mod

@@ -169,3 +169,60 @@ def test_slices_written_by_unordered_launches_get_memory_only_after_all_of_them(
     assert any(ready[t] != before[first_write[t]] for t in ready)
     assert check_plan(plan) == []
     assert check_races(nasnet_built.module, nasnet_built.inputs, nasnet_built.reference, seeds=range(20)) == []
+
+
+def _mixed_vendor_inception():
+    """Zoo inception with every other convolution signature on the vendor path: TVM's fusion then
+    pulls the vendor outputs into the concat's kernel first, out of concatenation order."""
+    from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor, find_offloads
+
+    model = zoo.get_model("inception")
+    mod = from_onnx(model)
+    keep = set(sorted({o.signature for o in find_offloads(mod["main"])})[::2])
+    return model, OffloadToVendor(select=lambda o: o.signature in keep)(mod)
+
+
+def test_slices_follow_the_kernels_parameter_order_not_the_concats(vendor_reference):
+    model, mod = _mixed_vendor_inception()
+    module = build(mod, "llvm", max_streams=None)
+    assert module.info["concats_in_place"] == 3 and _concat_launches(module.plan) == 0
+    slice_writers = {l.kernel for l in module.plan.launches for t in l.writes if module.plan.tensors[t].view_of is not None
+                     and module.plan.tensors[t].shape[1] == 4}
+    assert any(k.startswith("nimble.") for k in slice_writers) and any(not k.startswith("nimble.") for k in slice_writers)
+    inputs = zoo.random_inputs(model, seed=0)
+    other = zoo.random_inputs(model, seed=1)
+    ref = ReferenceEvaluator(model).run(None, inputs)[0]
+    got = NimbleExecutor(module)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(got, NimbleExecutor(module)(*other.values())[0].numpy())
+
+
+@pytest.mark.parametrize("target", ["llvm", {"kind": "cuda", "arch": "sm_90"}])
+def test_slice_starts_read_off_the_scheduled_kernel_match_the_concat_order(target):
+    """The concat kernels of the mixed build take the vendor outputs first; on llvm (unscheduled) and
+    on CUDA (DLight's fused thread index) the slice of each parameter is where the Relax concat puts
+    that tensor."""
+    from tvm_nimble.relay_passes.concat_kernel import slice_starts
+    from tvm_nimble.relay_passes.pipeline import kernel_passes
+
+    _, mod = _mixed_vendor_inception()
+    concats = [b.value for blk in mod["main"].body.blocks for b in blk.bindings
+               if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.concat"]
+    target = tvm.target.Target(target)
+    with target:
+        lowered = tvm.transform.Sequential(kernel_passes(target))(mod)
+    kernels = {gv.name_hint: f for gv, f in lowered.functions.items() if "concatenate" in gv.name_hint}
+    assert kernels
+    out_of_order = 0
+    for func in kernels.values():
+        shapes = [tuple(int(d) for d in p.ty.shape) for p in list(func.params)[:-1]]
+        starts = slice_starts(func, shapes)
+        names = [p.name for p in list(func.params)[:-1]]
+        # the parameters are named after the Relax tensors; find that concat and its field order
+        concat = next(c for c in concats if {f.name for f in c.args[0].fields} >= {n.removesuffix("_vendor_0") for n in names})
+        order = [f.name for f in concat.args[0].fields]
+        elems = [int(np.prod(s)) for s in shapes]
+        expected = {f: sum(elems[:order.index(f)]) for f in order}  # equal slices: the field's position
+        assert starts == [expected[n.removesuffix("_vendor_0")] for n in names]
+        out_of_order += starts != sorted(starts)
+    assert out_of_order > 0

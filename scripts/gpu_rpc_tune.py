@@ -24,6 +24,11 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=64, help="trials of each run, all tasks together")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    import logging
+
+    # each round's start (and so where a slow run spends its time) goes to the log with a timestamp
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("tvm_nimble").setLevel(logging.INFO)
     from tvm_nimble.cli.tune import _load
     from tvm_nimble.compiler.target import resolve_target, target_dict
     from tvm_nimble.compiler.tuning.remote import loopback_fleet
@@ -38,6 +43,7 @@ def main(argv=None):
         os.makedirs(logs, exist_ok=True)
         with loopback_fleet(servers, KEY, logs) if servers else contextlib.nullcontext((None, [])) as (tracker, _):
             t0 = time.time()
+            print(f"rpctune: {servers} server(s), start", flush=True)
             report = tune(model, target, os.path.join(args.out, f"db{servers}"), trials_per_task=args.trials,
                           total_trials=args.trials, trials_per_iter=16, progress=False,
                           rpc_tracker=tracker, rpc_key=KEY if servers else None)

@@ -112,6 +112,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
         runner, servers = rpc_runner(rpc_tracker, rpc_key, evaluator)
     trials_per_round = trials_per_round or 4 * trials_per_iter
     t, tasks = extract_tuning_tasks(model, target, shape_dict)
+    log.info("%d tasks extracted, %.1fs from the start", len(tasks), time.time() - start)
     if not tasks:
         raise NimbleError("the model has no kernels to tune")
     os.makedirs(work_dir, exist_ok=True)
@@ -156,6 +157,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     with unnamed_log_handlers_detached():
         ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir, strategy=strategy, seed=seed)
     builder = lasting_builder(timeout_sec=120)
+    log.info("tune contexts ready, %.1fs from the start", time.time() - start)
     # kernels run for microseconds: 20 ms of repeats per measurement is thousands of runs (TVM's default 100 ms
     # makes measuring, one candidate at a time on the one device, a large share of each trial)
     if rpc_tracker:
@@ -201,6 +203,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
                           num_trials_per_iter=q, database=db, cost_model=model_, builder=builder, runner=runner,
                           measure_callbacks=callbacks)
             rounds[cold and builder.pool is not None].append((time.time() - r0, q * len(round_tasks)))
+            log.info("round done in %.1fs (%s builder workers)", time.time() - r0, "fresh" if cold else "kept")
             after = workload_trials(db)  # the database is the source of truth
             for i in round_tasks:
                 n, best = after.get(hashes[i], (0, None))

@@ -49,7 +49,7 @@ def main(argv=None):
     from tvm_nimble.bench.harness import rel_l2, torch_reference
     from tvm_nimble.cli.tune import _load
     from tvm_nimble.compiler.build import build, schedule
-    from tvm_nimble.compiler.gpu_timing import replay_ms
+    from tvm_nimble.runtime.timing import replay_ms
     from tvm_nimble.compiler.stream_choice import rescheduled
     from tvm_nimble.compiler.target import resolve_target
 

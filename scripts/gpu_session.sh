@@ -16,6 +16,8 @@
 #                                 against concat kernels, multi- and one-stream, outputs checked first)
 #   rpctune SECONDS ARGS...       scripts/gpu_rpc_tune.py ARGS --out $WORK/rpc (trials/min: local, 1 and 2 RPC
 #                                 servers on the loopback; needs tornado: carry .device-extra, see below)
+#   remotebest SECONDS ARGS...   scripts/gpu_remote_best.py ARGS --out $WORK/remotebest (kernels='best' and
+#                                 max_streams='auto' timed through a loopback RPC tracker against timed here)
 #   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
@@ -73,6 +75,8 @@ for spec in "$@"; do
             step "${a[1]}" "$PYTHON" scripts/gpu_concat_in_place.py "${a[@]:2}" --out "$WORK/concat" ;;
         rpctune)
             step "${a[1]}" "$PYTHON" scripts/gpu_rpc_tune.py "${a[@]:2}" --out "$WORK/rpc" ;;
+        remotebest)
+            step "${a[1]}" "$PYTHON" scripts/gpu_remote_best.py "${a[@]:2}" --out "$WORK/remotebest" ;;
         pool)
             step "${a[1]}" "$PYTHON" scripts/gpu_pool_bench.py "${a[@]:2}" --out "$WORK/pool" ;;
         gputests)

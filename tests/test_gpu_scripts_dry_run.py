@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -80,3 +82,14 @@ def test_concat_in_place_script_on_cpu(tmp_path):
     assert row["launches"]["in-place"] == row["launches"]["concat-kernels"] - 6
     assert max(row["rel_err"].values()) < 1e-5 and row["ms"] == {}
     assert "no GPU to time on" in out
+
+
+def test_remote_best_script_on_cpu(tmp_path):
+    """The GPU session's remotebest step, dry-run on llvm: a loopback tracker, the model built here and
+    through it, the two outputs compared, both replayed (no kernel choice without a GPU)."""
+    pytest.importorskip("tornado")
+    out = script("gpu_remote_best.py", "--models", "zoo:inception", "--target", "llvm",
+                 "--out", str(tmp_path / "rb"), cwd=tmp_path)
+    row, = json.load(open(tmp_path / "rb" / "remote_best.json"))
+    assert row["model"] == "incept6" and row["chains"] == 0 and row["rel_err"] < 1e-6
+    assert all(v > 0 for v in row["ms"].values()) and "remote-best incept6" in out

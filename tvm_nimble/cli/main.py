@@ -15,6 +15,8 @@ EPILOG = """examples:
   tvm-nimble explain model.onnx --dot model.dot
   tvm-nimble bench --onnx model.onnx --target cuda
   tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480 -o model.nimble
+  tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90 --kernels best \
+      --rpc-tracker 10.0.0.5:9190 --rpc-key h100     # timed on a remote H100, built here
 """
 
 
@@ -83,7 +85,8 @@ def cmd_compile(args):
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
                        memory_budget=args.memory_budget,
-                       tuning_db=args.tuning_db, kernels=args.kernels, allow_tf32=args.allow_tf32)
+                       tuning_db=args.tuning_db, kernels=args.kernels, allow_tf32=args.allow_tf32,
+                       rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key)
         module.export(args.output)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
@@ -205,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     kernels_opt(p)
     p.add_argument("--allow-tf32", action="store_true",
                    help="let cuDNN/cuBLASLt use TF32 tensor cores for fp32 (faster, ~1e-3 relative error; off by default)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="time --kernels best and --max-streams auto on a GPU "
+                   "behind this RPC tracker (servers started with `tvm-nimble rpc-server`), not on this machine")
+    p.add_argument("--rpc-key", help="the key those servers registered under (e.g. h100)")
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
             "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")

@@ -7,6 +7,8 @@ TVM's own ``python -m tvm.exec.rpc_server``, set up to measure on a GPU:
   from the core runtime, and a server without them fails every CUDA measurement;
 - every session runs in a spawned process (TVM's ``--no-fork``): a session forked from the server
   could not initialize CUDA (``cudaErrorInitializationError``, every trial lost on an H100).
+- every session also offers Nimble's timing functions (``tvm_nimble.runtime.rpc_session``), with which
+  a machine without this GPU builds ``--kernels best`` / ``--max-streams auto`` artifacts for it.
 On a machine without an NVIDIA driver it serves the CPU only, and says so.
 """
 from __future__ import annotations
@@ -39,15 +41,18 @@ def main(argv=None):
     from tvm_nimble.compiler.tuning.remote import parse_tracker
 
     parse_tracker(args.tracker)  # a malformed address is one line, before anything starts
-    import tvm.exec.rpc_server as tvm_server
+    from tvm import rpc
+
+    from tvm_nimble.runtime.rpc_session import install
 
     libs = load_library()
     if libs is None:
         print("tvm-nimble rpc-server: no NVIDIA driver here: serving the CPU only", flush=True)
     logging.basicConfig(level=logging.INFO)
-    tvm_server.main(argparse.Namespace(tracker=args.tracker, key=args.key, host=args.host, port=args.port,
-                                       port_end=args.port_end, through_proxy=False, load_library=libs,
-                                       custom_addr=None, silent=False, fork=False))
+    host, port = args.tracker.rsplit(":", 1)
+    server = rpc.Server(args.host, args.port, args.port_end, key=args.key, tracker_addr=(host, int(port)),
+                        load_library=libs, no_fork=True, server_init_callback=install)
+    server.proc.join()
 
 
 if __name__ == "__main__":

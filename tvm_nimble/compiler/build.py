@@ -26,6 +26,7 @@ from tvm_nimble.runtime.module import NimbleModule
 
 from .notes import note_once
 from .target import local_gpu_arch, resolve_target, target_dict
+from .timers import timer_for
 from .tuning.database import open_tuning_database
 
 
@@ -110,10 +111,11 @@ def _as_relax(model, shape_dict):
 KERNEL_CHOICES = ("auto", "tvm", "vendor", "best")
 
 
-def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
+def resolve_kernels(kernels: str, target: tvm.target.Target, timer=None) -> str:
     """``auto``: on CUDA, ``best`` (each operator on cuDNN/cuBLASLt or TVM, whichever measured faster)
-    when the vendor extension can be built and a GPU is here to measure on, ``vendor`` when there is
-    no GPU here, TVM's kernels when the extension cannot be built; a one-line note says which and why."""
+    when the vendor extension can be built and a GPU is here (or behind ``timer``'s RPC tracker) to
+    measure on, ``vendor`` when there is none, TVM's kernels when the extension cannot be built; a
+    one-line note says which and why."""
     if kernels not in KERNEL_CHOICES:
         raise NimbleError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     if kernels != "auto":
@@ -126,10 +128,11 @@ def resolve_kernels(kernels: str, target: tvm.target.Target) -> str:
     if not ok:
         note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
         return "tvm"
-    local = local_gpu_arch()
-    if local != str(target.attrs["arch"]):
-        note_once(f"no {target.attrs['arch']} GPU here to time cuDNN/cuBLAS against TVM's kernels: every convolution "
-                   "and GEMM goes to cuDNN/cuBLAS (kernels='vendor'); build on that GPU for kernels='best'")
+    there = timer.arch() if timer is not None else local_gpu_arch()
+    if there != str(target.attrs["arch"]):
+        note_once(f"no {target.attrs['arch']} GPU {'here' if timer is None else 'at ' + timer.where} to time "
+                  "cuDNN/cuBLAS against TVM's kernels: every convolution and GEMM goes to cuDNN/cuBLAS "
+                  "(kernels='vendor'); build on that GPU, or measure there through an RPC tracker, for kernels='best'")
         return "vendor"
     return "best"
 
@@ -151,33 +154,35 @@ def _vendor_library(arch: str) -> str:
 
 
 def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_db: str | None = None,
-            allow_tf32: bool = False):
+            allow_tf32: bool = False, timer=None):
     """``mod`` with its convolutions, GEMMs and average pools on cuDNN / cuBLASLt (CUDA only): all of
     them (``kernels="vendor"``) or those whose vendor kernel measured faster than TVM's (``"best"``,
     TVM's tuned kernels when ``tuning_db`` is given); the vendor extension is built for the target's
     arch and loaded in this process. With ``best``, a mix of vendor and TVM kernels is kept only if the
     whole model, built one-stream both ways, confirms it is faster than all vendor kernels (see
     :class:`ModelCheck`). Returns (module, the :class:`KernelTiming` list, the :class:`ModelCheck` or
-    None); both empty unless ``best``."""
-    kernels = resolve_kernels(kernels, target)
+    None); both empty unless ``best``. ``timer`` is where ``best`` measures (:mod:`.timers`; default here)."""
+    kernels = resolve_kernels(kernels, target, timer)
     if kernels == "tvm":
         return mod, [], None
     if target.kind.name != "cuda":
         raise NimbleError(f"vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for {target.kind.name}")
     from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
 
+    from .kernel_choice import check_in_model, check_measurable, measure_kernels
+
+    if kernels == "best":
+        timer = check_measurable(target, timer)  # before building anything for a GPU that is not there
     vendor_library(target)
     all_vendor = OffloadToVendor(allow_tf32=allow_tf32)(mod)
     if kernels == "vendor":
         return all_vendor, [], None
-    from .kernel_choice import check_in_model, measure_kernels
-
-    timings = measure_kernels(mod, target, build, tuning_db, allow_tf32=allow_tf32)
+    timings = measure_kernels(mod, target, build, tuning_db, allow_tf32=allow_tf32, timer=timer)
     vendor = {t.signature for t in timings if t.kernel == "vendor"}
     if len(vendor) == len(timings):
         return all_vendor, timings, None
     chosen = OffloadToVendor(allow_tf32=allow_tf32, select=lambda o: o.signature in vendor)(mod)
-    check = check_in_model(chosen, all_vendor, target, build, tuning_db)
+    check = check_in_model(chosen, all_vendor, target, build, tuning_db, timer)
     if check.kept == "best":
         return chosen, timings, check
     for t in timings:
@@ -188,7 +193,8 @@ def offload(mod: tvm.IRModule, target: tvm.target.Target, kernels: str, tuning_d
 def build(model, target="llvm", params: dict | None = None, *, max_streams: int | str | None = "auto",
           shape_dict: dict | None = None, tuning_db: str | None = None, reuse: str = "concurrent",
           compile_kernels: bool = True, kernels: str = "auto", allow_tf32: bool = False,
-          memory_budget: int | None = None, concat_in_place: bool = True) -> BuildResult:
+          memory_budget: int | None = None, concat_in_place: bool = True, rpc_tracker: str | None = None,
+          rpc_key: str | None = None) -> BuildResult:
     """Build ``model`` (a Relax IRModule, an ONNX ModelProto or a path to a .onnx file) with Nimble.
 
     ``max_streams`` caps the stream count: 1 gives the single-stream schedule, None Nimble's widest
@@ -207,13 +213,17 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     ``allow_tf32=False`` baseline). ``concat_in_place`` (default on) lets the kernels feeding a
     concatenation write straight into their slice of it where the slices are contiguous (batch 1 along
     channels), which removes the concatenation's copy kernel; off, every concat is a kernel as in stock TVM.
+    ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key``: what ``best`` and ``auto`` measure runs on a GPU of an
+    RPC server registered under that key (``tvm-nimble rpc-server``) instead of this machine's, so a
+    machine without the GPU builds for it (see :mod:`.timers`).
     """
     t = resolve_target(target)
+    timer = timer_for(rpc_tracker, rpc_key) if (rpc_tracker or rpc_key) else None
     mod = _as_relax(model, shape_dict)
     if params:
         mod = tvm.relax.transform.BindParams("main", params)(mod)
-    kernels = resolve_kernels(kernels, t)
-    mod, timings, check = offload(mod, t, kernels, tuning_db, allow_tf32)
+    kernels = resolve_kernels(kernels, t, timer)
+    mod, timings, check = offload(mod, t, kernels, tuning_db, allow_tf32, timer)
     auto_streams = max_streams == "auto"
     if auto_streams:
         max_streams = None
@@ -241,7 +251,7 @@ def build(model, target="llvm", params: dict | None = None, *, max_streams: int 
     if auto_streams:
         from .stream_choice import choose_streams
 
-        result, record = choose_streams(result, schedule, reuse, memory_budget)
+        result, record = choose_streams(result, schedule, reuse, memory_budget, timer)
         result.info["streams_choice"] = record
     elif memory_budget is not None and plan.memory["pool_bytes"] > memory_budget:
         raise NimbleError(f"the schedule's memory pool needs {plan.memory['pool_bytes']} bytes, over the budget of "

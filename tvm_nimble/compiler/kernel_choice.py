@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import tvm
 import tvm_ffi
 
@@ -22,13 +21,12 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.runtime.plan import Plan
 
-from .gpu_timing import replay_ms, set_random_inputs
-from .target import local_gpu_arch
+from .timers import LocalGPU
 
 #: profiled replays per build; the median per launch is kept
 PROFILE_REPS = 15
 
-_measured: dict[tuple, tuple[float, float]] = {}  # (arch, tuning db, signature) -> (vendor_ms, tvm_ms)
+_measured: dict[tuple, tuple[float, float]] = {}  # (arch, tuning db, where, signature) -> (vendor_ms, tvm_ms)
 
 
 @dataclass
@@ -85,55 +83,61 @@ def launches_per_output(plan: Plan) -> list[list[int]]:
     return result
 
 
-def _per_output_ms(result, reps: int) -> list[float]:
-    """Graph-mode time of the launches behind each output of a built probe, on ``tvm.cuda(0)``."""
-    from tvm_nimble.runtime.executor import NimbleExecutor
-
-    plan = result.plan
-    with NimbleExecutor(result, tvm.cuda(0), mode="cuda-graph") as ex:
-        set_random_inputs(ex, plan)
-        ex.run()
-        ex.sync()
-        runs = [ex.profile(graph=True) for _ in range(reps)]
-    per_launch = [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(plan.launches))]
-    return [sum(per_launch[i] for i in launches) for launches in launches_per_output(plan)]
+def _per_output_ms(result, reps: int, timer) -> list[float]:
+    """Graph-mode time of the launches behind each output of a built probe, on ``timer``'s GPU."""
+    per_launch = timer.launch_ms(result, reps)
+    return [sum(per_launch[i] for i in launches) for launches in launches_per_output(result.plan)]
 
 
 _checked: dict[tuple, ModelCheck] = {}
 
 
 def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, target: tvm.target.Target, build,
-                   tuning_db: str | None = None) -> ModelCheck:
-    """Both modules (already offloaded) built one-stream and replayed, side by side."""
-    key = (str(target.attrs["arch"]), tuning_db, tvm_ffi.structural_hash(chosen), tvm_ffi.structural_hash(all_vendor))
+                   tuning_db: str | None = None, timer=None) -> ModelCheck:
+    """Both modules (already offloaded) built one-stream and replayed, side by side, on ``timer``'s GPU
+    (default: this machine's)."""
+    timer = timer or LocalGPU()
+    key = (str(target.attrs["arch"]), tuning_db, timer.where, tvm_ffi.structural_hash(chosen),
+           tvm_ffi.structural_hash(all_vendor))
     if key not in _checked:
         built = [build(m, target, max_streams=1, kernels="tvm", tuning_db=tuning_db) for m in (chosen, all_vendor)]
-        _checked[key] = ModelCheck(*replay_ms(built))
+        _checked[key] = ModelCheck(*timer.replay_ms(built))
     return _checked[key]
 
 
-def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_db: str | None = None,
-                    reps: int = PROFILE_REPS, allow_tf32: bool = False) -> list[KernelTiming]:
-    """Both kernels' times for every distinct offloadable chain of ``mod``, measured on this GPU.
-    ``build`` is :func:`tvm_nimble.compiler.build.build` (passed in: this module sits below it)."""
+def check_measurable(target: tvm.target.Target, timer=None):
+    """``timer`` (default: this machine's GPU) if it has a GPU of ``target``'s arch, else a one-line error."""
     if target.kind.name != "cuda":
         raise NimbleError("kernels='best' measures on a CUDA GPU; use kernels='tvm' for llvm")
+    timer = timer or LocalGPU()
     arch = str(target.attrs["arch"])
-    local = local_gpu_arch()
-    if local != arch:
-        raise NimbleError(f"kernels='best' times the kernels on a {arch} GPU, and this machine has "
-                          f"{'a ' + local if local else 'none'}; build there, or use kernels='vendor' or 'tvm'")
+    there = timer.arch()
+    if there != arch:
+        fix = ("build there, measure there through an RPC tracker (rpc_tracker=, rpc_key=), or use kernels='vendor' "
+               "or 'tvm'") if isinstance(timer, LocalGPU) else "start the key's servers on such a GPU, or use another key"
+        raise NimbleError(f"kernels='best' times the kernels on a {arch} GPU, and {timer.where} has "
+                          f"{'a ' + there if there else 'none'}; {fix}")
+    return timer
+
+
+def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_db: str | None = None,
+                    reps: int = PROFILE_REPS, allow_tf32: bool = False, timer=None) -> list[KernelTiming]:
+    """Both kernels' times for every distinct offloadable chain of ``mod``, measured on ``timer``'s GPU
+    (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
+    ``build`` is :func:`tvm_nimble.compiler.build.build` (passed in: this module sits below it)."""
+    timer = check_measurable(target, timer)
+    arch = str(target.attrs["arch"])
     probe = build_probe(mod, allow_tf32=allow_tf32)
     if probe is None:
         return []
     db = os.path.abspath(tuning_db) if tuning_db else None
-    keys = [(arch, db, s) for s in probe.signatures]
+    keys = [(arch, db, timer.where, s) for s in probe.signatures]
     if any(k not in _measured for k in keys):
         times = {}
         for kernels in ("vendor", "tvm"):
             built = build(probe.mod, target, max_streams=1, kernels=kernels, tuning_db=tuning_db,
                           allow_tf32=allow_tf32)
-            times[kernels] = _per_output_ms(built, reps)
+            times[kernels] = _per_output_ms(built, reps, timer)
         for k, v, t in zip(keys, times["vendor"], times["tvm"]):
             _measured[k] = (v, t)
     return [KernelTiming(s, n, *_measured[k]) for s, n, k in zip(probe.signatures, probe.counts, keys)]

@@ -31,7 +31,7 @@ def check_profilable(target) -> None:
 
 def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str]:
     """Profile ``result`` (a BuildResult with kernels) on this machine's GPU; write the picture; return text lines."""
-    from .gpu_timing import replay_ms, timeline
+    from tvm_nimble.runtime.timing import replay_ms, timeline
 
     t = result.tvm_target
     check_profilable(t)

@@ -19,7 +19,6 @@ import dataclasses
 from tvm_nimble.errors import NimbleError
 
 from .notes import note_once
-from .target import local_gpu_arch
 
 CAPS = (1, 2, 3, 4, 6, 8)
 #: another schedule replaces the one-stream plan only when it is at least this much faster
@@ -50,33 +49,35 @@ def _candidates(result, schedule, reuse: str, memory_budget: int | None) -> dict
     return out
 
 
-def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: int | None = None):
-    """(the chosen BuildResult, a record of every candidate: cap, streams, pool bytes, measured ms)."""
-    from .gpu_timing import replay_ms
+def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: int | None = None, timer=None):
+    """(the chosen BuildResult, a record of every candidate: cap, streams, pool bytes, measured ms), measured on
+    ``timer``'s GPU (default: this machine's)."""
+    from .timers import LocalGPU
 
+    timer = timer or LocalGPU()
     candidates = _candidates(result, schedule, reuse, memory_budget)
     target = result.tvm_target
     record = {"candidates": [{"max_streams": cap, "streams": c.plan.num_streams, "pool_bytes": c.plan.memory["pool_bytes"]}
                              for cap, c in candidates.items()], "memory_budget": memory_budget}
-    if target.kind.name != "cuda" or local_gpu_arch() != str(target.attrs["arch"]) or result.kernels is None:
+    if target.kind.name != "cuda" or result.kernels is None or timer.arch() != str(target.attrs["arch"]):
         if target.kind.name == "cuda" and result.kernels is not None:
-            note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and none is here: "
-                      "keeping Nimble's widest schedule that fits")
+            note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
+                      "none: keeping Nimble's widest schedule that fits")
         cap = max(candidates)
         record.update(chosen=cap, how="widest that fits (nothing measured)")
         return candidates[cap], record
     caps = list(candidates)
-    times = replay_ms([candidates[c] for c in caps])
+    times = timer.replay_ms([candidates[c] for c in caps])
     for entry, ms in zip(record["candidates"], times):
         entry["measured_ms"] = ms
     by_cap = dict(zip(caps, times))
     best = min(caps, key=lambda c: (by_cap[c], c))
     if 1 in by_cap and by_cap[best] > by_cap[1] * (1 - MIN_GAIN):
         best = 1
-    record.update(chosen=best, how="measured: CUDA-graph replays, side by side")
+    record.update(chosen=best, how=f"measured on {timer.where}: CUDA-graph replays, side by side")
     chosen = candidates[best]
     if best != 1 and 1 in candidates:
-        chosen = _try_priorities(chosen, candidates[1], record)
+        chosen = _try_priorities(chosen, candidates[1], record, timer)
     return chosen, record
 
 
@@ -88,15 +89,13 @@ def prioritized(result, durations):
     return dataclasses.replace(result, plan=plan)
 
 
-def _try_priorities(chosen, one_stream, record: dict):
+def _try_priorities(chosen, one_stream, record: dict, timer):
     """``chosen`` with critical-path stream priorities if that measures ``MIN_GAIN`` faster, else ``chosen``."""
-    from .gpu_timing import replay_ms, timeline
-
     if [l.kernel for l in one_stream.plan.launches] != [l.kernel for l in chosen.plan.launches]:
         return chosen  # durations are matched by launch position
-    durations = [end - start for _, start, end in timeline(one_stream)]
+    durations = timer.launch_ms(one_stream, 5)
     candidate = prioritized(chosen, durations)
-    base_ms, prio_ms = replay_ms([chosen, candidate])
+    base_ms, prio_ms = timer.replay_ms([chosen, candidate])
     kept = prio_ms < base_ms * (1 - MIN_GAIN)
     record["priority"] = {"streams": candidate.plan.stream_priority, "base_ms": base_ms, "measured_ms": prio_ms,
                           "kept": kept}

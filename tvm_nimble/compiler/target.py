@@ -20,16 +20,9 @@ _NEEDS_ARCH = ("a CUDA target needs the GPU arch and this machine has no GPU to 
 
 def local_gpu_arch() -> str | None:
     """``sm_XY`` of this machine's first CUDA GPU, or None without one."""
-    try:
-        from tvm_nimble.runtime.device import ensure_cuda_runtime
+    from tvm_nimble.runtime.device import gpu_arch
 
-        ensure_cuda_runtime()
-        dev = tvm.cuda(0)
-        if dev.exist and dev.compute_version:
-            return "sm_" + dev.compute_version.replace(".", "")
-    except Exception:
-        pass
-    return None
+    return gpu_arch()
 
 
 def default_kind() -> str:

@@ -46,6 +46,18 @@ def ensure_cuda_runtime() -> None:
                 raise DeviceError(f"cannot load TVM's CUDA runtime ({err}): is an NVIDIA driver installed?") from None
 
 
+def gpu_arch() -> str | None:
+    """``sm_XY`` of this machine's first CUDA GPU, or None without one (or without a driver)."""
+    try:
+        ensure_cuda_runtime()
+        dev = _tvm().cuda(0)
+        if dev.exist and dev.compute_version:
+            return "sm_" + dev.compute_version.replace(".", "")
+    except Exception:
+        pass
+    return None
+
+
 def device_for(target: dict, device=None):
     """The TVM device to run a plan built for ``target`` on, checking that it exists."""
     tvm = _tvm()

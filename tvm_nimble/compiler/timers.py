@@ -1,0 +1,115 @@
+"""Where a build's measurements run: this machine's GPU, or a GPU behind TVM's RPC tracker.
+
+``kernels="best"`` and ``max_streams="auto"`` decide by timing plans on the GPU they are built for.
+:class:`LocalGPU` times them here; :class:`RemoteGPU` exports each plan as an artifact, uploads it to
+one session of an RPC server registered under a key (``tvm-nimble rpc-server``), and times it there
+(:mod:`tvm_nimble.runtime.rpc_session`), so a machine without that GPU can build for it. Both
+offer the same three calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import tempfile
+
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime import timing
+
+from .target import local_gpu_arch
+
+#: seconds a remote session may last (the kernel choice of inception_v3 takes well under a minute)
+SESSION_TIMEOUT_S = 600
+
+
+class LocalGPU:
+    """Measure on this machine's first GPU."""
+
+    where = "this machine"
+
+    def arch(self) -> str | None:
+        return local_gpu_arch()
+
+    def launch_ms(self, result, reps: int) -> list[float]:
+        return timing.launch_ms(result, reps)
+
+    def replay_ms(self, results: list) -> list[float]:
+        return timing.replay_ms(results)
+
+
+def _remote_error(err: Exception) -> NimbleError:
+    """The message of an error raised in the RPC session (TVM puts it after its own header line)."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip() and "Error caught from RPC call" not in l]
+    return NimbleError(f"on the RPC server: {(lines[-1] if lines else repr(err))[:300]}")
+
+
+class RemoteGPU:
+    """Measure on a GPU of an RPC server registered with the tracker at ``tracker`` (HOST:PORT) under
+    ``key``; one session serves every measurement of the build."""
+
+    def __init__(self, tracker: str, key: str):
+        from .tuning.remote import parse_tracker, servers_under_key
+
+        self.host, self.port = parse_tracker(tracker)
+        servers_under_key(self.host, self.port, key)  # unreachable tracker, unknown key: one line now
+        self.key = key
+        self.where = f"the RPC server under key {key!r} at {tracker}"
+        self._session = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="nimble-rpc-")
+        self._uploads = 0
+
+    def _remote(self):
+        if self._session is None:
+            from tvm import rpc
+
+            self._session = rpc.connect_tracker(self.host, self.port).request(self.key,
+                                                                                session_timeout=SESSION_TIMEOUT_S)
+            try:
+                self._session.get_function("nimble.rpc.gpu_arch")
+            except Exception:
+                raise NimbleError(f"{self.where} does not offer Nimble's timing functions: start it with "
+                                  f"`tvm-nimble rpc-server` (not TVM's plain rpc_server)") from None
+        return self._session
+
+    def _call(self, name: str, *args):
+        try:
+            return self._remote().get_function(name)(*args)
+        except NimbleError:
+            raise
+        except Exception as err:
+            raise _remote_error(err) from None
+
+    def _upload(self, result) -> str:
+        """Export ``result`` as an artifact, upload it as a tar file; its name in the session."""
+        self._uploads += 1
+        name = f"plan{self._uploads}"
+        local = os.path.join(self._tmp.name, name)
+        result.export(os.path.join(local, "model.nimble"))
+        with tarfile.open(local + ".tar", "w") as tar:
+            tar.add(os.path.join(local, "model.nimble"), arcname="model.nimble")
+        self._remote().upload(local + ".tar", target=name + ".tar")
+        return name + ".tar"
+
+    def arch(self) -> str | None:
+        return str(self._call("nimble.rpc.gpu_arch")) or None
+
+    def launch_ms(self, result, reps: int) -> list[float]:
+        return json.loads(self._call("nimble.rpc.launch_ms", self._upload(result), reps))
+
+    def replay_ms(self, results: list) -> list[float]:
+        names = "\n".join(self._upload(r) for r in results)
+        return json.loads(self._call("nimble.rpc.replay_ms", names, 5, 40))
+
+    def close(self) -> None:
+        self._session = None
+        self._tmp.cleanup()
+
+
+def timer_for(rpc_tracker: str | None, rpc_key: str | None):
+    """:class:`RemoteGPU` when a tracker is given (with its key), else :class:`LocalGPU`."""
+    if rpc_tracker is None and rpc_key is None:
+        return LocalGPU()
+    if not rpc_tracker or not rpc_key:
+        raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
+                          "its servers registered under (--rpc-tracker and --rpc-key)")
+    return RemoteGPU(rpc_tracker, rpc_key)

@@ -1,0 +1,72 @@
+"""Timing built plans where they run: what the kernel choice, the stream choice and ``explain --profile``
+measure with (CUDA-graph replays, interleaved so that drift hits all alike), on this machine or, through
+:mod:`.rpc_session`, on an RPC server's GPU. Runtime only: it takes built or loaded modules."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tvm_nimble.errors import NimbleError
+
+
+def set_random_inputs(ex, plan, seed: int = 0):
+    """Standard-normal inputs of the plan's shapes and dtypes, seeded."""
+    rng = np.random.default_rng(seed)
+    for i, tid in enumerate(plan.inputs):
+        t = plan.tensors[tid]
+        ex.set_input(i, rng.standard_normal(t.shape).astype(t.dtype))
+
+
+def _executor(module):
+    """CUDA-graph executor on the GPU for a CUDA plan, the sequential one on the CPU otherwise."""
+    from .executor import NimbleExecutor
+
+    return NimbleExecutor(module, mode="cuda-graph" if module.plan.target.get("kind") == "cuda" else None)
+
+
+def replay_ms(modules: list, rounds: int = 5, iters: int = 40) -> list[float]:
+    """Median ms of one run (launch to synchronize; a CUDA-graph replay on a GPU) of each module, interleaved."""
+    executors = [_executor(m) for m in modules]
+    try:
+        samples: list[list[float]] = [[] for _ in modules]
+        for ex, m in zip(executors, modules):
+            set_random_inputs(ex, m.plan)
+            for _ in range(10):
+                ex.run()
+            ex.sync()
+        for _ in range(rounds):
+            for ex, s in zip(executors, samples):
+                for _ in range(iters):
+                    t0 = time.perf_counter()
+                    ex.run()
+                    ex.sync()
+                    s.append((time.perf_counter() - t0) * 1e3)
+        return [float(np.median(s)) for s in samples]
+    finally:
+        for ex in executors:
+            ex.close()
+
+
+def _profiles(module, reps: int) -> list[list[tuple]]:
+    if module.plan.target.get("kind") != "cuda":
+        raise NimbleError("per-launch timing brackets kernels with CUDA events: it needs a CUDA build on a GPU")
+    with _executor(module) as ex:
+        set_random_inputs(ex, module.plan)
+        ex.run()
+        ex.sync()
+        return [ex.profile(graph=True) for _ in range(reps)]
+
+
+def launch_ms(module, reps: int = 15) -> list[float]:
+    """Median ms of every launch of ``module``'s plan, each bracketed by events inside one CUDA graph."""
+    runs = _profiles(module, reps)
+    return [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(module.plan.launches))]
+
+
+def timeline(module, reps: int = 5) -> list[tuple[int, float, float]]:
+    """(stream, start ms, end ms) per launch of ``module``'s plan, from the replay with the median end
+    of ``reps`` replays with every launch bracketed by events (one CUDA graph, so overlap is real)."""
+    runs = _profiles(module, reps)
+    runs.sort(key=lambda rows: max(r[4] for r in rows))
+    return [(r[1], r[3], r[4]) for r in runs[len(runs) // 2]]

@@ -18,6 +18,7 @@ Runtime only: the artifacts load with the TVM runtime, the vendor extension incl
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import multiprocessing
@@ -87,10 +88,18 @@ def install() -> None:
         _original["serve"] = server._serve_loop
     server._serve_loop = _session_loop
     register_session_functions(".")  # a session forked from this process inherits them
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        # Sessions fork from a server process that has imported TVM once, instead of each spawning a
-        # fresh Python that imports it again: tvm_ffi imports PyTorch when installed, 10.5 s per session on
-        # the H100 image (1.9 s without), paid by every tuning trial. That process never touches CUDA
-        # (TVM's CUDA runtime is loaded in each session), so a forked session initializes it cleanly.
+    if not _nvidia_driver() and "forkserver" in multiprocessing.get_all_start_methods():
+        # Sessions fork from a process that imported TVM once instead of each spawning a fresh Python that
+        # imports it again (tvm_ffi imports PyTorch when installed: 2 s per session on a 2-core CPU, 16
+        # CPU trials through one server 53.7 s -> 26.9 s). Only without a GPU: on the H100 a session
+        # forked so failed every CUDA measurement (cudaErrorInitializationError), so GPU servers spawn.
         multiprocessing.set_start_method("forkserver", force=True)
         multiprocessing.set_forkserver_preload([__name__, "tvm.rpc.server"])
+
+
+def _nvidia_driver() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True

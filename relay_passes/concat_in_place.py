@@ -19,7 +19,8 @@ not an input, a constant, an output or a slice of another concat), each slice st
 :data:`SLICE_ALIGN` boundary (TVM advances the data pointer only then), and no input is read after
 the concat's output is dead (so TVM's own memory planner, which does not see the aliasing, never
 reuses the output's storage while a slice is alive, when the Relax VM runs the function). Nested
-concats (inception_v3's) compose: an inner concat's output becomes a slice of the outer one.
+concats (inception_v3's) compose: an inner concat's output becomes a slice of the outer one. Where
+each input goes is read off the concat kernel (:mod:`.concat_kernel`), not from its parameter order.
 """
 from __future__ import annotations
 

@@ -131,6 +131,10 @@ def lasting_builder(timeout_sec: float):
 
         def build(self, build_inputs):
             if self.pool is None:
+                # a worker imports TVM, whose tvm_ffi imports PyTorch and probes torch.cuda.is_available(),
+                # initializing CUDA (seconds per worker on a GPU machine); builders need neither
+                os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
+                os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
                 self.pool = PopenPoolExecutor(max_workers=os.cpu_count() or 1, timeout=timeout_sec)
             self.batches += 1
             results = []

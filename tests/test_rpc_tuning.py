@@ -5,7 +5,6 @@ resume across runs, killing one server mid-run must cost at most its in-flight t
 tracker or key must be one line from the CLI.
 """
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import time
 import pytest
 
 from tvm_nimble import zoo
-from tvm_nimble.compiler.tuning.remote import free_port, loopback_fleet
+from tvm_nimble.compiler.tuning.remote import free_port, kill_group, loopback_fleet
 from tvm_nimble.compiler.tuning.tune import tune
 
 pytest.importorskip("tornado")  # TVM's tracker needs it; `make test` installs it
@@ -59,7 +58,7 @@ def test_killing_a_server_mid_run_loses_only_its_trials(fleet, tmp_path):
     def kill_after_first_measurement():
         while _loads(victim_log) == 0:
             time.sleep(0.02)
-        os.kill(victim.pid, signal.SIGKILL)
+        kill_group(victim)  # the server and the process it serves from
         killed_at.append(_loads(survivor_log))
 
     threading.Thread(target=kill_after_first_measurement, daemon=True).start()

@@ -18,7 +18,6 @@ Runtime only: the artifacts load with the TVM runtime, the vendor extension incl
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import multiprocessing
@@ -88,18 +87,15 @@ def install() -> None:
         _original["serve"] = server._serve_loop
     server._serve_loop = _session_loop
     register_session_functions(".")  # a session forked from this process inherits them
-    if not _nvidia_driver() and "forkserver" in multiprocessing.get_all_start_methods():
-        # Sessions fork from a process that imported TVM once instead of each spawning a fresh Python that
-        # imports it again (tvm_ffi imports PyTorch when installed: 2 s per session on a 2-core CPU, 16
-        # CPU trials through one server 53.7 s -> 26.9 s). Only without a GPU: on the H100 a session
-        # forked so failed every CUDA measurement (cudaErrorInitializationError), so GPU servers spawn.
+    # Every session process imports TVM, and tvm_ffi imports PyTorch and asks torch.cuda.is_available(),
+    # which initializes CUDA (10.5 s per session on the H100 image) and leaves a process that cannot fork
+    # a CUDA-capable child. Sessions need neither: skip that probe (TVM-FFI's switch) and let PyTorch
+    # answer from NVML should anything ask.
+    os.environ["TVM_FFI_DISABLE_TORCH_C_DLPACK"] = "1"
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        # sessions fork from one process that imported TVM once (it never touches CUDA; each session loads
+        # TVM's CUDA runtime itself) instead of each spawning a fresh Python that imports it again
         multiprocessing.set_start_method("forkserver", force=True)
         multiprocessing.set_forkserver_preload([__name__, "tvm.rpc.server"])
 
-
-def _nvidia_driver() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,14 +85,25 @@ def _wait(ready, what: str, seconds: float) -> None:
         time.sleep(0.2)
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` and every process it started (an RPC server serves from a child process, which
+    starts the sessions): each fleet process leads a process group of its own."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 @contextlib.contextmanager
 def loopback_fleet(n_servers: int, key: str, log_dir: str, timeout: float = 60):
     """A tracker and ``n_servers`` RPC servers on 127.0.0.1 (TVM's tracker, ``tvm-nimble rpc-server``), for tests
     and for measuring tuning throughput on one machine. Yields (``HOST:PORT``, [(server process, its
-    log path)]); every process is killed on exit. The tracker needs the tornado package."""
+    log path)]); every process is killed on exit (:func:`kill_group`). The tracker needs the tornado package."""
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                               "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                               "--port-end", str(port + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)]
     servers = []
     try:
         _wait(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() is None,
@@ -101,12 +113,12 @@ def loopback_fleet(n_servers: int, key: str, log_dir: str, timeout: float = 60):
             with open(log, "w") as f:
                 procs.append(subprocess.Popen([sys.executable, "-m", "tvm_nimble.cli", "rpc-server", "--tracker",
                                                f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1", "--port",
-                                               str(sp), "--port-end", str(sp + 1)], stdout=subprocess.DEVNULL, stderr=f))
+                                               str(sp), "--port-end", str(sp + 1)], stdout=subprocess.DEVNULL, stderr=f,
+                                              start_new_session=True))
             servers.append((procs[-1], log))
         _wait(lambda: servers_under_key("127.0.0.1", port, key) == n_servers,
               f"{n_servers} RPC server(s) did not register", timeout)
         yield f"127.0.0.1:{port}", servers
     finally:
         for p in procs:
-            p.kill()
-            p.wait()
+            kill_group(p)

@@ -9,11 +9,12 @@ Writes DIR/concat_in_place.json and prints a table (``concat`` lines).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 import numpy as np
+
+import gpu_args  # the shared command line, beside this script in scripts/
 
 
 def _outputs(result, x, device, mode: str):
@@ -37,24 +38,15 @@ def _table_line(r: dict) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tv:googlenet")
-    ap.add_argument("--batch", default="1")
-    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
-    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    args, target = gpu_args.parse(__doc__, argv, "tv:googlenet", batches_and_kernels=True)
     import tvm
 
     from tvm_nimble.bench.harness import rel_l2, torch_reference
     from tvm_nimble.cli.tune import _load
     from tvm_nimble.compiler.build import build, schedule
-    from tvm_nimble.runtime.timing import replay_ms
     from tvm_nimble.compiler.stream_choice import rescheduled
-    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.runtime.timing import replay_ms
 
-    os.makedirs(args.out, exist_ok=True)
-    target = resolve_target(args.target)
     gpu = target.kind.name == "cuda"
     device = tvm.cuda(0) if gpu else tvm.cpu(0)
     rows = []

@@ -11,32 +11,26 @@ kernel choice does not exist: both builds are plain, and only the path is exerci
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 
 KEY = "nimble-remote-best"
 
+import gpu_args  # the shared command line, beside this script in scripts/
+
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="zoo:incept6")
-    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6")
     import numpy as np
 
     from tvm_nimble import NimbleExecutor
     from tvm_nimble.cli.tune import _load
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.kernel_choice import from_info
-    from tvm_nimble.compiler.target import resolve_target
     from tvm_nimble.compiler.tuning.remote import loopback_fleet
     from tvm_nimble.runtime.timing import replay_ms
 
-    os.makedirs(args.out, exist_ok=True)
-    target = resolve_target(args.target)
     gpu = target.kind.name == "cuda"
     kernels = "best" if gpu else "tvm"
     rows = []

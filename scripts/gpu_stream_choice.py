@@ -8,26 +8,18 @@ auto (what the choice keeps) against the widest schedule and the one-stream grap
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
+import gpu_args  # the shared command line, beside this script in scripts/
+
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tv:googlenet")
-    ap.add_argument("--batch", default="1")
-    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
-    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    args, target = gpu_args.parse(__doc__, argv, "tv:googlenet", batches_and_kernels=True)
     from tvm_nimble.cli.tune import _load
     from tvm_nimble.compiler.build import build, schedule
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize
-    from tvm_nimble.compiler.target import resolve_target
 
-    os.makedirs(args.out, exist_ok=True)
-    target = resolve_target(args.target)
     rows = []
     for spec in args.models.split(","):
         for batch in [int(b) for b in args.batch.split(",")]:

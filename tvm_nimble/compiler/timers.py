@@ -55,6 +55,7 @@ class RemoteGPU:
         self.key = key
         self.where = f"the RPC server under key {key!r} at {tracker}"
         self._session = None
+        self._arch: str | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="nimble-rpc-")
         self._uploads = 0
 
@@ -91,7 +92,10 @@ class RemoteGPU:
         return name + ".tar"
 
     def arch(self) -> str | None:
-        return str(self._call("nimble.rpc.gpu_arch")) or None
+        """The session's GPU, asked once (a build checks it before the kernel choice and the stream cap)."""
+        if self._arch is None:
+            self._arch = str(self._call("nimble.rpc.gpu_arch"))
+        return self._arch or None
 
     def launch_ms(self, result, reps: int) -> list[float]:
         return json.loads(self._call("nimble.rpc.launch_ms", self._upload(result), reps))

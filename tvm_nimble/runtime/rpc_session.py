@@ -86,7 +86,6 @@ def install() -> None:
     if "serve" not in _original:
         _original["serve"] = server._serve_loop
     server._serve_loop = _session_loop
-    register_session_functions(".")  # a session forked from this process inherits them
     # Every session process imports TVM, and tvm_ffi imports PyTorch and asks torch.cuda.is_available(),
     # which initializes CUDA (10.5 s per session on the H100 image) and leaves a process that cannot fork
     # a CUDA-capable child. Sessions need neither: skip that probe (TVM-FFI's switch) and let PyTorch

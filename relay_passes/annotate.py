@@ -48,13 +48,15 @@ def _is_kernel_call(value, prim_names: set[str]) -> bool:
 
 
 def annotate_function(mod: tvm.IRModule, func_name: str = "main", max_streams: int | None = None,
-                      program=None):
+                      program=None, costs=None):
     """Return (annotated function, assignment) for ``mod[func_name]``; ``program`` is that function
-    already read with ``read_lowered_function``, when the caller has it."""
+    already read with ``read_lowered_function``, when the caller has it. ``costs`` (one per kernel of
+    ``program``, e.g. measured times) make a stream cap cost-aware (see ``assign_streams``)."""
     program = program if program is not None else read_lowered_function(mod, func_name)
     if any(k.stream is not None for k in program.kernels):
         raise ValueError(f"function '{func_name}' is already stream-annotated")
-    assignment = assign_streams(len(program.kernels), program.dependency_edges(), max_streams=max_streams)
+    assignment = assign_streams(len(program.kernels), program.dependency_edges(), max_streams=max_streams,
+                                costs=costs)
     record, waits = events_for(assignment)
     prim_names = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
 

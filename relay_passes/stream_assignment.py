@@ -25,7 +25,9 @@ most |E(G')| - |M| syncs, e.g. G' = {0,1}->4->{6,9}, {2,3}->5->{7,8}, 2->9, 3->9
 |E'| = 10, |M| = 5, every 4-stream assignment needs 6 syncs); then the width wins.
 
 An optional ``max_streams`` cap merges streams (losing the least concurrency first); each
-stream then runs its operators in one global topological order, and syncs are recomputed.
+stream then runs its operators in one global topological order, and syncs are recomputed. With
+per-node costs the cap merges the streams whose merge lengthens a list schedule the least, and
+the order is that schedule's (least critical-path slack first).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+
+from .cost_schedule import cost_capped, makespan
 
 Edge = tuple[int, int]
 
@@ -291,6 +295,21 @@ def _cap_streams(streams: list[list[int]], cap: int, closure: np.ndarray) -> lis
     return [merged[s] for s in range(k) if alive[s]]
 
 
+def _cheaper_cap(order, edges, by_count, by_cost, cost_order, costs):
+    """(streams, order): the cost-aware cap, unless the count-based one (in ``order``) has the shorter
+    dependency-only makespan; the greedy merge is a heuristic, this keeps it from ever losing."""
+    def stream_of(streams):
+        out = [0] * len(order)
+        for s, nodes in enumerate(streams):
+            for v in nodes:
+                out[v] = s
+        return out
+
+    if makespan(order, edges, stream_of(by_count), costs) < makespan(cost_order, edges, stream_of(by_cost), costs):
+        return by_count, order
+    return by_cost, cost_order
+
+
 def _number_streams(streams: list[list[int]], position: list[int], num_nodes: int) -> list[int]:
     """Stream ids by first topological position, so stream 0 holds the first node of ``order``."""
     streams = sorted(streams, key=lambda s: min(position[v] for v in s))
@@ -339,9 +358,14 @@ def nimble_chains(num_nodes: int, matching: dict[int, int], closure: np.ndarray)
     return _merge_ordered_paths(_chains_from_successors(num_nodes, matching), closure)
 
 
-def assign_streams(num_nodes: int, edges, max_streams: int | None = None) -> StreamAssignment:
-    """Assign each node of the DAG to a stream and compute the synchronizations (see module doc)."""
+def assign_streams(num_nodes: int, edges, max_streams: int | None = None, costs=None) -> StreamAssignment:
+    """Assign each node of the DAG to a stream and compute the synchronizations (see module doc).
+
+    ``costs`` (one per node, e.g. measured kernel times) make a cap cost-aware: streams are merged
+    and ordered by a list schedule of those costs (:mod:`.cost_schedule`)."""
     edges = _validate(num_nodes, edges, max_streams)
+    if costs is not None and len(costs) != num_nodes:
+        raise ValueError(f"{len(costs)} costs for {num_nodes} nodes")
     if num_nodes == 0:
         return StreamAssignment([], [], [], 0, [], 0)
     order = topological_order(num_nodes, edges)
@@ -356,7 +380,15 @@ def assign_streams(num_nodes: int, edges, max_streams: int | None = None) -> Str
     if _has_augmenting_path(streams, reach):
         streams = _min_chain_cover(num_nodes, closure, reduced)
     if max_streams is not None and len(streams) > max_streams:
-        streams = _cap_streams(streams, max_streams, closure)
+        by_count = _cap_streams(streams, max_streams, closure)
+        if costs is None:
+            streams = by_count
+        else:
+            streams, order = _cheaper_cap(order, edges, by_count, *cost_capped(order, edges, streams, max_streams, costs),
+                                          costs)
+            position = [0] * num_nodes
+            for i, v in enumerate(order):
+                position[v] = i
     stream_of = _number_streams(streams, position, num_nodes)
     syncs = minimal_syncs(order, stream_of, reduced)
     return StreamAssignment(stream_of, syncs, order, len(streams), reduced, len(matching))

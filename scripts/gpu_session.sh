@@ -18,6 +18,8 @@
 #                                 servers on the loopback; needs tornado: carry .device-extra, see below)
 #   remotebest SECONDS ARGS...   scripts/gpu_remote_best.py ARGS --out $WORK/remotebest (kernels='best' and
 #                                 max_streams='auto' timed through a loopback RPC tracker against timed here)
+#   maxconn SECONDS ARGS...       scripts/gpu_max_connections.py ARGS --out $WORK/maxconn (the widest schedule and
+#                                 one stream timed in fresh processes per CUDA_DEVICE_MAX_CONNECTIONS setting)
 #   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
 #   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
@@ -75,6 +77,8 @@ for spec in "$@"; do
             step "${a[1]}" "$PYTHON" scripts/gpu_concat_in_place.py "${a[@]:2}" --out "$WORK/concat" ;;
         rpctune)
             step "${a[1]}" "$PYTHON" scripts/gpu_rpc_tune.py "${a[@]:2}" --out "$WORK/rpc" ;;
+        maxconn)
+            step "${a[1]}" "$PYTHON" scripts/gpu_max_connections.py "${a[@]:2}" --out "$WORK/maxconn" ;;
         remotebest)
             step "${a[1]}" "$PYTHON" scripts/gpu_remote_best.py "${a[@]:2}" --out "$WORK/remotebest" ;;
         pool)

@@ -73,6 +73,18 @@ def test_stream_choice_script_on_cpu(tmp_path):
     assert "nothing measured" in out
 
 
+def test_max_connections_script_on_cpu(tmp_path):
+    """The GPU session's maxconn step, dry-run on llvm: one build, both artifacts exported and timed in a
+    fresh process per setting (the setting means nothing on a CPU; the plumbing is what is checked)."""
+    out = script("gpu_max_connections.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+                 "--connections", "8,32", "--out", str(tmp_path / "maxconn"), cwd=tmp_path)
+    row, = json.load(open(tmp_path / "maxconn" / "max_connections.json"))
+    assert row["model"] == "incept6" and row["streams"] > 1 and set(row["by_connections"]) == {"8", "32"}
+    for v in row["by_connections"].values():
+        assert len(v["rounds"]) == 3 and v["multi_ms"] > 0 and v["single_ms"] > 0
+    assert "multi@32" in out
+
+
 def test_concat_in_place_script_on_cpu(tmp_path):
     """The GPU session's concat step, dry-run on llvm: both builds, outputs checked against each other."""
     out = script("gpu_concat_in_place.py", "--models", "zoo:inception", "--target", "llvm",

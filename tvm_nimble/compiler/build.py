@@ -54,12 +54,13 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
 
 
 def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
-             reuse: str = "concurrent"):
-    """Stream assignment, annotation and the launch plan of a lowered module.
+             reuse: str = "concurrent", costs=None):
+    """Stream assignment, annotation and the launch plan of a lowered module; ``costs`` (one per kernel
+    of the lowered program) make a stream cap cost-aware.
 
     Returns (annotated module, program, assignment, plan, params)."""
     program = read_lowered_function(lowered)
-    func, assignment = annotate_function(lowered, max_streams=max_streams, program=program)
+    func, assignment = annotate_function(lowered, max_streams=max_streams, program=program, costs=costs)
     annotated = lowered.clone()
     annotated["main"] = func
     plan, params = build_plan(annotated, target_dict(target), reuse=reuse)

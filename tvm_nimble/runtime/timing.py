@@ -25,16 +25,29 @@ def _executor(module):
     return NimbleExecutor(module, mode="cuda-graph" if module.plan.target.get("kind") == "cuda" else None)
 
 
+#: a round of one module runs about this long at most (fewer iterations for slow runs, at least MIN_ITERS)
+ROUND_MS = 200.0
+MIN_ITERS = 5
+
+
 def replay_ms(modules: list, rounds: int = 5, iters: int = 40) -> list[float]:
-    """Median ms of one run (launch to synchronize; a CUDA-graph replay on a GPU) of each module, interleaved."""
+    """Median ms of one run (launch to synchronize; a CUDA-graph replay on a GPU) of each module, interleaved.
+    A round runs ``iters`` times each, fewer (not under ``MIN_ITERS``) where that would take over
+    ``ROUND_MS``: a large batch must not turn a stream choice into minutes of replays."""
     executors = [_executor(m) for m in modules]
     try:
         samples: list[list[float]] = [[] for _ in modules]
+        warm_ms = []
         for ex, m in zip(executors, modules):
             set_random_inputs(ex, m.plan)
+            ex.run()
+            ex.sync()
+            t0 = time.perf_counter()
             for _ in range(10):
                 ex.run()
             ex.sync()
+            warm_ms.append((time.perf_counter() - t0) * 1e2)
+        iters = max(MIN_ITERS, min(iters, int(ROUND_MS / max(max(warm_ms), 1e-6))))
         for _ in range(rounds):
             for ex, s in zip(executors, samples):
                 for _ in range(iters):

@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 import gpu_args  # the shared command line, beside this script in scripts/
 
@@ -54,7 +55,7 @@ def main(argv=None):
             name, model = _load(spec, batch=batch)
             widest = build(model, target, max_streams=None, kernels=args.kernels)
             single = rescheduled(widest, schedule, 1)
-            art = os.path.join(args.out, "artifacts", f"{name}-b{batch}")
+            art = tempfile.mkdtemp(prefix=f"{name}-b{batch}-")  # not under --out: large, and rebuilt at will
             paths = [b.export(os.path.join(art, kind, "model.nimble")) for kind, b in (("multi", widest), ("single", single))]
             samples: dict[int, list[list[float]]] = {c: [] for c in settings}
             for _ in range(ROUNDS):

@@ -384,8 +384,8 @@ def assign_streams(num_nodes: int, edges, max_streams: int | None = None, costs=
         if costs is None:
             streams = by_count
         else:
-            streams, order = _cheaper_cap(order, edges, by_count, *cost_capped(order, edges, streams, max_streams, costs),
-                                          costs)
+            by_cost, cost_order = cost_capped(order, edges, streams, max_streams, costs, closure)
+            streams, order = _cheaper_cap(order, edges, by_count, by_cost, cost_order, costs)
             position = [0] * num_nodes
             for i, v in enumerate(order):
                 position[v] = i

@@ -122,6 +122,23 @@ def test_on_random_dags_the_cost_aware_cap_is_closer_to_the_best_schedule():
     assert aware_gap.mean() < plain_gap.mean() - 0.05
 
 
+@pytest.mark.parametrize("cap", [3, 4])
+def test_a_wide_fork_join_reaches_its_longest_branch(cap):
+    """Sixteen branches (two of 10, fourteen of 0.5) between a fork and a join: with 3 or 4 streams the
+    best schedule takes as long as one long branch (the short ones share streams). 120 stream pairs:
+    more than the list schedule scores per merge, so the overlap ranking is exercised too."""
+    from tvm_nimble.relay_passes.cost_schedule import PAIRS_TRIED
+
+    n, edges = 18, [(0, b) for b in range(1, 17)] + [(b, 17) for b in range(1, 17)]
+    costs = [0] + [10, 10] + [0.5] * 14 + [0]
+    assert 16 * 15 // 2 > PAIRS_TRIED
+    a = assign_streams(n, edges, max_streams=cap, costs=costs)
+    check_order(n, edges, a)
+    check_sync_properties(n, edges, a)
+    assert finish_time(n, edges, a.stream_of, a.order, costs) == 10
+    assert schedule_time(n, edges, costs, cap, cost_aware=False) > 10
+
+
 def test_costs_are_checked():
     with pytest.raises(ValueError, match="2 costs for 3 nodes"):
         assign_streams(3, [(0, 1)], max_streams=1, costs=[1, 2])

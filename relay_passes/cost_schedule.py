@@ -8,8 +8,9 @@ list schedule of the operator costs (measured kernel times): whenever a stream i
 among its operators whose inputs are done, the one with the least critical-path slack (the longest
 path through the whole graph minus the longest path through the operator), then the one with the
 longest path to the end. Merges are greedy: each time, the pair of streams whose merge lengthens
-that schedule the least (among the pairs that lose the least overlap time, when there are many). The schedule has no GPU model (no contention between streams): it ranks
-orders and merges; whether a cap pays on a GPU is measured (``max_streams="auto"``).
+that schedule the least (among the pairs that lose the least overlap time, when there are many).
+The schedule has no GPU model (no contention between streams): it ranks orders and merges; whether
+a cap pays on a GPU is measured (``max_streams="auto"``).
 """
 from __future__ import annotations
 

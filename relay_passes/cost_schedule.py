@@ -19,6 +19,15 @@ import heapq
 import numpy as np
 
 
+def stream_index(streams: list[list[int]], num_nodes: int) -> list[int]:
+    """Per operator, the index in ``streams`` of the stream that holds it."""
+    stream_of = [0] * num_nodes
+    for s, nodes in enumerate(streams):
+        for v in nodes:
+            stream_of[v] = s
+    return stream_of
+
+
 def path_levels(order: list[int], edges, costs) -> tuple[list[float], list[float]]:
     """(earliest start, longest path from the operator to the end including itself) per operator;
     ``order`` is a topological order of the DAG ``edges``."""
@@ -121,10 +130,7 @@ def cost_capped(order: list[int], edges, streams: list[list[int]], cap: int, cos
     if any(c < 0 for c in costs):
         raise ValueError("operator costs must be >= 0")
     priority = slack_priority(order, edges, costs)
-    stream_of = [0] * n
-    for s, nodes in enumerate(streams):
-        for v in nodes:
-            stream_of[v] = s
+    stream_of = stream_index(streams, n)
     lost = _overlap_lost(streams, closure, costs)
     merged = [list(s) for s in streams]
     alive = list(range(len(streams)))

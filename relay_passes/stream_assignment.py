@@ -38,7 +38,7 @@ import networkx as nx
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from .cost_schedule import cost_capped, makespan
+from .cost_schedule import cost_capped, makespan, stream_index
 
 Edge = tuple[int, int]
 
@@ -298,26 +298,17 @@ def _cap_streams(streams: list[list[int]], cap: int, closure: np.ndarray) -> lis
 def _cheaper_cap(order, edges, by_count, by_cost, cost_order, costs):
     """(streams, order): the cost-aware cap, unless the count-based one (in ``order``) has the shorter
     dependency-only makespan; the greedy merge is a heuristic, this keeps it from ever losing."""
-    def stream_of(streams):
-        out = [0] * len(order)
-        for s, nodes in enumerate(streams):
-            for v in nodes:
-                out[v] = s
-        return out
-
-    if makespan(order, edges, stream_of(by_count), costs) < makespan(cost_order, edges, stream_of(by_cost), costs):
+    n = len(order)
+    count_time = makespan(order, edges, stream_index(by_count, n), costs)
+    if count_time < makespan(cost_order, edges, stream_index(by_cost, n), costs):
         return by_count, order
     return by_cost, cost_order
 
 
-def _number_streams(streams: list[list[int]], position: list[int], num_nodes: int) -> list[int]:
-    """Stream ids by first topological position, so stream 0 holds the first node of ``order``."""
-    streams = sorted(streams, key=lambda s: min(position[v] for v in s))
-    stream_of = [0] * num_nodes
-    for sid, nodes in enumerate(streams):
-        for v in nodes:
-            stream_of[v] = sid
-    return stream_of
+def _number_streams(streams: list[list[int]], order: list[int]) -> list[int]:
+    """Stream ids by first position in ``order``, so stream 0 holds the first node of ``order``."""
+    position = {v: i for i, v in enumerate(order)}
+    return stream_index(sorted(streams, key=lambda s: min(position[v] for v in s)), len(order))
 
 
 def minimal_syncs(order: list[int], stream_of: list[int], reduced_edges) -> list[Edge]:
@@ -369,9 +360,6 @@ def assign_streams(num_nodes: int, edges, max_streams: int | None = None, costs=
     if num_nodes == 0:
         return StreamAssignment([], [], [], 0, [], 0)
     order = topological_order(num_nodes, edges)
-    position = [0] * num_nodes
-    for i, v in enumerate(order):
-        position[v] = i
     reach = reachability(num_nodes, edges, order)
     closure = reach_matrix(num_nodes, reach)
     reduced = transitive_reduction(num_nodes, edges, reach)
@@ -386,9 +374,6 @@ def assign_streams(num_nodes: int, edges, max_streams: int | None = None, costs=
         else:
             by_cost, cost_order = cost_capped(order, edges, streams, max_streams, costs, closure)
             streams, order = _cheaper_cap(order, edges, by_count, by_cost, cost_order, costs)
-            position = [0] * num_nodes
-            for i, v in enumerate(order):
-                position[v] = i
-    stream_of = _number_streams(streams, position, num_nodes)
+    stream_of = _number_streams(streams, order)
     syncs = minimal_syncs(order, stream_of, reduced)
     return StreamAssignment(stream_of, syncs, order, len(streams), reduced, len(matching))

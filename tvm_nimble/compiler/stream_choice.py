@@ -8,12 +8,13 @@ library. A cap below the widest is built twice: merging the streams that lose th
 and running them in program order, and cost-aware (``relay_passes/cost_schedule.py``: merges and
 each stream's order chosen by a list schedule of the kernels' one-stream times measured here, least
 critical-path slack first). Every plan is replayed as a CUDA graph side by side with the others,
-and the fastest is kept. The one-stream plan wins unless another beats it by more than ``MIN_GAIN``. The chosen
-multi-stream plan is then tried with CUDA stream priorities: the streams that carry the critical
-path (one-stream kernel durations measured here along the plan's dependencies) go first when
-streams compete for the GPU; the prioritized plan is kept only if it too wins by ``MIN_GAIN``. A memory budget
-drops every candidate whose concurrency-safe pool does not fit. Without a GPU of the target's arch
-here, the largest cap that fits the budget is kept (Nimble's schedule), with a one-line note.
+and the fastest is kept. The one-stream plan wins unless another beats it by more than
+``MIN_GAIN``. The chosen multi-stream plan is then tried with CUDA stream priorities: the streams
+that carry the critical path (the same one-stream kernel times, along the plan's dependencies) go
+first when streams compete for the GPU; the prioritized plan is kept only if it too wins by
+``MIN_GAIN``. A memory budget drops every candidate whose concurrency-safe pool does not fit.
+Without a GPU of the target's arch here, the largest cap that fits the budget is kept (Nimble's
+schedule), with a one-line note.
 """
 from __future__ import annotations
 

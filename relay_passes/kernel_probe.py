@@ -61,11 +61,12 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
     return params, views
 
 
-def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = False) -> Probe | None:
-    """The probe of ``mod[func_name]``, or None when nothing in it can be offloaded (``allow_tf32`` as the
-    offload will use it: it is part of the signatures)."""
+def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = False,
+                providers=None) -> Probe | None:
+    """The probe of ``mod[func_name]`` for the chains ``providers`` (default: all registered) would take,
+    or None when there are none (``allow_tf32`` as the offload will use it: it is part of the signatures)."""
     func = mod[func_name]
-    offloads = find_offloads(func, allow_tf32=allow_tf32)
+    offloads = find_offloads(func, allow_tf32=allow_tf32, providers=providers)
     if not offloads:
         return None
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}

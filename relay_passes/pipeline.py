@@ -1,20 +1,30 @@
-"""The Nimble lowering pipeline: TVM's own passes up to ``CallTIRRewrite``, then stream annotation.
+"""The one builder of TVM's pass lists, for Nimble's build, the stock-TVM baseline and tuning.
 
 We reuse TVM's per-target pipeline pieces (library dispatch, legalization + fusion, DLight
 default schedules on GPUs, dataflow lowering) so Nimble runs exactly the kernels stock TVM
 would. Memory planning is left to codegen: TVM's ``StaticPlanBlockMemory`` assumes one
 sequential order, which is unsafe once kernels run on several streams.
+
+- :func:`fusion_passes`: up to fused, unscheduled kernels (what tuning extracts its tasks from);
+- :func:`kernel_passes`: fused and scheduled kernels as explicit calls (``CallTIRRewrite``), with
+  concatenations built in place when asked: what Nimble schedules onto streams;
+- :func:`finalize_passes`: TVM's VM finalization (stock TVM's memory planning included);
+- :func:`run_passes`: a list applied under the target and the tuning database.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import tvm
 from tvm import relax
 
-from .annotate import AnnotateStreams
 from .concat_in_place import ConcatInPlace, FlattenConcats
 from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks, tolerant_default_schedule
+
+#: the pass that ends TVM's GPU legalization: DLight's default schedules (the CPU backend has none)
+DEFAULT_SCHEDULE = "ApplyDefaultSchedule"
+
 
 def _with_cheap_tvmscript_stacks(p: tvm.transform.Pass) -> tvm.transform.Pass:
     """``p`` run within :func:`cheap_tvmscript_stacks` until the tensor-core intrinsics are imported."""
@@ -42,25 +52,26 @@ def backend_for(target: tvm.target.Target):
     return backend
 
 
-def _split_legalize(target: tvm.target.Target) -> tuple[list, list]:
-    """(library dispatch + legalize + fuse, schedule) of TVM's backend pipeline for ``target``."""
+def _legalize(target: tvm.target.Target) -> tuple[list, list]:
+    """(library dispatch + legalize + fuse, default schedule) of TVM's backend pipeline for ``target``."""
     backend = backend_for(target)
     legalize = list(backend.legalize_passes(target))
-    # The GPU backends end legalization with DLight's default schedule; the CPU backend has none.
-    fuse, schedule = (legalize, []) if target.kind.name == "llvm" else (legalize[:-1], legalize[-1:])
-    schedule = [tolerant_default_schedule(p) for p in schedule]
+    schedule = [tolerant_default_schedule(p) for p in legalize if p.info.name == DEFAULT_SCHEDULE]
+    fuse = [p for p in legalize if p.info.name != DEFAULT_SCHEDULE]
     return list(backend.library_dispatch_passes(target)) + fuse, schedule
 
 
 def fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     """Passes that produce the fused, not yet scheduled kernels: what tuning extracts its tasks from."""
-    return _split_legalize(target)[0]
+    return _legalize(target)[0]
 
 
-def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.transform.Pass]:
-    """Passes that produce the kernels: legalize, fuse, schedule (tuned database or DLight)."""
-    backend = backend_for(target)
-    passes, schedule = _split_legalize(target)
+def kernel_passes(target: tvm.target.Target, tuning_database=None,
+                  concat_in_place: bool = False) -> list[tvm.transform.Pass]:
+    """Passes that produce the kernels: legalize, fuse, schedule (tuned database or DLight), lower the
+    dataflow to explicit calls; with ``concat_in_place``, nested concatenations are flattened first and
+    the kernels feeding a concatenation write into its slices (:mod:`.concat_in_place`)."""
+    passes, schedule = _legalize(target)
     if tuning_database is not None:
         # Tuned kernels replace the default schedule: apply the database right after fusion,
         # before DLight schedules the rest.
@@ -68,32 +79,20 @@ def kernel_passes(target: tvm.target.Target, tuning_database=None) -> list[tvm.t
             schedule.insert(0, relax.transform.MetaScheduleApplyDatabase(enable_warning=False))
     # Scheduling may tensorize fp16/int8 matmuls, which imports TVM's tensor-core intrinsics.
     passes += [_with_cheap_tvmscript_stacks(p) for p in schedule]
-    passes += list(backend.dataflow_lower_passes(target))
+    passes += list(backend_for(target).dataflow_lower_passes(target))
+    if concat_in_place:
+        passes = [FlattenConcats()] + passes + [ConcatInPlace()]
     return passes
 
 
-def nimble_lowering(target: tvm.target.Target, max_streams: int | None = None,
-                    tuning_database=None) -> tvm.transform.Pass:
-    """Everything stage 1 does: TVM lowering to explicit kernel calls, concatenations built in place,
-    Nimble annotation."""
-    passes = [FlattenConcats()] + kernel_passes(target, tuning_database) + [ConcatInPlace(), AnnotateStreams(max_streams)]
-    seq = tvm.transform.Sequential(passes,
-                                   name="nimble.lowering")
-
-    @tvm.transform.module_pass(opt_level=0, name="nimble.Lower")
-    def _pass(mod, _ctx):
-        with target:
-            if tuning_database is not None:
-                with tuning_database:
-                    return seq(mod)
-            return seq(mod)
-
-    return _pass
+def finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """TVM's VM finalization for ``target``."""
+    return list(backend_for(target).finalize_passes(target))
 
 
-def lower_and_annotate(mod: tvm.IRModule, target, max_streams: int | None = None,
-                       tuning_database=None) -> tvm.IRModule:
-    """Convenience: run :func:`nimble_lowering` on ``mod`` for ``target`` (dict, str or Target)."""
-    if not isinstance(target, tvm.target.Target):
-        target = tvm.target.Target(target)
-    return nimble_lowering(target, max_streams, tuning_database)(mod)
+def run_passes(passes: list, mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None) -> tvm.IRModule:
+    """``passes`` applied to ``mod`` within ``target`` and ``tuning_database`` (MetaSchedule reads both
+    from the context)."""
+    # an empty Database is falsy: compare with None
+    with target, (tuning_database if tuning_database is not None else contextlib.nullcontext()):
+        return tvm.transform.Sequential(passes)(mod)

@@ -8,10 +8,15 @@ from tvm_nimble.compiler.target import resolve_target
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_STREAMS, AnnotateStreams
 from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
-from tvm_nimble.relay_passes.pipeline import backend_for, kernel_passes, lower_and_annotate
+from tvm_nimble.compiler.stages import lower
+from tvm_nimble.relay_passes.pipeline import backend_for, kernel_passes
 from tvm_nimble.relay_passes.stream_assignment import assign_streams
 
 LLVM = resolve_target("llvm")
+
+
+def lower_and_annotate(mod, target, max_streams=None):
+    return AnnotateStreams(max_streams)(lower(mod, target))
 
 
 def lowered(model):

@@ -150,15 +150,14 @@ def test_a_cost_aware_capped_model_matches_the_reference_in_every_order(nasnet_b
     """The cost-aware plan of a zoo net, with made-up kernel costs, on llvm: the same outputs as the
     ONNX reference evaluator (and they depend on the input), in 20 random interleavings of its streams."""
     from tvm_nimble import NimbleExecutor, zoo
-    from tvm_nimble.compiler.build import schedule
     from tvm_nimble.compiler.stream_choice import rescheduled
     from tvm_nimble.runtime.race_check import check_races
 
     b = nasnet_built
     rng = random.Random(0)
     costs = [rng.choice([1.0, 3.0, 10.0]) for _ in b.module.program.kernels]
-    plain = rescheduled(b.module, schedule, 3)
-    aware = rescheduled(b.module, schedule, 3, costs=costs)
+    plain = rescheduled(b.module, 3)
+    aware = rescheduled(b.module, 3, costs=costs)
     assert aware.plan.num_streams == 3 and aware.info["stream_order"] == "slack"
     assert [(l.kernel, l.stream) for l in aware.plan.launches] != [(l.kernel, l.stream) for l in plain.plan.launches]
     with NimbleExecutor(aware) as ex:

@@ -231,10 +231,11 @@ def test_zero_dim_constants_and_inputs():
 def test_float16_build_matches_the_reference_to_fp16_precision(inception_built):
     """The benchmark's fp16 table: TVM's ToMixedPrecision, then the same Nimble plan and executor."""
     from tvm_nimble import build
-    from tvm_nimble.bench.harness import with_precision
+    from tvm_nimble.compiler.stages import import_model
+    from tvm_nimble.relay_passes.precision import to_precision
 
     b = inception_built
-    mod16 = with_precision(b.model, "float16")
+    mod16 = to_precision(import_model(b.model), "float16")
     assert "float16" in mod16.script()
     with NimbleExecutor(build(mod16, "llvm")) as ex:
         out = ex(**b.inputs)[0].numpy()

@@ -43,7 +43,8 @@ _LOWER_FP16_MATMUL = textwrap.dedent("""
     import onnx
     from onnx import TensorProto, helper
     import tvm
-    from tvm_nimble.bench.harness import with_precision
+    from tvm_nimble.compiler.stages import import_model
+    from tvm_nimble.relay_passes.precision import to_precision
     from tvm_nimble.compiler.target import resolve_target
     from tvm_nimble.relay_passes.pipeline import kernel_passes
 
@@ -53,7 +54,7 @@ _LOWER_FP16_MATMUL = textwrap.dedent("""
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])],
         [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
-    mod = with_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "float16")
+    mod = to_precision(import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])), "float16")
     target = resolve_target({"kind": "cuda", "arch": "sm_90"})
 
     assert "tvm.s_tir.tensor_intrin" not in sys.modules
@@ -84,13 +85,14 @@ def test_fp16_cuda_lowering_imports_the_tensor_core_intrinsics_without_inspect_s
     assert "entry inspect restored: True" in out
 
 
-def test_with_precision_folds_the_weight_casts_once(inception_built):
+def test_to_precision_folds_the_weight_casts_once(inception_built):
     """ToMixedPrecision leaves a run-time cast of each fp32 weight, which each build's FoldConstant
-    folded again; with_precision folds them once, and the model computes exactly the same."""
+    folded again; to_precision folds them once, and the model computes exactly the same."""
     import tvm
     from tvm import relax
 
-    from tvm_nimble.bench.harness import with_precision
+    from tvm_nimble.compiler.stages import import_model
+    from tvm_nimble.relay_passes.precision import to_precision
     from tvm_nimble.compiler.target import resolve_target
     from tvm_nimble.compiler.frontend import from_onnx
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
@@ -103,8 +105,8 @@ def test_with_precision_folds_the_weight_casts_once(inception_built):
 
     b = inception_built
     raw = relax.transform.ToMixedPrecision(out_dtype="float16")(from_onnx(b.model))
-    assert constant_casts(raw)  # what with_precision folds
-    mod16 = with_precision(b.model, "float16")
+    assert constant_casts(raw)  # what to_precision folds
+    mod16 = to_precision(import_model(b.model), "float16")
     assert constant_casts(mod16) == []
 
     def run(mod):

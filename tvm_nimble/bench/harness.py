@@ -35,66 +35,39 @@ def device_name(use_gpu: bool) -> str:
     return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
 
 
-DTYPES = ("float32", "float16")
+def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool, nimble=None) -> list[System]:
+    """Stock TVM and Nimble systems, all from the same kernels (tuning database, providers' calls).
 
-
-def with_precision(model, dtype: str):
-    """The Relax module of ``model`` computing in ``dtype``; inputs and outputs stay float32.
-
-    float16 uses TVM's own ``ToMixedPrecision`` (every TVM and Nimble row then shares the same
-    fp16 kernels); PyTorch rows run the model in ``.half()`` for parity. ``ToMixedPrecision``
-    leaves a cast of every fp32 weight in the graph; they are folded into fp16 constants here,
-    once, instead of by the ``FoldConstant`` of each of the three builds (seconds each).
+    ``model`` is an ONNX model or a Relax IRModule (computed in ``options.precision``), or a
+    ``kernel_choice.Selection`` (precision and kernels chosen already); ``options`` the
+    :class:`~tvm_nimble.compiler.options.BuildOptions` of every TVM/Nimble system; ``nimble`` a NimbleModule already built from ``model`` with them (built here if None).
     """
-    import tvm
-    from tvm import relax
-
-    from tvm_nimble.compiler.frontend import from_onnx
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    mod = model if isinstance(model, tvm.IRModule) else from_onnx(model)
-    if dtype == "float32":
-        return mod
-    return relax.transform.FoldConstant()(relax.transform.ToMixedPrecision(out_dtype=dtype)(mod))
-
-
-def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, tuning_db=None,
-                nimble=None, kernels: str = "tvm") -> list[System]:
-    """Stock TVM and Nimble systems, all from the same kernels (tuning database, vendor offload).
-
-    ``model`` is an ONNX model or a Relax IRModule; ``nimble`` is a NimbleModule already built from ``model`` for ``target`` (built here if None).
-    """
-    from tvm_nimble.compiler.tuning.database import open_tuning_database
-    from tvm_nimble.compiler.build import build, offload
-    from tvm_nimble.runtime.executor import NimbleExecutor
-    from tvm_nimble.compiler.frontend import from_onnx
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.kernel_choice import Selection, select_kernels, summarize
+    from tvm_nimble.compiler.stages import apply_precision, import_model
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
+    from tvm_nimble.compiler.stream_choice import choose_streams, summarize as summarize_streams
+    from tvm_nimble.compiler.tuning.database import open_tuning_database
+    from tvm_nimble.runtime.executor import NimbleExecutor
 
-    import tvm
-
-    mod, timings, check = offload(model if isinstance(model, tvm.IRModule) else from_onnx(model), target, kernels,
-                                  tuning_db)
-    if timings:
-        from tvm_nimble.compiler.kernel_choice import summarize
-
-        print(f"[bench] {summarize(timings, check)}", flush=True)
-    db = open_tuning_database(tuning_db) if tuning_db else None
+    selection = (model if isinstance(model, Selection) else
+                 select_kernels(apply_precision(import_model(model), options), options))
+    if selection.timings:
+        print(f"[bench] {summarize(selection.timings, selection.check)}", flush=True)
+    target = options.target
+    db = open_tuning_database(options.tuning_db) if options.tuning_db else None
     systems = []
-    vm = StockVM(build_stock_vm(mod, target, tuning_database=db), device, inputs)
+    vm = StockVM(build_stock_vm(selection.mod, target, tuning_database=db), device, inputs)
     systems.append(System("tvm-vm", vm, vm.sync, vm.outputs))
     if use_gpu:
-        g = StockVM(build_stock_vm(mod, target, cuda_graph=True, tuning_database=db), device, inputs)
+        g = StockVM(build_stock_vm(selection.mod, target, cuda_graph=True, tuning_database=db), device, inputs)
         systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs))
-    # mod is offloaded already; Nimble's widest schedule, the one the paper's algorithm gives
-    nimble = nimble or build(mod, target, tuning_db=tuning_db, kernels="tvm", max_streams=None)
+    # Nimble's widest schedule, the one the paper's algorithm gives
+    nimble = nimble or build_with(selection, options.replace(max_streams=None))
     variants = [(NIMBLE_SYSTEMS[mode], nimble, mode) for mode in (GPU_MODES if use_gpu else ("sequential",))]
     if use_gpu and getattr(nimble, "lowered", None) is not None:
-        from tvm_nimble.compiler.build import schedule
-        from tvm_nimble.compiler.stream_choice import choose_streams, summarize
-
-        auto, record = choose_streams(nimble, schedule)  # the same kernels, the stream cap measured here
-        print(f"[bench] {summarize(record)}", flush=True)
+        auto, record = choose_streams(nimble)  # the same kernels, the stream cap measured here
+        print(f"[bench] {summarize_streams(record)}", flush=True)
         variants.append(("nimble-auto", auto, "cuda-graph"))
     for name, module, mode in variants:
         ex = NimbleExecutor(module, device, mode=mode)
@@ -109,7 +82,7 @@ def tvm_systems(model, target, device, inputs: list[np.ndarray], use_gpu: bool, 
     return systems
 
 
-def _torch_tf32_off():
+def torch_tf32_off():
     """fp32 means fp32 on every side: the TVM/Nimble kernels do not use TF32 either."""
     import torch
 
@@ -121,7 +94,7 @@ def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[lis
     """PyTorch's fp32 outputs (TF32 off) for each set of inputs: the reference every system is checked against."""
     import torch
 
-    _torch_tf32_off()
+    torch_tf32_off()
     model = torch_model.float().eval().cuda()
     outs = []
     with torch.no_grad():
@@ -141,7 +114,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32")
         return [], ["no PyTorch definition of this model (zoo models are ONNX): torch rows skipped"]
     if not torch.cuda.is_available():
         return [], ["PyTorch has no CUDA device here: torch rows skipped"]
-    _torch_tf32_off()
+    torch_tf32_off()
     model = torch_model.eval().cuda()
     xs = [torch.from_numpy(x).cuda() for x in inputs]
     if dtype == "float16":
@@ -306,6 +279,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.onnxruntime_peer import onnxruntime_systems
+    from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.target import default_kind, resolve_target
 
     t = resolve_target(target if target is not None else default_kind())
@@ -323,8 +297,9 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             model = builder(batch=batch)
             feeds = zoo.random_inputs(model, seed=0)
             inputs = list(feeds.values())
-            systems = tvm_systems(with_precision(model, dtype), t, dev, inputs, use_gpu, tuning_db,
-                                  kernels=kernels if kernels in ("vendor", "best") else "tvm")
+            options = BuildOptions.create(t, kernels=kernels if kernels in ("vendor", "best") else "tvm",
+                                          tuning_db=tuning_db, precision=dtype)
+            systems = tvm_systems(model, options, dev, inputs, use_gpu)
             key = (builder, batch, dtype)
             tm = (torch_models or {}).get(name)
             if baseline_cache is not None and key in baseline_cache:

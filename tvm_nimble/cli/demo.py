@@ -15,10 +15,11 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import check_agreement, interleaved_timing, tvm_systems
-    from tvm_nimble.compiler.build import build, offload, resolve_kernels
-    from tvm_nimble.compiler.kernel_choice import summarize as summarize_kernel_choice
-    from tvm_nimble.compiler.target import default_kind, resolve_target
+    from tvm_nimble.compiler.build import build_with
     from tvm_nimble.compiler.frontend import from_onnx, load_onnx_model
+    from tvm_nimble.compiler.kernel_choice import select_kernels, summarize as summarize_kernel_choice
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.compiler.target import default_kind, resolve_target
 
     tgt = resolve_target(target or default_kind(), arch)
     use_gpu = tgt.kind.name == "cuda"
@@ -32,18 +33,18 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     inputs = list(zoo.random_inputs(model, seed=0).values())
     print(f"model: {name}   target: {tgt.kind.name}{' ' + str(tgt.attrs['arch']) if use_gpu else ''}")
 
-    kernels = resolve_kernels("auto", tgt)  # the same kernels for Nimble and stock TVM
-    mod, timings, check = offload(from_onnx(model), tgt, kernels)
-    nimble = build(mod, tgt, kernels="tvm", max_streams=None)  # mod is offloaded already; Nimble's widest schedule
+    options = BuildOptions(tgt, max_streams=None)  # Nimble's widest schedule
+    selection = select_kernels(from_onnx(model), options)  # the same kernels for Nimble and stock TVM
+    nimble = build_with(selection, options)
     plan = nimble.plan
-    if kernels == "best":
-        print(summarize_kernel_choice(timings, check) + " (the same in every system)")
+    if selection.kernels == "best":
+        print(summarize_kernel_choice(selection.timings, selection.check) + " (the same in every system)")
     else:
-        print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if kernels == 'vendor' else 'TVM'} "
+        print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if selection.kernels == 'vendor' else 'TVM'} "
               "(the same in every system)")
     print(f"Nimble schedule: {len(plan.launches)} kernels on {plan.num_streams} stream(s), "
           f"{sum(len(l.waits) for l in plan.launches)} cross-stream waits")
-    systems = tvm_systems(mod, tgt, dev, inputs, use_gpu, nimble=nimble)
+    systems = tvm_systems(selection, options, dev, inputs, use_gpu, nimble=nimble)
     check_agreement(systems, "tvm-vm")
     print("outputs match stock TVM on every system (rtol=atol=1e-3)")
     timing = interleaved_timing(systems, rounds=5, iters=max(1, iters // 5))

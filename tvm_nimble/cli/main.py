@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from tvm_nimble.cli.options import target_args
+from tvm_nimble.cli.options import build_option_args, build_options, target_args
 
 EPILOG = """examples:
   tvm-nimble demo
@@ -18,29 +18,6 @@ EPILOG = """examples:
   tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90 --kernels best \
       --rpc-tracker 10.0.0.5:9190 --rpc-key h100     # timed on a remote H100, built here
 """
-
-
-def _max_streams(text: str):
-    if text in ("auto", "max"):
-        return None if text == "max" else text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, 'max' or 'auto', got {text!r}")
-    return value
-
-
-def _bytes(text: str) -> int:
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    try:
-        value = int(float(text[:-1] if scale > 1 else text) * scale)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a byte count such as 67108864, 64M or 2G, got {text!r}")
-    return value
 
 
 def _shape_dict(items):
@@ -83,10 +60,7 @@ def cmd_compile(args):
     from tvm_nimble.compiler.build import build
 
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
-        module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
-                       memory_budget=args.memory_budget,
-                       tuning_db=args.tuning_db, kernels=args.kernels, allow_tf32=args.allow_tf32,
-                       rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key)
+        module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), **build_options(args))
         module.export(args.output)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
@@ -130,19 +104,11 @@ def cmd_run(args):
             print(line)
 
 
-def kernels_opt(p):
-    p.add_argument("--kernels", choices=["auto", "tvm", "vendor", "best"], default="auto",
-                   help="convolutions/GEMMs/average pools on cuDNN/cuBLASLt (vendor), TVM's kernels (tvm), each on "
-                        "whichever of the two measured faster on this machine's GPU (best), or auto (the default): "
-                        "best on a CUDA machine, vendor when no GPU is here, tvm without the cuDNN/cuBLAS wheels")
-
-
 def cmd_explain(args):
     from tvm_nimble.compiler.explain import explain_model
 
-    text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), max_streams=args.max_streams,
-                         dot_path=args.dot, show_plan=args.plan, show_ir=args.ir, kernels=args.kernels,
-                         memory_budget=args.memory_budget, profile_png=args.profile)
+    text = explain_model(args.model, _target(args), shape_dict=_shape_dict(args.shape), dot_path=args.dot,
+                         show_plan=args.plan, show_ir=args.ir, profile_png=args.profile, **build_options(args))
     print(text)
 
 
@@ -185,12 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     def target_opts(p, default="llvm"):
         target_args(p, default)
         p.add_argument("--shape", action="append", metavar="NAME=D1,D2", help="fix an input's shape (repeatable)")
-        p.add_argument("--max-streams", type=_max_streams, default="auto",
-                       help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
-                            "'auto' (default: the fastest cap measured on this GPU; the widest without one)")
-        p.add_argument("--memory-budget", type=_bytes, metavar="BYTES",
-                       help="largest concurrency-safe memory pool allowed, e.g. 64M or 2G (with auto: the fastest "
-                            "schedule that fits)")
+        build_option_args(p)
 
     p = add("demo", cmd_demo, "build the built-in Inception-style model, check it, time it vs stock TVM",
             "tvm-nimble demo --target llvm")
@@ -204,13 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="ONNX file")
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     target_opts(p)
-    p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
-    kernels_opt(p)
-    p.add_argument("--allow-tf32", action="store_true",
-                   help="let cuDNN/cuBLASLt use TF32 tensor cores for fp32 (faster, ~1e-3 relative error; off by default)")
-    p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="time --kernels best and --max-streams auto on a GPU "
-                   "behind this RPC tracker (servers started with `tvm-nimble rpc-server`), not on this machine")
-    p.add_argument("--rpc-key", help="the key those servers registered under (e.g. h100)")
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
             "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")
@@ -228,7 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ir", action="store_true", help="print the annotated Relax IR")
     p.add_argument("--profile", metavar="PNG", help="on this machine's GPU: run the model, draw its measured and "
                    "planned timelines per stream here, and report the critical-path bound")
-    kernels_opt(p)
 
     p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (tvm_nimble.cli.bench)",
             "tvm-nimble bench --models inception,nasnet --batch 1", passthrough=True)

@@ -1,8 +1,77 @@
-"""Command-line options shared by the tvm-nimble subcommands that parse their own arguments."""
+"""Command-line options shared by the tvm-nimble subcommands: the target, and the build options.
+
+The build options are spelled here once, for every command that builds (``compile``, ``explain``), and
+become the keywords of :class:`tvm_nimble.compiler.options.BuildOptions` (:func:`build_options`), which
+checks them.
+"""
 from __future__ import annotations
+
+import argparse
 
 
 def target_args(ap, default: str) -> None:
     """--target and --arch, as every command that builds or runs kernels spells them."""
     ap.add_argument("--target", choices=["cuda", "llvm"], default=default, help="build target (default %(default)s)")
     ap.add_argument("--arch", help="GPU arch for cuda, e.g. sm_90 (default: this machine's GPU)")
+
+
+def max_streams_arg(text: str):
+    if text in ("auto", "max"):
+        return None if text == "max" else text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'max' or 'auto', got {text!r}")
+    return value
+
+
+def bytes_arg(text: str) -> int:
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 67108864, 64M or 2G, got {text!r}")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.split(",") if n)
+
+
+def build_option_args(p) -> None:
+    """The flags of every build option (see ``BuildOptions``)."""
+    from tvm_nimble.compiler.options import KERNEL_CHOICES
+    from tvm_nimble.relay_passes.precision import DTYPES
+
+    p.add_argument("--max-streams", type=max_streams_arg, default="auto",
+                   help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
+                        "'auto' (default: the fastest cap measured on this GPU; the widest without one)")
+    p.add_argument("--memory-budget", type=bytes_arg, metavar="BYTES",
+                   help="largest concurrency-safe memory pool allowed, e.g. 64M or 2G (with auto: the fastest "
+                        "schedule that fits)")
+    p.add_argument("--kernels", choices=KERNEL_CHOICES, default="auto",
+                   help="convolutions/GEMMs/average pools on the kernel providers, cuDNN/cuBLASLt (vendor), TVM's "
+                        "kernels (tvm), each on whichever measured fastest on this machine's GPU (best), or auto "
+                        "(the default): best on a CUDA machine, vendor when no GPU is here, tvm without the "
+                        "cuDNN/cuBLAS wheels")
+    p.add_argument("--providers", type=_names, metavar="NAME,...",
+                   help="the kernel providers besides TVM that may take operators (default: all, e.g. cudnn,cublaslt)")
+    p.add_argument("--precision", choices=DTYPES, default="float32",
+                   help="compute dtype; inputs and outputs stay float32 (default %(default)s)")
+    p.add_argument("--allow-tf32", action="store_true",
+                   help="let cuDNN/cuBLASLt use TF32 tensor cores for fp32 (faster, ~1e-3 relative error; off by default)")
+    p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="time --kernels best and --max-streams auto on a GPU "
+                   "behind this RPC tracker (servers started with `tvm-nimble rpc-server`), not on this machine")
+    p.add_argument("--rpc-key", help="the key those servers registered under (e.g. h100)")
+
+
+def build_options(args) -> dict:
+    """The build options of parsed ``args``, as ``build`` / ``explain_model`` take them."""
+    return {"max_streams": args.max_streams, "memory_budget": args.memory_budget, "kernels": args.kernels,
+            "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
+            "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key}

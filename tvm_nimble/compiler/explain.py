@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from tvm_nimble.codegen.lower_plan import tvm_static_plan_bytes
 from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
+from tvm_nimble.relay_passes.providers import TVM, provider_of
 
-from .build import BuildResult, build
+from .build import BuildResult, build_with
+from .options import BuildOptions
+from .profile_report import check_profilable, profile_build
 from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice
 from .stream_choice import summarize as summarize_streams
 
@@ -24,13 +27,7 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     edges = program.dependency_edges()
     labels = [k.func for k in program.kernels]
     lines = [format_summary(summarize(len(program.kernels), edges, assignment, labels=labels))]
-    sources: dict[str, int] = {}
-    tuned = bool(result.info.get("tuning_db"))
-    for launch in plan.launches:
-        src = ("cudnn" if launch.kernel.startswith("nimble.cudnn.") else
-               "cublas" if launch.kernel.startswith("nimble.cublas.") else "tvm-tuned" if tuned else "tvm-default")
-        sources[src] = sources.get(src, 0) + 1
-    lines.append("kernels by source: " + ", ".join(f"{n} {src}" for src, n in sorted(sources.items())))
+    lines.append(_kernels_by_provider(result))
     choice, check = kernel_choice_of(result.info)
     if choice:
         lines.append(summarize_kernel_choice(choice, check))
@@ -58,23 +55,28 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     return "\n".join(lines)
 
 
-def explain_model(model, target, shape_dict=None, max_streams="auto", dot_path=None, show_plan=False,
-                  show_ir=False, kernels: str = "auto", memory_budget: int | None = None,
-                  profile_png: str | None = None) -> str:
-    """Schedule ``model`` and explain the result. Without ``profile_png`` no kernel code is generated,
-    so ``auto`` streams cannot measure and keep the widest schedule that fits ``memory_budget``; with
-    it the model is built and run on this machine's GPU (see :mod:`.profile_report`)."""
-    if profile_png:  # checked before the build, not after it
-        from .profile_report import check_profilable
-        from .target import resolve_target
+def _kernels_by_provider(result: BuildResult) -> str:
+    """One line: how many launches of the plan each kernel provider runs (TVM: tuned or default schedules)."""
+    counts: dict[str, int] = {}
+    tvm_label = "tvm-tuned" if result.info.get("tuning_db") else "tvm-default"
+    for launch in result.plan.launches:
+        name = provider_of(launch.kernel).name
+        label = tvm_label if name == TVM else name
+        counts[label] = counts.get(label, 0) + 1
+    return "kernels by source: " + ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
 
-        check_profilable(resolve_target(target))
-    result = build(model, target, shape_dict=shape_dict, max_streams=max_streams, compile_kernels=bool(profile_png),
-                   kernels=kernels, memory_budget=memory_budget)
+
+def explain_model(model, target="llvm", *, shape_dict=None, dot_path=None, show_plan=False, show_ir=False,
+                  profile_png: str | None = None, **options) -> str:
+    """Schedule ``model`` and explain the result; ``options`` are :func:`.build.build`'s. Without
+    ``profile_png`` no kernel code is generated, so ``auto`` streams cannot measure and keep the widest
+    schedule that fits the memory budget; with it the model is built and run on this machine's GPU
+    (see :mod:`.profile_report`)."""
+    opts = BuildOptions.create(target, **{"compile_kernels": bool(profile_png), **options})
+    if profile_png:  # checked before the build, not after it
+        check_profilable(opts.target)
+    result = build_with(model, opts, shape_dict=shape_dict)
     text = explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)
     if profile_png:
-        from .build import schedule
-        from .profile_report import profile_build
-
-        text += "\n" + "\n".join(profile_build(result, schedule, profile_png))
+        text += "\n" + "\n".join(profile_build(result, profile_png))
     return text

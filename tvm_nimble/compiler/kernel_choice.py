@@ -1,27 +1,37 @@
-"""``kernels="best"``: per offloadable operator, cuDNN/cuBLASLt or TVM's kernel, whichever is faster here.
+"""``kernels="best"``: per operator, the fastest of the kernel providers that accept it and TVM's kernel.
 
-Both kernels of every distinct chain are timed on this machine's GPU, in graph mode, inside the
-probe module (``relay_passes.kernel_probe``): built once with TVM's kernels (tuned ones when a
-database is given) and once with the vendor offload, each replayed as a one-stream CUDA graph with
-an event pair around every launch. A chain's time is the sum over the launches that feed its
-output (TVM may need two kernels where the vendor needs one, e.g. a padding and a convolution).
-Each launch's bracket adds the same small cost on both sides. Measurements are kept per process,
-keyed by arch, tuning database and signature, so the stock-TVM baseline and the single-stream
-build of a benchmark reuse the choice of the first build.
+Every provider's candidate kernels are timed on the GPU the model will run on, in graph mode, inside
+its probe module (``relay_passes.kernel_probe``: one copy of each distinct chain the provider takes):
+built once with TVM's kernels (tuned ones when a database is given) and once with that provider's
+calls, each replayed as a one-stream CUDA graph with an event pair around every launch. A chain's time
+is the sum over the launches that feed its output (TVM may need two kernels where the provider needs
+one, e.g. a padding and a convolution). Each launch's bracket adds the same small cost on both sides.
+Per operator, the provider whose chain saves the most time against TVM's kernel for the same chain
+wins (ties go to the provider); TVM keeps it when none saves any. Measurements are kept per process,
+keyed by arch, tuning database, where they ran and signature, so the stock-TVM baseline and the
+single-stream build of a benchmark reuse the choice of the first build.
+
+:func:`select_kernels` is the stage ``build`` calls; it builds its probes and the whole-model check
+with :func:`.stages.build_fixed`.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import tvm
 import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes import providers as provider_registry
 from tvm_nimble.relay_passes.kernel_probe import build_probe
+from tvm_nimble.relay_passes.vendor_offload import find_offloads
 from tvm_nimble.runtime.plan import Plan
 
-from .timers import LocalGPU
+from . import stages
+from .notes import note_once
+from .options import BuildOptions
+from .timers import LocalGPU, has_gpu_for
 
 #: profiled replays per build; the median per launch is kept
 PROFILE_REPS = 15
@@ -31,14 +41,16 @@ _measured: dict[tuple, tuple[float, float]] = {}  # (arch, tuning db, where, sig
 
 @dataclass
 class KernelTiming:
-    """One distinct offloadable chain: how often the model has it, both kernels' measured times, and
-    the kernel it got (the faster one, unless the whole-model check overruled the choice)."""
+    """One distinct chain a provider can take: how often the model has it, the provider's and TVM's
+    measured times for it, and the kernel it got (``vendor``: the provider's; ``tvm``: TVM's, because
+    it was faster, another provider saved more, or the whole-model check overruled the choice)."""
 
     signature: str
     count: int
     vendor_ms: float
     tvm_ms: float
     kernel: str = ""
+    provider: str = ""  # the provider whose call ``vendor_ms`` times (cudnn, cublaslt, ...)
 
     def __post_init__(self):
         self.kernel = self.kernel or ("vendor" if self.vendor_ms <= self.tvm_ms else "tvm")
@@ -92,15 +104,20 @@ def _per_output_ms(result, reps: int, timer) -> list[float]:
 _checked: dict[tuple, ModelCheck] = {}
 
 
-def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, target: tvm.target.Target, build,
-                   tuning_db: str | None = None, timer=None) -> ModelCheck:
+def one_stream(options: BuildOptions) -> BuildOptions:
+    """The options a measurement builds with: one stream, kernels compiled, no budget to meet."""
+    return options.replace(max_streams=1, compile_kernels=True, memory_budget=None)
+
+
+def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, options: BuildOptions,
+                   timer=None) -> ModelCheck:
     """Both modules (already offloaded) built one-stream and replayed, side by side, on ``timer``'s GPU
     (default: this machine's)."""
     timer = timer or LocalGPU()
-    key = (str(target.attrs["arch"]), tuning_db, timer.where, tvm_ffi.structural_hash(chosen),
+    key = (options.arch, options.tuning_db, timer.where, tvm_ffi.structural_hash(chosen),
            tvm_ffi.structural_hash(all_vendor))
     if key not in _checked:
-        built = [build(m, target, max_streams=1, kernels="tvm", tuning_db=tuning_db) for m in (chosen, all_vendor)]
+        built = [stages.build_fixed(m, one_stream(options)) for m in (chosen, all_vendor)]
         _checked[key] = ModelCheck(*timer.replay_ms(built))
     return _checked[key]
 
@@ -120,27 +137,112 @@ def check_measurable(target: tvm.target.Target, timer=None):
     return timer
 
 
-def measure_kernels(mod: tvm.IRModule, target: tvm.target.Target, build, tuning_db: str | None = None,
-                    reps: int = PROFILE_REPS, allow_tf32: bool = False, timer=None) -> list[KernelTiming]:
-    """Both kernels' times for every distinct offloadable chain of ``mod``, measured on ``timer``'s GPU
-    (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
-    ``build`` is :func:`tvm_nimble.compiler.build.build` (passed in: this module sits below it)."""
-    timer = check_measurable(target, timer)
-    arch = str(target.attrs["arch"])
-    probe = build_probe(mod, allow_tf32=allow_tf32)
+def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: int = PROFILE_REPS,
+                    timer=None) -> list[KernelTiming]:
+    """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
+    ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker)."""
+    timer = check_measurable(options.target, timer)
+    probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider])
     if probe is None:
         return []
-    db = os.path.abspath(tuning_db) if tuning_db else None
-    keys = [(arch, db, timer.where, s) for s in probe.signatures]
+    db = os.path.abspath(options.tuning_db) if options.tuning_db else None
+    keys = [(options.arch, db, timer.where, s) for s in probe.signatures]
     if any(k not in _measured for k in keys):
-        times = {}
-        for kernels in ("vendor", "tvm"):
-            built = build(probe.mod, target, max_streams=1, kernels=kernels, tuning_db=tuning_db,
-                          allow_tf32=allow_tf32)
-            times[kernels] = _per_output_ms(built, reps, timer)
-        for k, v, t in zip(keys, times["vendor"], times["tvm"]):
+        probe_options = one_stream(options)
+        with_provider = stages.build_fixed(stages.offload(probe.mod, options, providers=[provider]), probe_options)
+        with_tvm = stages.build_fixed(probe.mod, probe_options)
+        times = [_per_output_ms(built, reps, timer) for built in (with_provider, with_tvm)]
+        for k, v, t in zip(keys, *times):
             _measured[k] = (v, t)
-    return [KernelTiming(s, n, *_measured[k]) for s, n, k in zip(probe.signatures, probe.counts, keys)]
+    return [KernelTiming(s, n, *_measured[k], provider=provider.name)
+            for s, n, k in zip(probe.signatures, probe.counts, keys)]
+
+
+@dataclass
+class Selection:
+    """A model with its kernels chosen: the Relax module (providers' calls in it), the resolved
+    ``kernels`` choice, and, for ``best``, what was measured. ``build`` accepts one as its model."""
+
+    mod: tvm.IRModule
+    kernels: str
+    timings: list[KernelTiming] = field(default_factory=list)
+    check: ModelCheck | None = None
+
+
+def resolve_kernels(options: BuildOptions, timer=None) -> str:
+    """``auto``: on CUDA, ``best`` (each operator on the fastest provider) when the vendor extension can be
+    built and a GPU is here (or behind ``timer``'s RPC tracker) to measure on, ``vendor`` when there is
+    none, TVM's kernels when the extension cannot be built; a one-line note says which and why."""
+    if options.kernels != "auto":
+        return options.kernels
+    if not options.is_cuda or not options.offload_providers():
+        return "tvm"
+    from tvm_nimble.codegen.vendor_build import vendor_available
+
+    ok, why = vendor_available()
+    if not ok:
+        note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
+        return "tvm"
+    if not has_gpu_for(timer or LocalGPU(), options.target):
+        note_once(f"no {options.arch} GPU {'here' if timer is None else 'at ' + timer.where} to time "
+                  "cuDNN/cuBLAS against TVM's kernels: every convolution and GEMM goes to cuDNN/cuBLAS "
+                  "(kernels='vendor'); build on that GPU, or measure there through an RPC tracker, for kernels='best'")
+        return "vendor"
+    return "best"
+
+
+def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Selection:
+    """The kernel-choice stage: ``mod`` with its operators on the providers' kernels, all that accept them
+    (``kernels="vendor"``), none (``"tvm"``), or each on the fastest measured on ``timer``'s GPU (``"best"``;
+    TVM's tuned kernels when the options have a tuning database). With ``best``, a mix of providers and
+    TVM kernels is kept only if the whole model, built one-stream both ways, confirms it is faster than
+    the providers' kernels everywhere (see :class:`ModelCheck`). The vendor extension is built for the
+    target's arch and loaded in this process."""
+    kernels = resolve_kernels(options, timer)
+    if kernels == "tvm":
+        return Selection(mod, kernels)
+    if not options.is_cuda:
+        raise NimbleError(f"vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for "
+                          f"{options.target.kind.name}")
+    if kernels == "best":
+        timer = check_measurable(options.target, timer)  # before building anything for a GPU that is not there
+    stages.vendor_library(options.target)
+    all_vendor = stages.offload(mod, options)
+    if kernels == "vendor":
+        return Selection(all_vendor, kernels)
+    providers = options.offload_providers()
+    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer)]
+    chosen = choose_providers(mod, timings, providers, options.allow_tf32)
+    for t in timings:
+        t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"
+    first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
+                                                            providers=providers)}
+    if all(chosen.get(s) == p for s, p in first.items()):
+        return Selection(all_vendor, kernels, timings)
+    picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
+    check = check_in_model(picked, all_vendor, options, timer)
+    if check.kept == "best":
+        return Selection(picked, kernels, timings, check)
+    for t in timings:
+        t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
+    return Selection(all_vendor, kernels, timings, check)
+
+
+def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool) -> dict[str, str]:
+    """signature -> the provider that takes its chains: per operator, the provider saving the most time
+    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed)."""
+    saving = {(t.provider, t.signature): t.tvm_ms - t.vendor_ms for t in timings}
+    candidates: dict = {}  # anchor var -> [(saving, order, provider, signature)]
+    for order, p in enumerate(providers):
+        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
+            if (p.name, o.signature) in saving:
+                candidates.setdefault(o.anchor, []).append((saving[(p.name, o.signature)], -order, p.name, o.signature))
+    chosen: dict[str, str] = {}
+    for offers in candidates.values():
+        best = max(offers)
+        if best[0] >= 0:
+            chosen.setdefault(best[3], best[2])
+    return chosen
 
 
 def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:

@@ -15,6 +15,7 @@ from tvm_nimble.errors import NimbleError
 
 from .stream_choice import rescheduled
 from .target import local_gpu_arch
+from .timers import LocalGPU, has_gpu_for
 
 REPS = 5
 
@@ -23,13 +24,13 @@ def check_profilable(target) -> None:
     """One line unless ``target`` is CUDA and this machine has a GPU of its arch."""
     if target.kind.name != "cuda":
         raise NimbleError("explain --profile runs the model on a GPU: use --target cuda")
-    local = local_gpu_arch()
-    if local != str(target.attrs["arch"]):
+    if not has_gpu_for(LocalGPU(), target):
+        local = local_gpu_arch()
         raise NimbleError(f"explain --profile runs the model on a {target.attrs['arch']} GPU and this machine has "
                           f"{'a ' + local if local else 'none'}; run it there")
 
 
-def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str]:
+def profile_build(result, png_path: str, reps: int = REPS) -> list[str]:
     """Profile ``result`` (a BuildResult with kernels) on this machine's GPU; write the picture; return text lines."""
     from tvm_nimble.runtime.timing import replay_ms, timeline
 
@@ -37,7 +38,7 @@ def profile_build(result, schedule, png_path: str, reps: int = REPS) -> list[str
     check_profilable(t)
     if result.kernels is None:
         raise NimbleError("explain --profile needs the compiled kernels (build with compile_kernels=True)")
-    single = rescheduled(result, schedule, 1)
+    single = rescheduled(result, 1)
     if [l.kernel for l in single.plan.launches] != [l.kernel for l in result.plan.launches]:
         raise NimbleError("explain --profile: the one-stream plan launches in another order than the built one")
     multi_ms, single_ms = replay_ms([result, single])

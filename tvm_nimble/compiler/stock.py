@@ -7,17 +7,17 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.relay_passes.pipeline import backend_for, kernel_passes
+from tvm_nimble.relay_passes.pipeline import finalize_passes, kernel_passes, run_passes
 
 
 def stock_pipeline(target: tvm.target.Target, tuning_database=None) -> tvm.transform.Pass:
-    """TVM's default pipeline for ``target`` (with the same tuning database Nimble applies)."""
-    seq = tvm.transform.Sequential(kernel_passes(target, tuning_database) + list(backend_for(target).finalize_passes(target)))
+    """TVM's default pipeline for ``target`` (with the same tuning database Nimble applies): the kernel
+    passes Nimble's build runs, concatenations as kernels, then TVM's finalization."""
+    passes = kernel_passes(target, tuning_database) + finalize_passes(target)
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.StockPipeline")
     def _pass(mod, _ctx):
-        with target, (tuning_database if tuning_database is not None else contextlib.nullcontext()):  # an empty Database is falsy
-            return seq(mod)
+        return run_passes(passes, mod, target, tuning_database)
 
     return _pass
 

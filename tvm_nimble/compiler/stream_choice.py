@@ -23,22 +23,29 @@ import dataclasses
 from tvm_nimble.errors import NimbleError
 
 from .notes import note_once
+from .stages import schedule
+from .timers import LocalGPU, has_gpu_for
 
 CAPS = (1, 2, 3, 4, 6, 8)
 #: another schedule replaces the one-stream plan only when it is at least this much faster
 MIN_GAIN = 0.01
 
 
-def rescheduled(result, schedule, max_streams: int, reuse: str = "concurrent", costs=None):
+def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
     """``result`` with the plan of another stream cap and the same compiled kernels (they do not depend on
-    the schedule); ``costs`` (one per kernel of ``result.program``) make the cap cost-aware. ``schedule`` is
-    :func:`tvm_nimble.compiler.build.schedule` (passed in: this module sits below it)."""
+    the schedule); ``costs`` (one per kernel of ``result.program``) make the cap cost-aware. ``reuse``
+    defaults to the memory plan ``result`` was built with."""
+    reuse = reuse or _reuse_of(result)
     annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target,
                                                             max_streams=max_streams, reuse=reuse, costs=costs)
     plan.index_bounds = result.plan.index_bounds
     return dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
                                assignment=assignment, info={**result.info, "max_streams": max_streams,
                                                             "stream_order": "slack" if costs else "program"})
+
+
+def _reuse_of(result) -> str:
+    return result.options.reuse if getattr(result, "options", None) is not None else "concurrent"
 
 
 def kernel_costs(built, launch_durations) -> list[float]:
@@ -54,10 +61,10 @@ def _fits(candidate, memory_budget: int | None) -> bool:
     return memory_budget is None or candidate.plan.memory["pool_bytes"] <= memory_budget
 
 
-def _candidates(result, schedule, reuse: str, memory_budget: int | None) -> dict[tuple, object]:
+def _candidates(result, reuse: str, memory_budget: int | None) -> dict[tuple, object]:
     """(cap, "program") -> a BuildResult with that cap's plan and ``result``'s kernels, for every cap that fits."""
     widest = result.plan.num_streams
-    every = {cap: result if cap == widest else rescheduled(result, schedule, cap, reuse)
+    every = {cap: result if cap == widest else rescheduled(result, cap, reuse)
              for cap in sorted({c for c in CAPS if c < widest} | {widest})}
     out = {(cap, "program"): c for cap, c in every.items() if _fits(c, memory_budget)}
     if not out:
@@ -71,29 +78,28 @@ def _launch_signature(built):
     return [(l.kernel, l.stream, tuple(l.args)) for l in built.plan.launches]
 
 
-def _slack_candidates(result, schedule, reuse, memory_budget, candidates: dict, costs) -> dict[tuple, object]:
+def _slack_candidates(result, reuse, memory_budget, candidates: dict, costs) -> dict[tuple, object]:
     """(cap, "slack") -> the cost-aware schedule of every capped candidate, where it differs from the
     program-order one and fits the budget."""
     widest = result.plan.num_streams
     out = {}
     for cap, order in list(candidates):
         if 1 < cap < widest:
-            c = rescheduled(result, schedule, cap, reuse, costs)
+            c = rescheduled(result, cap, reuse, costs)
             if _fits(c, memory_budget) and _launch_signature(c) != _launch_signature(candidates[(cap, order)]):
                 out[(cap, "slack")] = c
     return out
 
 
-def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: int | None = None, timer=None):
-    """(the chosen BuildResult, a record of every candidate: cap, order, streams, pool bytes, measured ms),
-    measured on ``timer``'s GPU (default: this machine's)."""
-    from .timers import LocalGPU
-
+def choose_streams(result, reuse: str | None = None, memory_budget: int | None = None, timer=None):
+    """The stream-choice stage: (the chosen BuildResult, a record of every candidate: cap, order, streams,
+    pool bytes, measured ms), measured on ``timer``'s GPU (default: this machine's)."""
     timer = timer or LocalGPU()
-    candidates = _candidates(result, schedule, reuse, memory_budget)
+    reuse = reuse or _reuse_of(result)
+    candidates = _candidates(result, reuse, memory_budget)
     target = result.tvm_target
     record = {"memory_budget": memory_budget}
-    if target.kind.name != "cuda" or result.kernels is None or timer.arch() != str(target.attrs["arch"]):
+    if result.kernels is None or not has_gpu_for(timer, target):
         if target.kind.name == "cuda" and result.kernels is not None:
             note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
                       "none: keeping Nimble's widest schedule that fits")
@@ -104,7 +110,7 @@ def choose_streams(result, schedule, reuse: str = "concurrent", memory_budget: i
     costs = None
     if (1, "program") in candidates and len(candidates) > 2:
         costs = kernel_costs(candidates[(1, "program")], timer.launch_ms(candidates[(1, "program")], 5))
-        candidates.update(_slack_candidates(result, schedule, reuse, memory_budget, candidates, costs))
+        candidates.update(_slack_candidates(result, reuse, memory_budget, candidates, costs))
     keys = sorted(candidates)
     times = dict(zip(keys, timer.replay_ms([candidates[k] for k in keys])))
     record["candidates"] = _describe(candidates, times)

@@ -109,6 +109,11 @@ class RemoteGPU:
         self._tmp.cleanup()
 
 
+def has_gpu_for(timer, target) -> bool:
+    """Whether ``timer`` (this machine or an RPC key's servers) has a GPU of ``target``'s arch to measure on."""
+    return target.kind.name == "cuda" and timer.arch() == str(target.attrs["arch"])
+
+
 def timer_for(rpc_tracker: str | None, rpc_key: str | None):
     """:class:`RemoteGPU` when a tracker is given (with its key), else :class:`LocalGPU`."""
     if rpc_tracker is None and rpc_key is None:

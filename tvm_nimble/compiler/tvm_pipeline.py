@@ -37,22 +37,24 @@ def attach_plan(mod: tvm.IRModule, plan, params: dict) -> tvm.IRModule:
 
 
 def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None):
-    """The ``nimble`` Relax pipeline (see module docstring)."""
-    from tvm_nimble.relay_passes.pipeline import backend_for
+    """The ``nimble`` Relax pipeline (see module docstring): TVM's kernels as they are (no providers, no
+    measurement: TVM's pipeline hands over a module and a target, nothing else), Nimble's schedule."""
+    from tvm_nimble.relay_passes.pipeline import finalize_passes
 
-    from .build import lower, schedule
-    from .tuning.database import open_tuning_database
+    from .options import BuildOptions
+    from .stages import build_fixed
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=True)
         if target is None:
             raise ValueError("the nimble pipeline needs a target: tvm.compile(mod, target, relax_pipeline='nimble')")
-        database = open_tuning_database(tuning_db) if tuning_db else None
-        annotated, _, _, plan, params = schedule(lower(mod, target, database), target, max_streams=max_streams)
-        mod = attach_plan(annotated, plan, params)
+        options = BuildOptions(target, kernels="tvm", max_streams=max_streams, tuning_db=tuning_db,
+                               compile_kernels=False)
+        result = build_fixed(mod, options)
+        mod = attach_plan(result.annotated_mod, result.plan, result.params)
         with target:
-            return tvm.transform.Sequential(list(backend_for(target).finalize_passes(target)))(mod)
+            return tvm.transform.Sequential(finalize_passes(target))(mod)
 
     return _pipeline
 

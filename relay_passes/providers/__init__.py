@@ -1,0 +1,7 @@
+"""The kernel providers (see :mod:`.registry`). Each import below registers one; the order is the
+order in which they claim an operator that several accept."""
+from .registry import TVM, Provider, get, names, offloading, provider_of, register, registered  # noqa: F401
+
+from . import tvm_kernels  # noqa: E402,F401  TVM's own kernels: everything no one else took
+from . import cudnn  # noqa: E402,F401  convolutions, average pools
+from . import cublaslt  # noqa: E402,F401  GEMMs

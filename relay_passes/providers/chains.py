@@ -1,0 +1,134 @@
+"""What the providers' matchers share: a dataflow block's bindings as chains, and the vendor call.
+
+A matcher gets the anchor binding (``var = call``) and returns ``(removed, last, (vendor call,
+scale))`` -- the vars it folds into the call, the var the call's result replaces, and a constant
+the result is multiplied with (or None) -- or None when the chain is not its to take (after
+adding the reason to the report's ``kept`` list).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+ACT_NONE, ACT_RELU, ACT_RELU6 = 0, 1, 2
+#: scratch memory per vendor call; cuDNN/cuBLASLt pick the fastest algorithm that fits
+DEFAULT_WORKSPACE_BYTES = 8 << 20
+
+
+@dataclass
+class OffloadReport:
+    """What the offload did: calls emitted per function, and operators kept on TVM with the reason."""
+
+    offloaded: dict[str, int] = field(default_factory=dict)
+    kept: list[tuple[str, str]] = field(default_factory=list)  # (operator, reason)
+
+
+def op_name(expr) -> str | None:
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return None
+
+
+def static_shape(expr) -> tuple[int, ...] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in ty.shape.values)
+    except TypeError:
+        return None
+
+
+def dtype_of(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def ints(arr) -> list[int]:
+    return [int(v) for v in arr]
+
+
+class Chains:
+    """The bindings of one dataflow block, and how often each var is used in the whole function."""
+
+    def __init__(self, block, uses):
+        self.value = {b.var: b.value for b in block.bindings}
+        self.uses = uses
+        self.claimed: set = set()  # vars of chains already replaced
+        self.consumers: dict = {}  # var -> the bindings of this block that take it as an argument, in order
+        for b in block.bindings:
+            for a in getattr(b.value, "args", []):
+                if isinstance(a, relax.Var):
+                    self.consumers.setdefault(a, []).append(b.var)
+
+    def single_use(self, var) -> bool:
+        return self.uses.get(var, 0) == 1
+
+    def const(self, expr) -> np.ndarray | None:
+        """The constant behind ``expr`` (through a reshape of a constant), else None."""
+        if isinstance(expr, relax.Var) and expr in self.value:
+            expr = self.value[expr]
+        if isinstance(expr, Constant):
+            return expr.value.numpy()
+        if op_name(expr) == "relax.reshape" and isinstance(expr.args[0], Constant):
+            return expr.args[0].value.numpy()
+        return None
+
+    def follow(self, var):
+        """The binding that consumes ``var``, when ``var`` is used exactly once inside this block and that
+        binding is not part of a chain already replaced."""
+        if not self.single_use(var):
+            return None, None
+        for v in self.consumers.get(var, []):
+            if v not in self.claimed:
+                return v, self.value[v]
+        return None, None
+
+    def bias_of(self, add, produced, channels: int):
+        """If ``add`` adds a per-channel constant to ``produced``: the bias as a 1-D array, else None."""
+        if op_name(add) != "relax.add":
+            return None
+        a, b = add.args
+        other = b if a.same_as(produced) else a if b.same_as(produced) else None
+        if other is None:
+            return None
+        c = self.const(other)
+        if c is None or c.size != channels:
+            return None
+        shape = tuple(int(d) for d in c.shape)
+        if shape not in ((channels,), (1, channels), (1, channels, 1, 1), (channels, 1, 1)):
+            return None
+        return c.reshape(channels)
+
+
+def activation(expr) -> int | None:
+    op = op_name(expr)
+    if op == "relax.nn.relu":
+        return ACT_RELU
+    if op == "relax.clip":
+        lo, hi = (float(getattr(a, "value", 0)) for a in expr.args[1:3])
+        if lo == 0 and hi == 6:
+            return ACT_RELU6
+    return None
+
+
+@dataclass
+class MatchContext:
+    """The offload's settings, as every matcher sees them."""
+
+    workspace_bytes: int
+    allow_tf32: bool
+    report: OffloadReport
+
+    @property
+    def tf32(self) -> int:
+        return int(self.allow_tf32)
+
+    def call(self, name, args, out, dtype):
+        """``call_dps_packed(name, args) -> (out, workspace)``; the caller binds item 0. The workspace is an
+        extra output, so each call gets its own scratch memory in the concurrency-safe plan."""
+        sinfo = [relax.TensorType(out, dtype), relax.TensorType((self.workspace_bytes,), "uint8")]
+        return relax.op.call_dps_packed(name, relax.Tuple(args), sinfo)

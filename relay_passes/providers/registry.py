@@ -1,0 +1,78 @@
+"""Kernel providers: who can run an operator, registered by name.
+
+A provider is one module of this package that builds a :class:`Provider` and calls :func:`register`
+at import (``providers/__init__.py`` imports each one: one line per provider). It declares
+- which Relax operators anchor its patterns (``matchers``: op name -> matcher), for which compute
+  dtypes (``dtypes``, see :mod:`..precision`) and layouts, on which target kinds;
+- how it is lowered to a launch of the plan: a matcher replaces a chain of bindings with one
+  destination-passing ``call_dps_packed`` of a global function named ``kernel_prefix + op``, which
+  the plan takes as a launch like any TIR kernel (:mod:`..vendor_offload` does the rewriting);
+- where the runtime finds that function (``runtime_library``: ``"vendor"`` is the cuDNN/cuBLASLt
+  extension, ``codegen/vendor``, whose functions the runtime resolves by the prefixes in
+  ``tvm_nimble.runtime.plan.VENDOR_PREFIXES``).
+
+TVM's own kernels are the provider ``tvm``: it takes every operator no other provider took, with no
+rewriting. ``kernels="best"`` (``compiler.kernel_choice``) measures every provider that accepts an
+operator against TVM's kernel and keeps the fastest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+#: the provider that runs whatever no other provider took
+TVM = "tvm"
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str  # as users spell it: BuildOptions(providers=("cudnn",)), --providers cudnn
+    title: str  # as messages spell it, e.g. "cuDNN"
+    kernel_prefix: str | None  # the global functions it emits (None: TVM's own kernels, nothing emitted)
+    matchers: dict[str, Callable] = field(default_factory=dict)  # Relax op name -> matcher (see vendor_offload)
+    dtypes: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ("cuda",)  # target kinds it runs on
+    runtime_library: str | None = "vendor"  # which runtime library serves ``kernel_prefix``
+
+    def owns(self, kernel: str) -> bool:
+        """Whether a plan launch of ``kernel`` is one of this provider's calls."""
+        return self.kernel_prefix is not None and kernel.startswith(self.kernel_prefix)
+
+
+_REGISTRY: dict[str, Provider] = {}
+
+
+def register(provider: Provider) -> Provider:
+    if provider.name in _REGISTRY and _REGISTRY[provider.name] != provider:
+        raise ValueError(f"a kernel provider named {provider.name!r} is registered already")
+    _REGISTRY[provider.name] = provider
+    return provider
+
+
+def registered() -> list[Provider]:
+    """Every provider, in registration order (the order in which they claim an operator)."""
+    return list(_REGISTRY.values())
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Provider:
+    return _REGISTRY[name]
+
+
+def offloading(target_kind: str, only: tuple[str, ...] | None = None) -> list[Provider]:
+    """The providers other than TVM that run on ``target_kind`` (those named in ``only``, when given), in
+    registration order."""
+    return [p for p in _REGISTRY.values() if p.name != TVM and target_kind in p.targets
+            and (only is None or p.name in only)]
+
+
+def provider_of(kernel: str) -> Provider:
+    """The provider whose call a plan launch of ``kernel`` is (TVM for a TIR kernel)."""
+    for p in _REGISTRY.values():
+        if p.owns(kernel):
+            return p
+    return _REGISTRY[TVM]

@@ -1,0 +1,113 @@
+"""``BuildOptions``: every option of a build, validated once, carried as one object.
+
+``build(model, target, **options)``, ``explain_model``, the command line, the ``nimble`` TVM pipeline
+and the benchmarks all make one of these (:meth:`BuildOptions.create`), so an option is spelled,
+defaulted and checked in one place. A bad value is a :class:`NimbleError` of one line naming the
+option and the values it takes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import tvm
+
+from tvm_nimble.codegen.lower_plan import REUSE_MODES
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes import providers as provider_registry
+from tvm_nimble.relay_passes.precision import DTYPES
+
+from .target import resolve_target
+
+#: ``kernels``: the providers' kernels where they apply (``vendor``), TVM's only (``tvm``), each operator on
+#: whichever measured fastest (``best``), or ``auto`` (see :func:`.kernel_choice.resolve_kernels`)
+KERNEL_CHOICES = ("auto", "tvm", "vendor", "best")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What a build does; the model (and its params and input shapes) is not part of it.
+
+    - ``target``: a ``tvm.target.Target`` (``create`` resolves 'cuda', 'llvm' and dicts).
+    - ``kernels``: see :data:`KERNEL_CHOICES`; ``providers``: the kernel providers other than TVM that may
+      take operators (default: every registered one for the target, see ``relay_passes.providers``).
+    - ``precision``: the compute dtype (:data:`relay_passes.precision.DTYPES`); inputs and outputs stay
+      float32. ``allow_tf32``: cuDNN/cuBLASLt may use TF32 tensor cores for float32 (about 1e-3 error).
+    - ``max_streams``: an integer cap, None (Nimble's widest schedule) or ``"auto"`` (the fastest cap,
+      measured). ``memory_budget``: bytes the concurrency-safe pool may take. ``reuse``: the memory plan
+      (``concurrent`` is the only safe one for several streams).
+    - ``tuning_db``: a MetaSchedule database directory. ``concat_in_place``: branch kernels write into
+      their slice of a concatenation. ``compile_kernels``: False stops before code generation.
+    - ``rpc_tracker`` / ``rpc_key``: measure on a GPU behind TVM's RPC tracker instead of this machine's.
+    """
+
+    target: tvm.target.Target
+    kernels: str = "auto"
+    providers: tuple[str, ...] | None = None
+    precision: str = "float32"
+    allow_tf32: bool = False
+    max_streams: int | str | None = "auto"
+    memory_budget: int | None = None
+    reuse: str = "concurrent"
+    tuning_db: str | None = None
+    concat_in_place: bool = True
+    compile_kernels: bool = True
+    rpc_tracker: str | None = None
+    rpc_key: str | None = None
+
+    @classmethod
+    def create(cls, target="llvm", **options) -> "BuildOptions":
+        """Options from keywords, each checked; an unknown keyword is an error naming the known ones."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"target"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise NimbleError(f"unknown build option {unknown[0]!r}; the options are {', '.join(sorted(known))}")
+        return cls(target=resolve_target(target), **options)
+
+    def __post_init__(self):
+        if not isinstance(self.target, tvm.target.Target):
+            object.__setattr__(self, "target", resolve_target(self.target))
+        _check(self.kernels in KERNEL_CHOICES, "kernels", self.kernels, f"one of {KERNEL_CHOICES}")
+        if self.providers is not None:
+            given = (self.providers,) if isinstance(self.providers, str) else tuple(self.providers)
+            others = tuple(n for n in provider_registry.names() if n != provider_registry.TVM)
+            bad = [p for p in given if p not in others]
+            _check(not bad, "providers", bad[0] if bad else None, f"names among {others}")
+            object.__setattr__(self, "providers", given)
+        _check(self.precision in DTYPES, "precision", self.precision, f"one of {DTYPES}")
+        ms = self.max_streams
+        _check(ms is None or ms == "auto" or (isinstance(ms, int) and not isinstance(ms, bool) and ms >= 1),
+               "max_streams", ms, "an integer >= 1, None or 'auto'")
+        mb = self.memory_budget
+        _check(mb is None or (isinstance(mb, int) and mb > 0), "memory_budget", mb, "a positive number of bytes")
+        _check(self.reuse in REUSE_MODES, "reuse", self.reuse, f"one of {REUSE_MODES}")
+        if (self.rpc_tracker is None) != (self.rpc_key is None):
+            raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
+                              "its servers registered under (--rpc-tracker and --rpc-key)")
+
+    def replace(self, **changes) -> "BuildOptions":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.target.kind.name == "cuda"
+
+    @property
+    def arch(self) -> str | None:
+        return str(self.target.attrs["arch"]) if self.is_cuda else None
+
+    def offload_providers(self) -> list:
+        """The registered providers other than TVM this build may use, in the order they claim operators."""
+        return provider_registry.offloading(self.target.kind.name, self.providers)
+
+    def to_info(self) -> dict:
+        """The options as recorded in an artifact's info."""
+        return {"kernels": self.kernels, "providers": list(self.providers) if self.providers else None,
+                "precision": self.precision, "allow_tf32": self.allow_tf32,
+                "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None}
+
+
+def _check(ok: bool, name: str, value, expected: str) -> None:
+    if not ok:
+        raise NimbleError(f"{name} must be {expected}, got {value!r}")

@@ -1,0 +1,165 @@
+"""The stages of a build, as plain functions: import, precision, offload, lower, schedule, generate.
+
+    import_model -> apply_precision -> [kernel choice: offload] -> lower -> schedule -> generate_kernels
+
+``build_fixed`` strings the last three together for a module whose kernels are already chosen: it is
+what the kernel choice (``kernel_choice``) builds its probes and model checks with, and what
+``build`` finishes with. ``stream_choice`` and ``profile_report`` call :func:`schedule` directly to
+re-plan the same kernels under another stream cap. ``build`` (``build.py``) holds only the policy
+that strings the stages and the two choices together.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import tvm
+
+from tvm_nimble.codegen.kernels import build_kernels
+from tvm_nimble.codegen.lower_plan import build_plan
+from tvm_nimble.relay_passes.annotate import annotate_function
+from tvm_nimble.relay_passes.concat_in_place import ATTR_CONCATS_IN_PLACE
+from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_function
+from tvm_nimble.relay_passes.pipeline import kernel_passes, run_passes
+from tvm_nimble.relay_passes.precision import to_precision
+from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
+from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
+from tvm_nimble.runtime.module import NimbleModule
+
+from .notes import note_once
+from .options import BuildOptions
+from .target import target_dict
+from .tuning.database import open_tuning_database
+
+
+@dataclass
+class BuildResult(NimbleModule):
+    """A :class:`NimbleModule` (plan, kernels, params: what runs and exports) plus the stages' products."""
+
+    lowered: tvm.IRModule | None = None  # TVM kernel passes applied, before stream annotation
+    program: LoweredProgram | None = None  # the kernel DAG read from ``lowered``
+    assignment: StreamAssignment | None = None
+    tvm_target: tvm.target.Target | None = None
+    options: BuildOptions | None = None
+
+
+def import_model(model, params: dict | None = None, shape_dict: dict | None = None) -> tvm.IRModule:
+    """A Relax IRModule of ``model`` (an IRModule, an ONNX ModelProto or a path to a .onnx file), with
+    ``params`` bound as constants."""
+    if not isinstance(model, tvm.IRModule):
+        from tvm_nimble.compiler.frontend import from_onnx
+
+        model = from_onnx(model, shape_dict=shape_dict)
+    if params:
+        model = tvm.relax.transform.BindParams("main", params)(model)
+    return model
+
+
+def apply_precision(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
+    """``mod`` computing in ``options.precision`` (inputs and outputs stay float32)."""
+    return to_precision(mod, options.precision)
+
+
+def vendor_library(target: tvm.target.Target) -> str:
+    """The vendor extension (cuDNN/cuBLASLt) for the target's arch, built (cached) and loaded in this process."""
+    return _vendor_library(str(target.attrs["arch"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _vendor_library(arch: str) -> str:
+    """Once per arch and process: measuring needs it loaded, and artifacts package the same file."""
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
+    from tvm_nimble.runtime.vendor import load_vendor_library
+
+    path = build_vendor_library(arch)
+    load_vendor_library(path)
+    return path
+
+
+def offload(mod: tvm.IRModule, options: BuildOptions, select=None, providers=None) -> tvm.IRModule:
+    """``mod`` with the chains that ``providers`` (default: the options' providers) take replaced by their
+    calls; ``select(offload) -> bool`` keeps only some (see ``relay_passes.vendor_offload``)."""
+    providers = options.offload_providers() if providers is None else providers
+    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers)(mod)
+
+
+def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
+          concat_in_place: bool = True) -> tvm.IRModule:
+    """TVM's kernel passes (legalize, fuse, tuned database or DLight schedules, CallTIRRewrite), with
+    concatenations built in place unless ``concat_in_place`` is off (``relay_passes.pipeline``)."""
+    return run_passes(kernel_passes(target, tuning_database, concat_in_place), mod, target, tuning_database)
+
+
+def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
+             reuse: str = "concurrent", costs=None):
+    """Stream assignment, annotation and the launch plan of a lowered module; ``costs`` (one per kernel
+    of the lowered program) make a stream cap cost-aware.
+
+    Returns (annotated module, program, assignment, plan, params)."""
+    program = read_lowered_function(lowered)
+    func, assignment = annotate_function(lowered, max_streams=max_streams, program=program, costs=costs)
+    annotated = lowered.clone()
+    annotated["main"] = func
+    plan, params = build_plan(annotated, target_dict(target), reuse=reuse)
+    return annotated, program, assignment, plan, params
+
+
+def generate_kernels(annotated: tvm.IRModule, target: tvm.target.Target):
+    """The compiled kernel library of a scheduled module."""
+    return build_kernels(annotated, target)
+
+
+#: element-wise operators through which an index input keeps its meaning (the ONNX importer wraps
+#: negative indices with less/where/add before the take)
+_INDEX_PRESERVING = {"relax.astype", "relax.add", "relax.where", "relax.clip", "relax.maximum", "relax.minimum"}
+
+
+def index_bounds(mod: tvm.IRModule) -> dict[str, int]:
+    """Inputs of ``main`` used as indices of a ``take`` (ONNX Gather), directly or through element-wise
+    arithmetic: input name -> the size of the indexed axis. The executor checks them with
+    ``check_inputs=True``."""
+    from tvm import relax
+
+    func = mod["main"]
+    origin = {p: p.name for p in func.params}  # var -> the input its values come from
+    bounds: dict[str, int] = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+                continue
+            if v.op.name == "relax.take":
+                data, idx = v.args
+                name = origin.get(idx)
+                shape = data.ty.shape if isinstance(data.ty, relax.TensorType) else None
+                if name and shape is not None:
+                    axis = int(v.attrs.axis) if v.attrs.axis is not None else 0
+                    size = int(shape.values[axis % len(shape.values)])
+                    bounds[name] = min(size, bounds.get(name, size))
+            elif v.op.name in _INDEX_PRESERVING:
+                names = {origin[a] for a in v.args if a in origin}
+                if len(names) == 1:
+                    origin[b.var] = names.pop()
+    return bounds
+
+
+def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False) -> BuildResult:
+    """Lower, schedule and (unless ``options.compile_kernels`` is off) generate ``mod`` as it is: its
+    kernels are chosen already (vendor calls in it stay, everything else gets TVM's kernels). A
+    ``max_streams`` of ``"auto"`` schedules the widest here; choosing a cap is ``stream_choice``'s.
+    ``note``: say once when CUDA kernels get TVM's default schedules (the user's build, not a probe)."""
+    t = options.target
+    database = open_tuning_database(options.tuning_db) if options.tuning_db else None
+    if note and database is None and options.is_cuda and options.compile_kernels:
+        note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
+                  "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=4)
+    lowered = lower(mod, t, database, options.concat_in_place)
+    cap = None if options.max_streams == "auto" else options.max_streams
+    annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=cap, reuse=options.reuse)
+    plan.index_bounds = index_bounds(mod)
+    library = generate_kernels(annotated, t) if options.compile_kernels else None
+    info = {"max_streams": cap, **options.to_info(),
+            "concats_in_place": int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0}
+    uses_vendor = options.is_cuda and plan.uses_vendor_kernels
+    return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
+                       lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)

@@ -24,7 +24,7 @@ from tvm import relax
 
 from . import providers as registry
 from .providers.chains import (ACT_NONE, ACT_RELU, ACT_RELU6, DEFAULT_WORKSPACE_BYTES,  # noqa: F401
-                               Chains, MatchContext, OffloadReport, op_name)
+                               Chains, MatchContext, OffloadReport, operator_of)
 from .providers.cublaslt import MATMUL  # noqa: F401  (the call names, as tests and references spell them)
 from .providers.cudnn import CONV2D, CONV2D_ADD  # noqa: F401
 
@@ -94,7 +94,7 @@ def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE
         for b in block.bindings:
             if b.var in taken:
                 continue
-            op = op_name(b.value)
+            op = operator_of(b.value)
             rejected = None
             for provider in providers:
                 matcher = provider.matchers.get(op)
@@ -104,7 +104,7 @@ def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE
                 removed, last, value = found
                 members = set(removed) | {b.var, last}
                 bindings = [x for x in block.bindings if x.var in members]
-                ops = [op_name(x.value).split(".")[-1] for x in bindings]
+                ops = [operator_of(x.value).split(".")[-1] for x in bindings]
                 offload = Offload(bi, bindings, last, value, _signature(ops, value[0]), provider.name, b.var)
                 if select is not None and not select(offload):
                     rejected = rejected or offload

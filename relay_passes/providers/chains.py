@@ -27,13 +27,13 @@ class OffloadReport:
     kept: list[tuple[str, str]] = field(default_factory=list)  # (operator, reason)
 
 
-def op_name(expr) -> str | None:
+def operator_of(expr) -> str | None:
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
         return expr.op.name
     return None
 
 
-def static_shape(expr) -> tuple[int, ...] | None:
+def known_shape(expr) -> tuple[int, ...] | None:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
@@ -73,7 +73,7 @@ class Chains:
             expr = self.value[expr]
         if isinstance(expr, Constant):
             return expr.value.numpy()
-        if op_name(expr) == "relax.reshape" and isinstance(expr.args[0], Constant):
+        if operator_of(expr) == "relax.reshape" and isinstance(expr.args[0], Constant):
             return expr.args[0].value.numpy()
         return None
 
@@ -89,7 +89,7 @@ class Chains:
 
     def bias_of(self, add, produced, channels: int):
         """If ``add`` adds a per-channel constant to ``produced``: the bias as a 1-D array, else None."""
-        if op_name(add) != "relax.add":
+        if operator_of(add) != "relax.add":
             return None
         a, b = add.args
         other = b if a.same_as(produced) else a if b.same_as(produced) else None
@@ -105,7 +105,7 @@ class Chains:
 
 
 def activation(expr) -> int | None:
-    op = op_name(expr)
+    op = operator_of(expr)
     if op == "relax.nn.relu":
         return ACT_RELU
     if op == "relax.clip":

@@ -8,7 +8,7 @@ import numpy as np
 from tvm import relax
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, op_name, static_shape
+from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, operator_of, known_shape
 from .registry import Provider, register
 
 MATMUL = "nimble.cublas.matmul"
@@ -16,13 +16,13 @@ MATMUL = "nimble.cublas.matmul"
 
 def matmul_chain(ctx, chains, var, call):
     x, w = call.args
-    xs, out_shape, dtype = static_shape(x), static_shape(call), dtype_of(call)
+    xs, out_shape, dtype = known_shape(x), known_shape(call), dtype_of(call)
     if xs is None or len(xs) != 2 or out_shape is None or compute_dtype(call) not in PROVIDER.dtypes:
         ctx.report.kept.append(("matmul", "only 2-D fp32/fp16 matmuls"))
         return None
     transpose_b = 0
     weight = chains.const(w)
-    if weight is None and isinstance(w, relax.Var) and op_name(chains.value.get(w)) == "relax.permute_dims":
+    if weight is None and isinstance(w, relax.Var) and operator_of(chains.value.get(w)) == "relax.permute_dims":
         inner = chains.value[w]
         axes = inner.attrs.axes
         if (axes is None or ints(axes) == [1, 0]) and chains.const(inner.args[0]) is not None:

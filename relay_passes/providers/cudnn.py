@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, activation, dtype_of, ints, op_name, static_shape
+from .chains import ACT_NONE, activation, dtype_of, ints, operator_of, known_shape
 from .registry import Provider, register
 
 CONV2D = "nimble.cudnn.conv2d"
@@ -32,7 +32,7 @@ def _conv_reason(call) -> str | None:
         return f"asymmetric padding {pad}"
     if not isinstance(call.args[1], Constant):
         return "weights are not a constant"
-    if static_shape(call) is None or static_shape(call.args[0]) is None:
+    if known_shape(call) is None or known_shape(call.args[0]) is None:
         return "dynamic shape"
     return None
 
@@ -42,7 +42,7 @@ def conv_chain(ctx, chains, var, call):
     if why:
         ctx.report.kept.append(("conv2d", why))
         return None
-    out_shape, dtype = static_shape(call), dtype_of(call)
+    out_shape, dtype = known_shape(call), dtype_of(call)
     channels = out_shape[1]
     removed, last, bias, residual, act = [], var, None, None, ACT_NONE
     nxt, val = chains.follow(last)
@@ -50,9 +50,9 @@ def conv_chain(ctx, chains, var, call):
     if b is not None:
         bias, removed, last = b, removed + [last], nxt
         nxt, val = chains.follow(last)
-    if val is not None and op_name(val) == "relax.add" and bias is not None:
+    if val is not None and operator_of(val) == "relax.add" and bias is not None:
         other = val.args[1] if val.args[0].same_as(last) else val.args[0]
-        if (static_shape(other) == out_shape and dtype_of(other) == dtype and chains.const(other) is None
+        if (known_shape(other) == out_shape and dtype_of(other) == dtype and chains.const(other) is None
                 and other not in chains.claimed):
             residual, removed, last = other, removed + [last], nxt
             nxt, val = chains.follow(last)
@@ -78,7 +78,7 @@ def avg_pool(ctx, chains, var, call):
     multiplied with."""
     a = call.attrs
     x = call.args[0]
-    out_shape, xs, dtype = static_shape(call), static_shape(x), dtype_of(call)
+    out_shape, xs, dtype = known_shape(call), known_shape(x), dtype_of(call)
     pad, size, strides, dil = ints(a.padding), ints(a.pool_size), ints(a.strides), ints(a.dilation)
     why = ("layout" if a.layout != "NCHW" or (a.out_layout and a.out_layout != "NCHW") else
            "ceil_mode" if a.ceil_mode else "dtype" if compute_dtype(call) not in PROVIDER.dtypes else

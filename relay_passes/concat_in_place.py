@@ -34,7 +34,7 @@ from tvm_nimble.runtime.executable import SLICE_VIEW
 from tvm_nimble.runtime.plan import SLICE_ALIGN
 
 from .concat_kernel import slice_starts, tiles_output
-from .lowered_ir import _op_name, _static_shape
+from .lowered_ir import op_name, static_shape
 
 #: the PrimFuncs TVM's legalization names after ``relax.concat`` (unfused: a fused one carries more names)
 _CONCAT = re.compile(r"(fused_)?concatenate\d*")
@@ -77,7 +77,7 @@ class _Block:
 
     def index_of_alloc(self, var) -> int | None:
         for i, b in enumerate(self.bindings):
-            if b.var.same_as(var) and isinstance(b.value, relax.Call) and _op_name(b.value) == _ALLOC:
+            if b.var.same_as(var) and isinstance(b.value, relax.Call) and op_name(b.value) == _ALLOC:
                 return i
         return None
 
@@ -96,7 +96,7 @@ class _Block:
 
 
 def _slice_binding(var, base, offset: int) -> relax.VarBinding:
-    shape, dtype = _static_shape(var.ty, f"tensor '{var.name}'")
+    shape, dtype = static_shape(var.ty, f"tensor '{var.name}'")
     call = relax.Call(relax.ExternFunc(SLICE_VIEW),
                       [base, relax.prim_value(tvm.tirx.IntImm("int64", offset)), relax.ShapeExpr(list(shape)),
                        tvm.ir.StringImm(dtype)], ty_args=[var.ty])
@@ -115,7 +115,7 @@ def _try_rewrite(block: _Block, pos: int, prim_funcs: dict) -> bool:
     *inputs, out = args
     if any(a.same_as(b) for i, a in enumerate(args) for b in args[i + 1:]):
         return False
-    shapes = [_static_shape(a.ty, a.name) for a in args]
+    shapes = [static_shape(a.ty, a.name) for a in args]
     if len({dtype for _, dtype in shapes}) != 1:
         return False
     axis = concat_axis([s for s, _ in shapes[:-1]], shapes[-1][0])

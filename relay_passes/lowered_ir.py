@@ -93,7 +93,8 @@ def _region(values: list[Value], vid: int) -> tuple[int, int, int]:
     return v, start, start + values[vid].nbytes
 
 
-def _static_shape(ty, what: str) -> tuple[tuple[int, ...], str]:
+def static_shape(ty, what: str) -> tuple[tuple[int, ...], str]:
+    """(dims, dtype) of the tensor type ``ty``; a LoweredIRError naming ``what`` unless every dim is static."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise LoweredIRError(f"{what} is not a tensor of known shape ({ty}); Nimble needs static shapes")
     dims = []
@@ -106,7 +107,8 @@ def _static_shape(ty, what: str) -> tuple[tuple[int, ...], str]:
     return tuple(dims), str(ty.dtype)
 
 
-def _op_name(call: relax.Call) -> str:
+def op_name(call: relax.Call) -> str:
+    """The name of what ``call`` calls: a global function's name, an extern's symbol, an operator's name."""
     op = call.op
     if isinstance(op, relax.GlobalVar):
         return op.name_hint
@@ -143,7 +145,7 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
     pending_waits: list[int] = []
 
     def new_value(name, ty, kind, base=None, constant=None, offset=0) -> int:
-        shape, dtype = _static_shape(ty, f"tensor '{name}'")
+        shape, dtype = static_shape(ty, f"tensor '{name}'")
         values.append(Value(len(values), name, shape, dtype, kind, base, constant, offset))
         return len(values) - 1
 
@@ -188,7 +190,7 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                     raise LoweredIRError(f"{where}: tuple of unknown origin")
                 var_to_value[var] = tuples[val.tuple_value][val.index]
             elif isinstance(val, relax.Call):
-                name = _op_name(val)
+                name = op_name(val)
                 if name == "relax.builtin.alloc_tensor":
                     var_to_value[var] = new_value(var.name, var.ty, "alloc")
                 elif name in _VIEW_OPS:

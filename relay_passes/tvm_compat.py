@@ -1,7 +1,9 @@
-"""Every use of a private or moving TVM/MetaSchedule API in the project, in one place.
+"""Every use of a private or moving TVM/MetaSchedule API by the compiler side, in one place.
 
 Each function says what it works around. They are pinned to apache-tvm 0.27.0.post1 (see
 pyproject.toml); when TVM changes one of these internals, this file is the one to update.
+The runtime has its own, ``tvm_nimble.runtime.tvm_compat`` (the runtime never imports the
+compiler side); ``tests/test_layout.py`` checks that no other module uses TVM's private API.
 """
 from __future__ import annotations
 

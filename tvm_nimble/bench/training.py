@@ -236,9 +236,9 @@ def _torch_device(use_gpu: bool) -> str | None:
     except ImportError:
         return None
     if use_gpu:
-        from .harness import _torch_tf32_off
+        from .harness import torch_tf32_off
 
-        _torch_tf32_off()
+        torch_tf32_off()
         return "cuda"
     return "cpu"
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError
 
+from .tvm_compat import tensor_view, zero_offset
+
 
 class DeviceError(NimbleError):
     """The requested device is missing or does not match the artifact."""
@@ -91,12 +93,10 @@ def tensor_at(storage, shape, dtype: str, offset: int):
     instead. TVM does that only for offsets aligned to its allocation alignment (64 bytes) and would
     otherwise copy, which here would silently lose the kernel's writes: the plan guarantees the
     alignment (:data:`tvm_nimble.runtime.plan.SLICE_ALIGN`)."""
-    view = storage._create_view(shape, dtype, offset)
+    view = tensor_view(storage, shape, dtype, offset)
     if offset == 0:
         return view
-    import tvm_ffi
-
-    return tvm_ffi.get_global_func("vm.builtin.ensure_zero_offset")(view)
+    return zero_offset(view)
 
 
 class Workspace:

@@ -53,7 +53,10 @@ def _thread_name(t) -> str:
     return f"thread {t.name!r}" if t is not None else "another thread"
 
 
-def _load(module_or_artifact):
+def load_module(module_or_artifact):
+    """The :class:`~tvm_nimble.runtime.module.NimbleModule` that executors of ``module_or_artifact`` run:
+    a NimbleModule as it is, an artifact directory loaded, or the plan read out of an executable built
+    with ``relax_pipeline="nimble"``. Load once to share the kernels among several executors (a pool)."""
     from .module import NimbleModule, load
 
     if isinstance(module_or_artifact, NimbleModule):
@@ -83,7 +86,7 @@ class NimbleExecutor:
         from .module import resolve_kernels
 
         self.check_inputs = check_inputs
-        self.module = _load(module_or_artifact)
+        self.module = load_module(module_or_artifact)
         self.plan = self.module.plan
         self.device = device_for(self.plan.target, device)
         is_gpu = self.plan.target.get("kind") == "cuda"
@@ -317,8 +320,9 @@ class NimbleExecutor:
                 self._owner = None  # this thread's sequence is complete; its outputs stay its own until the next run
             return out
 
-    def _release(self, thread) -> None:
-        """``thread`` is done with this executor (a pool takes it back): end its open sequence."""
+    def release_thread(self, thread) -> None:
+        """``thread`` is done with this executor (a pool takes it back): end its open
+        ``set_input``/``run``/``get_output`` sequence, so that the next thread to use it is not refused."""
         with self._lock:
             if self._owner is thread:
                 self._owner = None

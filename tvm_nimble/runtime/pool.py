@@ -19,7 +19,7 @@ import threading
 
 from tvm_nimble.errors import NimbleError
 
-from .executor import NimbleExecutor, _load
+from .executor import NimbleExecutor, load_module
 
 #: Default upper bound on the replicas a pool creates when ``replicas`` is not given.
 MAX_REPLICAS = 4
@@ -59,7 +59,7 @@ class NimblePool:
 
     def __init__(self, module_or_artifact, replicas: int | None = None, device=None, mode: str | None = None,
                  max_replicas: int = MAX_REPLICAS):
-        self.module = _load(module_or_artifact)
+        self.module = load_module(module_or_artifact)
         self.plan = self.module.plan
         if replicas is None:
             replicas = default_replicas(self.plan, device, max_replicas)
@@ -102,7 +102,7 @@ class NimblePool:
         try:
             yield ex
         finally:
-            ex._release(threading.current_thread())
+            ex.release_thread(threading.current_thread())
             self._idle.put(ex)
 
     def __call__(self, *inputs, **named) -> list:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .device import Workspace
 from .issue import COPY_IN, LAUNCH, READ_OUT, WAIT, bind_waits, issue_sequence, with_host_ops
+from .tvm_compat import tensor_view
 
 POISON = 0xFF  # all-ones bytes: NaN for floats, -1 for signed ints
 
@@ -117,7 +118,7 @@ def simulate(module, inputs: dict[str, np.ndarray], seed: int, device=None, ops=
                 remaining[r] -= 1
                 t = plan.tensors[r]
                 if poison and remaining[r] == 0 and t.kind == "intermediate":
-                    _poison(ws.storages[t.storage]._create_view([t.nbytes], "uint8", t.offset))
+                    _poison(tensor_view(ws.storages[t.storage], [t.nbytes], "uint8", t.offset))
     ws.release()
     return outs
 

@@ -11,9 +11,9 @@ server registered under the key, and calls these functions there:
 
 TVM's RPC server runs every session in a process of its own; its ``server_init_callback`` runs only
 in the server's process, which a spawned session does not inherit. So :func:`install`, that
-callback, points the private ``tvm.rpc.server._serve_loop`` (pinned TVM 0.27) at
-:func:`_session_loop`: each session process imports this module (by reference, whatever the start
-method) and registers the functions before TVM's serving loop.
+callback, replaces TVM's session loop with :func:`_session_loop` (through a private TVM API: see
+:func:`.tvm_compat.replace_rpc_serve_loop`): each session process imports this module (by
+reference, whatever the start method) and registers the functions before TVM's serving loop.
 Runtime only: the artifacts load with the TVM runtime, the vendor extension included.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import tarfile
 
-_original: dict = {}
+from .tvm_compat import replace_rpc_serve_loop, tvm_rpc_serve_loop
 
 
 def _unpacked(tar_name: str, workdir: str):
@@ -72,20 +72,14 @@ def register_session_functions(workdir: str) -> None:
 
 def _session_loop(sock, load_library, work_path):
     """One RPC session, in a process of its own: Nimble's functions, then TVM's serving loop."""
-    import tvm.rpc.server as server
-
     register_session_functions(work_path.path)
-    (_original.get("serve") or server._serve_loop)(sock, load_library, work_path)
+    tvm_rpc_serve_loop()(sock, load_library, work_path)
 
 
 def install() -> None:
     """``server_init_callback`` of ``tvm.rpc.Server``: in the server's process, every session process it
     starts from then on runs :func:`_session_loop` (and so offers the ``nimble.rpc.*`` functions)."""
-    import tvm.rpc.server as server
-
-    if "serve" not in _original:
-        _original["serve"] = server._serve_loop
-    server._serve_loop = _session_loop
+    replace_rpc_serve_loop(_session_loop)
     # Every session process imports TVM, and tvm_ffi imports PyTorch and asks torch.cuda.is_available(),
     # which initializes CUDA (10.5 s per session on the H100 image) and leaves a process that cannot fork
     # a CUDA-capable child. Sessions need neither: skip that probe (TVM-FFI's switch) and let PyTorch

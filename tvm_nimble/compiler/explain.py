@@ -31,9 +31,11 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     choice, check = kernel_choice_of(result.info)
     if choice:
         lines.append(summarize_kernel_choice(choice, check))
-        lines.append(f"  {'ops':>4s} {'vendor ms':>10s} {'tvm ms':>9s}  chosen  operators -> vendor call")
+        lines.append(f"  {'ops':>4s} {'provider':>9s} {'its ms':>8s} {'tvm ms':>8s}  chosen    operators -> provider call")
         for c in sorted(choice, key=lambda c: -c.count * max(c.vendor_ms, c.tvm_ms)):
-            lines.append(f"  {c.count:4d} {c.vendor_ms:10.4f} {c.tvm_ms:9.4f}  {c.kernel:6s}  {c.signature}")
+            chosen = (c.provider or "vendor") if c.kernel == "vendor" else "tvm"
+            lines.append(f"  {c.count:4d} {c.provider or 'vendor':>9s} {c.vendor_ms:8.4f} {c.tvm_ms:8.4f}  "
+                         f"{chosen:8s}  {c.signature}")
     if "streams_choice" in result.info:
         lines.append(summarize_streams(result.info["streams_choice"]))
     fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}

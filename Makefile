@@ -42,6 +42,6 @@ clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
 
 # Wheels the GPU machine's image lacks, carried along with the `device` tool (scripts/gpu_session.sh
-# installs them): tornado, which TVM's RPC tracker needs (`gpu_session.sh rpctune`).
+# installs them): tornado, which TVM's RPC tracker needs (`gpu_session.sh "experiment rpc_tune ..."`).
 .device-extra: | $(VENV)/bin/python
 	$(PY) -m pip download -q --no-deps --only-binary :all: --python-version 3.12 -d $@ "tornado>=6"

@@ -9,7 +9,7 @@ An event-driven simulation of one replay of the plan's CUDA graph:
     1, each advances at ``1 / sum(fills)`` of its solo speed (processor sharing) less a contention
     loss, so overlapping two kernels that each fill the GPU loses a little, and two that each fill
     half of it run in the time of one.
-Durations come from a graph-mode profile of the one-stream replay (``scripts/gpu_kernel_profile.py``),
+Durations come from a graph-mode profile of the one-stream replay (``scripts/experiments/kernel_profile.py``),
 fills from the kernels' launch shapes or, lacking them, from a calibration against measured
 multi-stream runs. Plain Python on a :class:`~tvm_nimble.runtime.plan.Plan`: no GPU, no TVM.
 """
@@ -29,7 +29,7 @@ class GPUModel:
     fill: float = 1.0
 
 
-#: fitted to six multi-branch nets on an H100 (benchmarks/findings.md, scripts/calibrate_schedule_sim.py);
+#: fitted to six multi-branch nets on an H100 (benchmarks/findings.md, scripts/experiments/calibrate_schedule_sim.py);
 #: launch durations from a profile that brackets each launch carry H100_BRACKET_US each
 H100 = GPUModel(launch_us=0.0, wait_us=1.0, contention=0.0, fill=0.4)
 H100_BRACKET_US = 2.5

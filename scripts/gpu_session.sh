@@ -1,33 +1,29 @@
 #!/usr/bin/env bash
-# One GPU-machine call of measurements, each step time-boxed, everything packed into $OUT at the end.
+# The GPU session runner: one GPU-machine call of time-boxed steps, everything packed into $OUT at the end.
 #
-#   . .device/setup.sh && bash scripts/gpu_session.sh "validate" "tune zoo:incept6 500" ...
+#   . .device/setup.sh && bash scripts/gpu_session.sh "validate" "tune zoo:incept6 500" \
+#       "experiment stream_choice 300 --models tv:googlenet --batch 1,8"
 #
 # Steps (run in order; a failing or overrunning step is logged and the next one runs):
-#   validate                      scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
-#   vendorcheck                   scripts/gpu_vendor_check.py: the cuDNN/cuBLASLt extension against PyTorch
-#   profile SECONDS ARGS...       scripts/gpu_kernel_profile.py ARGS --out $WORK/profile (per-kernel profile)
-#   gputests SECONDS              pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
-#   pool SECONDS ARGS...          scripts/gpu_pool_bench.py ARGS --out $WORK/pool (replicas x threads, bit-identity)
-#   explainprofile SECONDS ARGS...  scripts/gpu_explain_profile.py ARGS --out $WORK/explain (timeline PNGs)
-#   streamchoice SECONDS ARGS...  scripts/gpu_stream_choice.py ARGS --out $WORK/streams (caps and priorities
-#                                 measured: auto against widest and one-stream)
-#   concat SECONDS ARGS...        scripts/gpu_concat_in_place.py ARGS --out $WORK/concat (concats built in place
-#                                 against concat kernels, multi- and one-stream, outputs checked first)
-#   rpctune SECONDS ARGS...       scripts/gpu_rpc_tune.py ARGS --out $WORK/rpc (trials/min: local, 1 and 2 RPC
-#                                 servers on the loopback; needs tornado: carry .device-extra, see below)
-#   remotebest SECONDS ARGS...   scripts/gpu_remote_best.py ARGS --out $WORK/remotebest (kernels='best' and
-#                                 max_streams='auto' timed through a loopback RPC tracker against timed here)
-#   maxconn SECONDS ARGS...       scripts/gpu_max_connections.py ARGS --out $WORK/maxconn (the widest schedule and
-#                                 one stream timed in fresh processes per CUDA_DEVICE_MAX_CONNECTIONS setting)
-#   artifact DIR                  run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
-#   tune MODEL SECONDS            tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
-#                                 resuming the committed tuning/sm_90/NAME or what an earlier call left there
-#   bench SECONDS ARGS...         tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME means
-#                                 $WORK/tuning/NAME)
+#   validate                         scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
+#   gputests SECONDS                 pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
+#   artifact DIR                     run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
+#   tune MODEL SECONDS               tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
+#                                    resuming the committed tuning/sm_90/NAME or what an earlier call left there
+#   bench SECONDS ARGS...            tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME: $WORK/tuning/NAME)
+#   experiment NAME SECONDS ARGS...  scripts/experiments/NAME.py ARGS --out $WORK/NAME (the experiments and
+#                                    their arguments: scripts/experiments/README.md)
+# With no steps (or --list) it prints this and exits.
 # State lives in $WORK (default /tmp/nimble-work), so a later call on the same machine continues it.
-# $OUT gets session.tgz (tuning databases, bench CSV, validate JSON and PNGs) and session.log.
-# PYTHON (default python3) runs the steps. DEADLINE (seconds, default 570) bounds the whole call: steps are cut to what is left of it.
+# $OUT gets session.tgz (all of $WORK but tuning logs and libraries) and session.log.
+# PYTHON (default python3) runs the steps; TARGET=llvm makes tune and bench a CPU dry run.
+# DEADLINE (seconds, default 570) bounds the whole call: steps are cut to what is left of it.
+# Wheels the GPU image lacks (tornado, for TVM's RPC tracker): `make .device-extra` here, carry it along.
+if (( $# == 0 )) || [[ $1 == --list || $1 == -h || $1 == --help ]]; then
+    sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+    (( $# == 0 )) && exit 2
+    exit 0
+fi
 set -u
 WORK=${WORK:-/tmp/nimble-work}
 DEADLINE=${DEADLINE:-570}
@@ -41,7 +37,6 @@ for d in tuning/sm_90/*/; do
     [[ -d $d && ! -e $WORK/tuning/$(basename "$d") ]] && cp -r "$d" "$WORK/tuning/"
 done
 PYTHON=${PYTHON:-python3}
-# wheels the GPU image lacks (tornado, for TVM's RPC tracker): `make .device-extra` here, carry it along
 if compgen -G ".device-extra/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/nimble-device/site .device-extra/*.whl 2>>"$LOG"
 fi
@@ -65,24 +60,6 @@ for spec in "$@"; do
     case ${a[0]} in
         validate)
             step 90 "$PYTHON" scripts/gpu_validate.py --art out/gpu --out "$WORK/validate" ;;
-        vendorcheck)
-            step 150 "$PYTHON" scripts/gpu_vendor_check.py --out "$WORK/vendor" ;;
-        profile)
-            step "${a[1]}" "$PYTHON" scripts/gpu_kernel_profile.py "${a[@]:2}" --out "$WORK/profile" ;;
-        explainprofile)
-            step "${a[1]}" "$PYTHON" scripts/gpu_explain_profile.py "${a[@]:2}" --out "$WORK/explain" ;;
-        streamchoice)
-            step "${a[1]}" "$PYTHON" scripts/gpu_stream_choice.py "${a[@]:2}" --out "$WORK/streams" ;;
-        concat)
-            step "${a[1]}" "$PYTHON" scripts/gpu_concat_in_place.py "${a[@]:2}" --out "$WORK/concat" ;;
-        rpctune)
-            step "${a[1]}" "$PYTHON" scripts/gpu_rpc_tune.py "${a[@]:2}" --out "$WORK/rpc" ;;
-        maxconn)
-            step "${a[1]}" "$PYTHON" scripts/gpu_max_connections.py "${a[@]:2}" --out "$WORK/maxconn" ;;
-        remotebest)
-            step "${a[1]}" "$PYTHON" scripts/gpu_remote_best.py "${a[@]:2}" --out "$WORK/remotebest" ;;
-        pool)
-            step "${a[1]}" "$PYTHON" scripts/gpu_pool_bench.py "${a[@]:2}" --out "$WORK/pool" ;;
         gputests)
             step "${a[1]}" "$PYTHON" -m pytest -q -m gpu tests/gpu -p no:cacheprovider ;;
         artifact)
@@ -105,7 +82,16 @@ for art in sorted(glob.glob(d + '/*.nimble')):
             args=("${a[@]:2}")
             for i in "${!args[@]}"; do [[ ${args[$i]} == @* ]] && args[$i]="$WORK/tuning/${args[$i]#@}"; done
             step "${a[1]}" "$PYTHON" -m tvm_nimble.cli bench --target "$TARGET" "${args[@]}" --out "$WORK/bench" ;;
-        *) echo "unknown step: $spec" | tee -a "$LOG" ;;
+        experiment)
+            name=${a[1]:-}
+            if [[ -z $name || $name == gpu_args || ! -f scripts/experiments/$name.py ]]; then
+                echo "unknown experiment: '$name' (scripts/experiments/README.md lists them)" | tee -a "$LOG"
+            elif [[ ! ${a[2]:-} =~ ^[0-9]+$ ]]; then
+                echo "experiment $name: SECONDS missing (experiment NAME SECONDS ARGS...)" | tee -a "$LOG"
+            else
+                step "${a[2]}" "$PYTHON" "scripts/experiments/$name.py" "${a[@]:3}" --out "$WORK/$name"
+            fi ;;
+        *) echo "unknown step: $spec (bash scripts/gpu_session.sh --list)" | tee -a "$LOG" ;;
     esac
 done
 # MetaSchedule's per-task logs are large and nest too deep to come back; the tails of the scheduler's
@@ -119,4 +105,4 @@ for logs in "$WORK"/tuning/*/logs; do
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^concat |^streams |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80
+grep -E "^concat |^streams |^remote-best |^diag |queues |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

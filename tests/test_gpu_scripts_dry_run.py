@@ -1,4 +1,5 @@
-"""The GPU validation path (prepare -> validate -> record), dry-run end to end on llvm artifacts.
+"""The GPU validation path (prepare -> validate -> record), dry-run end to end on llvm artifacts, and
+the experiments under scripts/experiments/ (one through the session runner's ``experiment`` step).
 
 The GPU machine is expensive to reach; this keeps its scripts from rotting between GPU runs.
 """
@@ -18,6 +19,27 @@ def script(name, *args, cwd):
                        text=True, cwd=cwd, env=dict(os.environ, PYTHONPATH=ROOT), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
+
+
+def session(*steps, tmp_path):
+    """scripts/gpu_session.sh STEPS... on llvm, its state in tmp_path/work: (the session log, the work dir)."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHON=sys.executable, TARGET="llvm", WORK=str(work), OUT=str(out),
+               DEADLINE="900")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_session.sh"), *steps], capture_output=True,
+                       text=True, cwd=ROOT, env=env, timeout=960)
+    log = (out / "session.log").read_text()
+    assert r.returncode == 0 and (out / "session.tgz").is_file(), r.stderr[-3000:] + log[-3000:]
+    return log, work
+
+
+def test_session_runner_lists_its_steps(tmp_path):
+    """No steps: the step list, nothing run; an unknown experiment is named in the log, the call goes on."""
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_session.sh")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "experiment NAME SECONDS ARGS..." in r.stdout and "tune MODEL SECONDS" in r.stdout
+    log, _ = session("experiment no_such_experiment 30", "concat 30", tmp_path=tmp_path)
+    assert "unknown experiment: 'no_such_experiment'" in log and "unknown step: concat 30" in log
 
 
 def test_prepare_validate_record_on_cpu(tmp_path):
@@ -40,7 +62,7 @@ def test_prepare_validate_record_on_cpu(tmp_path):
 
 
 def test_pool_bench_on_cpu(tmp_path):
-    out = script("gpu_pool_bench.py", "--models", "zoo:inception", "--target", "llvm", "--seconds", "0.2",
+    out = script("experiments/pool_bench.py", "--models", "zoo:inception", "--target", "llvm", "--seconds", "0.2",
                  "--runs", "80", "--out", str(tmp_path / "pool"), cwd=tmp_path)
     res = json.load(open(tmp_path / "pool" / "pool_inception.json"))
     assert [r["replicas"] for r in res["rows"]] == ["executor", 1, 2, 4]
@@ -50,11 +72,11 @@ def test_pool_bench_on_cpu(tmp_path):
 
 
 def test_rpc_tune_script_on_cpu(tmp_path):
-    """The GPU session's rpctune step, dry-run on llvm: local, 1 and 2 loopback servers, trials counted."""
+    """The rpc_tune experiment, dry-run on llvm: local, 1 and 2 loopback servers, trials counted."""
     import pytest
 
     pytest.importorskip("tornado")
-    out = script("gpu_rpc_tune.py", "--model", "zoo:incept6", "--target", "llvm", "--trials", "4",
+    out = script("experiments/rpc_tune.py", "--model", "zoo:incept6", "--target", "llvm", "--trials", "4",
                  "--out", str(tmp_path / "rpc"), cwd=tmp_path)
     rows = json.load(open(tmp_path / "rpc" / "rpc_tune.json"))["rows"]
     assert [r["servers"] for r in rows] == [0, 1, 2]
@@ -63,20 +85,21 @@ def test_rpc_tune_script_on_cpu(tmp_path):
 
 
 def test_stream_choice_script_on_cpu(tmp_path):
-    """The GPU session's streamchoice step, dry-run on llvm: builds, chooses (nothing measured without a
-    GPU: the widest schedule, said so), writes its JSON."""
-    out = script("gpu_stream_choice.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
-                 "--out", str(tmp_path / "streams"), cwd=tmp_path)
-    row, = json.load(open(tmp_path / "streams" / "stream_choice.json"))
+    """The stream_choice experiment through the session runner's experiment step, dry-run on llvm: builds,
+    chooses (nothing measured without a GPU: the widest schedule, said so), writes its JSON."""
+    out, work = session("experiment stream_choice 600 --models zoo:inception --target llvm --kernels tvm",
+                        tmp_path=tmp_path)
+    assert "scripts/experiments/stream_choice.py" in out and "== rc=0 " in out, out[-3000:]
+    row, = json.load(open(work / "stream_choice" / "stream_choice.json"))
     assert row["model"] == "incept6" and row["batch"] == 1 and row["auto_ms"] is None
     assert row["record"]["how"].startswith("widest") and row["auto_streams"] > 1
     assert "nothing measured" in out
 
 
 def test_max_connections_script_on_cpu(tmp_path):
-    """The GPU session's maxconn step, dry-run on llvm: one build, both artifacts exported and timed in a
+    """The max_connections experiment, dry-run on llvm: one build, both artifacts exported and timed in a
     fresh process per setting (the setting means nothing on a CPU; the plumbing is what is checked)."""
-    out = script("gpu_max_connections.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+    out = script("experiments/max_connections.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
                  "--connections", "8,32", "--out", str(tmp_path / "maxconn"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "maxconn" / "max_connections.json"))
     assert row["model"] == "incept6" and row["streams"] > 1 and set(row["by_connections"]) == {"8", "32"}
@@ -86,8 +109,8 @@ def test_max_connections_script_on_cpu(tmp_path):
 
 
 def test_concat_in_place_script_on_cpu(tmp_path):
-    """The GPU session's concat step, dry-run on llvm: both builds, outputs checked against each other."""
-    out = script("gpu_concat_in_place.py", "--models", "zoo:inception", "--target", "llvm",
+    """The concat_in_place experiment, dry-run on llvm: both builds, outputs checked against each other."""
+    out = script("experiments/concat_in_place.py", "--models", "zoo:inception", "--target", "llvm",
                  "--out", str(tmp_path / "concat"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "concat" / "concat_in_place.json"))
     assert row["model"] == "incept6" and row["concats_in_place"] == 6
@@ -97,10 +120,10 @@ def test_concat_in_place_script_on_cpu(tmp_path):
 
 
 def test_remote_best_script_on_cpu(tmp_path):
-    """The GPU session's remotebest step, dry-run on llvm: a loopback tracker, the model built here and
+    """The remote_best experiment, dry-run on llvm: a loopback tracker, the model built here and
     through it, the two outputs compared, both replayed (no kernel choice without a GPU)."""
     pytest.importorskip("tornado")
-    out = script("gpu_remote_best.py", "--models", "zoo:inception", "--target", "llvm",
+    out = script("experiments/remote_best.py", "--models", "zoo:inception", "--target", "llvm",
                  "--out", str(tmp_path / "rb"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "rb" / "remote_best.json"))
     assert row["model"] == "incept6" and row["chains"] == 0 and row["rel_err"] < 1e-6

@@ -2,7 +2,7 @@
 real `tvm-nimble rpc-server` on 127.0.0.1. Without a GPU here, what can be checked is the path: plans
 exported, uploaded, loaded and replayed in the server's session (llvm), the server's answer to "which
 GPU do you have", and one-line errors where a GPU or a flag is missing. The GPU run of the same path
-(kernels='best' built through a loopback tracker on the H100) is scripts/gpu_remote_best.py."""
+(kernels='best' built through a loopback tracker on the H100) is scripts/experiments/remote_best.py."""
 import numpy as np
 import pytest
 

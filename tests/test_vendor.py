@@ -1,6 +1,6 @@
 """The vendor-kernel extension (cuDNN conv, cuBLASLt GEMM): build, load and loader errors, on CPU.
 
-Numerics, streams and CUDA graphs need a GPU: scripts/gpu_vendor_check.py checks those there.
+Numerics, streams and CUDA graphs need a GPU: scripts/experiments/vendor_check.py checks those there.
 """
 import ast
 import os
@@ -185,7 +185,7 @@ def test_runtime_loader_imports_only_the_runtime():
 
 
 def test_gpu_check_script_fails_fast_without_a_gpu(tmp_path):
-    script = os.path.join(ROOT, "scripts", "gpu_vendor_check.py")
+    script = os.path.join(ROOT, "scripts", "experiments", "vendor_check.py")
     env = dict(os.environ, PYTHONPATH=ROOT)
     r = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and "--lib" in r.stdout and "--out" in r.stdout
@@ -193,4 +193,4 @@ def test_gpu_check_script_fails_fast_without_a_gpu(tmp_path):
                        timeout=120)
     assert r.returncode == 2, r.stderr
     line = r.stderr.strip()
-    assert "\n" not in line and line.startswith("gpu_vendor_check: ") and ("PyTorch" in line or "GPU" in line), line
+    assert "\n" not in line and line.startswith("vendor_check: ") and ("PyTorch" in line or "GPU" in line), line

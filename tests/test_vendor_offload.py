@@ -1,6 +1,6 @@
 """OffloadToVendor on CPU: which chains it replaces, and that the rewritten module computes the same.
 
-The vendor functions themselves need a GPU (scripts/gpu_vendor_check.py checks them against
+The vendor functions themselves need a GPU (scripts/experiments/vendor_check.py checks them against
 PyTorch there). Here the contract of each function -- argument order, the attrs layout, bias,
 residual and activation -- is implemented once in numpy and registered under the vendor names, so
 the rewritten module runs through the real Relax VM and the Nimble executor on llvm and is compared

@@ -1,6 +1,6 @@
 """The vendor functions' contract in numpy, registered under their global names, so modules with
 vendor calls run on llvm (CPU tests); the real functions are checked against PyTorch on a GPU by
-scripts/gpu_vendor_check.py."""
+scripts/experiments/vendor_check.py."""
 import contextlib
 
 import numpy as np

@@ -1,9 +1,13 @@
-"""Time stage 1 on a real ~1,500-kernel Relax module: DAG extraction + Nimble assignment + IR rewrite.
+"""Experiment (CPU): time stage 1 on a real ~1,500-kernel Relax module: DAG extraction + Nimble
+assignment + IR rewrite.
 
 Builds the zoo Inception-style net with enough blocks for ~1,500 kernels, runs TVM's kernel
 passes once (not timed), then times the AnnotateStreams pass (median of 3).
 
-    python scripts/bench_annotation.py [--blocks 150]
+Findings: no GPU session; the compile-time figure in README.md (0.45 s for 150 Inception blocks)
+comes from this, run on the development machine. Raw outputs: none kept (one printed line).
+
+    python scripts/experiments/bench_annotation.py [--blocks 150]
 """
 from __future__ import annotations
 

@@ -1,8 +1,13 @@
-"""Calibrate the schedule simulator (codegen/schedule_sim.py) on measured GPU replays, and score it.
+"""Experiment (analysis, no GPU): calibrate the schedule simulator (codegen/schedule_sim.py) on measured
+GPU replays, and score it.
 
-    python3 scripts/calibrate_schedule_sim.py benchmarks/raw/2026-11-23-h100-s6/profiles_with_plans.tar.xz
+    python3 scripts/experiments/calibrate_schedule_sim.py benchmarks/raw/2026-11-23-h100-s6/profiles_with_plans.tar.xz
 
-Input: the per-kernel profiles of scripts/gpu_kernel_profile.py (a directory of profile_*.json, or a
+Findings: on the sixth H100 session's profiles (4.5% mean error in-sample, 6.6% leave-one-model-out),
+benchmarks/findings.md; the fitted constants are codegen/schedule_sim.py's defaults. Raw inputs:
+benchmarks/raw/2026-11-23-h100-s6/profiles_with_plans.tar.xz; its output is printed, not kept.
+
+Input: the per-kernel profiles of scripts/experiments/kernel_profile.py (a directory of profile_*.json, or a
 tarball of one), each with the one-stream and the multi-stream plan, the one-stream plan's graph-mode
 launch durations and both measured latencies. Every model gives two cases: its one-stream replay and
 its multi-stream replay, simulated with the one-stream (solo) durations. Prints the fitted GPU model,

@@ -1,9 +1,16 @@
-"""Concatenations built in place against concat kernels, side by side on this GPU: each model built
-twice (``concat_in_place`` on and off, same kernels otherwise), Nimble's widest schedule and the
-one-stream schedule of each, CUDA-graph replays interleaved in one process. Every build's output is
-checked first: against PyTorch for tv:/timm: models, against the other build always.
+"""Experiment: what building concatenations in place gains over concat kernels, on this GPU.
 
-    python3 scripts/gpu_concat_in_place.py --models tv:googlenet,tv:inception_v3 --kernels vendor --out DIR
+Each model is built twice (``concat_in_place`` on and off, same kernels otherwise); Nimble's widest
+schedule and the one-stream schedule of each are replayed as CUDA graphs, interleaved in one process.
+Every build's output is checked first: against PyTorch for tv:/timm: models, against the other build
+always.
+
+Findings: seventh H100 session (vendor kernels) and eighth (``kernels="best"``, after the concat-order
+fix), benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-24-h100-s7/concat_in_place.json,
+benchmarks/raw/2026-11-24-h100-s8/concat_in_place.json, and the session logs beside them.
+
+    bash scripts/gpu_session.sh "experiment concat_in_place 300 --models tv:googlenet,tv:inception_v3 --kernels vendor"
+    python3 scripts/experiments/concat_in_place.py --models zoo:inception --target llvm --out DIR   # CPU dry run
 
 Writes DIR/concat_in_place.json and prints a table (``concat`` lines).
 """
@@ -14,7 +21,7 @@ import os
 
 import numpy as np
 
-import gpu_args  # the shared command line, beside this script in scripts/
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 
 def _outputs(result, x, device, mode: str):
@@ -42,8 +49,8 @@ def main(argv=None):
     import tvm
 
     from tvm_nimble.bench.harness import rel_l2, torch_reference
-    from tvm_nimble.cli.tune import _load
-    from tvm_nimble.compiler.build import build, schedule
+    from tvm_nimble.cli.models import load_model
+    from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.stream_choice import rescheduled
     from tvm_nimble.runtime.timing import replay_ms
 
@@ -52,12 +59,12 @@ def main(argv=None):
     rows = []
     for spec in args.models.split(","):
         for batch in [int(b) for b in args.batch.split(",")]:
-            name, model = _load(spec, batch=batch)
+            name, model = load_model(spec, batch=batch)
             kernels = args.kernels if gpu else "tvm"
             builds = {"in-place": build(model, target, max_streams=None, kernels=kernels),
                       "concat-kernels": build(model, target, max_streams=None, kernels=kernels, concat_in_place=False)}
             for key in list(builds):
-                builds[f"{key} 1-stream"] = rescheduled(builds[key], schedule, 1)
+                builds[f"{key} 1-stream"] = rescheduled(builds[key], 1)
             shape = builds["in-place"].plan.tensors[builds["in-place"].plan.inputs[0]].shape
             x = np.random.default_rng(0).standard_normal(shape).astype("float32")
             outs = {k: _outputs(b, x, device, "cuda-graph" if gpu else "sequential") for k, b in builds.items()}

@@ -1,7 +1,12 @@
-"""`tvm-nimble explain --profile` on a benchmark model: builds the ONNX file (zoo:NAME, tv:NAME or
-timm:NAME, as `bench` does), then runs explain with the timeline picture written to DIR/timeline_NAME.png.
+"""Experiment: `tvm-nimble explain --profile` on benchmark models, on a GPU: builds the ONNX file
+(zoo:NAME, tv:NAME or timm:NAME, as `bench` does), then runs explain with the measured and planned
+timeline picture written to DIR/timeline_NAME.png.
 
-    python3 scripts/gpu_explain_profile.py --models zoo:incept6,tv:inception_v3 --out DIR
+Findings: eighth H100 session (measured / critical-path bound, simulator error), benchmarks/findings.md.
+Raw outputs: benchmarks/raw/2026-11-24-h100-s8/timeline_incept6.png, timeline_googlenet.png and
+session_call1.log beside them.
+
+    bash scripts/gpu_session.sh "experiment explain_profile 200 --models zoo:incept6,tv:googlenet"
 """
 from __future__ import annotations
 
@@ -15,12 +20,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     from tvm_nimble import zoo
-    from tvm_nimble.cli.tune import _load
+    from tvm_nimble.cli.models import load_model
     from tvm_nimble.compiler.explain import explain_model
 
     os.makedirs(args.out, exist_ok=True)
     for spec in args.models.split(","):
-        name, model = _load(spec)
+        name, model = load_model(spec)
         path = zoo.save(model, os.path.join(args.out, f"{name}.onnx"))
         print(f"== {spec}")
         print(explain_model(path, {"kind": "cuda"}, profile_png=os.path.join(args.out, f"timeline_{name}.png")))

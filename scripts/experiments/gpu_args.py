@@ -1,5 +1,6 @@
-"""The command line the per-model GPU scripts share: --models, --target (cuda, or llvm for a CPU dry
-run), --out, and where a script measures several batches and kernel kinds, --batch and --kernels."""
+"""Not an experiment: the command line the per-model GPU experiments beside it share (``import gpu_args``):
+--models, --target (cuda, or llvm for a CPU dry run), --out, and where an experiment measures several
+batches and kernel kinds, --batch and --kernels."""
 from __future__ import annotations
 
 import argparse

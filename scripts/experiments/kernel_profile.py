@@ -1,6 +1,13 @@
-"""Per-kernel GPU profile of a torchvision/timm model built with Nimble: where the time goes.
+"""Experiment: per-kernel GPU profile of a torchvision/timm model built with Nimble: where the time goes,
+and how far the multi-stream replay is from the critical-path bound.
 
-    python3 scripts/gpu_kernel_profile.py --models tv:inception_v3,tv:googlenet --kernels vendor --batch 1 --out DIR
+Findings: fifth H100 session (TVM's avg_pool2d at 29% of inception_v3's kernel time, hence pools on
+cuDNN) and sixth (the critical-path bound of six multi-branch nets), benchmarks/findings.md. Raw
+outputs: benchmarks/raw/2026-11-23-h100-s5/profile_inception_v3_b{1,8}.json,
+benchmarks/raw/2026-11-23-h100-s6/profile_*_b1.json and profiles_with_plans.tar.xz (the input of
+calibrate_schedule_sim.py).
+
+    bash scripts/gpu_session.sh "experiment kernel_profile 200 --models tv:inception_v3,tv:googlenet --kernels best"
 
 For each model: builds the one-stream and the multi-stream plans (same kernels), profiles one replay
 of each as a CUDA graph with an event pair around every launch (``NimbleExecutor.profile``), and

@@ -1,4 +1,4 @@
-"""Do the GPU's hardware work queues limit a wide multi-stream graph?
+"""Experiment: do the GPU's hardware work queues limit a wide multi-stream graph?
 
 CUDA maps streams, and the concurrent branches of a CUDA graph, onto ``CUDA_DEVICE_MAX_CONNECTIONS``
 hardware queues (8 by default, at most 32); a plan with more streams than that shares them, and two
@@ -7,7 +7,12 @@ process creates its CUDA context, so it cannot be compared inside one process: e
 once (the widest schedule and its one-stream twin), exported, and both artifacts are timed in fresh
 processes, one per setting, alternating the settings round by round so that drift hits all alike.
 
-    python3 scripts/gpu_max_connections.py --models timm:nasnetalarge --connections 8,32 --out DIR
+Findings: ninth H100 session (nasnetalarge's 14 streams: 8 and 32 queues time alike), benchmarks/findings.md.
+Raw outputs: the ``max_connections`` lines of benchmarks/raw/2026-11-24-h100-s9/session_call4.log (the JSON
+was not kept).
+
+    bash scripts/gpu_session.sh "experiment max_connections 400 --models timm:nasnetalarge --connections 8,32"
+    python3 scripts/experiments/max_connections.py --models zoo:inception --target llvm --kernels tvm --out DIR
 
 Writes DIR/max_connections.json and prints a table: per setting, the multi- and one-stream medians.
 """
@@ -20,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-import gpu_args  # the shared command line, beside this script in scripts/
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 ROUNDS = 3
 
@@ -45,16 +50,16 @@ def main(argv=None):
     known, rest = extra.parse_known_args(argv)
     args, target = gpu_args.parse(__doc__, rest, "timm:nasnetalarge", batches_and_kernels=True)
     settings = [int(c) for c in known.connections.split(",")]
-    from tvm_nimble.cli.tune import _load
-    from tvm_nimble.compiler.build import build, schedule
+    from tvm_nimble.cli.models import load_model
+    from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.stream_choice import rescheduled
 
     rows = []
     for spec in args.models.split(","):
         for batch in [int(b) for b in args.batch.split(",")]:
-            name, model = _load(spec, batch=batch)
+            name, model = load_model(spec, batch=batch)
             widest = build(model, target, max_streams=None, kernels=args.kernels)
-            single = rescheduled(widest, schedule, 1)
+            single = rescheduled(widest, 1)
             art = tempfile.mkdtemp(prefix=f"{name}-b{batch}-")  # not under --out: large, and rebuilt at will
             paths = [b.export(os.path.join(art, kind, "model.nimble")) for kind, b in (("multi", widest), ("single", single))]
             samples: dict[int, list[list[float]]] = {c: [] for c in settings}

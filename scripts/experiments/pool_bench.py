@@ -1,8 +1,12 @@
-"""NimblePool on a GPU: throughput of 1, 2, 4 replicas under 8 client threads, and 10,000 pooled runs
-checked bit for bit.
+"""Experiment: NimblePool on a GPU: throughput of 1, 2, 4 replicas under 8 client threads, and 10,000
+pooled runs checked bit for bit.
 
-    python3 scripts/gpu_pool_bench.py --models tv:googlenet,tv:inception_v3 --out DIR [--seconds 3]
-    python3 scripts/gpu_pool_bench.py --models zoo:inception --target llvm --runs 80 --out DIR   # CPU dry run
+Findings: sixth H100 session (more replicas add little at batch 1; every pooled run bit-identical),
+benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-23-h100-s6/pool_googlenet.json,
+pool_inception_v3.json and call10-session.log beside them.
+
+    bash scripts/gpu_session.sh "experiment pool_bench 210 --models tv:googlenet,tv:inception_v3 --seconds 3"
+    python3 scripts/experiments/pool_bench.py --models zoo:inception --target llvm --runs 80 --out DIR   # CPU dry run
 
 For each model (built once, ``--kernels``, default vendor): the single-thread rate of one executor
 (``ex(x)``, copies out, the same work a pool call does), then for each replica count the pool's rate

@@ -1,9 +1,13 @@
-"""kernels='best' measured through TVM's RPC tracker against measured here, on one GPU machine: a
+"""Experiment: kernels='best' measured through TVM's RPC tracker against measured here, on one GPU machine: a
 tracker and one `tvm-nimble rpc-server` on the loopback; each model built twice with kernels='best' and
 max_streams='auto' (once timing on this GPU, once through the tracker), then both artifacts checked
 against each other and replayed side by side here.
 
-    python3 scripts/gpu_remote_best.py --models zoo:incept6,tv:googlenet --out DIR
+Findings: eighth H100 session, benchmarks/findings.md. Raw outputs:
+benchmarks/raw/2026-11-24-h100-s8/remote_best.json and session_call2.log beside it.
+
+    bash scripts/gpu_session.sh "experiment remote_best 300 --models zoo:incept6,tv:googlenet"
+    python3 scripts/experiments/remote_best.py --models zoo:inception --target llvm --out DIR   # CPU dry run
 
 Writes DIR/remote_best.json and prints a table: the build time each way, how many chains got the same
 kernel, the stream cap each chose, and the two artifacts' replay times. On llvm (a CPU dry run) the
@@ -17,7 +21,7 @@ import time
 
 KEY = "nimble-remote-best"
 
-import gpu_args  # the shared command line, beside this script in scripts/
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 
 def main(argv=None):
@@ -25,7 +29,7 @@ def main(argv=None):
     import numpy as np
 
     from tvm_nimble import NimbleExecutor
-    from tvm_nimble.cli.tune import _load
+    from tvm_nimble.cli.models import load_model
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.kernel_choice import from_info
     from tvm_nimble.compiler.tuning.remote import loopback_fleet
@@ -36,7 +40,7 @@ def main(argv=None):
     rows = []
     with loopback_fleet(1, KEY, args.out) as (tracker, _):
         for spec in args.models.split(","):
-            name, model = _load(spec)
+            name, model = load_model(spec)
             built, seconds = {}, {}
             for where, rpc in (("here", {}), ("tracker", {"rpc_tracker": tracker, "rpc_key": KEY})):
                 t0 = time.time()

@@ -1,10 +1,16 @@
-"""Tuning throughput through TVM's RPC tracker on this machine: trials per minute measured here
-(local runner) and through a tracker with 1 and 2 RPC servers on the loopback, same model, same
+"""Experiment: tuning throughput through TVM's RPC tracker on this machine: trials per minute measured
+here (local runner) and through a tracker with 1 and 2 RPC servers on the loopback, same model, same
 trial count, fresh databases.
 
-    python3 scripts/gpu_rpc_tune.py --model zoo:incept6 --trials 64 --out DIR [--target cuda]
+Findings: eighth H100 session (the seventh's run failed), benchmarks/findings.md; figure
+benchmarks/rpc_tune_h100.png (plot_rpc_tune.py). Raw outputs: benchmarks/raw/2026-11-24-h100-s8/rpc_tune.json
+(forked sessions), rpc_tune_spawned_sessions.json, rpc_tune_forkserver_failed.json and the session logs.
 
-Writes DIR/rpc_tune.json and prints a table. The tracker needs the tornado package.
+    bash scripts/gpu_session.sh "experiment rpc_tune 400 --model zoo:incept6 --trials 16"
+    python3 scripts/experiments/rpc_tune.py --model zoo:incept6 --target llvm --trials 4 --out DIR   # CPU dry run
+
+Writes DIR/rpc_tune.json and prints a table. The tracker needs the tornado package (on the GPU machine:
+`make .device-extra` here and carry it; gpu_session.sh installs it).
 """
 from __future__ import annotations
 
@@ -29,13 +35,13 @@ def main(argv=None):
     # each round's start (and so where a slow run spends its time) goes to the log with a timestamp
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("tvm_nimble").setLevel(logging.INFO)
-    from tvm_nimble.cli.tune import _load
+    from tvm_nimble.cli.models import load_model
     from tvm_nimble.compiler.target import resolve_target, target_dict
     from tvm_nimble.compiler.tuning.remote import loopback_fleet
     from tvm_nimble.compiler.tuning.tune import tune
 
     os.makedirs(args.out, exist_ok=True)
-    _, model = _load(args.model)
+    _, model = load_model(args.model)
     target = target_dict(resolve_target(args.target))
     rows = []
     for servers in (0, 1, 2):

@@ -1,7 +1,14 @@
-"""The stream choice (``max_streams="auto"``) on benchmark models: every cap, then critical-path stream
-priorities, measured on this GPU with one compiled library per model and batch.
+"""Experiment: the stream choice (``max_streams="auto"``) on benchmark models: every cap (program order
+and least slack first), then critical-path stream priorities, measured on this GPU with one compiled
+library per model and batch.
 
-    python3 scripts/gpu_stream_choice.py --models tv:googlenet,tv:inception_v3 --batch 1,8 --kernels vendor --out DIR
+Findings: seventh H100 session (priorities), eighth (caps at batch 32), ninth (cost-aware caps),
+benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-24-h100-s7/stream_choice.json,
+benchmarks/raw/2026-11-24-h100-s8/stream_choice.json,
+benchmarks/raw/2026-11-24-h100-s9/stream_choice_nasnetalarge_b8.json and the session logs beside them.
+
+    bash scripts/gpu_session.sh "experiment stream_choice 400 --models tv:googlenet,tv:inception_v3 --batch 1,8"
+    python3 scripts/experiments/stream_choice.py --models zoo:inception --target llvm --kernels tvm --out DIR
 
 Writes DIR/stream_choice.json (every candidate's time, the priority trial) and prints a table:
 auto (what the choice keeps) against the widest schedule, the one-stream graph and the best capped
@@ -12,21 +19,21 @@ from __future__ import annotations
 import json
 import os
 
-import gpu_args  # the shared command line, beside this script in scripts/
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 
 def main(argv=None):
     args, target = gpu_args.parse(__doc__, argv, "tv:googlenet", batches_and_kernels=True)
-    from tvm_nimble.cli.tune import _load
-    from tvm_nimble.compiler.build import build, schedule
+    from tvm_nimble.cli.models import load_model
+    from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize
 
     rows = []
     for spec in args.models.split(","):
         for batch in [int(b) for b in args.batch.split(",")]:
-            name, model = _load(spec, batch=batch)
+            name, model = load_model(spec, batch=batch)
             widest = build(model, target, max_streams=None, kernels=args.kernels)
-            chosen, record = choose_streams(widest, schedule)
+            chosen, record = choose_streams(widest)
             print(f"{name} batch {batch}: {summarize(record)}", flush=True)
             times = {(c["max_streams"], c["order"]): c.get("measured_ms") for c in record["candidates"]}
             prio = record.get("priority") or {}

@@ -1,13 +1,23 @@
-"""One training step of a training-benchmark model on every GPU system against the CPU build: which
-outputs (loss, new parameters, optimizer state) differ, and on which systems.
+"""Experiment (diagnosis): one training step of a training-benchmark model on every GPU system against
+the CPU build: which outputs (loss, new parameters, optimizer state) differ, and on which systems.
 
-    python3 scripts/gpu_training_diag.py --model cifar_inception --batch 1 [--small] [--target cuda]
+Findings: run on an H100 on 2026-11-24, between the sixth and the seventh session's committed logs, it
+found the wrong CUDA training step at batch 1 (DLight's Fallback folded the momentum update into a
+weight gradient's reduction twice; fixed in relay_passes/tvm_compat.py, commit 14eba05). Raw outputs:
+that run's log was not kept; the seventh session's training check after the fix is
+benchmarks/raw/2026-11-24-h100-s7/training_losses.json (and benchmarks/training.csv).
 
-Prints one line per system (worst relative error over the outputs) and the worst outputs by name.
+    bash scripts/gpu_session.sh "experiment training_diag 200 --model cifar_inception --batch 1 --steps 5"
+    python3 scripts/experiments/training_diag.py --model cifar_inception --batch 1 --small --target llvm
+
+Prints one line per system (worst relative error over the outputs) and the worst outputs by name;
+with --out DIR also writes them to DIR/training_diag.json.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 import numpy as np
 
@@ -21,6 +31,7 @@ def main(argv=None):
     ap.add_argument("--random-state", action="store_true",
                     help="the single step starts from random optimizer state (momenta) instead of zeros")
     ap.add_argument("--steps", type=int, default=1, help="also train this many steps: carried vs fed back, per mode")
+    ap.add_argument("--out", help="folder for training_diag.json (default: print only)")
     args = ap.parse_args(argv)
     import tvm
 
@@ -50,18 +61,24 @@ def main(argv=None):
             with NimbleExecutor(gpu, dev, mode=mode) as ex:
                 return [o.numpy() for o in ex(*inputs)]
         systems[f"nimble {mode}"] = run
+    record = {"model": args.model, "batch": args.batch, "target": args.target, "systems": {}}
     for name, fn in systems.items():
         outs = fn()
         # worst element against the tensor's scale: a gradient routed to another element shows here, not in L2
         errs = [float(np.max(np.abs(o - r)) / max(float(np.max(np.abs(r))), 1e-12)) for o, r in zip(outs, reference)]
         worst = sorted(range(len(errs)), key=lambda i: -errs[i])[:4]
+        record["systems"][name] = {"worst_element_err": max(errs), "worst": {names[i]: errs[i] for i in worst}}
         print(f"diag {name:22s} worst element err {max(errs):.2e}: " +
               ", ".join(f"{names[i]} {errs[i]:.1e}" for i in worst), flush=True)
     if args.steps > 1:
-        _steps(case, cpu, gpu, dev, modes)
+        record["losses"] = _steps(case, cpu, gpu, dev, modes)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "training_diag.json"), "w") as f:
+            json.dump(record, f, indent=1)
 
 
-def _steps(case, cpu, gpu, dev, modes):
+def _steps(case, cpu, gpu, dev, modes) -> dict:
     """Losses of ``case.steps`` steps: the CPU trainer, and per GPU mode the trainer (state carried in
     place) and an executor whose outputs are copied back to its inputs through the host."""
     import numpy as np
@@ -72,6 +89,7 @@ def _steps(case, cpu, gpu, dev, modes):
 
     reference = nimble_losses(NimbleTrainer(cpu, case.step), case)
     print(f"diag cpu trainer losses {np.round(reference, 5).tolist()}")
+    losses = {"cpu trainer": [float(v) for v in reference]}
     n_p = len(case.step.params)
     for mode in modes:
         carried = nimble_losses(NimbleTrainer(gpu, case.step, dev, mode=mode), case)
@@ -84,6 +102,8 @@ def _steps(case, cpu, gpu, dev, modes):
                 params, state = outs[1:1 + n_p], outs[1 + n_p:]
         print(f"diag {mode:14s} carried {np.round(carried, 5).tolist()}")
         print(f"diag {mode:14s} fed     {np.round(fed, 5).tolist()}", flush=True)
+        losses[f"{mode} carried"], losses[f"{mode} fed"] = [float(v) for v in carried], fed
+    return losses
 
 
 if __name__ == "__main__":

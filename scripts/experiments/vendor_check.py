@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""On a GPU machine: check the vendor-kernel extension (cuDNN conv, cuBLASLt GEMM) against PyTorch.
+"""Experiment: on a GPU machine, check the vendor-kernel extension (cuDNN conv, cuBLASLt GEMM) against
+PyTorch, and time its convolutions against PyTorch's.
 
 Needs PyTorch (a CUDA build), cuda-bindings, the nvidia-cudnn-cu13 / nvidia-cublas wheels and the
 TVM runtime (tvm_ffi; ``tvm.relax`` is not needed). Steps, all on cuda:0:
@@ -16,9 +17,14 @@ TVM runtime (tvm_ffi; ``tvm.relax`` is not needed). Steps, all on cuda:0:
    conv2d+relu, median of 200 CUDA-event-timed calls (a GPU sleep before each hides launch cost).
 
 Writes ``vendor_check.json`` into ``--out`` and prints a short table last; exits 1 when a check
-fails, 2 when the environment is not usable.
+fails, 2 when the environment is not usable. Rerun it after changing the extension.
 
-    python3 scripts/gpu_vendor_check.py --lib out/libnimble_vendor.so --out $OUT
+Findings: fifth H100 session (134 checks passed; cuDNN through the extension 0.62x-1.32x PyTorch's
+conv time), benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-23-h100-s5/vendor_check.json
+and call2-session.log beside it.
+
+    bash scripts/gpu_session.sh "experiment vendor_check 150"
+    python3 scripts/experiments/vendor_check.py --lib out/libnimble_vendor.so --out DIR
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # for codegen.vendor_build
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -70,7 +76,7 @@ def parse_args(argv=None):
 
 
 def fail(msg: str, code: int = 2):
-    print(f"gpu_vendor_check: {msg}", file=sys.stderr, flush=True)
+    print(f"vendor_check: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from tvm_nimble.cli.models import load_model
 from tvm_nimble.cli.options import target_args
 
 OVERRUN_GRACE_S = 20.0  # scripts/gpu_session.sh gives tune 30 s past its --time-budget before killing it
@@ -58,22 +59,6 @@ def overrun_watchdog(deadline: float | None, grace_s: float, work_dir: str):
         timer.cancel()
 
 
-def _load(model_arg: str, batch: int = 1):
-    """(name, ONNX model) of ``zoo:NAME`` / ``tv:NAME`` / ``timm:NAME`` at ``batch`` (a file keeps its own)."""
-    if model_arg.startswith("zoo:"):
-        from tvm_nimble import zoo
-
-        return zoo.get_bench_model(model_arg[4:], batch=batch)  # benchmark size, as `tvm-nimble bench` builds it
-    if model_arg.startswith(("tv:", "timm:")):  # built from code with a fixed seed, exactly as `bench` builds it
-        from tvm_nimble.cli.bench import model_builders
-
-        label, onnx_builder, _ = model_builders(model_arg)
-        return label, onnx_builder(batch=batch)
-    from tvm_nimble.compiler.frontend import load_onnx_model
-
-    return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tvm-nimble tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,7 +84,7 @@ def main(argv=None):
 
     from tvm_nimble.compiler.tuning.tune import tune
 
-    name, model = _load(args.model)
+    name, model = load_model(args.model)
     from tvm_nimble.compiler.target import resolve_target, target_dict
 
     target = target_dict(resolve_target(args.target, args.arch))

@@ -1,0 +1,24 @@
+"""The models the command-line tools name: ``zoo:NAME``, ``tv:NAME``, ``timm:NAME`` or an ONNX file.
+
+``tvm-nimble tune`` and the scripts under scripts/ load them through :func:`load_model`, so that a name
+means the same model (same size, same seeded weights) wherever it is given.
+"""
+from __future__ import annotations
+
+import os
+
+
+def load_model(model_arg: str, batch: int = 1):
+    """(name, ONNX model) of ``zoo:NAME`` / ``tv:NAME`` / ``timm:NAME`` at ``batch`` (a file keeps its own)."""
+    if model_arg.startswith("zoo:"):
+        from tvm_nimble import zoo
+
+        return zoo.get_bench_model(model_arg[4:], batch=batch)  # benchmark size, as `tvm-nimble bench` builds it
+    if model_arg.startswith(("tv:", "timm:")):  # built from code with a fixed seed, exactly as `bench` builds it
+        from tvm_nimble.cli.bench import model_builders
+
+        label, onnx_builder, _ = model_builders(model_arg)
+        return label, onnx_builder(batch=batch)
+    from tvm_nimble.compiler.frontend import load_onnx_model
+
+    return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)

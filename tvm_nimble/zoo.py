@@ -26,7 +26,7 @@ OUTPUT_NAME = "output"
 NUM_CLASSES = 10
 
 __all__ = ["ZOO", "get_model", "save", "input_shape", "random_inputs", "inception", "nasnet",
-           "resnet_chain", "mobilenet_chain", "random_dag", "OPSET"]
+           "resnet_chain", "mobilenet_chain", "random_dag", "vit", "OPSET"]
 
 
 def _positive(name: str, value: int, minimum: int = 1) -> int:
@@ -277,12 +277,85 @@ def random_dag(num_ops: int = 12, seed: int = 0, batch: int = 1, *, hw: int = 8,
     return b.finish(out)
 
 
+def vit(depth: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, patch: int = 4, dim: int = 32,
+        heads: int = 2, mlp: int = 64, in_channels: int = 3) -> onnx.ModelProto:
+    """A small ViT as timm exports it: a patch convolution, then ``depth`` pre-norm blocks of multi-head
+    attention (LayerNorm, one QKV Linear on [B, T, C], batched Q·Kᵀ, scale, Softmax, ·V, the output
+    Linear, a residual add) and an MLP (LayerNorm, Linear, erf GELU, Linear, a residual add), a final
+    LayerNorm, the mean over tokens and a classifier. Weights are drawn so activations stay O(1)."""
+    for name, v in (("depth", depth), ("batch", batch), ("hw", hw), ("patch", patch), ("dim", dim),
+                    ("heads", heads), ("mlp", mlp)):
+        _positive(name, v)
+    if hw % patch or dim % heads:
+        raise ValueError(f"hw ({hw}) must be a multiple of patch ({patch}) and dim ({dim}) of heads ({heads})")
+    rng = np.random.default_rng(seed)
+    nodes, inits, count = [], [], {}
+    tokens, head_dim = (hw // patch) ** 2, dim // heads
+
+    def fresh(prefix):
+        count[prefix] = count.get(prefix, 0) + 1
+        return f"{prefix}_{count[prefix] - 1}"
+
+    def const(prefix, array, dtype=np.float32):
+        name = fresh(prefix)
+        inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), name))
+        return name
+
+    def node(op, inputs, **attrs):
+        out = fresh(op.lower())
+        nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
+        return out
+
+    def linear(x, cin, cout):
+        w = const("w", rng.normal(0.0, 1.0 / np.sqrt(cin), size=(cin, cout)))
+        return node("Add", [node("MatMul", [x, w]), const("b", rng.normal(0.0, 0.05, size=(cout,)))])
+
+    def layer_norm(x):
+        return node("LayerNormalization", [x, const("ln_g", 1.0 + rng.normal(0.0, 0.1, size=(dim,))),
+                                          const("ln_b", rng.normal(0.0, 0.1, size=(dim,)))], axis=-1, epsilon=1e-6)
+
+    def shape(*dims):
+        return const("shape", dims, np.int64)
+
+    pw = const("patch_w", rng.normal(0.0, 1.0 / np.sqrt(in_channels * patch * patch), size=(dim, in_channels, patch, patch)))
+    x = node("Conv", [INPUT_NAME, pw, const("patch_b", rng.normal(0.0, 0.05, size=(dim,)))],
+             kernel_shape=[patch, patch], strides=[patch, patch])
+    x = node("Transpose", [node("Reshape", [x, shape(batch, dim, tokens)])], perm=[0, 2, 1])
+    x = node("Add", [x, const("pos", rng.normal(0.0, 0.5, size=(1, tokens, dim)))])
+    for _ in range(depth):
+        qkv = node("Transpose", [node("Reshape", [linear(layer_norm(x), dim, 3 * dim), shape(batch, tokens, 3, heads, head_dim)])],
+                   perm=[2, 0, 3, 1, 4])
+        q, k, v = (node("Gather", [qkv, const("idx", i, np.int64)], axis=0) for i in range(3))
+        scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]),
+                              const("scale", 1.0 / np.sqrt(head_dim))])
+        attn = node("MatMul", [node("Softmax", [scores], axis=-1), v])
+        attn = node("Reshape", [node("Transpose", [attn], perm=[0, 2, 1, 3]), shape(batch, tokens, dim)])
+        x = node("Add", [x, linear(attn, dim, dim)])
+        h = linear(layer_norm(x), dim, mlp)
+        gelu = node("Mul", [node("Mul", [h, const("half", 0.5)]),
+                            node("Add", [node("Erf", [node("Div", [h, const("sqrt2", np.sqrt(2.0))])]), const("one", 1.0)])])
+        x = node("Add", [x, linear(gelu, mlp, dim)])
+    pooled = node("ReduceMean", [layer_norm(x)], axes=[1], keepdims=0)
+    w = const("fc_w", rng.normal(0.0, 1.0 / np.sqrt(dim), size=(dim, NUM_CLASSES)))
+    nodes.append(helper.make_node("Gemm", [pooled, w, const("fc_b", rng.normal(0.0, 0.05, size=(NUM_CLASSES,)))],
+                                  [OUTPUT_NAME], name="fc_node"))
+    graph = helper.make_graph(
+        nodes, f"vit{depth}",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [batch, in_channels, hw, hw])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [batch, NUM_CLASSES])],
+        initializer=inits)
+    model = helper.make_model(graph, producer_name="tvm-nimble.zoo", opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
 ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
     "inception": inception,
     "nasnet": nasnet,
     "resnet": resnet_chain,
     "mobilenet": mobilenet_chain,
     "random_dag": random_dag,
+    "vit": vit,
 }
 
 

@@ -74,7 +74,8 @@ class Chains:
         if isinstance(expr, Constant):
             return expr.value.numpy()
         if operator_of(expr) == "relax.reshape" and isinstance(expr.args[0], Constant):
-            return expr.args[0].value.numpy()
+            shape = known_shape(expr)
+            return expr.args[0].value.numpy().reshape(shape) if shape is not None else None
         return None
 
     def follow(self, var):
@@ -87,8 +88,9 @@ class Chains:
                 return v, self.value[v]
         return None, None
 
-    def bias_of(self, add, produced, channels: int):
-        """If ``add`` adds a per-channel constant to ``produced``: the bias as a 1-D array, else None."""
+    def bias_of(self, add, produced, out_shape: tuple[int, ...], axis: int):
+        """If ``add`` adds a constant to ``produced`` that varies along ``axis`` of ``out_shape`` only (a
+        per-channel bias, as broadcasting aligns it from the right): that bias as a 1-D array, else None."""
         if operator_of(add) != "relax.add":
             return None
         a, b = add.args
@@ -96,10 +98,11 @@ class Chains:
         if other is None:
             return None
         c = self.const(other)
-        if c is None or c.size != channels:
+        if c is None or c.ndim > len(out_shape):
             return None
-        shape = tuple(int(d) for d in c.shape)
-        if shape not in ((channels,), (1, channels), (1, channels, 1, 1), (channels, 1, 1)):
+        aligned = (1,) * (len(out_shape) - c.ndim) + tuple(int(d) for d in c.shape)
+        channels = out_shape[axis]
+        if any(d != (channels if i == axis % len(out_shape) else 1) for i, d in enumerate(aligned)):
             return None
         return c.reshape(channels)
 

@@ -1,6 +1,8 @@
 """cuBLASLt: GEMMs with constant weights, bias and ReLU fused.
 
-    matmul(x, permute_dims(W)) [+ bias] [-> relu]                  (2-D)
+    matmul(x, permute_dims(W)) [+ bias] [-> relu]      (x: [..., M, K]; W constant [N, K] or [K, N])
+
+A Linear on [B, S, K] is one GEMM of M = B * S rows: the extension folds the leading dimensions.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ MATMUL = "nimble.cublas.matmul"
 def matmul_chain(ctx, chains, var, call):
     x, w = call.args
     xs, out_shape, dtype = known_shape(x), known_shape(call), dtype_of(call)
-    if xs is None or len(xs) != 2 or out_shape is None or compute_dtype(call) not in PROVIDER.dtypes:
-        ctx.report.kept.append(("matmul", "only 2-D fp32/fp16 matmuls"))
+    if xs is None or len(xs) < 2 or out_shape is None or compute_dtype(call) not in PROVIDER.dtypes:
+        ctx.report.kept.append(("matmul", "only static fp32/fp16 matmuls of rank >= 2"))
         return None
     transpose_b = 0
     weight = chains.const(w)
@@ -30,10 +32,10 @@ def matmul_chain(ctx, chains, var, call):
     if weight is None or weight.ndim != 2:
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
-    n = out_shape[1]
+    n = out_shape[-1]
     removed, last, bias, act = [], var, None, ACT_NONE
     nxt, val = chains.follow(last)
-    b = chains.bias_of(val, last, n) if val is not None else None
+    b = chains.bias_of(val, last, out_shape, axis=-1) if val is not None else None
     if b is not None:
         bias, removed, last = b, [last], nxt
         nxt, val = chains.follow(last)

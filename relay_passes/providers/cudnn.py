@@ -46,7 +46,7 @@ def conv_chain(ctx, chains, var, call):
     channels = out_shape[1]
     removed, last, bias, residual, act = [], var, None, None, ACT_NONE
     nxt, val = chains.follow(last)
-    b = chains.bias_of(val, last, channels) if val is not None else None
+    b = chains.bias_of(val, last, out_shape, axis=1) if val is not None else None
     if b is not None:
         bias, removed, last = b, removed + [last], nxt
         nxt, val = chains.follow(last)

@@ -127,9 +127,8 @@ def check_measurable(target: tvm.target.Target, timer=None):
     if target.kind.name != "cuda":
         raise NimbleError("kernels='best' measures on a CUDA GPU; use kernels='tvm' for llvm")
     timer = timer or LocalGPU()
-    arch = str(target.attrs["arch"])
-    there = timer.arch()
-    if there != arch:
+    if not has_gpu_for(timer, target):
+        arch, there = str(target.attrs["arch"]), timer.arch()
         fix = ("build there, measure there through an RPC tracker (rpc_tracker=, rpc_key=), or use kernels='vendor' "
                "or 'tvm'") if isinstance(timer, LocalGPU) else "start the key's servers on such a GPU, or use another key"
         raise NimbleError(f"kernels='best' times the kernels on a {arch} GPU, and {timer.where} has "

@@ -1,8 +1,7 @@
-"""Transformers, first piece: a small ViT (zoo ``vit``) through Nimble, and its Linears on cuBLASLt.
+"""Transformers, first piece: a small ViT (zoo ``vit``) through Nimble, its GEMMs on cuBLASLt.
 
 A Linear on [B, T, C] is a GEMM of rank 3: the cuBLASLt provider takes it (the extension folds the
-leading dimensions); the batched attention matmuls (no constant weights) stay on TVM's kernels with a
-reason. Checked against the ONNX reference evaluator, with vendor calls run as the numpy contract of
+leading dimensions); attention's Q·Kᵀ and ·V become strided-batched GEMMs. Checked against the ONNX reference evaluator, with vendor calls run as the numpy contract of
 the extension (tests/vendor_reference.py) on llvm.
 """
 import numpy as np
@@ -12,7 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
-from tvm_nimble.relay_passes.vendor_offload import MATMUL, OffloadReport, OffloadToVendor, find_offloads
+from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, OffloadReport, OffloadToVendor, find_offloads
 from tvm_nimble.runtime.race_check import check_races
 
 
@@ -34,19 +33,26 @@ def test_vit_matches_the_reference_and_its_plan_is_race_free(vit):
     assert check_races(result, inputs, ref, seeds=range(10)) == []
 
 
-def test_rank3_linears_go_to_cublaslt_and_attention_matmuls_stay_on_tvm(vit, vendor_reference):
+def test_rank3_linears_and_attention_matmuls_go_to_cublaslt(vit, vendor_reference):
+    """Per block: QKV, output projection and two MLP Linears on [1, 16, C], plus the classifier; and the
+    attention's Q·Kᵀ (the transpose of K folded into the call) and ·V as batched GEMMs."""
     model, inputs, ref = vit
     mod = from_onnx(model)
     report = OffloadReport()
     offloads = find_offloads(mod["main"], report=report)
-    gemms = [o for o in offloads if o.provider == "cublaslt"]
-    depth = 2  # zoo default: per block QKV, output projection, two MLP Linears; and the classifier
+    gemms = [o for o in offloads if MATMUL + "(" in o.signature]
+    batched = [o for o in offloads if BATCHED_MATMUL in o.signature]
+    depth = 2
     assert sum("1x16x" in o.signature for o in gemms) == 4 * depth and len(gemms) == 4 * depth + 1
-    assert [why for op, why in report.kept if op == "matmul"] == ["weights are not a constant 2-D matrix"] * 2 * depth
+    assert len(batched) == 2 * depth and {o.provider for o in gemms + batched} == {"cublaslt"}
+    assert sum(o.signature.startswith("permute_dims+matmul") and o.signature.endswith("[1,0])") for o in batched) == depth
+    assert not [why for op, why in report.kept if op == "matmul"]
     result = build(OffloadToVendor()(mod), "llvm", max_streams=None)
     assert sum(l.kernel == MATMUL for l in result.plan.launches) == len(gemms)
+    assert sum(l.kernel == BATCHED_MATMUL for l in result.plan.launches) == len(batched)
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-4)
+    assert check_races(result, inputs, ref, seeds=range(5)) == []
 
 
 def test_on_cuda_the_built_plan_runs_vits_linears_on_cublaslt():
@@ -59,6 +65,7 @@ def test_on_cuda_the_built_plan_runs_vits_linears_on_cublaslt():
     matmuls = [l for l in result.plan.launches if l.kernel == MATMUL]
     shapes = [result.plan.tensors[l.args[0]].shape for l in matmuls]
     assert len(matmuls) == 9 and sum(len(s) == 3 for s in shapes) == 8
+    assert sum(l.kernel == BATCHED_MATMUL for l in result.plan.launches) == 4
 
 
 def _matmul_add(bias: np.ndarray) -> "onnx.ModelProto":
@@ -105,3 +112,21 @@ def test_only_a_per_channel_constant_is_fused_into_a_convolution(shape, vendor_r
     assert offload.signature.startswith("conv2d+add ->" if per_channel else "conv2d ->")
     out = NimbleExecutor(build(OffloadToVendor()(from_onnx(model)), "llvm"))(x)[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_broadcast_batched_matmul_stays_on_tvm_with_a_reason(vendor_reference):
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"]),
+         helper.make_node("MatMul", ["ra", "rb"], ["y"])], "bmm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4, 5]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 3, 5, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 6])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    report = OffloadReport()
+    assert find_offloads(from_onnx(model)["main"], report=report) == []
+    assert report.kept == [("matmul", "a batched matmul needs two static fp32/fp16 tensors of one rank >= 3 with the "
+                                      "same batch dimensions")]
+    a, b = rng.standard_normal((2, 3, 4, 5)).astype(np.float32), rng.standard_normal((1, 3, 5, 6)).astype(np.float32)
+    out = NimbleExecutor(build(OffloadToVendor()(from_onnx(model)), "llvm"))(a, b)[0].numpy()
+    np.testing.assert_allclose(out, np.maximum(a, 0) @ np.maximum(b, 0), rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import numpy as np
 import tvm_ffi
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tvm_nimble.relay_passes.vendor_offload import CONV2D, CONV2D_ADD, MATMUL
+from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL
 
 
 def _act(y, act):
@@ -42,7 +42,11 @@ def reference_functions():
         wm = w.numpy().T if transpose_b else w.numpy()
         y.copyfrom(_act(a.numpy() @ wm + bias.numpy(), act).astype(y.dtype))
 
-    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul}
+    def batched_matmul(a, b, attrs, y, ws):
+        bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
+        y.copyfrom((a.numpy() @ bm).astype(y.dtype))
+
+    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, BATCHED_MATMUL: batched_matmul}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():
         tvm_ffi.register_global_func(name, fn, override=True)

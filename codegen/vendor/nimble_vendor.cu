@@ -14,6 +14,10 @@
 //   nimble.cublas.matmul(a, b, bias, attrs, y, workspace)
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
 //       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32].
+//   nimble.cublas.batched_matmul(a, b, attrs, y, workspace)
+//       y[i] = a[i] @ op(b[i]) over the leading (batch) dimensions, one strided-batched cuBLASLt call;
+//       a [..., M, K], b [..., N, K] if transpose_b else [..., K, N], y [..., M, N], the same leading
+//       dimensions everywhere (no broadcasting); attrs = [transpose_b, allow_tf32].
 //   nimble.vendor.versions() -> str                 runtime library versions (no GPU needed)
 //   nimble.cudnn.conv2d_algos(x_shape, w_shape, attrs, dtype, device_id) -> [[algo, status,
 //       workspace_bytes, math_type, determinism], ...] in cuDNN's heuristic order (needs a GPU)
@@ -62,6 +66,7 @@ using tvm::ffi::TensorView;
 constexpr const char* kConv = "nimble.cudnn.conv2d";
 constexpr const char* kConvAdd = "nimble.cudnn.conv2d_add";
 constexpr const char* kMatmul = "nimble.cublas.matmul";
+constexpr const char* kBatchedMatmul = "nimble.cublas.batched_matmul";
 constexpr int64_t kWorkspaceAlign = 256;
 
 enum DType : int { kF32 = 0, kF16 = 1 };
@@ -682,7 +687,7 @@ struct MatmulPlan {
   }
 };
 
-using MatmulKey = std::array<int64_t, 13>;
+using MatmulKey = std::array<int64_t, 14>;  // ..., batch (0: the bias GEMM, >= 1: batched, no bias)
 
 std::mutex& MatmulMutex() {
   static std::mutex* mu = new std::mutex();
@@ -697,7 +702,7 @@ std::map<MatmulKey, std::unique_ptr<MatmulPlan>>& MatmulPlans() {
 // Builds the descriptors for one epilogue; returns false when cuBLASLt offers no algorithm.
 bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype, int64_t M, int64_t N, int64_t K,
                    bool tb, int act, bool tf32, size_t ws_bytes, const std::array<uint32_t, 4>& align,
-                   const void* bias, bool epilogue_bias) {
+                   const void* bias, bool epilogue_bias, int64_t batch = 1) {
   if (p->desc) cublasLtMatmulDescDestroy(p->desc);
   if (p->la) cublasLtMatrixLayoutDestroy(p->la);
   if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
@@ -728,6 +733,17 @@ bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype
   }
   CheckCublas(cublasLtMatrixLayoutCreate(&p->lb, dt, uint64_t(K), uint64_t(M), K), op, "cublasLtMatrixLayoutCreate(B)");
   CheckCublas(cublasLtMatrixLayoutCreate(&p->ld, dt, uint64_t(N), uint64_t(M), N), op, "cublasLtMatrixLayoutCreate(D)");
+  if (batch > 1) {  // strided batches: matrix i starts i * rows * cols elements after matrix 0
+    int32_t count = int32_t(batch);
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{p->la, N * K}, {p->lb, K * M}, {p->ld, N * M}};
+    for (const auto& [layout, stride] : layouts) {
+      CheckCublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), op,
+                  "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+      CheckCublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                   sizeof(stride)),
+                  op, "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+    }
+  }
   cublasLtMatmulPreference_t pref;
   CheckCublas(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate");
   std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)> guard(
@@ -804,7 +820,7 @@ void Matmul(TensorView a, TensorView b, TensorView bias, Shape attrs, TensorView
   cudaStream_t stream = CurrentStream(dev);
   cublasLtHandle_t lt = LtHandle(dev, stream, op);
   std::array<uint32_t, 4> align{PtrAlign(DataPtr(b)), PtrAlign(DataPtr(a)), PtrAlign(DataPtr(y)), PtrAlign(DataPtr(bias))};
-  MatmulKey key{dev, dtype, M, N, K, tb, act, tf32, int64_t(ws.bytes), align[0], align[1], align[2], align[3]};
+  MatmulKey key{dev, dtype, M, N, K, tb, act, tf32, int64_t(ws.bytes), align[0], align[1], align[2], align[3], 0};
   MatmulPlan* p;
   {
     std::lock_guard<std::mutex> lock(MatmulMutex());
@@ -844,6 +860,86 @@ void Matmul(TensorView a, TensorView b, TensorView bias, Shape attrs, TensorView
   } else if (act == 2) {
     LaunchBiasAct(op, dtype, yp, nullptr, nullptr, M * N, 1, N, 2, stream);
   }
+}
+
+
+void BatchedMatmul(TensorView a, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
+  const char* op = kBatchedMatmul;
+  if (attrs.size() != 2) {
+    FailValue(op, "attrs must have 2 entries [transpose_b, allow_tf32], got " + ShapeStr(attrs.data(), int(attrs.size())));
+  }
+  int64_t tb = attrs[0], tf32 = attrs[1];
+  if ((tb != 0 && tb != 1) || (tf32 != 0 && tf32 != 1)) {
+    FailValue(op, "attrs " + ShapeStr(attrs.data(), 2) + ": transpose_b and allow_tf32 must be 0 or 1");
+  }
+  if (a.device().device_type != kDLCUDA) {
+    FailValue(op, "a must be a CUDA tensor, got device type " + std::to_string(a.device().device_type));
+  }
+  int dev = a.device().device_id;
+  int dtype = TensorDType(a);
+  if (dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
+  CheckCudaTensor(op, "a", a, dev);
+  CheckCudaTensor(op, "b", b, dev);
+  CheckCudaTensor(op, "y", y, dev);
+  CheckDType(op, "b", b, dtype);
+  CheckDType(op, "y", y, dtype);
+  int nd = a.ndim();
+  if (nd < 3 || b.ndim() != nd || y.ndim() != nd) {
+    FailValue(op, "a, b and y must have the same rank >= 3 [..., rows, cols], got a " + ShapeStr(a) + ", b " + ShapeStr(b) +
+                      ", y " + ShapeStr(y));
+  }
+  int64_t batch = 1;
+  for (int i = 0; i + 2 < nd; ++i) {
+    if (b.shape()[i] != a.shape()[i] || y.shape()[i] != a.shape()[i]) {
+      FailValue(op, "a " + ShapeStr(a) + ", b " + ShapeStr(b) + " and y " + ShapeStr(y) +
+                        " must have the same leading (batch) dimensions");
+    }
+    batch *= a.shape()[i];
+  }
+  Workspace ws = CheckWorkspace(op, workspace, dev);
+  int64_t M = a.shape()[nd - 2], K = a.shape()[nd - 1];
+  int64_t N = tb ? b.shape()[nd - 2] : b.shape()[nd - 1];
+  int64_t Kb = tb ? b.shape()[nd - 1] : b.shape()[nd - 2];
+  if (Kb != K) FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) + " disagree on K");
+  if (y.shape()[nd - 2] != M || y.shape()[nd - 1] != N) {
+    FailValue(op, "y has shape " + ShapeStr(y) + " but a @ op(b) gives [..., " + std::to_string(M) + ", " +
+                      std::to_string(N) + "]");
+  }
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (K == 0) FailValue(op, "K = 0 is not supported");
+  if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(b)) FailValue(op, "y must not alias a or b");
+
+  DeviceGuard guard(dev, op);
+  cudaStream_t stream = CurrentStream(dev);
+  cublasLtHandle_t lt = LtHandle(dev, stream, op);
+  std::array<uint32_t, 4> align{PtrAlign(DataPtr(b)), PtrAlign(DataPtr(a)), PtrAlign(DataPtr(y)), 0};
+  MatmulKey key{dev, dtype, M, N, K, tb, 0, tf32, int64_t(ws.bytes), align[0], align[1], align[2], 0, batch};
+  MatmulPlan* p;
+  {
+    std::lock_guard<std::mutex> lock(MatmulMutex());
+    auto& slot = MatmulPlans()[key];
+    if (!slot) {
+      auto plan = std::make_unique<MatmulPlan>();
+      if (!TryMatmulPlan(op, lt, plan.get(), dtype, M, N, K, tb, 0, tf32, ws.bytes, align, nullptr, false, batch)) {
+        TVM_FFI_THROW(RuntimeError) << op << ": cublasLtMatmulAlgoGetHeuristic found no algorithm for batch=" << batch
+                                    << " M=" << M << " N=" << N << " K=" << K << " " << DTypeName(dtype) << " within "
+                                    << ws.bytes << " workspace bytes";
+      }
+      std::ostringstream os;
+      os << op << " cuda:" << dev << " " << DTypeName(dtype) << " batch=" << batch << " M=" << M << " N=" << N
+         << " K=" << K << " attrs=" << ShapeStr(attrs.data(), 2) << " workspace=" << ws.bytes << " needs=" << plan->ws_need;
+      plan->desc_str = os.str();
+      slot = std::move(plan);
+    }
+    p = slot.get();
+  }
+  std::lock_guard<std::mutex> lock(p->mu);
+  const float one = 1.0f, zero = 0.0f;
+  void* yp = DataPtr(y);
+  CheckCublas(cublasLtMatmul(lt, p->desc, &one, DataPtr(b), p->la, DataPtr(a), p->lb, &zero, yp, p->ld, yp, p->ld,
+                             &p->algo, ws.ptr, ws.bytes, stream),
+              op, "cublasLtMatmul", "batch=" + std::to_string(batch) + " M=" + std::to_string(M) + " N=" +
+                                        std::to_string(N) + " K=" + std::to_string(K));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -897,6 +993,7 @@ __attribute__((constructor)) void RegisterAll() {
     Register(kConv, Conv2d);
     Register(kConvAdd, Conv2dAdd);
     Register(kMatmul, Matmul);
+    Register(kBatchedMatmul, BatchedMatmul);
     Register("nimble.cudnn.conv2d_algos", Conv2dAlgos);
     Register("nimble.vendor.versions", Versions);
     Register("nimble.vendor.plans", Plans);

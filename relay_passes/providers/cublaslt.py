@@ -1,8 +1,12 @@
-"""cuBLASLt: GEMMs with constant weights, bias and ReLU fused.
+"""cuBLASLt: GEMMs with constant weights (bias and ReLU fused), and batched GEMMs of two tensors.
 
     matmul(x, permute_dims(W)) [+ bias] [-> relu]      (x: [..., M, K]; W constant [N, K] or [K, N])
+    matmul(a, [permute_dims](b))                       (a: [..., M, K]; b: [..., K, N] or, transposed
+                                                        by the permute, [..., N, K]; same batch dims)
 
 A Linear on [B, S, K] is one GEMM of M = B * S rows: the extension folds the leading dimensions.
+The batched form is attention's Q·Kᵀ and ·V: one strided-batched call, a transpose of the last two
+axes folded into it.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, operator_of,
 from .registry import Provider, register
 
 MATMUL = "nimble.cublas.matmul"
+BATCHED_MATMUL = "nimble.cublas.batched_matmul"
 
 
 def matmul_chain(ctx, chains, var, call):
@@ -29,6 +34,8 @@ def matmul_chain(ctx, chains, var, call):
         axes = inner.attrs.axes
         if (axes is None or ints(axes) == [1, 0]) and chains.const(inner.args[0]) is not None:
             weight, transpose_b = chains.const(inner.args[0]), 1
+    if weight is None and chains.const(w) is None:
+        return batched_chain(ctx, chains, var, call)
     if weight is None or weight.ndim != 2:
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
@@ -46,6 +53,29 @@ def matmul_chain(ctx, chains, var, call):
     args = [x, relax.const(weight.astype(dtype)), relax.const(bias.astype(dtype)),
             relax.ShapeExpr([transpose_b, act, ctx.tf32])]
     return removed, last, (ctx.call(MATMUL, args, out_shape, dtype), None)
+
+
+def _swaps_last_two(axes, ndim: int) -> bool:
+    return axes is not None and ints(axes) == list(range(ndim - 2)) + [ndim - 1, ndim - 2]
+
+
+def batched_chain(ctx, chains, var, call):
+    """``matmul(a, b)`` of two computed tensors with the same batch dimensions, as one strided-batched GEMM;
+    a ``permute_dims`` swapping ``b``'s last two axes, used only here, becomes the call's transpose."""
+    a, b = call.args
+    shapes, out_shape, dtype = (known_shape(a), known_shape(b)), known_shape(call), dtype_of(call)
+    if (None in shapes or out_shape is None or len(shapes[0]) < 3 or len(shapes[1]) != len(shapes[0])
+            or shapes[0][:-2] != shapes[1][:-2] or compute_dtype(call) not in PROVIDER.dtypes):
+        ctx.report.kept.append(("matmul", "a batched matmul needs two static fp32/fp16 tensors of one rank >= 3 "
+                                          "with the same batch dimensions"))
+        return None
+    removed, transpose_b = [], 0
+    inner = chains.value.get(b) if isinstance(b, relax.Var) else None
+    if (operator_of(inner) == "relax.permute_dims" and chains.single_use(b) and b not in chains.claimed
+            and _swaps_last_two(inner.attrs.axes, len(shapes[1]))):
+        removed, b, transpose_b = [b], inner.args[0], 1
+    args = [a, b, relax.ShapeExpr([transpose_b, ctx.tf32])]
+    return removed, var, (ctx.call(BATCHED_MATMUL, args, out_shape, dtype), None)
 
 
 PROVIDER = register(Provider(

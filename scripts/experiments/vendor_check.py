@@ -236,6 +236,28 @@ class Check:
                     self.record(op="matmul", name=name, dtype=dname, act=ACTS[act], rel_l2=rel,
                                 torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
 
+    def check_batched_matmuls(self):
+        """nimble.cublas.batched_matmul (attention's Q·Kᵀ with transpose_b=1, ·V with 0) against float64."""
+        torch = self.torch
+        ws = self.workspace()
+        for dname, dtype in (("float32", torch.float32), ("float16", torch.float16)):
+            for name, (batch, m, k, n) in {"vit_s_qk": ((1, 6), 197, 64, 197), "bert_av": ((1, 12), 128, 128, 64),
+                                           "odd": ((3,), 5, 7, 9)}.items():
+                for tb in (0, 1):
+                    a = self.randn((*batch, m, k), dtype)
+                    b = self.randn((*batch, n, k) if tb else (*batch, k, n), dtype, 3.0 / k ** 0.5)
+                    ref = a.double() @ (b.double().transpose(-1, -2) if tb else b.double())
+                    y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
+                    err, rel = None, float("inf")
+                    try:
+                        self.call("nimble.cublas.batched_matmul", a, b, self.tvm_ffi.Shape([tb, 0]), y, ws)
+                        rel = self.rel_l2(y, ref)
+                    except Exception as e:  # noqa: BLE001
+                        err = one_line(e)
+                    tref = a @ (b.transpose(-1, -2) if tb else b)
+                    self.record(op=f"batched_matmul tb={tb}", name=name, dtype=dname, act="identity", rel_l2=rel,
+                                torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
+
     def check_errors(self):
         """Argument checks on real CUDA tensors: each must fail with a one-line error."""
         torch = self.torch
@@ -433,7 +455,7 @@ def main(argv=None) -> int:
         with open(out_path, "w") as f:
             json.dump(log, f, indent=1, default=str)
 
-    sections = [("convs", chk.check_convs), ("matmuls", chk.check_matmuls), ("errors", chk.check_errors),
+    sections = [("convs", chk.check_convs), ("matmuls", chk.check_matmuls), ("batched matmuls", chk.check_batched_matmuls), ("errors", chk.check_errors),
                 ("graph", chk.check_graph)]
     if not args.skip_timing:
         sections.append(("timing", chk.timing))

@@ -25,7 +25,7 @@ from tvm_nimble.errors import NimbleError
 
 ENV_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 ENV_SYSTEM = "NIMBLE_VENDOR_SYSTEM_LIBS"
-FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul",
+FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul", "nimble.cublas.batched_matmul",
              "nimble.cudnn.conv2d_algos", "nimble.vendor.versions", "nimble.vendor.plans")
 
 # (library, major, what, pip package), in load order: cuDNN's engines use cuBLASLt.

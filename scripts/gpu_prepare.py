@@ -48,7 +48,8 @@ def main():
         d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         t0 = time.time()
-        build(mod, target, kernels="tvm").export(os.path.join(d, "nimble"))  # the stock VM libs use TVM kernels too
+        # the stock VM libs use TVM kernels too; a rerun into the same --out rebuilds the artifact
+        build(mod, target, kernels="tvm").export(os.path.join(d, "nimble"), overwrite=True)
         build_stock_vm(mod, target).export_library(os.path.join(d, "vm.so"))
         build_stock_vm(mod, target, cuda_graph=True).export_library(os.path.join(d, "vm_graph.so"))
         onnx.save(model, os.path.join(d, "model.onnx"))  # for tuning / benchmarking it on the GPU machine

@@ -121,7 +121,7 @@ def test_usage_errors_exit_2():
     assert r.returncode in (1, 2)
 
 
-@pytest.mark.parametrize("command", ["demo", "compile", "run", "explain", "bench", "tune"])
+@pytest.mark.parametrize("command", ["demo", "zoo", "compile", "run", "explain", "bench", "tune"])
 def test_help_has_examples(command):
     r = cli(command, "--help")
     assert r.returncode == 0 and "example" in r.stdout
@@ -196,3 +196,33 @@ def test_explain_counts_inputs_outputs_and_constants(model_file):
     line = next(l for l in r.stdout.splitlines() if l.startswith("memory: inputs"))
     assert "inputs 3.0 KiB" in line and "outputs 40 B" in line  # 1x3x16x16 and 1x10 float32
     assert "kernels by source: " in r.stdout and "tvm-default" in r.stdout
+
+
+def test_zoo_writes_a_model_and_lists_names(tmp_path):
+    """`tvm-nimble zoo`: the README's documented source of model.onnx."""
+    r = cli("zoo", "--list")
+    assert r.returncode == 0, r.stderr
+    listed = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+    assert listed == sorted(zoo.ZOO)  # one line per model
+    r = cli("zoo", "inception", "-o", "model.onnx", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "float32[1, 3, 16, 16]" in r.stdout
+    import onnx
+
+    written = onnx.load(str(tmp_path / "model.onnx"))
+    assert written.SerializeToString() == zoo.get_model("inception").SerializeToString()  # the zoo default, seeded
+    r = cli("zoo", "resnet", "--batch", "2", "--hw", "8", cwd=str(tmp_path))  # default -o: NAME.onnx here
+    assert r.returncode == 0, r.stderr
+    assert zoo.input_shape(onnx.load(str(tmp_path / "resnet.onnx"))) == {"input": (2, 3, 8, 8)}
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (("zoo", "alexnet"), 2, "valid names are inception, mobilenet, nasnet, random_dag, resnet, vit"),
+    (("zoo",), 2, "--list"),
+    (("zoo", "vit", "--hw", "10"), 1, "multiple of patch"),
+    (("zoo", "resnet", "--batch", "0"), 1, "batch must be"),
+])
+def test_zoo_errors_are_one_line(tmp_path, args, code, message):
+    line = one_line_error(cli(*args, cwd=str(tmp_path)), code)
+    assert message in line
+    assert not os.listdir(tmp_path)  # nothing written

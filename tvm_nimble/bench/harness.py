@@ -264,7 +264,7 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
 
 
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
-                  out_dir: str = "benchmarks", tuning_db: str | None = None, torch_models: dict | None = None,
+                  out_dir: str = "bench-results", tuning_db: str | None = None, torch_models: dict | None = None,
                   dtype: str = "float32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
                   db_trials: str = "") -> tuple[list[dict], list[str]]:
     """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes).

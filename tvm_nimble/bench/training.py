@@ -244,7 +244,7 @@ def _torch_device(use_gpu: bool) -> str | None:
 
 
 def run_training_benchmark(models: list[str], batches: list[int], target=None, steps: int = 20, rounds: int = 5,
-                           iters: int = 20, out_dir: str = "benchmarks", small: bool = False) -> list[dict]:
+                           iters: int = 20, out_dir: str = "bench-results", small: bool = False) -> list[dict]:
     """Every model x batch of :data:`TRAINING_MODELS`: check, time, append to ``out_dir/training.csv``;
     the loss trajectories go to ``out_dir/training_losses.json``."""
     import json

@@ -1,5 +1,7 @@
 """`tvm-nimble bench` / scripts/benchmark.py: benchmark Nimble against stock TVM, PyTorch and
-TensorRT; append to benchmarks/results.csv and regenerate RESULTS.md and results.png.
+TensorRT; append to results.csv in --out (default ./bench-results) and regenerate RESULTS.md and
+results.png there. The repository's own tables are benchmarks/: maintainers merge rows into
+benchmarks/results.csv and regenerate with `--report-only --out benchmarks`.
 
 examples:
   tvm-nimble bench --models incept6,nasnet --batch 1              # zoo nets at benchmark size
@@ -121,7 +123,9 @@ def main(argv=None):
                     help="comma-separated: float32 (TF32 off in PyTorch), float16 (TVM ToMixedPrecision / torch .half())")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--out", default="benchmarks", help="where results.csv / RESULTS.md / results.png go")
+    ap.add_argument("--out", default="bench-results",
+                    help="where results.csv / RESULTS.md / results.png / machines.json go (default ./bench-results; "
+                         "the repository's committed tables are in benchmarks/)")
     ap.add_argument("--tuning-db", help="MetaSchedule database applied to every TVM/Nimble system; "
                     "its rows are labelled '<model> (tuned N trials)'")
     ap.add_argument("--with-untuned", action="store_true",
@@ -141,6 +145,9 @@ def main(argv=None):
     if args.report_only:
         from tvm_nimble.bench.report import write_report
 
+        if not os.path.isfile(os.path.join(args.out, "results.csv")):
+            raise FileNotFoundError(f"no results.csv in {args.out}: run `tvm-nimble bench` first, or give --out the "
+                                    "folder that holds it (the repository's tables: --out benchmarks)")
         write_report(os.path.join(args.out, "results.csv"), os.path.join(args.out, "RESULTS.md"),
                      os.path.join(args.out, "results.png"))
         print(f"wrote {os.path.join(args.out, 'RESULTS.md')}, results.png")
@@ -183,6 +190,7 @@ def main(argv=None):
         open_tuning_database(args.tuning_db)  # a clear error now rather than after the first builds
         trials = database_trials(args.tuning_db)
 
+    _make_out_dir(args.out)  # before any build: a bad --out fails at once, in one line
     rows, notes, baseline_cache = [], [], {}  # PyTorch/TensorRT systems are built once, timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
         for dtype in args.dtype.split(","):
@@ -200,9 +208,28 @@ def main(argv=None):
     print(f"wrote {os.path.join(args.out, 'results.csv')}, RESULTS.md, results.png")
 
 
+def _make_out_dir(path: str) -> None:
+    """Create --out (and its parents); a file in the way or a read-only folder is one clear line."""
+    why = "it is a file, not a folder" if os.path.isfile(path) else None
+    if why is None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as err:
+            why = err.strerror or type(err).__name__
+        else:
+            if not os.access(path, os.W_OK | os.X_OK):
+                why = "no write permission"
+    if why:
+        from tvm_nimble.errors import NimbleError
+
+        raise NimbleError(f"cannot write benchmark results to --out {path} ({why}); give --out a folder you can "
+                          "write to")
+
+
 def _training(args):
     from tvm_nimble.bench.training import TRAINING_MODELS, run_training_benchmark
 
+    _make_out_dir(args.out)
     target = None
     if args.target:
         from tvm_nimble.compiler.target import resolve_target, target_dict

@@ -9,6 +9,7 @@ from tvm_nimble.cli.options import build_option_args, build_options, target_args
 
 EPILOG = """examples:
   tvm-nimble demo
+  tvm-nimble zoo inception -o model.onnx
   tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90
   tvm-nimble compile model.onnx -o model.nimble --target llvm --shape input=1,3,224,224
   tvm-nimble run model.nimble --input input=x.npy --output-dir out/
@@ -58,10 +59,13 @@ def cmd_demo(args):
 def cmd_compile(args):
     from tvm_nimble.cli.progress import spinner
     from tvm_nimble.compiler.build import build
+    from tvm_nimble.runtime.artifact import check_output_path
 
+    if os.path.isfile(args.model):  # (a missing model is named by the build)
+        check_output_path(args.output, args.force, replace_hint="pass --force")  # before the build, not after it
     with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), **build_options(args))
-        module.export(args.output)
+        module.export(args.output, overwrite=args.force)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
           f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB")
@@ -72,6 +76,8 @@ def cmd_run(args):
 
     from tvm_nimble.runtime.executor import NimbleExecutor
 
+    if args.output_dir:
+        _check_output_dir(args.output_dir)  # before the run: a bad --output-dir fails at once
     with NimbleExecutor(args.artifact, mode=args.mode) as ex:
         feeds = {}
         for item in args.input or []:
@@ -97,11 +103,33 @@ def cmd_run(args):
             out = ex.get_output(i).numpy()
             line = f"output {i}: {out.dtype}{list(out.shape)} min {out.min():.6g} max {out.max():.6g} mean {out.mean():.6g}"
             if args.output_dir:
-                os.makedirs(args.output_dir, exist_ok=True)
                 path = os.path.join(args.output_dir, f"output{i}.npy")
-                np.save(path, out)
+                try:
+                    os.makedirs(args.output_dir, exist_ok=True)
+                    np.save(path, out)
+                except OSError as err:
+                    raise _cannot_write("--output-dir", args.output_dir, err.strerror or type(err).__name__) from None
                 line += f" -> {path}"
             print(line)
+
+
+def _cannot_write(flag, path, why):
+    from tvm_nimble.errors import NimbleError
+
+    return NimbleError(f"cannot write to {flag} {path}: {why}; give {flag} a folder you can write to")
+
+
+def _check_output_dir(path):
+    """An output folder that exists or can be created here (without creating it yet)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise _cannot_write("--output-dir", path, "it is a file, not a folder")
+    where = os.path.abspath(path)
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    if not os.path.isdir(where):
+        raise _cannot_write("--output-dir", path, f"{where} is a file, not a folder")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise _cannot_write("--output-dir", path, f"no write permission in {where}")
 
 
 def cmd_explain(args):
@@ -128,6 +156,12 @@ def cmd_rpc_server(args):
     from tvm_nimble.cli.rpc_server import main as server_main
 
     server_main(args.rest)
+
+
+def cmd_zoo(args):
+    from tvm_nimble.cli.zoo_cmd import run as zoo_run
+
+    zoo_run(args)
 
 
 def cmd_train(args):
@@ -160,10 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", help="GPU arch (default: the GPU's)")
     p.add_argument("--iters", type=int, default=50, help="timed iterations per system")
 
+    p = add("zoo", cmd_zoo, "write a built-in zoo model as an ONNX file (--list names them)",
+            "tvm-nimble zoo inception -o model.onnx")
+    from tvm_nimble.cli.zoo_cmd import add_arguments as zoo_arguments
+    zoo_arguments(p)
+
     p = add("compile", cmd_compile, "compile an ONNX model into a deployable Nimble artifact",
             "tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90")
     p.add_argument("model", help="ONNX file")
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
+    p.add_argument("--force", action="store_true", help="replace the artifact already at -o (refused without it)")
     target_opts(p)
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
@@ -217,6 +257,12 @@ def main(argv=None) -> int:
         return e.code if isinstance(e.code, int) else 2
     except (NimbleError, FileNotFoundError, ValueError) as err:
         print(f"tvm-nimble: error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 1
+    except (PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError) as err:
+        # a path a command could not read or write, not caught where it was used: still one line with the path
+        path = f" {err.filename}" if err.filename else ""
+        print(f"tvm-nimble: error: cannot use{path}: {err.strerror or type(err).__name__}; check the path "
+              "(a folder where a file is expected, or the reverse) and its permissions", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("tvm-nimble: interrupted", file=sys.stderr)

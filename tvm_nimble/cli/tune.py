@@ -77,6 +77,7 @@ def main(argv=None):
     ap.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "replay-trace", "replay-func"])
     ap.add_argument("--cost-model", default="xgb", choices=["xgb", "random", "mlp"])
     ap.add_argument("-o", "--output", help="after tuning, build the Nimble artifact here with the database")
+    ap.add_argument("--force", action="store_true", help="replace the artifact already at -o (refused without it)")
     ap.add_argument("--rpc-tracker", metavar="HOST:PORT",
                     help="measure on the RPC servers of this tracker (python -m tvm.exec.rpc_tracker) instead of here")
     ap.add_argument("--rpc-key", help="with --rpc-tracker: the key the servers registered under")
@@ -84,6 +85,10 @@ def main(argv=None):
 
     from tvm_nimble.compiler.tuning.tune import tune
 
+    if args.output:  # before tuning, not after it
+        from tvm_nimble.runtime.artifact import check_output_path
+
+        check_output_path(args.output, args.force, replace_hint="pass --force")
     name, model = load_model(args.model)
     from tvm_nimble.compiler.target import resolve_target, target_dict
 
@@ -94,14 +99,14 @@ def main(argv=None):
         report = tune(model, target, work_dir, trials_per_task=args.trials, time_budget=args.time_budget,
                       total_trials=args.total_trials, trials_per_iter=args.trials_per_iter,
                       trials_per_round=args.trials_per_round, strategy=args.strategy, cost_model=args.cost_model,
-                      rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key)
+                      rpc_tracker=args.rpc_tracker, rpc_key=args.rpc_key, model_name=name)
     print(report.summary())
     print(f"database: {work_dir}")
     if args.output:
         from tvm_nimble.compiler.build import build
 
         module = build(model, target, tuning_db=work_dir)
-        module.export(args.output)
+        module.export(args.output, overwrite=args.force)
         print(f"wrote {args.output} (built with the tuning database)")
     return 0
 

@@ -29,7 +29,7 @@ from tvm_nimble.runtime.module import NimbleModule
 from .notes import note_once
 from .options import BuildOptions
 from .target import target_dict
-from .tuning.database import open_tuning_database
+from .tuning.database import database_applies, open_tuning_database
 
 
 @dataclass
@@ -153,6 +153,10 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False) ->
     if note and database is None and options.is_cuda and options.compile_kernels:
         note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
                   "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=4)
+    if note and database is not None and not database_applies(database, mod, t):
+        note_once(f"nothing in the tuning database {options.tuning_db} applies to this model (none of its kernels "
+                  "is in it: another model, shape, precision or target?); kernels use TVM's default schedules. "
+                  "Tune this model with `tvm-nimble tune`", stacklevel=4)
     lowered = lower(mod, t, database, options.concat_in_place)
     cap = None if options.max_streams == "auto" else options.max_streams
     annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=cap, reuse=options.reuse)

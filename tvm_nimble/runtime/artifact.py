@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 import warnings
 
 import numpy as np
@@ -48,16 +49,75 @@ def _sha256(path: str) -> str:
 VENDOR_FILE = "vendor.so"
 
 
-def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None = None,
-                  vendor_library: str | None = None) -> str:
-    """Write the artifact directory ``path`` (replacing an existing artifact there)."""
-    import tvm
+def _nearest_existing(path: str) -> str:
+    """``path`` or its closest ancestor that exists (where a new directory would be created)."""
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
 
-    if os.path.exists(path):
+
+def check_output_path(path: str, overwrite: bool = False, replace_hint: str = "pass overwrite=True") -> None:
+    """Raise :class:`ArtifactError` (one line: the path and what to do) unless an artifact can be written at
+    ``path``: not a file, not a directory of other things, not an artifact unless ``overwrite``, and in a
+    place this process can write. ``replace_hint`` says how the caller asks for an overwrite."""
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise ArtifactError(f"cannot write the artifact to {path}: it is a file (an artifact is a directory); "
+                                "choose another output path")
         if not os.path.isfile(os.path.join(path, "manifest.json")):
             raise ArtifactError(f"{path} exists and is not a tvm-nimble artifact; choose another output path")
-        shutil.rmtree(path)
-    os.makedirs(path)
+        if not overwrite:
+            raise ArtifactError(f"{path} already holds an artifact; {replace_hint} to replace it, or choose another "
+                                "output path")
+        where = os.path.dirname(os.path.abspath(path))  # the old one is replaced beside it
+    else:
+        where = _nearest_existing(os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(where):
+        raise ArtifactError(f"cannot write the artifact to {path}: {where} is a file, not a directory; choose an "
+                            "output path inside a directory")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ArtifactError(f"cannot write the artifact to {path}: no write permission in {where}; choose an "
+                            "output path you can write to")
+
+
+def _unwritable(path: str, err: OSError) -> ArtifactError:
+    return ArtifactError(f"cannot write the artifact to {path}: {err.strerror or type(err).__name__}; choose an "
+                         "output path you can write to")
+
+
+def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None = None,
+                  vendor_library: str | None = None, overwrite: bool = False) -> str:
+    """Write the artifact directory ``path``. An existing artifact there is replaced only with ``overwrite``
+    (and only once the new one is complete); anything else in the way is refused (:func:`check_output_path`)."""
+    check_output_path(path, overwrite)
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = os.path.join(parent, f".{os.path.basename(os.path.abspath(path))}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        os.mkdir(staging)  # beside the target, so the final rename stays on one file system
+    except OSError as err:
+        raise _unwritable(path, err) from None
+    try:
+        _write_files(staging, plan, kernels, params, extra, vendor_library)
+        if os.path.lexists(path):
+            shutil.rmtree(path)
+        os.rename(staging, path)
+    except OSError as err:
+        raise _unwritable(path, err) from None
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _write_files(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None,
+                 vendor_library: str | None) -> None:
+    import tvm
+
     with open(os.path.join(path, "plan.json"), "w") as f:
         f.write(plan.to_json())
     kernels.export_library(os.path.join(path, "kernels.so"))
@@ -79,7 +139,6 @@ def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray],
     }
     with open(os.path.join(path, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
-    return path
 
 
 def read_manifest(path: str) -> dict:

@@ -27,10 +27,11 @@ class NimbleModule:
     def target(self) -> dict:
         return self.plan.target
 
-    def export(self, path: str) -> str:
-        """Write the deployable artifact directory (see ``codegen.artifact``)."""
+    def export(self, path: str, overwrite: bool = False) -> str:
+        """Write the deployable artifact directory ``path`` (see ``runtime.artifact``). An artifact already
+        there is replaced only with ``overwrite=True``; a path that cannot hold one raises ``ArtifactError``."""
         return save_artifact(path, self.plan, self.kernels, self.params, extra={"info": self.info},
-                             vendor_library=self.vendor_library)
+                             vendor_library=self.vendor_library, overwrite=overwrite)
 
     export_library = export  # the TVM spelling
 

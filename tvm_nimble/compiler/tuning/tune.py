@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 
 import tvm_ffi
 
+from tvm_nimble.compiler.target import resolve_target, target_dict
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.tvm_compat import (import_tensor_intrinsics, lasting_builder, measure_callback,
                                                 unnamed_log_handlers_detached)
 
+from .database import check_tuning_work_dir, database_owner, open_tuning_database, target_label
 from .rounds import mean_us, plan_round, trials_that_fit, workload_trials
 from .tasks import estimated_costs, extract_tuning_tasks, task_work
 
@@ -80,7 +82,8 @@ class TuneReport:
 def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget: float | None = None,
          total_trials: int | None = None, trials_per_iter: int = 64, trials_per_round: int | None = None,
          shape_dict=None, progress: bool = True, seed: int = 0, strategy: str = "evolutionary",
-         cost_model: str = "xgb", rpc_tracker: str | None = None, rpc_key: str | None = None) -> TuneReport:
+         cost_model: str = "xgb", rpc_tracker: str | None = None, rpc_key: str | None = None,
+         model_name: str | None = None) -> TuneReport:
     """Tune the kernel tasks of ``model``, heaviest first, up to ``trials_per_task`` trials each, resuming
     from ``work_dir``.
 
@@ -97,6 +100,9 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
 
     ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key``: measure on every RPC server registered with that
     tracker under that key, in parallel, instead of on this machine (see :mod:`.remote`).
+
+    ``model_name`` is recorded in ``work_dir``'s ``tuning_summary.json`` with the target; a ``work_dir``
+    holding another model's or another target's database is refused (:func:`.database.check_tuning_work_dir`).
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -104,6 +110,8 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     deadline = start + time_budget if time_budget else None
     evaluator = ms.runner.EvaluatorConfig(number=10, repeat=1, min_repeat_ms=20)
     servers = 0
+    # what the summary says, before the slow task extraction (the workloads are compared after it)
+    check_tuning_work_dir(work_dir, model_name, target_dict(resolve_target(target)))
     if rpc_tracker:  # before the slow task extraction: a wrong tracker or key fails at once
         from .remote import rpc_runner
 
@@ -115,8 +123,14 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     log.info("%d tasks extracted, %.1fs from the start", len(tasks), time.time() - start)
     if not tasks:
         raise NimbleError("the model has no kernels to tune")
+    owner, db = database_owner(work_dir), None
+    if os.path.isdir(work_dir):  # before anything is written there
+        if all(os.path.isfile(os.path.join(work_dir, f))
+               for f in ("database_workload.json", "database_tuning_record.json")):
+            db = open_tuning_database(work_dir)
+        check_tuning_work_dir(work_dir, model_name, target_dict(t), db, [task.dispatched[0] for task in tasks])
     os.makedirs(work_dir, exist_ok=True)
-    db = ms.database.JSONDatabase(work_dir=work_dir)
+    db = db if db is not None else ms.database.JSONDatabase(work_dir=work_dir)
     hashes = [tvm_ffi.structural_hash(task.dispatched[0]) for task in tasks]
     work = [task_work(task) for task in tasks]
     done = workload_trials(db)
@@ -221,5 +235,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     shares()
     report.seconds = time.time() - start
     with open(os.path.join(work_dir, "tuning_summary.json"), "w") as f:
-        json.dump({"target": str(t.kind.name), "trials_per_task": trials_per_task, "tasks": state}, f, indent=1)
+        who = {"model": model_name or owner.get("model"), "target": target_label(target_dict(t))}
+        json.dump({**{k: v for k, v in who.items() if v}, "trials_per_task": trials_per_task, "tasks": state}, f,
+                  indent=1)
     return report

@@ -99,7 +99,13 @@ def vendor_available() -> tuple[bool, str]:
 
 
 def _sources() -> list[str]:
+    """Every file the build depends on (what its cache key hashes): the .cu units and their headers."""
     return sorted(glob.glob(os.path.join(SOURCE_DIR, "*.cu")) + glob.glob(os.path.join(SOURCE_DIR, "*.h")))
+
+
+def _units() -> list[str]:
+    """The translation units nvcc compiles (the headers come in through #include)."""
+    return [s for s in _sources() if s.endswith(".cu")]
 
 
 def _header_versions(paths: dict[str, str]) -> str:
@@ -135,7 +141,7 @@ def build_command(arch: str, out: str, nvcc: str | None = None, paths: dict[str,
            # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
            "-I", paths["cudnn_include"], "-I", paths["cublas_include"],
            "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path(),
-           "-o", out, *_sources(),
+           "-o", out, *_units(),
            # by soname, without rpath: tvm_nimble.runtime.vendor preloads these before loading the extension
            "-L", paths["cudnn_lib"], "-l:libcudnn.so.9",
            "-L", paths["cublas_lib"], "-l:libcublasLt.so.13",

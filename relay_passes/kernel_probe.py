@@ -38,6 +38,8 @@ def _constant_view(value) -> bool:
 
 
 def _substitute(value, var_map: dict):
+    if isinstance(value, relax.TupleGetItem):  # an item of a split the chain reads through
+        return relax.TupleGetItem(var_map.get(value.tuple_value, value.tuple_value), value.index)
     if not isinstance(value, relax.Call):
         raise TypeError(f"unexpected binding in an offload chain: {type(value).__name__}")
     args = [var_map.get(a, a) if isinstance(a, relax.Var) else a for a in value.args]
@@ -49,7 +51,8 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
     inside = {b.var for b in offload.bindings}
     params, views, seen = [], [], set()
     for b in offload.bindings:
-        for a in b.value.args:
+        operands = [b.value.tuple_value] if isinstance(b.value, relax.TupleGetItem) else b.value.args
+        for a in operands:
             if not isinstance(a, relax.Var) or a in inside or a in seen:
                 continue
             seen.add(a)

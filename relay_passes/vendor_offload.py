@@ -104,7 +104,7 @@ def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE
                 removed, last, value = found
                 members = set(removed) | {b.var, last}
                 bindings = [x for x in block.bindings if x.var in members]
-                ops = [operator_of(x.value).split(".")[-1] for x in bindings]
+                ops = [(operator_of(x.value) or "get_item").split(".")[-1] for x in bindings]
                 offload = Offload(bi, bindings, last, value, _signature(ops, value[0]), provider.name, b.var)
                 if select is not None and not select(offload):
                     rejected = rejected or offload

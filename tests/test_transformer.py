@@ -11,13 +11,15 @@ from onnx.reference import ReferenceEvaluator
 
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.relay_passes import providers
+from tvm_nimble.relay_passes.providers.attention import SDPA
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, OffloadReport, OffloadToVendor, find_offloads
 from tvm_nimble.runtime.race_check import check_races
 
 
-@pytest.fixture(scope="module")
-def vit():
-    model = zoo.get_model("vit")
+@pytest.fixture(scope="module", params=["gather", "split"])
+def vit(request):
+    model = zoo.get_model("vit", unbind=request.param)
     inputs = zoo.random_inputs(model, seed=0)
     ref = ReferenceEvaluator(model).run(None, inputs)
     other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
@@ -33,26 +35,58 @@ def test_vit_matches_the_reference_and_its_plan_is_race_free(vit):
     assert check_races(result, inputs, ref, seeds=range(10)) == []
 
 
-def test_rank3_linears_and_attention_matmuls_go_to_cublaslt(vit, vendor_reference):
-    """Per block: QKV, output projection and two MLP Linears on [1, 16, C], plus the classifier; and the
-    attention's Q·Kᵀ (the transpose of K folded into the call) and ·V as batched GEMMs."""
+def _run_offloaded(mod, inputs, ref, **offload):
+    result = build(OffloadToVendor(**offload)(mod), "llvm", max_streams=None)
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-4)
+    assert check_races(result, inputs, ref, seeds=range(5)) == []
+    return result
+
+
+def test_attention_is_one_fused_call_reading_the_qkv_linear_in_place(vit, vendor_reference):
+    """Per block: the head split (reshape, permute, three Gathers), Q·Kᵀ, the scale, the softmax, ·V and
+    the head merge become one call that reads the QKV Linear's output [1, 16, 96] through strided views;
+    the Linears on [1, 16, C] and the classifier go to cuBLASLt. The numpy contract of the call
+    (tests/vendor_reference.py) reproduces the ONNX reference, so the strides and the scale are right."""
     model, inputs, ref = vit
     mod = from_onnx(model)
     report = OffloadReport()
     offloads = find_offloads(mod["main"], report=report)
+    depth = 2
+    fused = [o for o in offloads if o.provider == "attention"]
+    gemms = [o for o in offloads if MATMUL + "(" in o.signature]
+    assert len(fused) == depth and all(f"{SDPA}(1x16x96:float32, 1x16x96:float32, 1x16x96:float32, " in o.signature
+                                       for o in fused)
+    # the head split is read in place: three Gathers, or a Split and its three items and Squeezes
+    assert all(o.signature.split(" -> ")[0].count("take") == 3 or o.signature.count("squeeze") == 3 for o in fused)
+    assert len(gemms) == 4 * depth + 1 and not [o for o in offloads if BATCHED_MATMUL in o.signature]
+    assert not report.kept
+    result = _run_offloaded(mod, inputs, ref)
+    assert sum(l.kernel == SDPA for l in result.plan.launches) == depth
+    assert not [l for l in result.plan.launches if "softmax" in l.kernel]
+    assert sum("transpose" in l.kernel for l in result.plan.launches) == 1  # the patch embedding's, no head's
+
+
+def test_without_fused_attention_the_attention_matmuls_go_to_cublaslt(vit, vendor_reference):
+    """With the providers restricted to cuBLASLt: per block the QKV, output projection and two MLP
+    Linears on [1, 16, C], plus the classifier; Q·Kᵀ (the transpose of K folded into the call) and ·V
+    as strided-batched GEMMs."""
+    model, inputs, ref = vit
+    mod = from_onnx(model)
+    report = OffloadReport()
+    only = [providers.get("cublaslt")]
+    offloads = find_offloads(mod["main"], report=report, providers=only)
     gemms = [o for o in offloads if MATMUL + "(" in o.signature]
     batched = [o for o in offloads if BATCHED_MATMUL in o.signature]
     depth = 2
     assert sum("1x16x" in o.signature for o in gemms) == 4 * depth and len(gemms) == 4 * depth + 1
     assert len(batched) == 2 * depth and {o.provider for o in gemms + batched} == {"cublaslt"}
-    assert sum(o.signature.startswith("permute_dims+matmul") and o.signature.endswith("[1,0])") for o in batched) == depth
+    folded = sum(o.signature.startswith("permute_dims+matmul") and o.signature.endswith("[1,0])") for o in batched)
+    assert folded == (depth if "Gather" in {n.op_type for n in model.graph.node} else 0)  # split: Kᵀ is scaled first
     assert not [why for op, why in report.kept if op == "matmul"]
-    result = build(OffloadToVendor()(mod), "llvm", max_streams=None)
+    result = _run_offloaded(mod, inputs, ref, providers=only)
     assert sum(l.kernel == MATMUL for l in result.plan.launches) == len(gemms)
     assert sum(l.kernel == BATCHED_MATMUL for l in result.plan.launches) == len(batched)
-    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
-    np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-4)
-    assert check_races(result, inputs, ref, seeds=range(5)) == []
 
 
 def test_on_cuda_the_built_plan_runs_vits_linears_on_cublaslt():
@@ -65,7 +99,7 @@ def test_on_cuda_the_built_plan_runs_vits_linears_on_cublaslt():
     matmuls = [l for l in result.plan.launches if l.kernel == MATMUL]
     shapes = [result.plan.tensors[l.args[0]].shape for l in matmuls]
     assert len(matmuls) == 9 and sum(len(s) == 3 for s in shapes) == 8
-    assert sum(l.kernel == BATCHED_MATMUL for l in result.plan.launches) == 4
+    assert sum(l.kernel == SDPA for l in result.plan.launches) == 2
 
 
 def _matmul_add(bias: np.ndarray) -> "onnx.ModelProto":
@@ -130,3 +164,19 @@ def test_a_broadcast_batched_matmul_stays_on_tvm_with_a_reason(vendor_reference)
     a, b = rng.standard_normal((2, 3, 4, 5)).astype(np.float32), rng.standard_normal((1, 3, 5, 6)).astype(np.float32)
     out = NimbleExecutor(build(OffloadToVendor()(from_onnx(model)), "llvm"))(a, b)[0].numpy()
     np.testing.assert_allclose(out, np.maximum(a, 0) @ np.maximum(b, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_attention_is_fused_through_the_casts_mixed_precision_leaves(vit, vendor_reference):
+    """ToMixedPrecision keeps the head split's take and the softmax in fp32 (casts around them); the call
+    reads the fp16 QKV tensor (those casts round-trip exactly) and computes the softmax in fp32 itself."""
+    from tvm_nimble.relay_passes.precision import to_precision
+
+    model, inputs, ref = vit
+    mod = to_precision(from_onnx(model), "float16")
+    report = OffloadReport()
+    fused = [o for o in find_offloads(mod["main"], report=report) if o.provider == "attention"]
+    assert len(fused) == 2 and all(f"{SDPA}(1x16x96:float16, " in o.signature for o in fused)
+    assert not [why for op, why in report.kept if op == "attention"]
+    result = build(OffloadToVendor()(mod), "llvm", max_streams=None)
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < 1e-2

@@ -2,11 +2,13 @@
 vendor calls run on llvm (CPU tests); the real functions are checked against PyTorch on a GPU by
 scripts/experiments/vendor_check.py."""
 import contextlib
+import struct
 
 import numpy as np
 import tvm_ffi
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
+from tvm_nimble.relay_passes.providers.attention import SDPA, SDPA_BIAS
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL
 
 
@@ -23,6 +25,33 @@ def np_conv2d(x, w, b, attrs):
     out = np.concatenate([np.einsum("nchwij,ocij->nohw", win[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og])
                           for g in range(groups)], axis=1)
     return out + b.reshape(1, -1, 1, 1), act
+
+
+def _view(flat, offset, strides, shape):
+    """The [B, H, S, D] view the attention attrs describe (head dimension contiguous)."""
+    item = flat.itemsize
+    return as_strided(flat[offset:], shape=shape, strides=[s * item for s in strides] + [item], writeable=False)
+
+
+def np_sdpa(q, k, v, bias, attrs):
+    """codegen/vendor/attention.cu's contract: softmax(scale * q·kᵀ + bias) · v in float64, y [B, H, Sq, Dv]
+    laid out by the y strides (returned flat)."""
+    B, H, Sq, Sk, D, Dv = attrs[:6]
+    qv = _view(q.ravel(), attrs[6], attrs[7:10], (B, H, Sq, D)).astype(np.float64)
+    kv = _view(k.ravel(), attrs[10], attrs[11:14], (B, H, Sk, D)).astype(np.float64)
+    vv = _view(v.ravel(), attrs[14], attrs[15:18], (B, H, Sk, Dv)).astype(np.float64)
+    scale = struct.unpack("<f", struct.pack("<I", attrs[25]))[0]
+    s = scale * qv @ np.swapaxes(kv, -1, -2)
+    if bias is not None:
+        item = bias.itemsize
+        s = s + as_strided(bias.ravel(), shape=(B, H, Sq, Sk), strides=[x * item for x in attrs[21:25]])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    out = (p / p.sum(-1, keepdims=True)) @ vv
+    y = np.zeros(B * H * Sq * Dv)
+    idx = (np.arange(B)[:, None, None, None] * attrs[18] + np.arange(H)[None, :, None, None] * attrs[19]
+           + np.arange(Sq)[None, None, :, None] * attrs[20] + np.arange(Dv)[None, None, None, :])
+    y[idx.ravel()] = out.ravel()
+    return y
 
 
 @contextlib.contextmanager
@@ -46,7 +75,14 @@ def reference_functions():
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
         y.copyfrom((a.numpy() @ bm).astype(y.dtype))
 
-    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, BATCHED_MATMUL: batched_matmul}
+    def sdpa(q, k, v, attrs, y, ws):
+        y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), None, list(attrs)).reshape(y.shape).astype(y.dtype))
+
+    def sdpa_bias(q, k, v, bias, attrs, y, ws):
+        y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), list(attrs)).reshape(y.shape).astype(y.dtype))
+
+    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
+             SDPA_BIAS: sdpa_bias}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():
         tvm_ffi.register_global_func(name, fn, override=True)

@@ -278,11 +278,16 @@ def random_dag(num_ops: int = 12, seed: int = 0, batch: int = 1, *, hw: int = 8,
 
 
 def vit(depth: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, patch: int = 4, dim: int = 32,
-        heads: int = 2, mlp: int = 64, in_channels: int = 3) -> onnx.ModelProto:
+        heads: int = 2, mlp: int = 64, in_channels: int = 3, unbind: str = "gather") -> onnx.ModelProto:
     """A small ViT as timm exports it: a patch convolution, then ``depth`` pre-norm blocks of multi-head
     attention (LayerNorm, one QKV Linear on [B, T, C], batched Q·Kᵀ, scale, Softmax, ·V, the output
     Linear, a residual add) and an MLP (LayerNorm, Linear, erf GELU, Linear, a residual add), a final
-    LayerNorm, the mean over tokens and a classifier. Weights are drawn so activations stay O(1)."""
+    LayerNorm, the mean over tokens and a classifier. Weights are drawn so activations stay O(1).
+    ``unbind``: how Q, K and V leave the QKV tensor: "gather" (three Gathers, the scale on the scores)
+    or "split" (Split + Squeeze, and the scale's square root on Q and on Kᵀ: the export of PyTorch's
+    scaled_dot_product_attention that timm uses)."""
+    if unbind not in ("gather", "split"):
+        raise ValueError(f"unbind must be 'gather' or 'split', got {unbind!r}")
     for name, v in (("depth", depth), ("batch", batch), ("hw", hw), ("patch", patch), ("dim", dim),
                     ("heads", heads), ("mlp", mlp)):
         _positive(name, v)
@@ -325,9 +330,16 @@ def vit(depth: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, patch: i
     for _ in range(depth):
         qkv = node("Transpose", [node("Reshape", [linear(layer_norm(x), dim, 3 * dim), shape(batch, tokens, 3, heads, head_dim)])],
                    perm=[2, 0, 3, 1, 4])
-        q, k, v = (node("Gather", [qkv, const("idx", i, np.int64)], axis=0) for i in range(3))
-        scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]),
-                              const("scale", 1.0 / np.sqrt(head_dim))])
+        if unbind == "gather":
+            q, k, v = (node("Gather", [qkv, const("idx", i, np.int64)], axis=0) for i in range(3))
+            scores = node("Mul", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])]),
+                                  const("scale", 1.0 / np.sqrt(head_dim))])
+        else:
+            parts = [fresh("split") for _ in range(3)]
+            nodes.append(helper.make_node("Split", [qkv], parts, name=parts[0] + "_node", axis=0))
+            q, k, v = (node("Squeeze", [p, const("axes", [0], np.int64)]) for p in parts)
+            root = const("scale", head_dim ** -0.25)
+            scores = node("MatMul", [node("Mul", [q, root]), node("Mul", [node("Transpose", [k], perm=[0, 1, 3, 2]), root])])
         attn = node("MatMul", [node("Softmax", [scores], axis=-1), v])
         attn = node("Reshape", [node("Transpose", [attn], perm=[0, 2, 1, 3]), shape(batch, tokens, dim)])
         x = node("Add", [x, linear(attn, dim, dim)])

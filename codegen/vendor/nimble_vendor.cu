@@ -13,11 +13,16 @@
 //       and right): that is what cuDNN's convolution descriptor can express.
 //   nimble.cublas.matmul(a, b, bias, attrs, y, workspace)
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
-//       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32].
+//       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32(, algo)], algo:
+//       an index into cuBLASLt's heuristic list for the configuration (0, its first, if left out).
 //   nimble.cublas.batched_matmul(a, b, attrs, y, workspace)
 //       y[i] = a[i] @ op(b[i]) over the leading (batch) dimensions, one strided-batched cuBLASLt call;
 //       a [..., M, K], b [..., N, K] if transpose_b else [..., K, N], y [..., M, N], the same leading
-//       dimensions everywhere (no broadcasting); attrs = [transpose_b, allow_tf32].
+//       dimensions everywhere (no broadcasting); attrs = [transpose_b, allow_tf32(, algo)].
+//   nimble.cublas.matmul_timings(a, b, bias, attrs, y, workspace, reps) -> [us, ...]
+//   nimble.cublas.batched_matmul_timings(a, b, attrs, y, workspace, reps) -> [us, ...]
+//       microseconds per call of each algorithm index, for the build's choice (synchronizes; y is
+//       overwritten; not inside a graph capture)
 //   nimble.vendor.versions() -> str                 runtime library versions (no GPU needed)
 //   nimble.cudnn.conv2d_algos(x_shape, w_shape, attrs, dtype, device_id) -> [[algo, status,
 //       workspace_bytes, math_type, determinism], ...] in cuDNN's heuristic order (needs a GPU)
@@ -55,55 +60,15 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
+
 namespace nimble_vendor {
 namespace {
-
-using tvm::ffi::Array;
-using tvm::ffi::Shape;
-using tvm::ffi::String;
-using tvm::ffi::TensorView;
 
 constexpr const char* kConv = "nimble.cudnn.conv2d";
 constexpr const char* kConvAdd = "nimble.cudnn.conv2d_add";
 constexpr const char* kMatmul = "nimble.cublas.matmul";
 constexpr const char* kBatchedMatmul = "nimble.cublas.batched_matmul";
-constexpr int64_t kWorkspaceAlign = 256;
-
-enum DType : int { kF32 = 0, kF16 = 1 };
-
-std::string OneLine(std::string s) {
-  for (char& c : s) {
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  }
-  while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
-}
-
-std::string ShapeStr(const int64_t* v, int n) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < n; ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
-std::string ShapeStr(const TensorView& t) { return ShapeStr(t.shape().data(), t.ndim()); }
-
-const char* DTypeName(int d) { return d == kF32 ? "float32" : "float16"; }
-
-std::string DLTypeStr(DLDataType t) {
-  std::ostringstream os;
-  const char* code = t.code == kDLFloat ? "float" : t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint"
-                     : t.code == kDLBfloat ? "bfloat" : "type";
-  os << code << int(t.bits);
-  if (t.lanes != 1) os << "x" << int(t.lanes);
-  return os.str();
-}
-
-[[noreturn]] void FailValue(const char* op, const std::string& msg) {
-  TVM_FFI_THROW(ValueError) << op << ": " << OneLine(msg);
-  throw;  // unreachable: TVM_FFI_THROW throws
-}
 
 void CheckCudnn(cudnnStatus_t st, const char* op, const char* call, const std::string& ctx = "") {
   if (st == CUDNN_STATUS_SUCCESS) return;
@@ -120,93 +85,6 @@ void CheckCublas(cublasStatus_t st, const char* op, const char* call, const std:
                               << (ctx.empty() ? "" : " (" + ctx + ")");
 }
 
-void CheckCuda(cudaError_t err, const char* op, const char* call) {
-  if (err == cudaSuccess) return;
-  TVM_FFI_THROW(RuntimeError) << op << ": " << call << " failed with " << cudaGetErrorName(err) << ": "
-                              << cudaGetErrorString(err);
-}
-
-// ---------------------------------------------------------------------------------------------
-// argument checks
-
-int TensorDType(const TensorView& t) {
-  DLDataType d = t.dtype();
-  if (d.code == kDLFloat && d.lanes == 1 && d.bits == 32) return kF32;
-  if (d.code == kDLFloat && d.lanes == 1 && d.bits == 16) return kF16;
-  return -1;
-}
-
-void* DataPtr(const TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
-
-void CheckCudaTensor(const char* op, const char* name, const TensorView& t, int device_id) {
-  if (t.device().device_type != kDLCUDA) {
-    FailValue(op, std::string(name) + " must be a CUDA tensor, got device type " +
-                      std::to_string(t.device().device_type));
-  }
-  if (t.device().device_id != device_id) {
-    FailValue(op, std::string(name) + " is on cuda:" + std::to_string(t.device().device_id) +
-                      " but the first input is on cuda:" + std::to_string(device_id));
-  }
-  if (!t.IsContiguous()) FailValue(op, std::string(name) + " must be contiguous (row-major, no strides)");
-}
-
-void CheckDType(const char* op, const char* name, const TensorView& t, int dtype) {
-  if (TensorDType(t) != dtype) {
-    FailValue(op, std::string(name) + " has dtype " + DLTypeStr(t.dtype()) + " but " + DTypeName(dtype) +
-                      " is expected (all of x/w/b/z/y, or a/b/bias/y, share one dtype)");
-  }
-}
-
-void CheckNdim(const char* op, const char* name, const TensorView& t, int ndim) {
-  if (t.ndim() != ndim) {
-    FailValue(op, std::string(name) + " must be " + std::to_string(ndim) + "-D, got shape " + ShapeStr(t));
-  }
-}
-
-struct Workspace {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-};
-
-// The caller's uint8 workspace, aligned up to 256 bytes (cuDNN/cuBLASLt kernels want aligned scratch).
-Workspace CheckWorkspace(const char* op, const TensorView& ws, int device_id) {
-  CheckCudaTensor(op, "workspace", ws, device_id);
-  DLDataType d = ws.dtype();
-  if (!(d.code == kDLUInt && d.bits == 8 && d.lanes == 1) || ws.ndim() != 1) {
-    FailValue(op, "workspace must be a 1-D uint8 tensor, got " + DLTypeStr(d) + " " + ShapeStr(ws));
-  }
-  uintptr_t p = reinterpret_cast<uintptr_t>(DataPtr(ws));
-  uintptr_t q = (p + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1);
-  int64_t len = ws.shape()[0];
-  Workspace out;
-  if (len > int64_t(q - p)) {
-    out.bytes = size_t(len - int64_t(q - p)) & ~size_t(kWorkspaceAlign - 1);
-    out.ptr = out.bytes ? reinterpret_cast<void*>(q) : nullptr;
-  }
-  return out;
-}
-
-uint32_t PtrAlign(const void* p) {
-  uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  if (v == 0) return 256;
-  uintptr_t a = v & (~v + 1);
-  return uint32_t(std::min<uintptr_t>(a, 256));
-}
-
-struct DeviceGuard {
-  int prev = -1, target;
-  DeviceGuard(int dev, const char* op) : target(dev) {
-    CheckCuda(cudaGetDevice(&prev), op, "cudaGetDevice");
-    if (prev != target) CheckCuda(cudaSetDevice(target), op, "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    if (prev >= 0 && prev != target) cudaSetDevice(prev);
-  }
-};
-
-cudaStream_t CurrentStream(int device_id) {
-  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device_id));
-}
 
 // ---------------------------------------------------------------------------------------------
 // one cuDNN and one cuBLASLt handle per (device, stream), created on first use, never destroyed
@@ -283,14 +161,6 @@ cublasLtHandle_t LtHandle(int dev, cudaStream_t stream, const char* op) {
 // y = act(y_in + bias[c] (+ z)), c = (i / inner) % channels: the epilogue where cuDNN/cuBLASLt
 // cannot fuse it (relu6, identity outside IMPLICIT_PRECOMP_GEMM).
 
-template <typename T>
-__device__ __forceinline__ float ToF(T v) { return static_cast<float>(v); }
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) { return __half2float(v); }
-template <typename T>
-__device__ __forceinline__ T FromF(float v) { return static_cast<T>(v); }
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
 
 template <typename T>
 __global__ void BiasActKernel(T* __restrict__ y, const T* __restrict__ bias, const T* z, int64_t n,
@@ -670,11 +540,20 @@ Array<Shape> Conv2dAlgos(Shape x_shape, Shape w_shape, Shape attrs, String dtype
 // cuBLASLt GEMM. Row-major y[M,N] = a[M,K] @ op(b) is computed as the column-major product
 // y^T[N,M] = op(b)^T[N,K] @ a^T[K,M]: cuBLASLt's "A" is our b, its "B" is our a, and the bias
 // epilogue adds bias[N] along D's rows.
+//
+// The algorithm: cuBLASLt's heuristic lists up to kMaxAlgos candidates that fit the workspace; attrs
+// carry the index of the one to run (0: the heuristic's first). The heuristic's first is often not
+// the fastest at small M (few tiles for 132 SMs), so the build times every candidate with
+// nimble.cublas.matmul_timings / batched_matmul_timings and bakes the fastest index into attrs.
+
+constexpr int kMaxAlgos = 16;
 
 struct MatmulPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // heuristic order, each fits the workspace
   cublasLtMatmulAlgo_t algo;
+  int algo_index = 0;  // into candidates (the requested index, or 0 when the list is shorter)
   size_t ws_need = 0;
   bool epilogue_bias = true;  // bias (and relu) in cuBLASLt's epilogue; else in our kernel
   std::string desc_str;
@@ -685,9 +564,14 @@ struct MatmulPlan {
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
   }
+  void Select(int index) {
+    algo_index = index < int(candidates.size()) ? index : 0;
+    algo = candidates[algo_index].algo;
+    ws_need = candidates[algo_index].workspaceSize;
+  }
 };
 
-using MatmulKey = std::array<int64_t, 14>;  // ..., batch (0: the bias GEMM, >= 1: batched, no bias)
+using MatmulKey = std::array<int64_t, 15>;  // ..., batch (0: the bias GEMM, >= 1: batched, no bias), algo index
 
 std::mutex& MatmulMutex() {
   static std::mutex* mu = new std::mutex();
@@ -699,16 +583,17 @@ std::map<MatmulKey, std::unique_ptr<MatmulPlan>>& MatmulPlans() {
   return *m;
 }
 
-// Builds the descriptors for one epilogue; returns false when cuBLASLt offers no algorithm.
+// Builds the descriptors for one epilogue and lists the algorithms; false when cuBLASLt offers none.
 bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype, int64_t M, int64_t N, int64_t K,
                    bool tb, int act, bool tf32, size_t ws_bytes, const std::array<uint32_t, 4>& align,
-                   const void* bias, bool epilogue_bias, int64_t batch = 1) {
+                   const void* bias, bool epilogue_bias, int64_t batch) {
   if (p->desc) cublasLtMatmulDescDestroy(p->desc);
   if (p->la) cublasLtMatrixLayoutDestroy(p->la);
   if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
   if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
   p->desc = nullptr;
   p->la = p->lb = p->ld = nullptr;
+  p->candidates.clear();
   cublasComputeType_t compute = dtype == kF16 ? CUBLAS_COMPUTE_32F : tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                                           : CUBLAS_COMPUTE_32F;
   cudaDataType_t dt = dtype == kF16 ? CUDA_R_16F : CUDA_R_32F;
@@ -755,193 +640,269 @@ bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], sizeof(uint32_t));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof(uint32_t));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof(uint32_t));
-  cublasLtMatmulHeuristicResult_t res[8];
+  cublasLtMatmulHeuristicResult_t res[kMaxAlgos];
   int n = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 8, res, &n);
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, kMaxAlgos, res, &n);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   CheckCublas(st, op, "cublasLtMatmulAlgoGetHeuristic");
   for (int i = 0; i < n; ++i) {
-    if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) {
-      p->algo = res[i].algo;
-      p->ws_need = res[i].workspaceSize;
-      p->epilogue_bias = epilogue_bias;
-      return true;
-    }
+    if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) p->candidates.push_back(res[i]);
   }
-  return false;
+  p->epilogue_bias = epilogue_bias;
+  return !p->candidates.empty();
 }
 
-void Matmul(TensorView a, TensorView b, TensorView bias, Shape attrs, TensorView y, TensorView workspace) {
-  const char* op = kMatmul;
-  if (attrs.size() != 3) {
-    FailValue(op, "attrs must have 3 entries [transpose_b, activation, allow_tf32], got " +
+// One GEMM call's operands, checked: y = act(a @ op(b) [+ bias]) over `batch` strided matrices.
+struct GemmCall {
+  const char* op;
+  int dev = 0, dtype = 0;
+  bool batched = false;                    // false: the bias GEMM (a's rows flattened)
+  int64_t M = 0, N = 0, K = 0, batch = 1;  // batch: the number of strided matrices when batched
+  int64_t tb = 0, act = 0, tf32 = 0, algo = 0;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* bias = nullptr;
+  void* y = nullptr;
+  Workspace ws;
+  std::string attrs_str;
+};
+
+void CheckAlgoIndex(const char* op, int64_t algo, const Shape& attrs) {
+  if (algo < 0 || algo >= kMaxAlgos) {
+    FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) + ": the algorithm index must be in [0, " +
+                      std::to_string(kMaxAlgos) + ")");
+  }
+}
+
+GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& attrs, TensorView y, TensorView workspace) {
+  GemmCall g;
+  const char* op = g.op = kMatmul;
+  if (attrs.size() != 3 && attrs.size() != 4) {
+    FailValue(op, "attrs must have 3 or 4 entries [transpose_b, activation, allow_tf32(, algorithm index)], got " +
                       ShapeStr(attrs.data(), int(attrs.size())));
   }
-  int64_t tb = attrs[0], act = attrs[1], tf32 = attrs[2];
-  if ((tb != 0 && tb != 1) || act < 0 || act > 2 || (tf32 != 0 && tf32 != 1)) {
-    FailValue(op, "attrs " + ShapeStr(attrs.data(), 3) +
+  g.tb = attrs[0], g.act = attrs[1], g.tf32 = attrs[2], g.algo = attrs.size() == 4 ? attrs[3] : 0;
+  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > 2 || (g.tf32 != 0 && g.tf32 != 1)) {
+    FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) +
                       ": transpose_b and allow_tf32 must be 0 or 1, activation 0 (identity), 1 (relu) or 2 (relu6)");
   }
+  CheckAlgoIndex(op, g.algo, attrs);
   if (a.device().device_type != kDLCUDA) {
     FailValue(op, "a must be a CUDA tensor, got device type " + std::to_string(a.device().device_type));
   }
-  int dev = a.device().device_id;
-  int dtype = TensorDType(a);
-  if (dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
-  CheckCudaTensor(op, "a", a, dev);
-  CheckCudaTensor(op, "b", b, dev);
-  CheckCudaTensor(op, "bias", bias, dev);
-  CheckCudaTensor(op, "y", y, dev);
-  CheckDType(op, "b", b, dtype);
-  CheckDType(op, "bias", bias, dtype);
-  CheckDType(op, "y", y, dtype);
+  g.dev = a.device().device_id;
+  g.dtype = TensorDType(a);
+  if (g.dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
+  CheckCudaTensor(op, "a", a, g.dev);
+  CheckCudaTensor(op, "b", b, g.dev);
+  CheckCudaTensor(op, "bias", bias, g.dev);
+  CheckCudaTensor(op, "y", y, g.dev);
+  CheckDType(op, "b", b, g.dtype);
+  CheckDType(op, "bias", bias, g.dtype);
+  CheckDType(op, "y", y, g.dtype);
   if (a.ndim() < 2) FailValue(op, "a must be at least 2-D [..., M, K], got " + ShapeStr(a));
   CheckNdim(op, "b", b, 2);
   CheckNdim(op, "bias", bias, 1);
-  Workspace ws = CheckWorkspace(op, workspace, dev);
-  int64_t K = a.shape()[a.ndim() - 1];
-  int64_t M = a.numel() / std::max<int64_t>(K, 1);
-  int64_t N = tb ? b.shape()[0] : b.shape()[1];
-  int64_t Kb = tb ? b.shape()[1] : b.shape()[0];
-  if (Kb != K) {
-    FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) + (tb ? " ([N, K], transpose_b=1)" : " ([K, N], transpose_b=0)") +
-                      " disagree on K");
+  g.ws = CheckWorkspace(op, workspace, g.dev);
+  g.K = a.shape()[a.ndim() - 1];
+  g.M = a.numel() / std::max<int64_t>(g.K, 1);
+  g.N = g.tb ? b.shape()[0] : b.shape()[1];
+  int64_t Kb = g.tb ? b.shape()[1] : b.shape()[0];
+  if (Kb != g.K) {
+    FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) +
+                      (g.tb ? " ([N, K], transpose_b=1)" : " ([K, N], transpose_b=0)") + " disagree on K");
   }
-  if (bias.shape()[0] != N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(N));
-  bool y_ok = y.ndim() == a.ndim() && y.shape()[y.ndim() - 1] == N;
+  if (bias.shape()[0] != g.N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(g.N));
+  bool y_ok = y.ndim() == a.ndim() && y.shape()[y.ndim() - 1] == g.N;
   for (int i = 0; y_ok && i + 1 < a.ndim(); ++i) y_ok = y.shape()[i] == a.shape()[i];
-  if (!y_ok) FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and N = " + std::to_string(N) +
-                               " give [..., " + std::to_string(N) + "] with a's leading dimensions");
-  if (M == 0 || N == 0) return;
-  if (K == 0) FailValue(op, "K = 0 is not supported");
+  if (!y_ok) FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and N = " + std::to_string(g.N) +
+                               " give [..., " + std::to_string(g.N) + "] with a's leading dimensions");
+  if (g.M != 0 && g.N != 0 && g.K == 0) FailValue(op, "K = 0 is not supported");
   if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(b)) FailValue(op, "y must not alias a or b");
-
-  DeviceGuard guard(dev, op);
-  cudaStream_t stream = CurrentStream(dev);
-  cublasLtHandle_t lt = LtHandle(dev, stream, op);
-  std::array<uint32_t, 4> align{PtrAlign(DataPtr(b)), PtrAlign(DataPtr(a)), PtrAlign(DataPtr(y)), PtrAlign(DataPtr(bias))};
-  MatmulKey key{dev, dtype, M, N, K, tb, act, tf32, int64_t(ws.bytes), align[0], align[1], align[2], align[3], 0};
-  MatmulPlan* p;
-  {
-    std::lock_guard<std::mutex> lock(MatmulMutex());
-    auto& slot = MatmulPlans()[key];
-    if (!slot) {
-      auto plan = std::make_unique<MatmulPlan>();
-      bool ok = TryMatmulPlan(op, lt, plan.get(), dtype, M, N, K, tb, int(act), tf32, ws.bytes, align, DataPtr(bias), true) ||
-                TryMatmulPlan(op, lt, plan.get(), dtype, M, N, K, tb, int(act), tf32, ws.bytes, align, DataPtr(bias), false);
-      if (!ok) {
-        TVM_FFI_THROW(RuntimeError) << op << ": cublasLtMatmulAlgoGetHeuristic found no algorithm (CUBLAS_STATUS_NOT_SUPPORTED) for M="
-                                    << M << " N=" << N << " K=" << K << " " << DTypeName(dtype) << " within "
-                                    << ws.bytes << " workspace bytes";
-      }
-      std::ostringstream os;
-      os << op << " cuda:" << dev << " " << DTypeName(dtype) << " M=" << M << " N=" << N << " K=" << K
-         << " attrs=" << ShapeStr(attrs.data(), 3) << " workspace=" << ws.bytes << " -> epilogue="
-         << (plan->epilogue_bias ? (act == 1 ? "relu_bias" : "bias") : "none") << (act == 2 || !plan->epilogue_bias ? "+kernel" : "")
-         << " needs=" << plan->ws_need;
-      plan->desc_str = os.str();
-      slot = std::move(plan);
-    }
-    p = slot.get();
-  }
-  std::lock_guard<std::mutex> lock(p->mu);
-  if (p->epilogue_bias) {
-    const void* bp = DataPtr(bias);
-    CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), op,
-                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
-  }
-  const float one = 1.0f, zero = 0.0f;
-  void* yp = DataPtr(y);
-  CheckCublas(cublasLtMatmul(lt, p->desc, &one, DataPtr(b), p->la, DataPtr(a), p->lb, &zero, yp, p->ld, yp, p->ld,
-                             &p->algo, ws.ptr, ws.bytes, stream),
-              op, "cublasLtMatmul", "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
-  if (!p->epilogue_bias) {
-    LaunchBiasAct(op, dtype, yp, DataPtr(bias), nullptr, M * N, 1, N, int(act), stream);
-  } else if (act == 2) {
-    LaunchBiasAct(op, dtype, yp, nullptr, nullptr, M * N, 1, N, 2, stream);
-  }
+  g.a = DataPtr(a), g.b = DataPtr(b), g.bias = DataPtr(bias), g.y = DataPtr(y);
+  g.attrs_str = ShapeStr(attrs.data(), int(attrs.size()));
+  return g;
 }
 
-
-void BatchedMatmul(TensorView a, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
-  const char* op = kBatchedMatmul;
-  if (attrs.size() != 2) {
-    FailValue(op, "attrs must have 2 entries [transpose_b, allow_tf32], got " + ShapeStr(attrs.data(), int(attrs.size())));
+GemmCall CheckBatchedMatmul(TensorView a, TensorView b, const Shape& attrs, TensorView y, TensorView workspace) {
+  GemmCall g;
+  const char* op = g.op = kBatchedMatmul;
+  if (attrs.size() != 2 && attrs.size() != 3) {
+    FailValue(op, "attrs must have 2 or 3 entries [transpose_b, allow_tf32(, algorithm index)], got " +
+                      ShapeStr(attrs.data(), int(attrs.size())));
   }
-  int64_t tb = attrs[0], tf32 = attrs[1];
-  if ((tb != 0 && tb != 1) || (tf32 != 0 && tf32 != 1)) {
-    FailValue(op, "attrs " + ShapeStr(attrs.data(), 2) + ": transpose_b and allow_tf32 must be 0 or 1");
+  g.tb = attrs[0], g.tf32 = attrs[1], g.algo = attrs.size() == 3 ? attrs[2] : 0;
+  if ((g.tb != 0 && g.tb != 1) || (g.tf32 != 0 && g.tf32 != 1)) {
+    FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) + ": transpose_b and allow_tf32 must be 0 or 1");
   }
+  CheckAlgoIndex(op, g.algo, attrs);
   if (a.device().device_type != kDLCUDA) {
     FailValue(op, "a must be a CUDA tensor, got device type " + std::to_string(a.device().device_type));
   }
-  int dev = a.device().device_id;
-  int dtype = TensorDType(a);
-  if (dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
-  CheckCudaTensor(op, "a", a, dev);
-  CheckCudaTensor(op, "b", b, dev);
-  CheckCudaTensor(op, "y", y, dev);
-  CheckDType(op, "b", b, dtype);
-  CheckDType(op, "y", y, dtype);
+  g.dev = a.device().device_id;
+  g.dtype = TensorDType(a);
+  if (g.dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
+  CheckCudaTensor(op, "a", a, g.dev);
+  CheckCudaTensor(op, "b", b, g.dev);
+  CheckCudaTensor(op, "y", y, g.dev);
+  CheckDType(op, "b", b, g.dtype);
+  CheckDType(op, "y", y, g.dtype);
   int nd = a.ndim();
   if (nd < 3 || b.ndim() != nd || y.ndim() != nd) {
     FailValue(op, "a, b and y must have the same rank >= 3 [..., rows, cols], got a " + ShapeStr(a) + ", b " + ShapeStr(b) +
                       ", y " + ShapeStr(y));
   }
-  int64_t batch = 1;
+  g.batched = true;
+  g.batch = 1;
   for (int i = 0; i + 2 < nd; ++i) {
     if (b.shape()[i] != a.shape()[i] || y.shape()[i] != a.shape()[i]) {
       FailValue(op, "a " + ShapeStr(a) + ", b " + ShapeStr(b) + " and y " + ShapeStr(y) +
                         " must have the same leading (batch) dimensions");
     }
-    batch *= a.shape()[i];
+    g.batch *= a.shape()[i];
   }
-  Workspace ws = CheckWorkspace(op, workspace, dev);
-  int64_t M = a.shape()[nd - 2], K = a.shape()[nd - 1];
-  int64_t N = tb ? b.shape()[nd - 2] : b.shape()[nd - 1];
-  int64_t Kb = tb ? b.shape()[nd - 1] : b.shape()[nd - 2];
-  if (Kb != K) FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) + " disagree on K");
-  if (y.shape()[nd - 2] != M || y.shape()[nd - 1] != N) {
-    FailValue(op, "y has shape " + ShapeStr(y) + " but a @ op(b) gives [..., " + std::to_string(M) + ", " +
-                      std::to_string(N) + "]");
+  g.ws = CheckWorkspace(op, workspace, g.dev);
+  g.M = a.shape()[nd - 2], g.K = a.shape()[nd - 1];
+  g.N = g.tb ? b.shape()[nd - 2] : b.shape()[nd - 1];
+  int64_t Kb = g.tb ? b.shape()[nd - 1] : b.shape()[nd - 2];
+  if (Kb != g.K) FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) + " disagree on K");
+  if (y.shape()[nd - 2] != g.M || y.shape()[nd - 1] != g.N) {
+    FailValue(op, "y has shape " + ShapeStr(y) + " but a @ op(b) gives [..., " + std::to_string(g.M) + ", " +
+                      std::to_string(g.N) + "]");
   }
-  if (batch == 0 || M == 0 || N == 0) return;
-  if (K == 0) FailValue(op, "K = 0 is not supported");
+  if (g.batch != 0 && g.M != 0 && g.N != 0 && g.K == 0) FailValue(op, "K = 0 is not supported");
   if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(b)) FailValue(op, "y must not alias a or b");
+  g.a = DataPtr(a), g.b = DataPtr(b), g.y = DataPtr(y);
+  g.attrs_str = ShapeStr(attrs.data(), int(attrs.size()));
+  return g;
+}
 
-  DeviceGuard guard(dev, op);
-  cudaStream_t stream = CurrentStream(dev);
-  cublasLtHandle_t lt = LtHandle(dev, stream, op);
-  std::array<uint32_t, 4> align{PtrAlign(DataPtr(b)), PtrAlign(DataPtr(a)), PtrAlign(DataPtr(y)), 0};
-  MatmulKey key{dev, dtype, M, N, K, tb, 0, tf32, int64_t(ws.bytes), align[0], align[1], align[2], 0, batch};
+bool GemmEmpty(const GemmCall& g) { return g.M == 0 || g.N == 0 || g.batch == 0; }
+
+// A fresh plan for g (its algorithm list, index g.algo selected): the bias GEMM tries the epilogue first.
+std::unique_ptr<MatmulPlan> MakeGemmPlan(const GemmCall& g, cublasLtHandle_t lt) {
+  std::array<uint32_t, 4> align{PtrAlign(g.b), PtrAlign(g.a), PtrAlign(g.y), g.bias ? PtrAlign(g.bias) : 0};
+  auto plan = std::make_unique<MatmulPlan>();
+  bool ok;
+  if (!g.batched) {
+    ok = TryMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, int(g.act), g.tf32, g.ws.bytes, align, g.bias,
+                       true, 1) ||
+         TryMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, int(g.act), g.tf32, g.ws.bytes, align, g.bias,
+                       false, 1);
+  } else {
+    ok = TryMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, 0, g.tf32, g.ws.bytes, align, nullptr, false,
+                       g.batch);
+  }
+  if (!ok) {
+    TVM_FFI_THROW(RuntimeError) << g.op << ": cublasLtMatmulAlgoGetHeuristic found no algorithm for "
+                                << (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) << "M=" << g.M
+                                << " N=" << g.N << " K=" << g.K << " " << DTypeName(g.dtype) << " within " << g.ws.bytes
+                                << " workspace bytes";
+  }
+  plan->Select(int(g.algo));
+  std::ostringstream os;
+  os << g.op << " cuda:" << g.dev << " " << DTypeName(g.dtype) << (g.batched ? " batch=" + std::to_string(g.batch) : "")
+     << " M=" << g.M << " N=" << g.N << " K=" << g.K << " attrs=" << g.attrs_str << " workspace=" << g.ws.bytes;
+  if (!g.batched) {
+    os << " -> epilogue=" << (plan->epilogue_bias ? (g.act == 1 ? "relu_bias" : "bias") : "none")
+       << (g.act == 2 || !plan->epilogue_bias ? "+kernel" : "");
+  }
+  os << " algo=" << plan->algo_index << "/" << plan->candidates.size() << " needs=" << plan->ws_need;
+  plan->desc_str = os.str();
+  return plan;
+}
+
+MatmulKey GemmKey(const GemmCall& g) {
+  return MatmulKey{g.dev, g.dtype, g.M, g.N, g.K, g.tb, g.act, g.tf32, int64_t(g.ws.bytes), PtrAlign(g.b), PtrAlign(g.a),
+                   PtrAlign(g.y), g.bias ? PtrAlign(g.bias) : 0, g.batched ? g.batch : 0, g.algo};
+}
+
+// Enqueues one GEMM with plan p (its mutex held) on `stream`.
+void EnqueueGemm(const GemmCall& g, MatmulPlan* p, cublasLtHandle_t lt, cudaStream_t stream) {
+  if (!g.batched && p->epilogue_bias) {
+    const void* bp = g.bias;
+    CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), g.op,
+                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  }
+  const float one = 1.0f, zero = 0.0f;
+  CheckCublas(cublasLtMatmul(lt, p->desc, &one, g.b, p->la, g.a, p->lb, &zero, g.y, p->ld, g.y, p->ld, &p->algo,
+                             g.ws.ptr, g.ws.bytes, stream),
+              g.op, "cublasLtMatmul",
+              (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) + "M=" + std::to_string(g.M) +
+                  " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K));
+  if (!g.batched && !p->epilogue_bias) {
+    LaunchBiasAct(g.op, g.dtype, g.y, g.bias, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
+  } else if (!g.batched && g.act == 2) {
+    LaunchBiasAct(g.op, g.dtype, g.y, nullptr, nullptr, g.M * g.N, 1, g.N, 2, stream);
+  }
+}
+
+void RunGemm(const GemmCall& g) {
+  if (GemmEmpty(g)) return;
+  DeviceGuard guard(g.dev, g.op);
+  cudaStream_t stream = CurrentStream(g.dev);
+  cublasLtHandle_t lt = LtHandle(g.dev, stream, g.op);
   MatmulPlan* p;
   {
     std::lock_guard<std::mutex> lock(MatmulMutex());
-    auto& slot = MatmulPlans()[key];
-    if (!slot) {
-      auto plan = std::make_unique<MatmulPlan>();
-      if (!TryMatmulPlan(op, lt, plan.get(), dtype, M, N, K, tb, 0, tf32, ws.bytes, align, nullptr, false, batch)) {
-        TVM_FFI_THROW(RuntimeError) << op << ": cublasLtMatmulAlgoGetHeuristic found no algorithm for batch=" << batch
-                                    << " M=" << M << " N=" << N << " K=" << K << " " << DTypeName(dtype) << " within "
-                                    << ws.bytes << " workspace bytes";
-      }
-      std::ostringstream os;
-      os << op << " cuda:" << dev << " " << DTypeName(dtype) << " batch=" << batch << " M=" << M << " N=" << N
-         << " K=" << K << " attrs=" << ShapeStr(attrs.data(), 2) << " workspace=" << ws.bytes << " needs=" << plan->ws_need;
-      plan->desc_str = os.str();
-      slot = std::move(plan);
-    }
+    auto& slot = MatmulPlans()[GemmKey(g)];
+    if (!slot) slot = MakeGemmPlan(g, lt);
     p = slot.get();
   }
   std::lock_guard<std::mutex> lock(p->mu);
-  const float one = 1.0f, zero = 0.0f;
-  void* yp = DataPtr(y);
-  CheckCublas(cublasLtMatmul(lt, p->desc, &one, DataPtr(b), p->la, DataPtr(a), p->lb, &zero, yp, p->ld, yp, p->ld,
-                             &p->algo, ws.ptr, ws.bytes, stream),
-              op, "cublasLtMatmul", "batch=" + std::to_string(batch) + " M=" + std::to_string(M) + " N=" +
-                                        std::to_string(N) + " K=" + std::to_string(K));
+  EnqueueGemm(g, p, lt, stream);
 }
 
+void Matmul(TensorView a, TensorView b, TensorView bias, Shape attrs, TensorView y, TensorView workspace) {
+  RunGemm(CheckMatmul(a, b, bias, attrs, y, workspace));
+}
+
+void BatchedMatmul(TensorView a, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
+  RunGemm(CheckBatchedMatmul(a, b, attrs, y, workspace));
+}
+
+// Microseconds per call of each algorithm candidate (index = the attrs' algorithm index), each timed
+// over `reps` back-to-back calls on the current stream after two warm-up calls; y is overwritten.
+// Build-time only: it synchronizes, so it must not run inside a graph capture.
+Array<double> TimeGemm(const GemmCall& g, int64_t reps) {
+  Array<double> out;
+  if (GemmEmpty(g)) return out;
+  if (reps < 1) FailValue(g.op, "reps must be >= 1, got " + std::to_string(reps));
+  DeviceGuard guard(g.dev, g.op);
+  cudaStream_t stream = CurrentStream(g.dev);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  CheckCuda(cudaStreamIsCapturing(stream, &capturing), g.op, "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) FailValue(g.op, "timings cannot be taken inside a CUDA graph capture");
+  cublasLtHandle_t lt = LtHandle(g.dev, stream, g.op);
+  std::unique_ptr<MatmulPlan> plan = MakeGemmPlan(g, lt);
+  cudaEvent_t start, stop;
+  CheckCuda(cudaEventCreate(&start), g.op, "cudaEventCreate");
+  CheckCuda(cudaEventCreate(&stop), g.op, "cudaEventCreate");
+  for (size_t i = 0; i < plan->candidates.size(); ++i) {
+    plan->Select(int(i));
+    for (int w = 0; w < 2; ++w) EnqueueGemm(g, plan.get(), lt, stream);
+    CheckCuda(cudaEventRecord(start, stream), g.op, "cudaEventRecord");
+    for (int64_t r = 0; r < reps; ++r) EnqueueGemm(g, plan.get(), lt, stream);
+    CheckCuda(cudaEventRecord(stop, stream), g.op, "cudaEventRecord");
+    CheckCuda(cudaEventSynchronize(stop), g.op, "cudaEventSynchronize");
+    float ms = 0;
+    CheckCuda(cudaEventElapsedTime(&ms, start, stop), g.op, "cudaEventElapsedTime");
+    out.push_back(double(ms) * 1000.0 / double(reps));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return out;
+}
+
+Array<double> MatmulTimings(TensorView a, TensorView b, TensorView bias, Shape attrs, TensorView y, TensorView workspace,
+                            int64_t reps) {
+  return TimeGemm(CheckMatmul(a, b, bias, attrs, y, workspace), reps);
+}
+
+Array<double> BatchedMatmulTimings(TensorView a, TensorView b, Shape attrs, TensorView y, TensorView workspace,
+                                   int64_t reps) {
+  return TimeGemm(CheckBatchedMatmul(a, b, attrs, y, workspace), reps);
+}
 // ---------------------------------------------------------------------------------------------
 
 String Versions() {
@@ -977,16 +938,6 @@ Array<String> Plans() {
   return out;
 }
 
-template <typename F>
-void Register(const char* name, F&& f) {
-  tvm::ffi::Function fn = tvm::ffi::Function::FromTyped(std::forward<F>(f), std::string(name));
-  TVMFFIByteArray n{name, std::char_traits<char>::length(name)};
-  TVMFFIAny any = tvm::ffi::AnyView(fn).CopyToTVMFFIAny();
-  // allow_override: a second build of this extension loaded into the same process replaces the first
-  if (TVMFFIFunctionSetGlobal(&n, any.v_obj, 1) != 0) {
-    std::fprintf(stderr, "tvm-nimble vendor extension: cannot register %s\n", name);
-  }
-}
 
 __attribute__((constructor)) void RegisterAll() {
   try {
@@ -995,6 +946,8 @@ __attribute__((constructor)) void RegisterAll() {
     Register(kMatmul, Matmul);
     Register(kBatchedMatmul, BatchedMatmul);
     Register("nimble.cudnn.conv2d_algos", Conv2dAlgos);
+    Register("nimble.cublas.matmul_timings", MatmulTimings);
+    Register("nimble.cublas.batched_matmul_timings", BatchedMatmulTimings);
     Register("nimble.vendor.versions", Versions);
     Register("nimble.vendor.plans", Plans);
   } catch (const std::exception& e) {  // never let an exception escape dlopen

@@ -60,7 +60,8 @@ class Chains:
         self.claimed: set = set()  # vars of chains already replaced
         self.consumers: dict = {}  # var -> the bindings of this block that take it as an argument, in order
         for b in block.bindings:
-            for a in getattr(b.value, "args", []):
+            operands = [b.value.tuple_value] if isinstance(b.value, relax.TupleGetItem) else getattr(b.value, "args", [])
+            for a in operands:
                 if isinstance(a, relax.Var):
                     self.consumers.setdefault(a, []).append(b.var)
 
@@ -130,8 +131,10 @@ class MatchContext:
     def tf32(self) -> int:
         return int(self.allow_tf32)
 
-    def call(self, name, args, out, dtype):
+    def call(self, name, args, out, dtype, workspace_bytes: int | None = None):
         """``call_dps_packed(name, args) -> (out, workspace)``; the caller binds item 0. The workspace is an
-        extra output, so each call gets its own scratch memory in the concurrency-safe plan."""
-        sinfo = [relax.TensorType(out, dtype), relax.TensorType((self.workspace_bytes,), "uint8")]
+        extra output, so each call gets its own scratch memory in the concurrency-safe plan (a kernel that
+        needs none asks for 1 byte)."""
+        ws = self.workspace_bytes if workspace_bytes is None else workspace_bytes
+        sinfo = [relax.TensorType(out, dtype), relax.TensorType((ws,), "uint8")]
         return relax.op.call_dps_packed(name, relax.Tuple(args), sinfo)

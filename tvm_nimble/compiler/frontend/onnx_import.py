@@ -352,6 +352,8 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
+    from tvm_nimble.relay_passes.static_shapes import FoldStaticShapeOf
+
     printed = io.StringIO()
     try:
         # on a failure the importer prints "Error converting operator <op>, with inputs: <IR>"
@@ -364,7 +366,7 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
         raise ModelError(f"TVM {tvm.__version__}'s ONNX importer failed on {label}{where}: {type(e).__name__}: "
                          f"{_one_line(e)}: simplify or re-export the model (e.g. onnxsim, another opset)") from e
     try:
-        mod = relax.transform.DecomposeOpsForInference()(mod)
+        mod = FoldStaticShapeOf(relax.transform.DecomposeOpsForInference()(mod))
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"TVM could not prepare {label} for inference (DecomposeOpsForInference): "
                          f"{_one_line(e)}: simplify or re-export the model") from e

@@ -1,0 +1,297 @@
+// Fused scaled-dot-product attention for small-batch inference, one kernel instead of Nimble's
+// transposes + Q·Kᵀ + scale + softmax + ·V + transpose (seven launches per attention in a ViT):
+//
+//   nimble.attention.sdpa(q, k, v, attrs, y, workspace)
+//   nimble.attention.sdpa_bias(q, k, v, bias, attrs, y, workspace)
+//       y[b, h, s, :] = softmax_j(scale * q[b, h, s, :] · k[b, h, j, :] (+ bias[b, h, s, j])) @ v[b, h, j, :]
+//
+// q, k, v, bias and y are the tensors the model has (e.g. q, k and v all the QKV Linear's output
+// [B, S, 3 * H * D]); each operand is read through a strided view of its tensor given in attrs, so
+// the head split, the transposes and the head merge cost no kernel:
+//   attrs = [B, H, Sq, Sk, D, Dv,
+//            q_offset, q_stride_b, q_stride_h, q_stride_s,  k_offset, k_stride_b, k_stride_h, k_stride_s,
+//            v_offset, v_stride_b, v_stride_h, v_stride_s,  y_stride_b, y_stride_h, y_stride_s,
+//            bias_stride_b, bias_stride_h, bias_stride_sq, bias_stride_sk,  scale (float32 bits)]
+// in elements; the head dimension is contiguous (stride 1) everywhere; a bias stride of 0 broadcasts
+// (a [B, 1, 1, Sk] padding mask). fp32 or fp16 in and out, fp32 softmax and accumulation.
+//
+// The kernel: one block of four warps per (batch, head, 8 query rows), each warp two rows; keys in
+// tiles of 32 through shared memory, one key per lane, with the online softmax (running max and sum
+// per row), so any Sk fits. Written for the shapes of batch-1 inference (Sq, Sk of a few hundred,
+// D <= 128), where a flash kernel's large tiles leave most SMs idle; cuDNN's fused attention has no
+// fp32 path. The workspace is unused (the vendor calling convention).
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <tuple>
+
+#include "common.h"
+
+namespace nimble_vendor {
+namespace {
+
+constexpr const char* kSdpa = "nimble.attention.sdpa";
+constexpr const char* kSdpaBias = "nimble.attention.sdpa_bias";
+constexpr int kWarps = 4, kRowsPerWarp = 2, kTileK = 32, kMaxD = 128, kNumAttrs = 26;
+static_assert(kTileK == 32, "one key per lane");
+
+struct SdpaParams {
+  int64_t B, H, Sq, Sk, D, Dv;
+  int64_t q_off, q_sb, q_sh, q_ss, k_off, k_sb, k_sh, k_ss, v_off, v_sb, v_sh, v_ss;
+  int64_t o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk;
+  float scale;
+};
+static_assert(offsetof(SdpaParams, m_sk) == 24 * sizeof(int64_t), "the attrs fill B .. m_sk in order");
+
+template <typename T, int DC>  // DC: output columns per lane, ceil(Dv / 32)
+__global__ void __launch_bounds__(kWarps * 32) SdpaKernel(const T* __restrict__ q, const T* __restrict__ k,
+                                                          const T* __restrict__ v, const T* __restrict__ m,
+                                                          T* __restrict__ o, SdpaParams p) {
+  // Every loop below has independent chains (two rows, four partial dot products, DC columns) and a
+  // fixed trip count where it matters: one warp per SM-slot must keep its FMA pipes busy on its own,
+  // since batch-1 attention has only a few warps per SM. Rows past Sq compute on zeros and are not
+  // written; keys past Sk have -inf scores and zero values.
+  constexpr int R = kRowsPerWarp;
+  __shared__ __align__(16) float Qs[kWarps * R][kMaxD];
+  __shared__ __align__(16) float Ks[kTileK][kMaxD + 4];  // float4 rows; +4: quarter-warps hit distinct banks
+  __shared__ __align__(16) float Vs[kTileK][kMaxD];
+  __shared__ float Ps[kWarps][R][kTileK];  // the tile's probabilities, read back as broadcasts
+  const int64_t b = blockIdx.z, h = blockIdx.y, row0 = int64_t(blockIdx.x) * kWarps * R;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = int(p.D), Dv = int(p.Dv);
+  const bool vec = (D & 3) == 0;
+  for (int i = threadIdx.x; i < kWarps * R * D; i += blockDim.x) {
+    int r = i / D, d = i % D;
+    int64_t s = row0 + r;
+    Qs[r][d] = s < p.Sq ? ToF(q[p.q_off + b * p.q_sb + h * p.q_sh + s * p.q_ss + d]) * p.scale : 0.0f;
+  }
+  float mx[R], sum[R], acc[R][DC];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    mx[r] = -INFINITY;
+    sum[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) acc[r][c] = 0.0f;
+  }
+  for (int64_t k0 = 0; k0 < p.Sk; k0 += kTileK) {
+    __syncthreads();  // Qs written / the previous tile consumed
+    for (int i = threadIdx.x; i < kTileK * D; i += blockDim.x) {
+      int j = i / D, d = i % D;
+      int64_t key = k0 + j;
+      Ks[j][d] = key < p.Sk ? ToF(k[p.k_off + b * p.k_sb + h * p.k_sh + key * p.k_ss + d]) : 0.0f;
+    }
+    for (int i = threadIdx.x; i < kTileK * Dv; i += blockDim.x) {
+      int j = i / Dv, d = i % Dv;
+      int64_t key = k0 + j;
+      Vs[j][d] = key < p.Sk ? ToF(v[p.v_off + b * p.v_sb + h * p.v_sh + key * p.v_ss + d]) : 0.0f;
+    }
+    __syncthreads();
+    const int64_t key = k0 + lane;
+    float dot[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = dot[r][2] = dot[r][3] = 0.0f;
+    if (vec) {
+      for (int d = 0; d < D; d += 4) {
+        const float4 kv = *reinterpret_cast<const float4*>(&Ks[lane][d]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4 qv = *reinterpret_cast<const float4*>(&Qs[warp * R + r][d]);
+          dot[r][0] += qv.x * kv.x;
+          dot[r][1] += qv.y * kv.y;
+          dot[r][2] += qv.z * kv.z;
+          dot[r][3] += qv.w * kv.w;
+        }
+      }
+    } else {
+      for (int d = 0; d < D; ++d) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) dot[r][0] += Qs[warp * R + r][d] * Ks[lane][d];
+      }
+    }
+    float e[R], corr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float score = -INFINITY;
+      if (key < p.Sk) {
+        score = (dot[r][0] + dot[r][1]) + (dot[r][2] + dot[r][3]);
+        if (m) score += ToF(m[b * p.m_sb + h * p.m_sh + min(row0 + warp * R + r, p.Sq - 1) * p.m_sq + key * p.m_sk]);
+      }
+      e[r] = score;
+    }
+    float tile_max[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) tile_max[r] = e[r];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], o));
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float mnew = fmaxf(mx[r], tile_max[r]);
+      const bool none = mnew == -INFINITY;  // every score so far is -inf: nothing to weigh yet
+      e[r] = none ? 0.0f : expf(e[r] - mnew);
+      corr[r] = none ? 1.0f : expf(mx[r] - mnew);
+      mx[r] = mnew;
+      Ps[warp][r][lane] = e[r];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) e[r] += __shfl_xor_sync(0xffffffffu, e[r], o);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      sum[r] = sum[r] * corr[r] + e[r];
+#pragma unroll
+      for (int c = 0; c < DC; ++c) acc[r][c] *= corr[r];
+    }
+    __syncwarp();
+#pragma unroll 8
+    for (int j = 0; j < kTileK; ++j) {
+      float vv[DC];
+#pragma unroll
+      for (int c = 0; c < DC; ++c) vv[c] = (lane + 32 * c < Dv) ? Vs[j][lane + 32 * c] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float pj = Ps[warp][r][j];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) acc[r][c] += pj * vv[c];
+      }
+    }
+    __syncwarp();  // Ps is rewritten by the next tile
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t s = row0 + warp * R + r;
+    if (s < p.Sq) {
+#pragma unroll
+      for (int c = 0; c < DC; ++c) {
+        const int d = lane + 32 * c;
+        if (d < Dv) o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(acc[r][c] / sum[r]);
+      }
+    }
+  }
+}
+
+// The largest element a strided [B, H, S, D] view reads, +1 (what the tensor must hold).
+int64_t ViewExtent(int64_t off, int64_t sb, int64_t sh, int64_t ss, int64_t B, int64_t H, int64_t S, int64_t D) {
+  return off + (B - 1) * sb + (H - 1) * sh + (S - 1) * ss + D;
+}
+
+void CheckView(const char* op, const char* name, const TensorView& t, int64_t off, int64_t sb, int64_t sh, int64_t ss,
+               int64_t B, int64_t H, int64_t S, int64_t D) {
+  if (off < 0 || sb < 0 || sh < 0 || ss < 0) FailValue(op, std::string(name) + ": offsets and strides must be >= 0");
+  int64_t need = ViewExtent(off, sb, sh, ss, B, H, S, D);
+  if (need > t.numel()) {
+    FailValue(op, std::string(name) + " " + ShapeStr(t) + " holds " + std::to_string(t.numel()) +
+                      " elements but the attrs' view of it reads up to element " + std::to_string(need - 1));
+  }
+}
+
+template <typename T>
+void LaunchSdpa(const SdpaParams& p, const void* q, const void* k, const void* v, const void* m, void* y,
+                cudaStream_t stream) {
+  dim3 grid(unsigned((p.Sq + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), unsigned(p.H), unsigned(p.B));
+  auto args = std::make_tuple(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                              static_cast<const T*>(m), static_cast<T*>(y));
+  const int dc = int((p.Dv + 31) / 32);
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kWarps * 32, 0, stream>>>(std::get<0>(args), std::get<1>(args), std::get<2>(args),
+                                              std::get<3>(args), std::get<4>(args), p);
+  };
+  if (dc == 1) launch(SdpaKernel<T, 1>);
+  else if (dc == 2) launch(SdpaKernel<T, 2>);
+  else if (dc == 3) launch(SdpaKernel<T, 3>);
+  else launch(SdpaKernel<T, 4>);
+}
+
+void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, const Shape& attrs,
+              TensorView y, TensorView workspace) {
+  if (int(attrs.size()) != kNumAttrs) {
+    FailValue(op, "attrs must have " + std::to_string(kNumAttrs) + " entries (see the extension's header), got " +
+                      std::to_string(attrs.size()));
+  }
+  if (q.device().device_type != kDLCUDA) {
+    FailValue(op, "q must be a CUDA tensor, got device type " + std::to_string(q.device().device_type));
+  }
+  const int dev = q.device().device_id;
+  const int dtype = TensorDType(q);
+  if (dtype < 0) FailValue(op, "q has dtype " + DLTypeStr(q.dtype()) + ": only float32 and float16 are supported");
+  CheckCudaTensor(op, "q", q, dev);
+  CheckCudaTensor(op, "k", k, dev);
+  CheckCudaTensor(op, "v", v, dev);
+  CheckCudaTensor(op, "y", y, dev);
+  CheckDType(op, "k", k, dtype);
+  CheckDType(op, "v", v, dtype);
+  CheckDType(op, "y", y, dtype);
+  if (bias) {
+    CheckCudaTensor(op, "bias", *bias, dev);
+    CheckDType(op, "bias", *bias, dtype);
+  }
+  CheckWorkspace(op, workspace, dev);
+  SdpaParams p;
+  int64_t* f = &p.B;  // B .. m_sk: the first 25 attrs, in order
+  for (int i = 0; i < kNumAttrs - 1; ++i) f[i] = attrs[i];
+  uint32_t bits = uint32_t(attrs[kNumAttrs - 1]);
+  std::memcpy(&p.scale, &bits, sizeof(bits));
+  if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || p.D < 1 || p.Dv < 1) {
+    FailValue(op, "attrs " + ShapeStr(attrs.data(), 6) + ": B, H, Sq, Sk, D and Dv must be >= 1");
+  }
+  if (p.D > kMaxD || p.Dv > kMaxD) {
+    FailValue(op, "head dimensions D = " + std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) + " exceed " +
+                      std::to_string(kMaxD));
+  }
+  if (p.B > 65535 || p.H > 65535) FailValue(op, "B and H must be <= 65535");
+  if (!std::isfinite(p.scale)) FailValue(op, "the scale (attrs' last entry, float32 bits) is not finite");
+  CheckView(op, "q", q, p.q_off, p.q_sb, p.q_sh, p.q_ss, p.B, p.H, p.Sq, p.D);
+  CheckView(op, "k", k, p.k_off, p.k_sb, p.k_sh, p.k_ss, p.B, p.H, p.Sk, p.D);
+  CheckView(op, "v", v, p.v_off, p.v_sb, p.v_sh, p.v_ss, p.B, p.H, p.Sk, p.Dv);
+  CheckView(op, "y", y, 0, p.o_sb, p.o_sh, p.o_ss, p.B, p.H, p.Sq, p.Dv);
+  if (y.numel() != p.B * p.H * p.Sq * p.Dv) {
+    FailValue(op, "y " + ShapeStr(y) + " must hold B * H * Sq * Dv = " + std::to_string(p.B * p.H * p.Sq * p.Dv) +
+                      " elements");
+  }
+  if (bias) {
+    if (p.m_sb < 0 || p.m_sh < 0 || p.m_sq < 0 || p.m_sk < 0) FailValue(op, "bias strides must be >= 0");
+    int64_t need = (p.B - 1) * p.m_sb + (p.H - 1) * p.m_sh + (p.Sq - 1) * p.m_sq + (p.Sk - 1) * p.m_sk + 1;
+    if (need > bias->numel()) {
+      FailValue(op, "bias " + ShapeStr(*bias) + " holds " + std::to_string(bias->numel()) +
+                        " elements but the attrs' strides read up to element " + std::to_string(need - 1));
+    }
+  }
+  const void* yp = DataPtr(y);
+  for (const TensorView* t : {&q, &k, &v}) {
+    if (DataPtr(*t) == yp) FailValue(op, "y must not alias q, k or v");
+  }
+  DeviceGuard guard(dev, op);
+  cudaStream_t stream = CurrentStream(dev);
+  const void* mp = bias ? DataPtr(*bias) : nullptr;
+  if (dtype == kF32) {
+    LaunchSdpa<float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+  } else {
+    LaunchSdpa<__half>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+  }
+  CheckCuda(cudaGetLastError(), op, "attention kernel launch");
+}
+
+void Sdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
+  SdpaImpl(kSdpa, q, k, v, nullptr, attrs, y, workspace);
+}
+
+void SdpaBias(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
+              TensorView workspace) {
+  SdpaImpl(kSdpaBias, q, k, v, &bias, attrs, y, workspace);
+}
+
+__attribute__((constructor)) void RegisterAttention() {
+  try {
+    Register(kSdpa, Sdpa);
+    Register(kSdpaBias, SdpaBias);
+  } catch (const std::exception& e) {  // never let an exception escape dlopen
+    std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
+  }
+}
+
+}  // namespace
+}  // namespace nimble_vendor

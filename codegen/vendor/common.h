@@ -1,0 +1,181 @@
+// Helpers every translation unit of the vendor extension shares: argument checks with one-line
+// errors, the workspace, device and stream handling, float conversions and registration.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <tvm/ffi/any.h>
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/shape.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/string.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace nimble_vendor {
+namespace {
+
+using tvm::ffi::Array;
+using tvm::ffi::Shape;
+using tvm::ffi::String;
+using tvm::ffi::TensorView;
+
+constexpr int64_t kWorkspaceAlign = 256;
+
+enum DType : int { kF32 = 0, kF16 = 1 };
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+std::string ShapeStr(const int64_t* v, int n) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < n; ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::string ShapeStr(const TensorView& t) { return ShapeStr(t.shape().data(), t.ndim()); }
+
+const char* DTypeName(int d) { return d == kF32 ? "float32" : "float16"; }
+
+std::string DLTypeStr(DLDataType t) {
+  std::ostringstream os;
+  const char* code = t.code == kDLFloat ? "float" : t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint"
+                     : t.code == kDLBfloat ? "bfloat" : "type";
+  os << code << int(t.bits);
+  if (t.lanes != 1) os << "x" << int(t.lanes);
+  return os.str();
+}
+
+[[noreturn]] void FailValue(const char* op, const std::string& msg) {
+  TVM_FFI_THROW(ValueError) << op << ": " << OneLine(msg);
+  throw;  // unreachable: TVM_FFI_THROW throws
+}
+
+void CheckCuda(cudaError_t err, const char* op, const char* call) {
+  if (err == cudaSuccess) return;
+  TVM_FFI_THROW(RuntimeError) << op << ": " << call << " failed with " << cudaGetErrorName(err) << ": "
+                              << cudaGetErrorString(err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// argument checks
+
+int TensorDType(const TensorView& t) {
+  DLDataType d = t.dtype();
+  if (d.code == kDLFloat && d.lanes == 1 && d.bits == 32) return kF32;
+  if (d.code == kDLFloat && d.lanes == 1 && d.bits == 16) return kF16;
+  return -1;
+}
+
+void* DataPtr(const TensorView& t) { return static_cast<char*>(t.data_ptr()) + t.byte_offset(); }
+
+void CheckCudaTensor(const char* op, const char* name, const TensorView& t, int device_id) {
+  if (t.device().device_type != kDLCUDA) {
+    FailValue(op, std::string(name) + " must be a CUDA tensor, got device type " +
+                      std::to_string(t.device().device_type));
+  }
+  if (t.device().device_id != device_id) {
+    FailValue(op, std::string(name) + " is on cuda:" + std::to_string(t.device().device_id) +
+                      " but the first input is on cuda:" + std::to_string(device_id));
+  }
+  if (!t.IsContiguous()) FailValue(op, std::string(name) + " must be contiguous (row-major, no strides)");
+}
+
+void CheckDType(const char* op, const char* name, const TensorView& t, int dtype) {
+  if (TensorDType(t) != dtype) {
+    FailValue(op, std::string(name) + " has dtype " + DLTypeStr(t.dtype()) + " but " + DTypeName(dtype) +
+                      " is expected (all of x/w/b/z/y, or a/b/bias/y, share one dtype)");
+  }
+}
+
+void CheckNdim(const char* op, const char* name, const TensorView& t, int ndim) {
+  if (t.ndim() != ndim) {
+    FailValue(op, std::string(name) + " must be " + std::to_string(ndim) + "-D, got shape " + ShapeStr(t));
+  }
+}
+
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+// The caller's uint8 workspace, aligned up to 256 bytes (cuDNN/cuBLASLt kernels want aligned scratch).
+Workspace CheckWorkspace(const char* op, const TensorView& ws, int device_id) {
+  CheckCudaTensor(op, "workspace", ws, device_id);
+  DLDataType d = ws.dtype();
+  if (!(d.code == kDLUInt && d.bits == 8 && d.lanes == 1) || ws.ndim() != 1) {
+    FailValue(op, "workspace must be a 1-D uint8 tensor, got " + DLTypeStr(d) + " " + ShapeStr(ws));
+  }
+  uintptr_t p = reinterpret_cast<uintptr_t>(DataPtr(ws));
+  uintptr_t q = (p + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1);
+  int64_t len = ws.shape()[0];
+  Workspace out;
+  if (len > int64_t(q - p)) {
+    out.bytes = size_t(len - int64_t(q - p)) & ~size_t(kWorkspaceAlign - 1);
+    out.ptr = out.bytes ? reinterpret_cast<void*>(q) : nullptr;
+  }
+  return out;
+}
+
+uint32_t PtrAlign(const void* p) {
+  uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 256;
+  uintptr_t a = v & (~v + 1);
+  return uint32_t(std::min<uintptr_t>(a, 256));
+}
+
+struct DeviceGuard {
+  int prev = -1, target;
+  DeviceGuard(int dev, const char* op) : target(dev) {
+    CheckCuda(cudaGetDevice(&prev), op, "cudaGetDevice");
+    if (prev != target) CheckCuda(cudaSetDevice(target), op, "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    if (prev >= 0 && prev != target) cudaSetDevice(prev);
+  }
+};
+
+cudaStream_t CurrentStream(int device_id) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(kDLCUDA, device_id));
+}
+
+
+template <typename T>
+__device__ __forceinline__ float ToF(T v) { return static_cast<float>(v); }
+template <>
+__device__ __forceinline__ float ToF<__half>(__half v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T FromF(float v) { return static_cast<T>(v); }
+template <>
+__device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
+
+template <typename F>
+void Register(const char* name, F&& f) {
+  tvm::ffi::Function fn = tvm::ffi::Function::FromTyped(std::forward<F>(f), std::string(name));
+  TVMFFIByteArray n{name, std::char_traits<char>::length(name)};
+  TVMFFIAny any = tvm::ffi::AnyView(fn).CopyToTVMFFIAny();
+  // allow_override: a second build of this extension loaded into the same process replaces the first
+  if (TVMFFIFunctionSetGlobal(&n, any.v_obj, 1) != 0) {
+    std::fprintf(stderr, "tvm-nimble vendor extension: cannot register %s\n", name);
+  }
+}
+
+}  // namespace
+}  // namespace nimble_vendor

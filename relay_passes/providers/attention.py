@@ -1,0 +1,341 @@
+"""Fused attention: scaled dot-product attention as one kernel of the vendor extension.
+
+    matmul(q, kᵀ) [* c | / c ...] [+ bias] -> softmax(axis=-1) -> matmul(·, v) [-> permute_dims(0, 2, 1, 3)]
+
+as the ONNX exports of timm and Hugging Face models spell it. q, kᵀ and v are traced back through
+the views that split the heads (reshape, permute_dims, take / split + squeeze of a constant index,
+and a multiply by a scalar constant, which becomes part of the scale) to the tensors the model
+computes, e.g. one QKV Linear's output for all three: the call reads them through strided views,
+so those copies disappear, and a following ``permute_dims(0, 2, 1, 3)`` (the head merge) is written
+in place. A bias (an attention mask) must broadcast to [B, H, Sq, Sk] from the right; any other
+form (``where`` masks, a scale after the bias, a head dimension over 128) stays on the other
+providers' and TVM's kernels, with the reason in the offload report.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from .chains import dtype_of, ints, known_shape, operator_of
+from .registry import Provider, register
+
+SDPA = "nimble.attention.sdpa"
+SDPA_BIAS = "nimble.attention.sdpa_bias"
+MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
+_DTYPES = ("float32", "float16")
+_BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
+_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.take", "relax.squeeze", "relax.expand_dims")
+_SCALES = ("relax.multiply", "relax.divide")
+
+
+class _NotTaken(Exception):
+    """The chain is attention but not one the kernel takes; the message is the report's reason."""
+
+
+def _const_value(chains, expr, depth: int = 0):
+    """The value of a small constant integer expression (the ONNX importer computes a Gather's index
+    with shape_of / take / less / where / add), else None."""
+    if depth > 12:
+        return None
+    if isinstance(expr, Constant):
+        return expr.value.numpy()
+    if isinstance(expr, relax.ShapeExpr):
+        try:
+            return np.array([int(v) for v in expr.values], dtype=np.int64)
+        except TypeError:
+            return None
+    if isinstance(expr, relax.Var):
+        return _const_value(chains, chains.value[expr], depth + 1) if expr in chains.value else None
+    op = operator_of(expr)
+    if op == "relax.shape_of":
+        shape = known_shape(expr.args[0])
+        return None if shape is None else np.array(shape, dtype=np.int64)
+    fns = {"relax.shape_to_tensor": lambda x: x, "relax.add": np.add, "relax.subtract": np.subtract,
+           "relax.less": np.less, "relax.where": np.where,
+           "relax.take": lambda x, i: np.take(x, i, axis=int(expr.attrs.axis or 0), mode="wrap")}
+    if op not in fns:
+        return None
+    args = [_const_value(chains, a, depth + 1) for a in expr.args]
+    return None if any(a is None for a in args) else np.asarray(fns[op](*args))
+
+
+def _scalar(chains, expr) -> float | None:
+    """A scalar constant, also one cast by ``astype`` (ToMixedPrecision leaves those in fp16 builds)."""
+    c = chains.const(expr)
+    if c is None and isinstance(expr, relax.Var) and operator_of(chains.value.get(expr)) == "relax.astype":
+        c = chains.const(chains.value[expr].args[0])
+    return float(c.reshape(())) if c is not None and c.size == 1 else None
+
+
+def _scale_step(chains, value) -> float | None:
+    """The factor of ``x * c``, ``c * x`` or ``x / c`` (c a scalar constant), else None."""
+    op = operator_of(value)
+    if op not in _SCALES:
+        return None
+    a, b = value.args
+    if op == "relax.divide":
+        c = _scalar(chains, b)
+        return None if not c else 1.0 / c
+    c = _scalar(chains, b)
+    return c if c is not None else _scalar(chains, a)
+
+
+def _scaled_input(chains, value):
+    op = operator_of(value)
+    if op == "relax.multiply" and _scalar(chains, value.args[1]) is None:
+        return value.args[1]
+    return value.args[0]
+
+
+def _trace(chains, operand, stop: set) -> list:
+    """The view / scale bindings from ``operand`` back towards the tensor it reads (operand first),
+    stopping at a var in ``stop`` or at any other operator."""
+    steps, var = [], operand
+    while isinstance(var, relax.Var) and var in chains.value and var not in stop and var not in chains.claimed:
+        value = chains.value[var]
+        if isinstance(value, relax.TupleGetItem):
+            split = chains.value.get(value.tuple_value) if isinstance(value.tuple_value, relax.Var) else None
+            if operator_of(split) != "relax.split" or value.tuple_value in stop:
+                break
+            steps += [(var, value), (value.tuple_value, split)]  # the split itself is a member too
+            var = split.args[0]
+        elif operator_of(value) in _VIEWS or operator_of(value) == "relax.astype":
+            # fp16 builds take a view in fp32 and cast back (exact); _take refuses casts that round
+            steps.append((var, value))
+            var = value.args[0]
+        elif _scale_step(chains, value) is not None:
+            steps.append((var, value))
+            var = _scaled_input(chains, value)
+        else:
+            break
+    return steps
+
+
+def _contiguous(shape) -> list[int]:
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= d
+    return strides[::-1]
+
+
+def _input_of(chains, value):
+    """The tensor a traced step reads (a split's item: the split's input)."""
+    if isinstance(value, relax.TupleGetItem):
+        return chains.value[value.tuple_value].args[0]
+    return _scaled_input(chains, value) if operator_of(value) in _SCALES else value.args[0]
+
+
+def _compose(chains, base, steps: list):
+    """(offset, shape, strides, scale) of the first step's output as a view of ``base``, the last step's
+    input: the steps applied base-first."""
+    shape = known_shape(base)
+    if shape is None:
+        raise _NotTaken("a tensor of the attention has no static shape")
+    shape, strides, offset, scale = list(shape), _contiguous(shape), 0, 1.0
+    for var, value in reversed(steps):
+        if operator_of(value) == "relax.split":
+            continue  # its item (the next step) says which part
+        if isinstance(value, relax.TupleGetItem):
+            split = chains.value[value.tuple_value]
+            axis = int(split.attrs.axis) % len(shape)
+            sections = split.attrs.indices_or_sections
+            if isinstance(sections, (int, np.integer)) or hasattr(sections, "value"):
+                n = int(getattr(sections, "value", sections))
+                starts = [i * (shape[axis] // n) for i in range(n + 1)]
+            else:
+                starts = [0] + ints(sections) + [shape[axis]]
+            i = int(value.index)
+            offset += starts[i] * strides[axis]
+            shape[axis] = starts[i + 1] - starts[i]
+            continue
+        op = operator_of(value)
+        if op in _SCALES:
+            scale *= _scale_step(chains, value)
+            continue
+        if op == "relax.astype":
+            continue
+        out = known_shape(var)
+        if out is None:
+            raise _NotTaken("a view of the attention has no static shape")
+        if op == "relax.reshape":
+            if strides != _contiguous(shape):
+                raise _NotTaken("a reshape of a strided view")
+            shape, strides = list(out), _contiguous(out)
+        elif op == "relax.permute_dims":
+            axes = list(range(len(shape)))[::-1] if value.attrs.axes is None else ints(value.attrs.axes)
+            shape, strides = [shape[a] for a in axes], [strides[a] for a in axes]
+        elif op == "relax.take":
+            idx = _const_value(chains, value.args[1])
+            if idx is None or idx.size != 1:
+                raise _NotTaken("a take whose index is not one constant")
+            axis = int(value.attrs.axis or 0) % len(shape)
+            offset += (int(idx.reshape(())) % shape[axis]) * strides[axis]
+            if idx.ndim == 0:
+                del shape[axis], strides[axis]
+            else:
+                shape[axis] = 1
+        elif op in ("relax.squeeze", "relax.expand_dims"):
+            # both only add or drop size-1 axes: match the output's axes to the input's in order
+            kept = [(d, s) for d, s in zip(shape, strides) if d != 1]
+            shape, strides, it = list(out), [], iter(kept)
+            for d in out:
+                strides.append(next(it)[1] if d != 1 else 0)
+        if list(shape) != list(out):
+            raise _NotTaken("a view the trace cannot follow")
+    return offset, shape, strides, scale
+
+
+def _bhsd(shape, strides, what: str):
+    """[B, H, S, D] (rank 3 is one batch) with the head dimension contiguous, else _NotTaken."""
+    if len(shape) == 3:
+        shape, strides = [1] + list(shape), [0] + list(strides)
+    if len(shape) != 4:
+        raise _NotTaken(f"{what} has rank {len(shape)}; the kernel takes [B, H, S, D] or [B*H, S, D]")
+    if strides[3] != 1 and shape[3] != 1:
+        raise _NotTaken(f"{what}'s head dimension is strided")
+    return shape, strides
+
+
+def _absorbable(chains, core: set, traces: list[list]) -> set:
+    """The traced view vars that can be dropped: every use inside the chain, and so is every view
+    between them and the attention (a var the model uses elsewhere stays, and the trace reads it)."""
+    members = set(core) | {v for steps in traces for v, _ in steps}
+    while True:
+        outside = {v for steps in traces for v, _ in steps if v in members
+                   and chains.uses.get(v, 0) != sum(c in members for c in chains.consumers.get(v, []))}
+        if not outside:
+            break
+        members -= outside
+    keep = set()
+    for steps in traces:
+        for v, _ in steps:
+            if v not in members:
+                break
+            keep.add(v)
+    return keep
+
+
+def _reaches_softmax(chains, var, steps: int = 4) -> bool:
+    for _ in range(steps):
+        var, value = chains.follow(var)
+        if value is None:
+            return False
+        if operator_of(value) == "relax.nn.softmax":
+            return True
+    return False
+
+
+def attention_chain(ctx, chains, var, call):
+    """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it."""
+    scores_shape = known_shape(call)
+    if scores_shape is None or len(scores_shape) not in (3, 4):
+        return None
+    core, scale, bias, last = [var], 1.0, None, var
+    nxt, val = chains.follow(last)
+    while val is not None and operator_of(val) != "relax.nn.softmax":
+        factor = _scale_step(chains, val)
+        if operator_of(val) == "relax.astype":
+            pass  # reduced-precision builds compute the softmax in fp32; so does the kernel
+        elif factor is not None and bias is None and last.same_as(_scaled_input(chains, val)):
+            scale *= factor
+        elif operator_of(val) == "relax.add" and bias is None:
+            a, b = val.args
+            bias = b if a.same_as(last) else a
+        else:
+            if _reaches_softmax(chains, last):
+                ctx.report.kept.append(("attention", f"{operator_of(val) or type(val).__name__} before the softmax "
+                                                     "is not a scale or one additive mask"))
+            return None
+        core.append(nxt)
+        last = nxt
+        nxt, val = chains.follow(last)
+    if val is None or int(val.attrs.axis) % len(scores_shape) != len(scores_shape) - 1:
+        return None
+    core.append(nxt)
+    probs = nxt
+    nxt, pv = chains.follow(probs)
+    if operator_of(pv) == "relax.astype":  # back to the build's precision for ·V
+        core.append(nxt)
+        probs = nxt
+        nxt, pv = chains.follow(probs)
+    if operator_of(pv) != "relax.matmul" or not pv.args[0].same_as(probs):
+        return None
+    try:
+        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias)
+    except _NotTaken as why:
+        ctx.report.kept.append(("attention", str(why)))
+        return None
+
+
+def _take(ctx, chains, qk, core, out_var, pv, scale, bias):
+    dtype = dtype_of(qk)
+    if dtype not in _DTYPES or dtype_of(pv) != dtype:
+        raise _NotTaken(f"dtype {dtype}; the kernel takes {'/'.join(_DTYPES)}")
+    q, kt = qk.args
+    v = pv.args[1]
+    nxt, perm = chains.follow(out_var)
+    merge = (operator_of(perm) == "relax.permute_dims" and perm.attrs.axes is not None
+             and ints(perm.attrs.axes) == [0, 2, 1, 3])
+    core = set(core) | ({nxt} if merge else set())
+    traces = [_trace(chains, x, core) for x in (q, kt, v)]
+    keep = _absorbable(chains, core, traces)
+    views = []
+    for x, steps in zip((q, kt, v), traces):
+        steps = [(sv, value) for sv, value in steps if sv in keep]
+        while steps and operator_of(steps[-1][1]) == "relax.split":  # the split stays: read its item
+            steps.pop()
+        while steps and isinstance(steps[-1][1], relax.TupleGetItem):  # an item of a split that stays
+            steps.pop()
+        base = _input_of(chains, steps[-1][1]) if steps else x
+        offset, shape, strides, factor = _compose(chains, base, steps)
+        if any(operator_of(value) == "relax.astype" and _BITS[dtype_of(sv)] < _BITS[dtype] for sv, value in steps):
+            raise _NotTaken(f"q, k or v is rounded to a narrower dtype than the attention's {dtype}")
+        if dtype_of(base) != dtype:
+            raise _NotTaken("q, k and v are read from tensors of another dtype")
+        views.append((base, offset, shape, strides))
+        scale *= factor
+    (qb, qo, qs, qst), (kb, ko, ks, kst), (vb, vo, vs, vst) = views
+    if len(ks) in (3, 4):  # kᵀ [.., D, Sk] -> k [.., Sk, D]
+        ks, kst = ks[:-2] + [ks[-1], ks[-2]], kst[:-2] + [kst[-1], kst[-2]]
+    qs, qst = _bhsd(qs, qst, "q")
+    ks, kst = _bhsd(ks, kst, "k")
+    vs, vst = _bhsd(vs, vst, "v")
+    B, H, Sq, D = qs
+    Sk, Dv = ks[2], vs[3]
+    if ks[:2] != [B, H] or vs[:3] != [B, H, Sk] or ks[3] != D:
+        raise _NotTaken(f"q {qs}, k {ks} and v {vs} do not line up as [B, H, S, D]")
+    if max(D, Dv) > MAX_HEAD_DIM:
+        raise _NotTaken(f"head dimension {max(D, Dv)} > {MAX_HEAD_DIM}")
+    if merge:
+        out_shape, o_strides = [B, Sq, H, Dv], [Sq * H * Dv, Dv, H * Dv]
+        last = nxt
+    else:
+        out_shape, o_strides = list(known_shape(pv)), [H * Sq * Dv, Sq * Dv, Dv]
+        last = out_var
+    m_strides = [0, 0, 0, 0]
+    args = [qb, kb, vb]
+    if bias is not None:
+        ms = known_shape(bias)
+        if ms is None or len(ms) > 4 or dtype_of(bias) != dtype:
+            raise _NotTaken("the mask is not a static tensor of the attention's dtype")
+        aligned = [1] * (4 - len(ms)) + list(ms)
+        if any(m not in (1, t) for m, t in zip(aligned, [B, H, Sq, Sk])):
+            raise _NotTaken(f"a mask of shape {list(ms)} does not broadcast to {[B, H, Sq, Sk]}")
+        m_strides = [s if m != 1 else 0 for m, s in zip(aligned, _contiguous(aligned))]
+        args.append(bias)
+    scale_bits = struct.unpack("<I", struct.pack("<f", scale))[0]
+    attrs = [B, H, Sq, Sk, D, Dv, qo, qst[0], qst[1], qst[2], ko, kst[0], kst[1], kst[2],
+             vo, vst[0], vst[1], vst[2], *o_strides, *m_strides, scale_bits]
+    args.append(relax.ShapeExpr(attrs))
+    removed = list(keep | (core - {last}))
+    name = SDPA_BIAS if bias is not None else SDPA
+    return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
+
+
+PROVIDER = register(Provider(
+    name="attention", title="fused attention", kernel_prefix="nimble.attention.",
+    matchers={"relax.matmul": attention_chain}, dtypes=_DTYPES, layouts=("row-major",)))

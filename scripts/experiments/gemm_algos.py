@@ -1,0 +1,114 @@
+"""Experiment: cuBLASLt's algorithm candidates for the GEMMs of transformers at batch 1, each timed,
+against PyTorch's own GEMM on the same operands.
+
+Why: the eleventh H100 session's kernel profile of timm vit_small_patch16_224 had nimble.cublas.matmul
+at 57% of the kernel time (49 launches, 1.156 ms, up to 35 us for a [197, 384] x [384, 1536] GEMM):
+the heuristic's first algorithm, at M = 197, leaves most of the 132 SMs idle. This times every
+candidate the heuristic lists (``nimble.cublas.matmul_timings``: the index the build can bake into
+the attrs) beside ``torch.nn.functional.linear`` / ``torch.matmul``.
+
+    bash scripts/gpu_session.sh "experiment gemm_algos 120"
+
+Writes DIR/gemm_algos.json and prints one line per case: PyTorch us, the heuristic's first us, the
+fastest candidate (index, us) and the number of candidates.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+# (name, M, N, K): the Linear layers of ViT-S/16 and ViT-B/16 at 197 tokens and BERT-base at 128
+LINEARS = [
+    ("vits_qkv", 197, 1152, 384), ("vits_proj", 197, 384, 384), ("vits_fc1", 197, 1536, 384),
+    ("vits_fc2", 197, 384, 1536), ("vitb_qkv", 197, 2304, 768), ("vitb_proj", 197, 768, 768),
+    ("vitb_fc1", 197, 3072, 768), ("vitb_fc2", 197, 768, 3072), ("bert_qkv", 128, 768, 768),
+    ("bert_fc1", 128, 3072, 768), ("bert_fc2", 128, 768, 3072),
+]
+# (name, batch, M, N, K, transpose_b): attention's Q @ K^T and P @ V
+BATCHED = [
+    ("vits_qk", 6, 197, 197, 64, 1), ("vits_pv", 6, 197, 64, 197, 0),
+    ("vitb_qk", 12, 197, 197, 64, 1), ("vitb_pv", 12, 197, 64, 197, 0),
+    ("bert_qk", 12, 128, 128, 64, 1), ("bert_pv", 12, 128, 64, 128, 0),
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="out/gemm_algos")
+    p.add_argument("--reps", type=int, default=50)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+    import tvm_ffi
+
+    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.runtime.vendor import load_vendor_library
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    major, minor = torch.cuda.get_device_capability(0)
+    load_vendor_library(build_vendor_library(f"sm_{major}{minor}"))
+    mm_t = tvm_ffi.get_global_func("nimble.cublas.matmul_timings")
+    bmm_t = tvm_ffi.get_global_func("nimble.cublas.batched_matmul_timings")
+    dev = tvm_ffi.device("cuda", 0)
+    stream = torch.cuda.current_stream().cuda_stream
+    ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    t = tvm_ffi.from_dlpack
+
+    def torch_us(fn):
+        for _ in range(5):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(5):
+            torch.cuda._sleep(50_000)
+            start.record()
+            for _ in range(args.reps):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000 / args.reps)
+        return statistics.median(times)
+
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        dname = str(dtype).split(".")[-1]
+        for name, M, N, K in LINEARS:
+            a = torch.randn(1, M, K, device="cuda", dtype=dtype)
+            w = torch.randn(N, K, device="cuda", dtype=dtype) * K ** -0.5
+            b = torch.randn(N, device="cuda", dtype=dtype)
+            y = torch.empty(1, M, N, device="cuda", dtype=dtype)
+            with tvm_ffi.use_raw_stream(dev, stream):
+                us = list(mm_t(t(a), t(w), t(b), tvm_ffi.Shape([1, 0, 0]), t(y), t(ws), args.reps))
+            ref = torch_us(lambda: torch.nn.functional.linear(a, w, b))
+            rows.append({"case": name, "dtype": dname, "torch_us": ref, "candidates_us": us})
+        for name, B, M, N, K, tb in BATCHED:
+            a = torch.randn(B, M, K, device="cuda", dtype=dtype)
+            bm = torch.randn(B, N, K, device="cuda", dtype=dtype) if tb else torch.randn(B, K, N, device="cuda",
+                                                                                         dtype=dtype)
+            y = torch.empty(B, M, N, device="cuda", dtype=dtype)
+            with tvm_ffi.use_raw_stream(dev, stream):
+                us = list(bmm_t(t(a), t(bm), tvm_ffi.Shape([tb, 0]), t(y), t(ws), args.reps))
+            ref = torch_us(lambda: torch.matmul(a, bm.transpose(-1, -2) if tb else bm))
+            rows.append({"case": name, "dtype": dname, "torch_us": ref, "candidates_us": us})
+    with open(os.path.join(args.out, "gemm_algos.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    print(f"{'case':12} {'dtype':8} {'torch us':>9} {'first us':>9} {'best us':>8} {'best':>5} {'n':>3}")
+    for r in rows:
+        c = r["candidates_us"]
+        best = min(range(len(c)), key=c.__getitem__) if c else -1
+        print(f"{r['case']:12} {r['dtype']:8} {r['torch_us']:9.2f} {c[0] if c else float('nan'):9.2f} "
+              f"{c[best] if c else float('nan'):8.2f} {best:5d} {len(c):3d}")
+    first = sum(r["candidates_us"][0] for r in rows)
+    best = sum(min(r["candidates_us"]) for r in rows)
+    print(f"sum over cases: torch {sum(r['torch_us'] for r in rows):.1f} us, first {first:.1f}, best {best:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""Experiment: the fused attention kernel (nimble.attention.sdpa / sdpa_bias) against a float64 PyTorch
+reference, and timed against PyTorch's own fused attention (F.scaled_dot_product_attention) on the
+same operands.
+
+Q, K and V are read the way the provider hands them over: as strided views of one packed QKV tensor
+[B, S, 3, H, D] (timm) or of three [B, S, H, D] tensors (Hugging Face), the output written as
+[B, S, H, D]; a padding mask [B, 1, 1, S] for the BERT shapes.
+
+    bash scripts/gpu_session.sh "experiment attention_check 120"
+
+Writes DIR/attention_check.json; prints per case the relative L2 error against float64 and the
+microseconds per call (kernels back to back, the host enqueue hidden behind a GPU sleep).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+
+# (name, B, H, S, D, packed QKV, mask[, Sk: keys, when not S])
+CASES = [
+    ("vit_s", 1, 6, 197, 64, True, False), ("vit_b", 1, 12, 197, 64, True, False),
+    ("bert_base", 1, 12, 128, 64, False, True), ("odd", 2, 3, 37, 40, False, True),
+    ("vit_s_b8", 8, 6, 197, 64, True, False), ("d128", 1, 4, 77, 128, False, False),
+    ("one_block_1tile", 1, 1, 8, 64, False, False, 32), ("one_block_7tiles", 1, 1, 8, 64, False, False, 197),
+    ("long_tiled", 1, 2, 1500, 64, False, True),  # keys past shared memory: the tiled kernel
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="out/attention_check")
+    p.add_argument("--reps", type=int, default=50)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+    import torch.nn.functional as F
+    import tvm_ffi
+
+    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.runtime.vendor import load_vendor_library
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    major, minor = torch.cuda.get_device_capability(0)
+    load_vendor_library(build_vendor_library(f"sm_{major}{minor}"))
+    sdpa = tvm_ffi.get_global_func("nimble.attention.sdpa")
+    sdpa_bias = tvm_ffi.get_global_func("nimble.attention.sdpa_bias")
+    dev = tvm_ffi.device("cuda", 0)
+    ws = torch.empty(1, dtype=torch.uint8, device="cuda")
+    t = tvm_ffi.from_dlpack
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def time_us(fn):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(5):
+            torch.cuda._sleep(3_000_000)
+            start.record()
+            for _ in range(args.reps):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000 / args.reps)
+        return sorted(times)[len(times) // 2]
+
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        for name, B, H, S, D, packed, masked, *rest in CASES:
+            Sk = rest[0] if rest else S
+            scale = D ** -0.5
+            if packed:
+                qkv = torch.randn(B, S, 3, H, D, device="cuda", generator=gen).to(dtype)
+                tensors = [qkv, qkv, qkv]
+                q4, k4, v4 = (qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+                offs = [0, H * D, 2 * H * D]
+                st = kst = [S * 3 * H * D, D, 3 * H * D]
+            else:
+                tensors = [torch.randn(B, n, H, D, device="cuda", generator=gen).to(dtype) for n in (S, Sk, Sk)]
+                q4, k4, v4 = (x.permute(0, 2, 1, 3) for x in tensors)
+                offs = [0, 0, 0]
+                st = [S * H * D, D, H * D]
+                kst = [Sk * H * D, D, H * D]
+            mask = None
+            if masked:
+                keep = torch.ones(B, S, device="cuda")
+                keep[:, S - S // 4:] = 0  # the last quarter is padding
+                mask = ((1.0 - keep) * -10000.0).view(B, 1, 1, S).to(dtype)
+            y = torch.empty(B, S, H, D, device="cuda", dtype=dtype)
+            attrs = [B, H, S, Sk, D, D]
+            for off, strides in zip(offs, (st, kst, kst)):
+                attrs += [off, *strides]
+            attrs += [S * H * D, D, H * D]
+            attrs += [S, 0, 0, 1] if masked else [0, 0, 0, 0]
+            attrs.append(struct.unpack("<I", struct.pack("<f", scale))[0])
+            shape = tvm_ffi.Shape(attrs)
+            targs = [t(x) for x in tensors]
+            stream = torch.cuda.current_stream().cuda_stream
+
+            def ours():
+                with tvm_ffi.use_raw_stream(dev, stream):
+                    if masked:
+                        sdpa_bias(*targs, t(mask), shape, t(y), t(ws))
+                    else:
+                        sdpa(*targs, shape, t(y), t(ws))
+
+            ours()
+            torch.cuda.synchronize()
+            ref = F.scaled_dot_product_attention(q4.double(), k4.double(), v4.double(),
+                                                 attn_mask=None if mask is None else mask.double(), scale=scale)
+            ref = ref.permute(0, 2, 1, 3)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+
+            def theirs():
+                F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale)
+
+            torch_err = ((F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale).permute(0, 2, 1, 3)
+                          .double() - ref).norm() / ref.norm()).item()
+            rows.append({"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
+                         "nimble_us": time_us(ours), "torch_us": time_us(theirs)})
+    with open(os.path.join(args.out, "attention_check.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    print(f"{'case':10} {'dtype':8} {'rel L2':>9} {'torch L2':>9} {'nimble us':>10} {'torch us':>9}")
+    ok = True
+    for r in rows:
+        bound = 1e-5 if r["dtype"] == "float32" else 5e-3
+        ok &= r["rel_l2"] < bound
+        print(f"{r['case']:10} {r['dtype']:8} {r['rel_l2']:9.2e} {r['torch_rel_l2']:9.2e} {r['nimble_us']:10.2f} "
+              f"{r['torch_us']:9.2f} {'ok' if r['rel_l2'] < bound else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes import providers
-from tvm_nimble.relay_passes.providers.attention import SDPA
+from tvm_nimble.relay_passes.providers.attention import SDPA, SDPA_BIAS
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, OffloadReport, OffloadToVendor, find_offloads
 from tvm_nimble.runtime.race_check import check_races
 
@@ -180,3 +180,43 @@ def test_fp16_attention_is_fused_through_the_casts_mixed_precision_leaves(vit, v
     result = build(OffloadToVendor()(mod), "llvm", max_streams=None)
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     assert np.linalg.norm(out - ref[0]) / np.linalg.norm(ref[0]) < 1e-2
+
+
+@pytest.fixture(scope="module", params=["additive", "where"])
+def bert(request):
+    model = zoo.bert(mask=request.param)
+    inputs = zoo.bert_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, inputs)
+    other = ReferenceEvaluator(model).run(None, zoo.bert_inputs(model, seed=1))[0]
+    assert np.linalg.norm(other - ref[0]) > 0.1 * np.linalg.norm(ref[0])  # the reference depends on the input
+    return request.param, model, inputs, ref
+
+
+def test_bert_matches_the_reference_with_integer_inputs_and_its_plan_is_race_free(bert):
+    _, model, inputs, ref = bert
+    result = build(model, "llvm", max_streams=None)
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-4)
+    assert check_races(result, inputs, ref, seeds=range(5)) == []
+
+
+def test_berts_padding_mask_goes_into_the_fused_call_and_a_where_mask_stays_with_a_reason(bert, vendor_reference):
+    """The additive mask (1 - mask) * -10000, [1, 1, 1, 16], becomes the call's bias, broadcast by zero
+    strides; Q, Kᵀ (transposed straight from the Linear by perm [0, 2, 3, 1]) and V are read from their
+    Linears' outputs. Masking with Where is not a form the kernel takes: those attentions stay on
+    cuBLASLt's batched GEMMs and TVM's softmax, and the report says why."""
+    form, model, inputs, ref = bert
+    mod = from_onnx(model)
+    report = OffloadReport()
+    offloads = find_offloads(mod["main"], report=report)
+    fused = [o for o in offloads if o.provider == "attention"]
+    reasons = [why for op, why in report.kept if op == "attention"]
+    if form == "additive":
+        assert len(fused) == 2 and not reasons
+        assert all(f"{SDPA_BIAS}(1x16x32:float32, 1x16x32:float32, 1x16x32:float32, 1x1x1x16:float32, " in o.signature
+                   for o in fused)
+    else:
+        assert not fused and reasons == ["where before the softmax is not a scale or one additive mask"] * 2
+        assert sum(BATCHED_MATMUL in o.signature for o in offloads) == 4
+    result = _run_offloaded(mod, inputs, ref)
+    assert sum(l.kernel == SDPA_BIAS for l in result.plan.launches) == (2 if form == "additive" else 0)

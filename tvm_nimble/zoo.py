@@ -26,7 +26,7 @@ OUTPUT_NAME = "output"
 NUM_CLASSES = 10
 
 __all__ = ["ZOO", "get_model", "save", "input_shape", "random_inputs", "inception", "nasnet",
-           "resnet_chain", "mobilenet_chain", "random_dag", "vit", "OPSET"]
+           "resnet_chain", "mobilenet_chain", "random_dag", "vit", "bert", "bert_inputs", "OPSET"]
 
 
 def _positive(name: str, value: int, minimum: int = 1) -> int:
@@ -361,6 +361,96 @@ def vit(depth: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, patch: i
     return model
 
 
+def bert(layers: int = 2, batch: int = 1, seed: int = 0, *, seq: int = 16, dim: int = 32, heads: int = 2,
+         ffn: int = 64, vocab: int = 50, mask: str = "additive") -> onnx.ModelProto:
+    """A small BERT encoder as Hugging Face exports it: int64 ``input_ids`` and ``attention_mask`` [batch,
+    seq] in, word + position embeddings and LayerNorm, then ``layers`` post-norm blocks: Q, K and V
+    Linears, heads split by Reshape + Transpose (K straight to Kᵀ with perm [0, 2, 3, 1]), Q·Kᵀ / √d plus
+    the padding mask (1 - mask) · -10000 broadcast from [batch, 1, 1, seq], Softmax, ·V, the head
+    merge, the output Linear, residual adds, LayerNorms and an erf-GELU MLP; the output is the last
+    hidden state [batch, seq, dim]. ``mask="where"`` applies the mask with Where(mask, scores, -1e4)
+    instead (a form the fused attention does not take). Weights are drawn so activations stay O(1)."""
+    for name, v in (("layers", layers), ("batch", batch), ("seq", seq), ("dim", dim), ("heads", heads),
+                    ("ffn", ffn), ("vocab", vocab)):
+        _positive(name, v)
+    if dim % heads:
+        raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
+    if mask not in ("additive", "where"):
+        raise ValueError(f"mask must be 'additive' or 'where', got {mask!r}")
+    rng = np.random.default_rng(seed)
+    nodes, inits, count = [], [], {}
+    head_dim = dim // heads
+
+    def fresh(prefix):
+        count[prefix] = count.get(prefix, 0) + 1
+        return f"{prefix}_{count[prefix] - 1}"
+
+    def const(prefix, array, dtype=np.float32):
+        name = fresh(prefix)
+        inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), name))
+        return name
+
+    def node(op, inputs, **attrs):
+        out = fresh(op.lower())
+        nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
+        return out
+
+    def linear(x, cin, cout):
+        w = const("w", rng.normal(0.0, 1.0 / np.sqrt(cin), size=(cin, cout)))
+        return node("Add", [node("MatMul", [x, w]), const("b", rng.normal(0.0, 0.05, size=(cout,)))])
+
+    def layer_norm(x):
+        return node("LayerNormalization", [x, const("ln_g", 1.0 + rng.normal(0.0, 0.1, size=(dim,))),
+                                          const("ln_b", rng.normal(0.0, 0.1, size=(dim,)))], axis=-1, epsilon=1e-12)
+
+    def heads_of(x, perm):
+        return node("Transpose", [node("Reshape", [x, const("shape", [batch, seq, heads, head_dim], np.int64)])],
+                    perm=perm)
+
+    words = const("word_emb", rng.normal(0.0, 1.0, size=(vocab, dim)))
+    x = node("Add", [node("Gather", [words, "input_ids"], axis=0), const("pos_emb", rng.normal(0.0, 0.5, size=(1, seq, dim)))])
+    x = layer_norm(x)
+    keep = node("Cast", ["attention_mask"], to=TensorProto.FLOAT)
+    keep = node("Unsqueeze", [keep, const("axes", [1, 2], np.int64)])  # [batch, 1, 1, seq]
+    additive = node("Mul", [node("Sub", [const("one", 1.0), keep]), const("neg", -10000.0)])
+    is_kept = node("Cast", [keep], to=TensorProto.BOOL)
+    for _ in range(layers):
+        q = heads_of(linear(x, dim, dim), [0, 2, 1, 3])
+        kt = heads_of(linear(x, dim, dim), [0, 2, 3, 1])
+        v = heads_of(linear(x, dim, dim), [0, 2, 1, 3])
+        scores = node("Div", [node("MatMul", [q, kt]), const("sqrt_d", np.sqrt(head_dim))])
+        if mask == "additive":
+            scores = node("Add", [scores, additive])
+        else:
+            scores = node("Where", [is_kept, scores, const("masked", -10000.0)])
+        ctx = node("MatMul", [node("Softmax", [scores], axis=-1), v])
+        ctx = node("Reshape", [node("Transpose", [ctx], perm=[0, 2, 1, 3]), const("shape", [batch, seq, dim], np.int64)])
+        x = layer_norm(node("Add", [x, linear(ctx, dim, dim)]))
+        h = linear(x, dim, ffn)
+        gelu = node("Mul", [node("Mul", [h, const("half", 0.5)]),
+                            node("Add", [node("Erf", [node("Div", [h, const("sqrt2", np.sqrt(2.0))])]), const("one", 1.0)])])
+        x = layer_norm(node("Add", [x, linear(gelu, ffn, dim)]))
+    nodes.append(helper.make_node("Identity", [x], [OUTPUT_NAME], name="output_node"))
+    graph = helper.make_graph(
+        nodes, f"bert{layers}",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, seq]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, [batch, seq, dim])],
+        initializer=inits)
+    model = helper.make_model(graph, producer_name="tvm-nimble.zoo", opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def bert_inputs(model: onnx.ModelProto, seed: int = 0, vocab: int = 50) -> dict[str, np.ndarray]:
+    """Token ids in [0, vocab) and a padding mask (ones, then zeros over the last quarter) for ``bert``."""
+    dims = _dims(next(vi for vi in _graph_inputs(model) if vi.name == "input_ids"))
+    rng = np.random.default_rng(seed)
+    mask = np.ones(dims, dtype=np.int64)
+    mask[:, dims[1] - dims[1] // 4:] = 0
+    return {"input_ids": rng.integers(0, vocab, size=dims).astype(np.int64), "attention_mask": mask}
+
+
 ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
     "inception": inception,
     "nasnet": nasnet,
@@ -369,6 +459,8 @@ ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
     "random_dag": random_dag,
     "vit": vit,
 }
+# bert is not in ZOO: its inputs are two int64 tensors (token ids and a padding mask), not the one
+# float image every ZOO net takes (and that `tvm-nimble zoo`, `bench zoo:` and random_inputs assume)
 
 
 #: Benchmark-sized zoo nets, one table for `tvm-nimble bench`, `tvm-nimble tune zoo:<name>` and

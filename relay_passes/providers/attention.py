@@ -247,7 +247,7 @@ def attention_chain(ctx, chains, var, call):
             bias = b if a.same_as(last) else a
         else:
             if _reaches_softmax(chains, last):
-                ctx.report.kept.append(("attention", f"{operator_of(val) or type(val).__name__} before the softmax "
+                ctx.report.kept.append(("attention", f"{(operator_of(val) or type(val).__name__).replace('relax.', '')} before the softmax "
                                                      "is not a scale or one additive mask"))
             return None
         core.append(nxt)

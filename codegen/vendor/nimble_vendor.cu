@@ -861,8 +861,19 @@ void BatchedMatmul(TensorView a, TensorView b, Shape attrs, TensorView y, Tensor
   RunGemm(CheckBatchedMatmul(a, b, attrs, y, workspace));
 }
 
+// Keeps the GPU busy for `ns` nanoseconds, so that the calls enqueued behind it run back to back,
+// as in a CUDA graph, however slowly the host enqueues them.
+__global__ void SpinKernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 // Microseconds per call of each algorithm candidate (index = the attrs' algorithm index), each timed
-// over `reps` back-to-back calls on the current stream after two warm-up calls; y is overwritten.
+// over `reps` back-to-back calls on the current stream (queued behind a spin kernel: GPU time, not the
+// host's enqueue rate) after two warm-up calls; y is overwritten.
 // Build-time only: it synchronizes, so it must not run inside a graph capture.
 Array<double> TimeGemm(const GemmCall& g, int64_t reps) {
   Array<double> out;
@@ -881,6 +892,8 @@ Array<double> TimeGemm(const GemmCall& g, int64_t reps) {
   for (size_t i = 0; i < plan->candidates.size(); ++i) {
     plan->Select(int(i));
     for (int w = 0; w < 2; ++w) EnqueueGemm(g, plan.get(), lt, stream);
+    SpinKernel<<<1, 1, 0, stream>>>(50000ull + 20000ull * uint64_t(reps));
+    CheckCuda(cudaGetLastError(), g.op, "spin kernel launch");
     CheckCuda(cudaEventRecord(start, stream), g.op, "cudaEventRecord");
     for (int64_t r = 0; r < reps; ++r) EnqueueGemm(g, plan.get(), lt, stream);
     CheckCuda(cudaEventRecord(stop, stream), g.op, "cudaEventRecord");

@@ -54,6 +54,10 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
                  select_kernels(apply_precision(import_model(model), options), options))
     if selection.timings:
         print(f"[bench] {summarize(selection.timings, selection.check)}", flush=True)
+    if selection.algorithms:
+        from tvm_nimble.compiler.gemm_algorithms import summarize as summarize_algorithms
+
+        print("\n".join(f"[bench] {line}" for line in summarize_algorithms(selection.algorithms)), flush=True)
     target = options.target
     db = open_tuning_database(options.tuning_db) if options.tuning_db else None
     systems = []

@@ -9,6 +9,7 @@ from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 from tvm_nimble.relay_passes.providers import TVM, provider_of
 
 from .build import BuildResult, build_with
+from .gemm_algorithms import summarize as summarize_gemm_algorithms
 from .options import BuildOptions
 from .profile_report import check_profilable, profile_build
 from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice
@@ -36,6 +37,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
             chosen = (c.provider or "vendor") if c.kernel == "vendor" else "tvm"
             lines.append(f"  {c.count:4d} {c.provider or 'vendor':>9s} {c.vendor_ms:8.4f} {c.tvm_ms:8.4f}  "
                          f"{chosen:8s}  {c.signature}")
+    if result.info.get("gemm_algorithms"):
+        lines.extend(summarize_gemm_algorithms(result.info["gemm_algorithms"]))
     if "streams_choice" in result.info:
         lines.append(summarize_streams(result.info["streams_choice"]))
     fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}

@@ -29,6 +29,7 @@ from tvm_nimble.relay_passes.vendor_offload import find_offloads
 from tvm_nimble.runtime.plan import Plan
 
 from . import stages
+from .gemm_algorithms import choose_gemm_algorithms
 from .notes import note_once
 from .options import BuildOptions
 from .timers import LocalGPU, has_gpu_for
@@ -166,6 +167,7 @@ class Selection:
     kernels: str
     timings: list[KernelTiming] = field(default_factory=list)
     check: ModelCheck | None = None
+    algorithms: list[dict] = field(default_factory=list)  # cuBLASLt's, per distinct GEMM (gemm_algorithms)
 
 
 def resolve_kernels(options: BuildOptions, timer=None) -> str:
@@ -217,14 +219,20 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
                                                             providers=providers)}
     if all(chosen.get(s) == p for s, p in first.items()):
-        return Selection(all_vendor, kernels, timings)
+        return _with_gemm_algorithms(Selection(all_vendor, kernels, timings), options, timer)
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     check = check_in_model(picked, all_vendor, options, timer)
     if check.kept == "best":
-        return Selection(picked, kernels, timings, check)
+        return _with_gemm_algorithms(Selection(picked, kernels, timings, check), options, timer)
     for t in timings:
         t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
-    return Selection(all_vendor, kernels, timings, check)
+    return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, check), options, timer)
+
+
+def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) -> Selection:
+    """The selection with each cuBLASLt GEMM's algorithm measured (see :mod:`.gemm_algorithms`)."""
+    selection.mod, selection.algorithms = choose_gemm_algorithms(selection.mod, options.target, timer)
+    return selection
 
 
 def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool) -> dict[str, str]:

@@ -25,7 +25,7 @@ from tvm import relax
 from . import providers as registry
 from .providers.chains import (ACT_NONE, ACT_RELU, ACT_RELU6, DEFAULT_WORKSPACE_BYTES,  # noqa: F401
                                Chains, MatchContext, OffloadReport, operator_of)
-from .providers.cublaslt import BATCHED_MATMUL, MATMUL  # noqa: F401  (the call names, as tests and references spell them)
+from .providers.cublaslt import BATCHED_MATMUL, MATMUL, MATMUL_ADD  # noqa: F401  (the call names, as tests and references spell them)
 from .providers.cudnn import CONV2D, CONV2D_ADD  # noqa: F401
 
 

@@ -10,7 +10,7 @@ import tvm
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.gemm_algorithms import choose_gemm_algorithms, gemm_calls, with_algorithms
-from tvm_nimble.relay_passes.vendor_offload import MATMUL, OffloadToVendor
+from tvm_nimble.relay_passes.vendor_offload import MATMUL, MATMUL_ADD, OffloadToVendor
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -24,14 +24,15 @@ def test_the_chosen_index_goes_into_those_calls_only_and_the_output_does_not_mov
     model, mod = _offloaded()
     calls = list(gemm_calls(mod))
     signatures = sorted({sig for _, _, sig in calls})
-    assert len(calls) == 9 and all(name == MATMUL for _, name, _ in calls)
+    assert len(calls) == 9 and {name for _, name, _ in calls} == {MATMUL, MATMUL_ADD}
     pick = {signatures[0]: 3}
     tuned = with_algorithms(mod, pick)
     attrs = {}
     for block in tuned["main"].body.blocks:
         for b in block.bindings:
             v = b.value
-            if isinstance(v, tvm.relax.Call) and "call_dps_packed" in str(v.op) and str(v.args[0].global_symbol) == MATMUL:
+            if (isinstance(v, tvm.relax.Call) and "call_dps_packed" in str(v.op)
+                    and str(v.args[0].global_symbol) in (MATMUL, MATMUL_ADD)):
                 attrs.setdefault(len(v.args[1].fields[-1].values), []).append(list(map(int, v.args[1].fields[-1].values)))
     n_picked = sum(sig == signatures[0] for _, _, sig in calls)
     assert len(attrs[4]) == n_picked and all(a[3] == 3 for a in attrs[4]) and len(attrs[3]) == len(calls) - n_picked

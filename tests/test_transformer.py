@@ -13,7 +13,8 @@ from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers.attention import SDPA, SDPA_BIAS
-from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, OffloadReport, OffloadToVendor, find_offloads
+from tvm_nimble.relay_passes.vendor_offload import (BATCHED_MATMUL, MATMUL, MATMUL_ADD, OffloadReport, OffloadToVendor,
+                                                    find_offloads)
 from tvm_nimble.runtime.race_check import check_races
 
 
@@ -54,7 +55,9 @@ def test_attention_is_one_fused_call_reading_the_qkv_linear_in_place(vit, vendor
     offloads = find_offloads(mod["main"], report=report)
     depth = 2
     fused = [o for o in offloads if o.provider == "attention"]
-    gemms = [o for o in offloads if MATMUL + "(" in o.signature]
+    gemms = [o for o in offloads if MATMUL + "(" in o.signature or MATMUL_ADD + "(" in o.signature]
+    # the output projection and the second MLP Linear take their block's residual add along
+    assert sum(o.signature.startswith("matmul+add+add -> " + MATMUL_ADD + "(") for o in gemms) == 2 * depth
     assert len(fused) == depth and all(f"{SDPA}(1x16x96:float32, 1x16x96:float32, 1x16x96:float32, " in o.signature
                                        for o in fused)
     # the head split is read in place: three Gathers, or a Split and its three items and Squeezes
@@ -63,7 +66,8 @@ def test_attention_is_one_fused_call_reading_the_qkv_linear_in_place(vit, vendor
     assert not report.kept
     result = _run_offloaded(mod, inputs, ref)
     assert sum(l.kernel == SDPA for l in result.plan.launches) == depth
-    assert not [l for l in result.plan.launches if "softmax" in l.kernel]
+    assert sum(l.kernel == MATMUL_ADD for l in result.plan.launches) == 2 * depth
+    assert not [l for l in result.plan.launches if "softmax" in l.kernel or l.kernel == "fused_add"]
     assert sum("transpose" in l.kernel for l in result.plan.launches) == 1  # the patch embedding's, no head's
 
 
@@ -76,7 +80,7 @@ def test_without_fused_attention_the_attention_matmuls_go_to_cublaslt(vit, vendo
     report = OffloadReport()
     only = [providers.get("cublaslt")]
     offloads = find_offloads(mod["main"], report=report, providers=only)
-    gemms = [o for o in offloads if MATMUL + "(" in o.signature]
+    gemms = [o for o in offloads if MATMUL + "(" in o.signature or MATMUL_ADD + "(" in o.signature]
     batched = [o for o in offloads if BATCHED_MATMUL in o.signature]
     depth = 2
     assert sum("1x16x" in o.signature for o in gemms) == 4 * depth and len(gemms) == 4 * depth + 1
@@ -85,7 +89,7 @@ def test_without_fused_attention_the_attention_matmuls_go_to_cublaslt(vit, vendo
     assert folded == (depth if "Gather" in {n.op_type for n in model.graph.node} else 0)  # split: Kᵀ is scaled first
     assert not [why for op, why in report.kept if op == "matmul"]
     result = _run_offloaded(mod, inputs, ref, providers=only)
-    assert sum(l.kernel == MATMUL for l in result.plan.launches) == len(gemms)
+    assert sum(l.kernel in (MATMUL, MATMUL_ADD) for l in result.plan.launches) == len(gemms)
     assert sum(l.kernel == BATCHED_MATMUL for l in result.plan.launches) == len(batched)
 
 
@@ -96,7 +100,7 @@ def test_on_cuda_the_built_plan_runs_vits_linears_on_cublaslt():
     if not ok:
         pytest.skip(why)
     result = build(zoo.get_model("vit"), {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", compile_kernels=False)
-    matmuls = [l for l in result.plan.launches if l.kernel == MATMUL]
+    matmuls = [l for l in result.plan.launches if l.kernel in (MATMUL, MATMUL_ADD)]
     shapes = [result.plan.tensors[l.args[0]].shape for l in matmuls]
     assert len(matmuls) == 9 and sum(len(s) == 3 for s in shapes) == 8
     assert sum(l.kernel == SDPA for l in result.plan.launches) == 2

@@ -9,7 +9,7 @@ import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.providers.attention import SDPA, SDPA_BIAS
-from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL
+from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
 
 def _act(y, act):
@@ -71,6 +71,11 @@ def reference_functions():
         wm = w.numpy().T if transpose_b else w.numpy()
         y.copyfrom(_act(a.numpy() @ wm + bias.numpy(), act).astype(y.dtype))
 
+    def matmul_add(a, w, bias, z, attrs, y, ws):
+        transpose_b, act = int(attrs[0]), int(attrs[1])
+        wm = w.numpy().T if transpose_b else w.numpy()
+        y.copyfrom(_act(a.numpy() @ wm + bias.numpy() + z.numpy(), act).astype(y.dtype))
+
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
         y.copyfrom((a.numpy() @ bm).astype(y.dtype))
@@ -81,7 +86,7 @@ def reference_functions():
     def sdpa_bias(q, k, v, bias, attrs, y, ws):
         y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), list(attrs)).reshape(y.shape).astype(y.dtype))
 
-    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
+    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():

@@ -15,11 +15,15 @@
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
 //       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32(, algo)], algo:
 //       an index into cuBLASLt's heuristic list for the configuration (0, its first, if left out).
+//   nimble.cublas.matmul_add(a, b, bias, z, attrs, y, workspace)
+//       y = act(a @ op(b) + bias + z), z shaped like y (a residual: cuBLASLt's C with beta = 1); attrs
+//       as matmul's.
 //   nimble.cublas.batched_matmul(a, b, attrs, y, workspace)
 //       y[i] = a[i] @ op(b[i]) over the leading (batch) dimensions, one strided-batched cuBLASLt call;
 //       a [..., M, K], b [..., N, K] if transpose_b else [..., K, N], y [..., M, N], the same leading
 //       dimensions everywhere (no broadcasting); attrs = [transpose_b, allow_tf32(, algo)].
 //   nimble.cublas.matmul_timings(a, b, bias, attrs, y, workspace, reps) -> [us, ...]
+//   nimble.cublas.matmul_add_timings(a, b, bias, z, attrs, y, workspace, reps) -> [us, ...]
 //   nimble.cublas.batched_matmul_timings(a, b, attrs, y, workspace, reps) -> [us, ...]
 //       microseconds per call of each algorithm index, for the build's choice (synchronizes; y is
 //       overwritten; not inside a graph capture)
@@ -69,6 +73,7 @@ constexpr const char* kConv = "nimble.cudnn.conv2d";
 constexpr const char* kConvAdd = "nimble.cudnn.conv2d_add";
 constexpr const char* kMatmul = "nimble.cublas.matmul";
 constexpr const char* kBatchedMatmul = "nimble.cublas.batched_matmul";
+constexpr const char* kMatmulAdd = "nimble.cublas.matmul_add";
 
 void CheckCudnn(cudnnStatus_t st, const char* op, const char* call, const std::string& ctx = "") {
   if (st == CUDNN_STATUS_SUCCESS) return;
@@ -662,6 +667,7 @@ struct GemmCall {
   const void* a = nullptr;
   const void* b = nullptr;
   const void* bias = nullptr;
+  const void* z = nullptr;  // matmul_add's residual: cuBLASLt's C with beta = 1
   void* y = nullptr;
   Workspace ws;
   std::string attrs_str;
@@ -779,9 +785,12 @@ GemmCall CheckBatchedMatmul(TensorView a, TensorView b, const Shape& attrs, Tens
 
 bool GemmEmpty(const GemmCall& g) { return g.M == 0 || g.N == 0 || g.batch == 0; }
 
+// The alignment both C (the residual, when there is one) and D (y) have.
+uint32_t CAlign(const GemmCall& g) { return g.z ? std::min(PtrAlign(g.y), PtrAlign(g.z)) : PtrAlign(g.y); }
+
 // A fresh plan for g (its algorithm list, index g.algo selected): the bias GEMM tries the epilogue first.
 std::unique_ptr<MatmulPlan> MakeGemmPlan(const GemmCall& g, cublasLtHandle_t lt) {
-  std::array<uint32_t, 4> align{PtrAlign(g.b), PtrAlign(g.a), PtrAlign(g.y), g.bias ? PtrAlign(g.bias) : 0};
+  std::array<uint32_t, 4> align{PtrAlign(g.b), PtrAlign(g.a), CAlign(g), g.bias ? PtrAlign(g.bias) : 0};
   auto plan = std::make_unique<MatmulPlan>();
   bool ok;
   if (!g.batched) {
@@ -814,7 +823,7 @@ std::unique_ptr<MatmulPlan> MakeGemmPlan(const GemmCall& g, cublasLtHandle_t lt)
 
 MatmulKey GemmKey(const GemmCall& g) {
   return MatmulKey{g.dev, g.dtype, g.M, g.N, g.K, g.tb, g.act, g.tf32, int64_t(g.ws.bytes), PtrAlign(g.b), PtrAlign(g.a),
-                   PtrAlign(g.y), g.bias ? PtrAlign(g.bias) : 0, g.batched ? g.batch : 0, g.algo};
+                   CAlign(g), g.bias ? PtrAlign(g.bias) : 0, g.batched ? g.batch : (g.z ? -1 : 0), g.algo};
 }
 
 // Enqueues one GEMM with plan p (its mutex held) on `stream`.
@@ -825,8 +834,8 @@ void EnqueueGemm(const GemmCall& g, MatmulPlan* p, cublasLtHandle_t lt, cudaStre
                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
   }
   const float one = 1.0f, zero = 0.0f;
-  CheckCublas(cublasLtMatmul(lt, p->desc, &one, g.b, p->la, g.a, p->lb, &zero, g.y, p->ld, g.y, p->ld, &p->algo,
-                             g.ws.ptr, g.ws.bytes, stream),
+  CheckCublas(cublasLtMatmul(lt, p->desc, &one, g.b, p->la, g.a, p->lb, g.z ? &one : &zero, g.z ? g.z : g.y, p->ld,
+                             g.y, p->ld, &p->algo, g.ws.ptr, g.ws.bytes, stream),
               g.op, "cublasLtMatmul",
               (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) + "M=" + std::to_string(g.M) +
                   " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K));
@@ -855,6 +864,24 @@ void RunGemm(const GemmCall& g) {
 
 void Matmul(TensorView a, TensorView b, TensorView bias, Shape attrs, TensorView y, TensorView workspace) {
   RunGemm(CheckMatmul(a, b, bias, attrs, y, workspace));
+}
+
+GemmCall CheckMatmulAdd(TensorView a, TensorView b, TensorView bias, TensorView z, const Shape& attrs, TensorView y,
+                        TensorView workspace) {
+  GemmCall g = CheckMatmul(a, b, bias, attrs, y, workspace);
+  g.op = kMatmulAdd;
+  CheckCudaTensor(g.op, "z", z, g.dev);
+  CheckDType(g.op, "z", z, g.dtype);
+  bool same = z.ndim() == y.ndim();
+  for (int i = 0; same && i < y.ndim(); ++i) same = z.shape()[i] == y.shape()[i];
+  if (!same) FailValue(g.op, "z has shape " + ShapeStr(z) + " but y has " + ShapeStr(y) + ": they must be equal");
+  g.z = DataPtr(z);
+  return g;
+}
+
+void MatmulAdd(TensorView a, TensorView b, TensorView bias, TensorView z, Shape attrs, TensorView y,
+               TensorView workspace) {
+  RunGemm(CheckMatmulAdd(a, b, bias, z, attrs, y, workspace));
 }
 
 void BatchedMatmul(TensorView a, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
@@ -912,6 +939,11 @@ Array<double> MatmulTimings(TensorView a, TensorView b, TensorView bias, Shape a
   return TimeGemm(CheckMatmul(a, b, bias, attrs, y, workspace), reps);
 }
 
+Array<double> MatmulAddTimings(TensorView a, TensorView b, TensorView bias, TensorView z, Shape attrs, TensorView y,
+                               TensorView workspace, int64_t reps) {
+  return TimeGemm(CheckMatmulAdd(a, b, bias, z, attrs, y, workspace), reps);
+}
+
 Array<double> BatchedMatmulTimings(TensorView a, TensorView b, Shape attrs, TensorView y, TensorView workspace,
                                    int64_t reps) {
   return TimeGemm(CheckBatchedMatmul(a, b, attrs, y, workspace), reps);
@@ -958,6 +990,8 @@ __attribute__((constructor)) void RegisterAll() {
     Register(kConvAdd, Conv2dAdd);
     Register(kMatmul, Matmul);
     Register(kBatchedMatmul, BatchedMatmul);
+    Register(kMatmulAdd, MatmulAdd);
+    Register("nimble.cublas.matmul_add_timings", MatmulAddTimings);
     Register("nimble.cudnn.conv2d_algos", Conv2dAlgos);
     Register("nimble.cublas.matmul_timings", MatmulTimings);
     Register("nimble.cublas.batched_matmul_timings", BatchedMatmulTimings);

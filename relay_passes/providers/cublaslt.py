@@ -1,6 +1,7 @@
 """cuBLASLt: GEMMs with constant weights (bias and ReLU fused), and batched GEMMs of two tensors.
 
     matmul(x, permute_dims(W)) [+ bias] [-> relu]      (x: [..., M, K]; W constant [N, K] or [K, N])
+    matmul(x, permute_dims(W)) [+ bias] + residual     (residual: a tensor of the output's shape)
     matmul(a, [permute_dims](b))                       (a: [..., M, K]; b: [..., K, N] or, transposed
                                                         by the permute, [..., N, K]; same batch dims)
 
@@ -18,6 +19,7 @@ from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, operator_of,
 from .registry import Provider, register
 
 MATMUL = "nimble.cublas.matmul"
+MATMUL_ADD = "nimble.cublas.matmul_add"
 BATCHED_MATMUL = "nimble.cublas.batched_matmul"
 
 
@@ -48,11 +50,28 @@ def matmul_chain(ctx, chains, var, call):
         nxt, val = chains.follow(last)
     if val is not None and activation(val) == ACT_RELU:
         act, removed, last = ACT_RELU, removed + [last], nxt
+    residual = _residual_of(val, last, out_shape, dtype) if act == ACT_NONE and val is not None else None
+    if residual is not None:  # x + Linear(...): cuBLASLt adds it as C (beta = 1), no add kernel
+        removed, last = removed + [last], nxt
     if bias is None:
         bias = np.zeros(n, dtype=dtype)
-    args = [x, relax.const(weight.astype(dtype)), relax.const(bias.astype(dtype)),
-            relax.ShapeExpr([transpose_b, act, ctx.tf32])]
-    return removed, last, (ctx.call(MATMUL, args, out_shape, dtype), None)
+    args = [x, relax.const(weight.astype(dtype)), relax.const(bias.astype(dtype))]
+    attrs = relax.ShapeExpr([transpose_b, act, ctx.tf32])
+    if residual is not None:
+        return removed, last, (ctx.call(MATMUL_ADD, args + [residual, attrs], out_shape, dtype), None)
+    return removed, last, (ctx.call(MATMUL, args + [attrs], out_shape, dtype), None)
+
+
+def _residual_of(add, produced, out_shape, dtype):
+    """The other operand of ``add(produced, other)`` when it is a computed tensor of the output's own shape
+    and dtype (a residual connection), else None."""
+    if operator_of(add) != "relax.add":
+        return None
+    a, b = add.args
+    other = b if a.same_as(produced) else a if b.same_as(produced) else None
+    if not isinstance(other, relax.Var) or known_shape(other) != tuple(out_shape) or dtype_of(other) != dtype:
+        return None
+    return other
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

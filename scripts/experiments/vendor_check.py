@@ -235,6 +235,19 @@ class Check:
                     tref = self.act(a @ (bmat.t() if tb else bmat) + bias, act)
                     self.record(op="matmul", name=name, dtype=dname, act=ACTS[act], rel_l2=rel,
                                 torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
+                # the residual form (identity activation, as the offload emits it): y = a @ op(b) + bias + z
+                z = self.randn(ref_plain.shape, dtype)
+                ref = ref_plain + z.double()
+                y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
+                err, rel = None, float("inf")
+                try:
+                    self.call("nimble.cublas.matmul_add", a, bmat, bias, z, self.tvm_ffi.Shape([tb, 0, 0]), y, ws)
+                    rel = self.rel_l2(y, ref)
+                except Exception as e:  # noqa: BLE001
+                    err = one_line(e)
+                tref = a @ (bmat.t() if tb else bmat) + bias + z
+                self.record(op="matmul_add", name=name, dtype=dname, act="identity", rel_l2=rel,
+                            torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
 
     def check_batched_matmuls(self):
         """nimble.cublas.batched_matmul (attention's Q·Kᵀ with transpose_b=1, ·V with 0) against float64."""

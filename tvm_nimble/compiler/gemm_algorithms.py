@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL
+from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD
 
 from .timers import LocalGPU, has_gpu_for
 
@@ -24,8 +24,9 @@ REPS = 20
 #: how much faster than the heuristic's first a candidate must be to be chosen
 MARGIN = 0.97
 
-_TIMINGS = {MATMUL: "nimble.cublas.matmul_timings", BATCHED_MATMUL: "nimble.cublas.batched_matmul_timings"}
-_ATTRS_LEN = {MATMUL: 3, BATCHED_MATMUL: 2}  # without the algorithm index
+_TIMINGS = {MATMUL: "nimble.cublas.matmul_timings", MATMUL_ADD: "nimble.cublas.matmul_add_timings",
+            BATCHED_MATMUL: "nimble.cublas.batched_matmul_timings"}
+_ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2}  # without the algorithm index
 _measured: dict[tuple, list[float]] = {}  # (arch, call signature) -> microseconds per candidate
 
 

@@ -25,9 +25,11 @@ from tvm_nimble.errors import NimbleError
 
 ENV_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 ENV_SYSTEM = "NIMBLE_VENDOR_SYSTEM_LIBS"
-FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul", "nimble.cublas.batched_matmul",
+FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul", "nimble.cublas.matmul_add",
+             "nimble.cublas.batched_matmul",
              "nimble.attention.sdpa", "nimble.attention.sdpa_bias", "nimble.cudnn.conv2d_algos",
-             "nimble.cublas.matmul_timings", "nimble.cublas.batched_matmul_timings", "nimble.vendor.versions",
+             "nimble.cublas.matmul_timings", "nimble.cublas.matmul_add_timings", "nimble.cublas.batched_matmul_timings",
+             "nimble.vendor.versions",
              "nimble.vendor.plans")
 
 # (library, major, what, pip package), in load order: cuDNN's engines use cuBLASLt.

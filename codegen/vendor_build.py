@@ -29,7 +29,7 @@ from tvm_nimble.runtime.vendor import nvidia_roots
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor")
 LIB_NAME = "libnimble_vendor.so"
-FIX = 'pip install "tvm-nimble[vendor]" (the wheels nvidia-cudnn-cu13 and nvidia-cublas)'
+FIX = 'pip install "tvm-nimble[vendor]" (the wheels nvidia-cudnn-cu13, nvidia-cublas and nvidia-cudnn-frontend)'
 _CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "tvm-nimble", "vendor")
 
 
@@ -78,10 +78,19 @@ def vendor_paths() -> dict[str, str]:
             d = os.path.join(root, rel)
             if key not in found and os.path.isfile(os.path.join(d, probe)):
                 found[key] = d
-    missing = [k for k in ("cudnn_include", "cudnn_lib", "cublas_include", "cublas_lib") if k not in found]
+    frontend = [os.environ.get("CUDNN_FRONTEND_INCLUDE", "")] + [
+        os.path.join(os.path.abspath(e or "."), "include") for e in sys.path]  # the wheel's headers: site-packages/include
+    for d in frontend:
+        if d and os.path.isfile(os.path.join(d, "cudnn_frontend.h")):
+            found["cudnn_frontend_include"] = d
+            break
+    names = {"cudnn_include": "cuDNN 9 (cudnn.h, libcudnn.so.9)", "cudnn_lib": "cuDNN 9 (cudnn.h, libcudnn.so.9)",
+             "cublas_include": "cuBLAS 13 (cublasLt.h, libcublasLt.so.13)",
+             "cublas_lib": "cuBLAS 13 (cublasLt.h, libcublasLt.so.13)",
+             "cudnn_frontend_include": "the cuDNN frontend (cudnn_frontend.h, nvidia-cudnn-frontend)"}
+    missing = [k for k in names if k not in found]
     if missing:
-        what = " and ".join(sorted({"cuDNN 9 (cudnn.h, libcudnn.so.9)" if k.startswith("cudnn") else
-                                    "cuBLAS 13 (cublasLt.h, libcublasLt.so.13)" for k in missing}))
+        what = " and ".join(sorted({names[k] for k in missing}))
         raise VendorBuildError(f"the vendor extension needs the headers and libraries of {what}, not found in the "
                                f"installed nvidia wheels: {FIX}")
     return found
@@ -116,7 +125,10 @@ def _header_versions(paths: dict[str, str]) -> str:
                          ("CUBLAS_VER_MAJOR", "CUBLAS_VER_MINOR", "CUBLAS_VER_PATCH"))):
         text = open(path).read() if os.path.exists(path) else ""
         out.append(".".join((re.search(rf"#define {n}\s+(\d+)", text) or [None, "?"])[1] for n in names))
-    return f"cudnn {out[0]}, cublas {out[1]}"
+    text = open(os.path.join(paths["cudnn_frontend_include"], "cudnn_frontend_version.h")).read()
+    frontend = ".".join((re.search(rf"#define CUDNN_FRONTEND_{n}_VERSION\s+(\d+)", text) or [None, "?"])[1]
+                        for n in ("MAJOR", "MINOR", "PATCH"))
+    return f"cudnn {out[0]}, cublas {out[1]}, cudnn-frontend {frontend}"
 
 
 def _normalize_arch(arch: str) -> str:
@@ -137,9 +149,12 @@ def build_command(arch: str, out: str, nvcc: str | None = None, paths: dict[str,
     ffi_lib = tvm_ffi.libinfo.find_libtvm_ffi()
     cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
            "-diag-suppress", "1444",  # cuDNN's legacy convolution API is marked deprecated in cuDNN 9
+           # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
+           # engines) instead of linking them: no libnvrtc needed where the extension runs
+           "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
            "-gencode", f"arch=compute_{num},code=[{arch},compute_{num}]",
            # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
-           "-I", paths["cudnn_include"], "-I", paths["cublas_include"],
+           "-I", paths["cudnn_include"], "-I", paths["cublas_include"], "-I", paths["cudnn_frontend_include"],
            "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path(),
            "-o", out, *_units(),
            # by soname, without rpath: tvm_nimble.runtime.vendor preloads these before loading the extension
@@ -166,6 +181,8 @@ def build_vendor_library(arch: str, out_path: str | None = None) -> str:
         digest.update(os.path.basename(src).encode() + b"\0")
         with open(src, "rb") as f:
             digest.update(f.read())
+    with open(__file__, "rb") as f:  # the command line (its flags) is built here
+        digest.update(f.read())
     digest.update(f"\0{arch}\0{nvcc_version(nvcc)}\0{_header_versions(paths)}".encode())
     cached = os.path.join(_CACHE, f"{arch}-{digest.hexdigest()[:24]}", LIB_NAME)
     if not os.path.exists(cached):

@@ -46,7 +46,7 @@ def test_the_command_line_reports_a_bad_option_in_one_line(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
-        "tvm-nimble: error: providers must be names among ('cudnn', 'attention', 'cublaslt'), got 'cutlass'"]
+        "tvm-nimble: error: providers must be names among ('cudnn', 'cudnn_sdpa', 'attention', 'cublaslt'), got 'cutlass'"]
 
 
 def test_float16_as_a_build_option_matches_the_reference_to_fp16_precision():

@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes import providers
-from tvm_nimble.relay_passes.providers.attention import SDPA, SDPA_BIAS
+from tvm_nimble.relay_passes.providers.attention import CUDNN_SDPA, SDPA, SDPA_BIAS
 from tvm_nimble.relay_passes.vendor_offload import (BATCHED_MATMUL, MATMUL, MATMUL_ADD, OffloadReport, OffloadToVendor,
                                                     find_offloads)
 from tvm_nimble.runtime.race_check import check_races
@@ -172,14 +172,17 @@ def test_a_broadcast_batched_matmul_stays_on_tvm_with_a_reason(vendor_reference)
 
 def test_fp16_attention_is_fused_through_the_casts_mixed_precision_leaves(vit, vendor_reference):
     """ToMixedPrecision keeps the head split's take and the softmax in fp32 (casts around them); the call
-    reads the fp16 QKV tensor (those casts round-trip exactly) and computes the softmax in fp32 itself."""
+    reads the fp16 QKV tensor (those casts round-trip exactly) and computes the softmax in fp32 itself.
+    Both fused kernels take it: cuDNN's SDPA first (fp16, no mask, 8-element aligned views), ours too."""
     from tvm_nimble.relay_passes.precision import to_precision
 
     model, inputs, ref = vit
     mod = to_precision(from_onnx(model), "float16")
     report = OffloadReport()
-    fused = [o for o in find_offloads(mod["main"], report=report) if o.provider == "attention"]
-    assert len(fused) == 2 and all(f"{SDPA}(1x16x96:float16, " in o.signature for o in fused)
+    fused = [o for o in find_offloads(mod["main"], report=report) if o.provider == "cudnn_sdpa"]
+    assert len(fused) == 2 and all(f"{CUDNN_SDPA}(1x16x96:float16, " in o.signature for o in fused)
+    ours = [o for o in find_offloads(mod["main"], providers=[providers.get("attention")]) if o.provider == "attention"]
+    assert len(ours) == 2 and all(f"{SDPA}(1x16x96:float16, " in o.signature for o in ours)  # the other candidate
     assert not [why for op, why in report.kept if op == "attention"]
     result = build(OffloadToVendor()(mod), "llvm", max_streams=None)
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()

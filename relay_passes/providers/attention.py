@@ -2,8 +2,11 @@
 
     matmul(q, kᵀ) [* c | / c ...] [+ bias] -> softmax(axis=-1) -> matmul(·, v) [-> permute_dims(0, 2, 1, 3)]
 
-as the ONNX exports of timm and Hugging Face models spell it. q, kᵀ and v are traced back through
-the views that split the heads (reshape, permute_dims, take / split + squeeze of a constant index,
+as the ONNX exports of timm and Hugging Face models spell it, as one kernel: ours
+(``nimble.attention.sdpa``, codegen/vendor/attention.cu: fp32 and fp16, with a mask) or, for fp16
+without a mask, cuDNN's SDPA (``nimble.attention.cudnn_sdpa``, provider ``cudnn_sdpa``).
+
+q, kᵀ and v are traced back through the views that split the heads (reshape, permute_dims, take / split + squeeze of a constant index,
 and a multiply by a scalar constant, which becomes part of the scale) to the tensors the model
 computes, e.g. one QKV Linear's output for all three: the call reads them through strided views,
 so those copies disappear, and a following ``permute_dims(0, 2, 1, 3)`` (the head merge) is written
@@ -24,6 +27,7 @@ from .registry import Provider, register
 
 SDPA = "nimble.attention.sdpa"
 SDPA_BIAS = "nimble.attention.sdpa_bias"
+CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
 _DTYPES = ("float32", "float16")
 _BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
@@ -229,8 +233,11 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
-def attention_chain(ctx, chains, var, call):
-    """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it."""
+def attention_chain(ctx, chains, var, call, cudnn: bool = False):
+    """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
+    ``cudnn``: the call for cuDNN's SDPA, for the chains it documents (else None, silently: the reasons
+    are reported once, by our kernel's provider)."""
+    report = ctx.report.kept if not cudnn else []
     scores_shape = known_shape(call)
     if scores_shape is None or len(scores_shape) not in (3, 4):
         return None
@@ -247,7 +254,7 @@ def attention_chain(ctx, chains, var, call):
             bias = b if a.same_as(last) else a
         else:
             if _reaches_softmax(chains, last):
-                ctx.report.kept.append(("attention", f"{(operator_of(val) or type(val).__name__).replace('relax.', '')} before the softmax "
+                report.append(("attention", f"{(operator_of(val) or type(val).__name__).replace('relax.', '')} before the softmax "
                                                      "is not a scale or one additive mask"))
             return None
         core.append(nxt)
@@ -265,13 +272,13 @@ def attention_chain(ctx, chains, var, call):
     if operator_of(pv) != "relax.matmul" or not pv.args[0].same_as(probs):
         return None
     try:
-        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias)
+        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn)
     except _NotTaken as why:
-        ctx.report.kept.append(("attention", str(why)))
+        report.append(("attention", str(why)))
         return None
 
 
-def _take(ctx, chains, qk, core, out_var, pv, scale, bias):
+def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool):
     dtype = dtype_of(qk)
     if dtype not in _DTYPES or dtype_of(pv) != dtype:
         raise _NotTaken(f"dtype {dtype}; the kernel takes {'/'.join(_DTYPES)}")
@@ -332,10 +339,22 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias):
              vo, vst[0], vst[1], vst[2], *o_strides, *m_strides, scale_bits]
     args.append(relax.ShapeExpr(attrs))
     removed = list(keep | (core - {last}))
+    if cudnn:
+        aligned = [D, Dv, qo, ko, vo, *qst[:3], *kst[:3], *vst[:3], *o_strides]
+        if dtype != "float16" or bias is not None or any(x % 8 for x in aligned):
+            return None  # cuDNN's SDPA: fp16, no mask here, 16-byte aligned rows and heads
+        return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
     name = SDPA_BIAS if bias is not None else SDPA
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
 
 
+#: cuDNN's fused attention (the cuDNN frontend's SDPA graph) for the fp16 chains it takes; registered
+#: first, so that kernels="vendor" gives it those, and "best" measures it against our kernel
+CUDNN_PROVIDER = register(Provider(
+    name="cudnn_sdpa", title="cuDNN fused attention", kernel_prefix="nimble.attention.cudnn_",
+    matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, cudnn=True)},
+    dtypes=("float16",), layouts=("row-major",)))
+
 PROVIDER = register(Provider(
-    name="attention", title="fused attention", kernel_prefix="nimble.attention.",
+    name="attention", title="fused attention", kernel_prefix="nimble.attention.sdpa",
     matchers={"relax.matmul": attention_chain}, dtypes=_DTYPES, layouts=("row-major",)))

@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     load_vendor_library(build_vendor_library(f"sm_{major}{minor}"))
     sdpa = tvm_ffi.get_global_func("nimble.attention.sdpa")
     sdpa_bias = tvm_ffi.get_global_func("nimble.attention.sdpa_bias")
+    cudnn_sdpa = tvm_ffi.get_global_func("nimble.attention.cudnn_sdpa")
+    big_ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     dev = tvm_ffi.device("cuda", 0)
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")
     t = tvm_ffi.from_dlpack
@@ -123,8 +125,23 @@ def main(argv=None) -> int:
 
             torch_err = ((F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale).permute(0, 2, 1, 3)
                           .double() - ref).norm() / ref.norm()).item()
-            rows.append({"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
-                         "nimble_us": time_us(ours), "torch_us": time_us(theirs)})
+            row = {"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
+                   "nimble_us": time_us(ours), "torch_us": time_us(theirs)}
+            if dtype == torch.float16 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other fp16 provider
+
+                def cudnn():
+                    with tvm_ffi.use_raw_stream(dev, stream):
+                        cudnn_sdpa(*targs, shape, t(y), t(big_ws))
+
+                try:
+                    y.fill_(float("nan"))
+                    cudnn()
+                    torch.cuda.synchronize()
+                    row["cudnn_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
+                    row["cudnn_us"] = time_us(cudnn)
+                except Exception as e:  # noqa: BLE001
+                    row["cudnn_error"] = " ".join(str(e).split())[:300]
+            rows.append(row)
     with open(os.path.join(args.out, "attention_check.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
     print(f"{'case':10} {'dtype':8} {'rel L2':>9} {'torch L2':>9} {'nimble us':>10} {'torch us':>9}")
@@ -132,8 +149,15 @@ def main(argv=None) -> int:
     for r in rows:
         bound = 1e-5 if r["dtype"] == "float32" else 5e-3
         ok &= r["rel_l2"] < bound
+        extra = ""
+        if "cudnn_us" in r:
+            ok &= r["cudnn_rel_l2"] < bound
+            extra = f"  cuDNN SDPA {r['cudnn_rel_l2']:.2e} {r['cudnn_us']:.2f} us"
+        elif "cudnn_error" in r:
+            ok = False
+            extra = f"  cuDNN SDPA error: {r['cudnn_error']}"
         print(f"{r['case']:10} {r['dtype']:8} {r['rel_l2']:9.2e} {r['torch_rel_l2']:9.2e} {r['nimble_us']:10.2f} "
-              f"{r['torch_us']:9.2f} {'ok' if r['rel_l2'] < bound else 'FAIL'}")
+              f"{r['torch_us']:9.2f} {'ok' if r['rel_l2'] < bound else 'FAIL'}{extra}")
     return 0 if ok else 1
 
 

@@ -59,7 +59,7 @@ def build_option_args(p) -> None:
                         "(the default): best on a CUDA machine, vendor when no GPU is here, tvm without the "
                         "cuDNN/cuBLAS wheels")
     p.add_argument("--providers", type=_names, metavar="NAME,...",
-                   help="the kernel providers besides TVM that may take operators (default: all: cudnn, attention, cublaslt)")
+                   help="the kernel providers besides TVM that may take operators (default: all: cudnn, cudnn_sdpa, attention, cublaslt)")
     p.add_argument("--precision", choices=DTYPES, default="float32",
                    help="compute dtype; inputs and outputs stay float32 (default %(default)s)")
     p.add_argument("--allow-tf32", action="store_true",

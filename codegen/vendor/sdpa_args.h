@@ -1,0 +1,102 @@
+// The attrs of the fused-attention calls (nimble.attention.*: our kernel and cuDNN's SDPA) and their
+// checks, shared by attention.cu and cudnn_attention.cu. See attention.cu for the layout.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+
+#include "common.h"
+
+namespace nimble_vendor {
+namespace {
+
+constexpr int kNumAttrs = 26;
+constexpr int64_t kMaxHeadDim = 128;
+
+struct SdpaParams {
+  int64_t B, H, Sq, Sk, D, Dv;
+  int64_t q_off, q_sb, q_sh, q_ss, k_off, k_sb, k_sh, k_ss, v_off, v_sb, v_sh, v_ss;
+  int64_t o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk;
+  float scale;
+};
+static_assert(offsetof(SdpaParams, m_sk) == 24 * sizeof(int64_t), "the attrs fill B .. m_sk in order");
+
+// The largest element a strided [B, H, S, D] view reads, +1 (what the tensor must hold).
+int64_t ViewExtent(int64_t off, int64_t sb, int64_t sh, int64_t ss, int64_t B, int64_t H, int64_t S, int64_t D) {
+  return off + (B - 1) * sb + (H - 1) * sh + (S - 1) * ss + D;
+}
+
+void CheckView(const char* op, const char* name, const TensorView& t, int64_t off, int64_t sb, int64_t sh, int64_t ss,
+               int64_t B, int64_t H, int64_t S, int64_t D) {
+  if (off < 0 || sb < 0 || sh < 0 || ss < 0) FailValue(op, std::string(name) + ": offsets and strides must be >= 0");
+  int64_t need = ViewExtent(off, sb, sh, ss, B, H, S, D);
+  if (need > t.numel()) {
+    FailValue(op, std::string(name) + " " + ShapeStr(t) + " holds " + std::to_string(t.numel()) +
+                      " elements but the attrs' view of it reads up to element " + std::to_string(need - 1));
+  }
+}
+
+// The attrs as SdpaParams, after checking every tensor against them (one-line errors); *dtype: kF32 / kF16.
+SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* bias,
+                     const Shape& attrs, const TensorView& y, const TensorView& workspace, int* dtype_out) {
+  if (int(attrs.size()) != kNumAttrs) {
+    FailValue(op, "attrs must have " + std::to_string(kNumAttrs) + " entries (see the extension's header), got " +
+                      std::to_string(attrs.size()));
+  }
+  if (q.device().device_type != kDLCUDA) {
+    FailValue(op, "q must be a CUDA tensor, got device type " + std::to_string(q.device().device_type));
+  }
+  const int dev = q.device().device_id;
+  const int dtype = *dtype_out = TensorDType(q);
+  if (dtype < 0) FailValue(op, "q has dtype " + DLTypeStr(q.dtype()) + ": only float32 and float16 are supported");
+  CheckCudaTensor(op, "q", q, dev);
+  CheckCudaTensor(op, "k", k, dev);
+  CheckCudaTensor(op, "v", v, dev);
+  CheckCudaTensor(op, "y", y, dev);
+  CheckDType(op, "k", k, dtype);
+  CheckDType(op, "v", v, dtype);
+  CheckDType(op, "y", y, dtype);
+  if (bias) {
+    CheckCudaTensor(op, "bias", *bias, dev);
+    CheckDType(op, "bias", *bias, dtype);
+  }
+  CheckWorkspace(op, workspace, dev);
+  SdpaParams p;
+  int64_t* f = &p.B;  // B .. m_sk: the first 25 attrs, in order
+  for (int i = 0; i < kNumAttrs - 1; ++i) f[i] = attrs[i];
+  uint32_t bits = uint32_t(attrs[kNumAttrs - 1]);
+  std::memcpy(&p.scale, &bits, sizeof(bits));
+  if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || p.D < 1 || p.Dv < 1) {
+    FailValue(op, "attrs " + ShapeStr(attrs.data(), 6) + ": B, H, Sq, Sk, D and Dv must be >= 1");
+  }
+  if (p.D > kMaxHeadDim || p.Dv > kMaxHeadDim) {
+    FailValue(op, "head dimensions D = " + std::to_string(p.D) + ", Dv = " + std::to_string(p.Dv) + " exceed " +
+                      std::to_string(kMaxHeadDim));
+  }
+  if (p.B > 65535 || p.H > 65535) FailValue(op, "B and H must be <= 65535");
+  if (!std::isfinite(p.scale)) FailValue(op, "the scale (attrs' last entry, float32 bits) is not finite");
+  CheckView(op, "q", q, p.q_off, p.q_sb, p.q_sh, p.q_ss, p.B, p.H, p.Sq, p.D);
+  CheckView(op, "k", k, p.k_off, p.k_sb, p.k_sh, p.k_ss, p.B, p.H, p.Sk, p.D);
+  CheckView(op, "v", v, p.v_off, p.v_sb, p.v_sh, p.v_ss, p.B, p.H, p.Sk, p.Dv);
+  CheckView(op, "y", y, 0, p.o_sb, p.o_sh, p.o_ss, p.B, p.H, p.Sq, p.Dv);
+  if (y.numel() != p.B * p.H * p.Sq * p.Dv) {
+    FailValue(op, "y " + ShapeStr(y) + " must hold B * H * Sq * Dv = " + std::to_string(p.B * p.H * p.Sq * p.Dv) +
+                      " elements");
+  }
+  if (bias) {
+    if (p.m_sb < 0 || p.m_sh < 0 || p.m_sq < 0 || p.m_sk < 0) FailValue(op, "bias strides must be >= 0");
+    int64_t need = (p.B - 1) * p.m_sb + (p.H - 1) * p.m_sh + (p.Sq - 1) * p.m_sq + (p.Sk - 1) * p.m_sk + 1;
+    if (need > bias->numel()) {
+      FailValue(op, "bias " + ShapeStr(*bias) + " holds " + std::to_string(bias->numel()) +
+                        " elements but the attrs' strides read up to element " + std::to_string(need - 1));
+    }
+  }
+  for (const TensorView* t : {&q, &k, &v}) {
+    if (DataPtr(*t) == DataPtr(y)) FailValue(op, "y must not alias q, k or v");
+  }
+  return p;
+}
+
+}  // namespace
+}  // namespace nimble_vendor

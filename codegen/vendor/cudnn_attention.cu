@@ -57,18 +57,28 @@ std::map<SdpaKey, std::unique_ptr<SdpaGraph>>& Graphs() {
   return *m;
 }
 
-// One cuDNN handle per (device, stream), made on the first call on that stream (outside a capture).
+// One cuDNN handle per (device, stream), made on the first call on that stream. A stream first seen
+// while it is being captured (another system's graph, e.g. TVM's VM capturing on a stream of its own)
+// borrows a handle of another stream of the device: the stream is set on every call.
 cudnnHandle_t SdpaHandle(int dev, cudaStream_t stream) {
   static std::mutex mu;
   static auto* handles = new std::map<std::pair<int, void*>, cudnnHandle_t>();
   std::lock_guard<std::mutex> lock(mu);
   cudnnHandle_t& h = (*handles)[{dev, static_cast<void*>(stream)}];
-  if (h == nullptr) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (h == nullptr && cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    for (auto& kv : *handles) {
+      if (kv.first.first == dev && kv.second != nullptr) {
+        h = kv.second;
+        break;
+      }
+    }
+    if (h == nullptr) {
       TVM_FFI_THROW(RuntimeError) << kCudnnSdpa << ": first call on a stream that is being captured; call it once "
                                   << "before capturing (cuDNN cannot create a handle during capture)";
     }
+  }
+  if (h == nullptr) {
     if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
       h = nullptr;
       TVM_FFI_THROW(RuntimeError) << kCudnnSdpa << ": cudnnCreate failed";

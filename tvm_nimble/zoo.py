@@ -277,6 +277,38 @@ def random_dag(num_ops: int = 12, seed: int = 0, batch: int = 1, *, hw: int = 8,
     return b.finish(out)
 
 
+class _Layers:
+    """The transformer builders' ONNX graph under construction: nodes, initializers with fresh names,
+    and the layers both draw (weights from one seeded generator, in call order)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self._count = [], [], {}
+
+    def fresh(self, prefix: str) -> str:
+        self._count[prefix] = self._count.get(prefix, 0) + 1
+        return f"{prefix}_{self._count[prefix] - 1}"
+
+    def const(self, prefix: str, array, dtype=np.float32) -> str:
+        name = self.fresh(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], **attrs) -> str:
+        out = self.fresh(op.lower())
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
+        return out
+
+    def linear(self, x: str, cin: int, cout: int) -> str:
+        w = self.const("w", self.rng.normal(0.0, 1.0 / np.sqrt(cin), size=(cin, cout)))
+        return self.node("Add", [self.node("MatMul", [x, w]), self.const("b", self.rng.normal(0.0, 0.05, size=(cout,)))])
+
+    def layer_norm(self, x: str, dim: int, epsilon: float) -> str:
+        return self.node("LayerNormalization", [x, self.const("ln_g", 1.0 + self.rng.normal(0.0, 0.1, size=(dim,))),
+                                               self.const("ln_b", self.rng.normal(0.0, 0.1, size=(dim,)))],
+                         axis=-1, epsilon=epsilon)
+
+
 def vit(depth: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, patch: int = 4, dim: int = 32,
         heads: int = 2, mlp: int = 64, in_channels: int = 3, unbind: str = "gather") -> onnx.ModelProto:
     """A small ViT as timm exports it: a patch convolution, then ``depth`` pre-norm blocks of multi-head
@@ -293,31 +325,12 @@ def vit(depth: int = 2, batch: int = 1, seed: int = 0, *, hw: int = 16, patch: i
         _positive(name, v)
     if hw % patch or dim % heads:
         raise ValueError(f"hw ({hw}) must be a multiple of patch ({patch}) and dim ({dim}) of heads ({heads})")
-    rng = np.random.default_rng(seed)
-    nodes, inits, count = [], [], {}
+    g = _Layers(seed)
+    rng, nodes, inits, fresh, const, node, linear = g.rng, g.nodes, g.inits, g.fresh, g.const, g.node, g.linear
     tokens, head_dim = (hw // patch) ** 2, dim // heads
 
-    def fresh(prefix):
-        count[prefix] = count.get(prefix, 0) + 1
-        return f"{prefix}_{count[prefix] - 1}"
-
-    def const(prefix, array, dtype=np.float32):
-        name = fresh(prefix)
-        inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), name))
-        return name
-
-    def node(op, inputs, **attrs):
-        out = fresh(op.lower())
-        nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
-        return out
-
-    def linear(x, cin, cout):
-        w = const("w", rng.normal(0.0, 1.0 / np.sqrt(cin), size=(cin, cout)))
-        return node("Add", [node("MatMul", [x, w]), const("b", rng.normal(0.0, 0.05, size=(cout,)))])
-
     def layer_norm(x):
-        return node("LayerNormalization", [x, const("ln_g", 1.0 + rng.normal(0.0, 0.1, size=(dim,))),
-                                          const("ln_b", rng.normal(0.0, 0.1, size=(dim,)))], axis=-1, epsilon=1e-6)
+        return g.layer_norm(x, dim, 1e-6)
 
     def shape(*dims):
         return const("shape", dims, np.int64)
@@ -377,31 +390,12 @@ def bert(layers: int = 2, batch: int = 1, seed: int = 0, *, seq: int = 16, dim: 
         raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
     if mask not in ("additive", "where"):
         raise ValueError(f"mask must be 'additive' or 'where', got {mask!r}")
-    rng = np.random.default_rng(seed)
-    nodes, inits, count = [], [], {}
+    g = _Layers(seed)
+    rng, nodes, inits, const, node, linear = g.rng, g.nodes, g.inits, g.const, g.node, g.linear
     head_dim = dim // heads
 
-    def fresh(prefix):
-        count[prefix] = count.get(prefix, 0) + 1
-        return f"{prefix}_{count[prefix] - 1}"
-
-    def const(prefix, array, dtype=np.float32):
-        name = fresh(prefix)
-        inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), name))
-        return name
-
-    def node(op, inputs, **attrs):
-        out = fresh(op.lower())
-        nodes.append(helper.make_node(op, inputs, [out], name=out + "_node", **attrs))
-        return out
-
-    def linear(x, cin, cout):
-        w = const("w", rng.normal(0.0, 1.0 / np.sqrt(cin), size=(cin, cout)))
-        return node("Add", [node("MatMul", [x, w]), const("b", rng.normal(0.0, 0.05, size=(cout,)))])
-
     def layer_norm(x):
-        return node("LayerNormalization", [x, const("ln_g", 1.0 + rng.normal(0.0, 0.1, size=(dim,))),
-                                          const("ln_b", rng.normal(0.0, 0.1, size=(dim,)))], axis=-1, epsilon=1e-12)
+        return g.layer_norm(x, dim, 1e-12)
 
     def heads_of(x, perm):
         return node("Transpose", [node("Reshape", [x, const("shape", [batch, seq, heads, head_dim], np.int64)])],

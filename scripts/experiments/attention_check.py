@@ -13,10 +13,11 @@ microseconds per call (kernels back to back, the host enqueue hidden behind a GP
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import struct
+
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 # (name, B, H, S, D, packed QKV, mask[, Sk: keys, when not S])
 CASES = [
@@ -28,26 +29,12 @@ CASES = [
 ]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="out/attention_check")
-    p.add_argument("--reps", type=int, default=50)
-    return p.parse_args(argv)
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    args = gpu_args.parse_kernel_bench(__doc__, argv, "out/attention_check")
     import torch
     import torch.nn.functional as F
     import tvm_ffi
 
-    from codegen.vendor_build import build_vendor_library
-    from tvm_nimble.runtime.vendor import load_vendor_library
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    major, minor = torch.cuda.get_device_capability(0)
-    load_vendor_library(build_vendor_library(f"sm_{major}{minor}"))
     sdpa = tvm_ffi.get_global_func("nimble.attention.sdpa")
     sdpa_bias = tvm_ffi.get_global_func("nimble.attention.sdpa_bias")
     cudnn_sdpa = tvm_ffi.get_global_func("nimble.attention.cudnn_sdpa")
@@ -56,22 +43,6 @@ def main(argv=None) -> int:
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")
     t = tvm_ffi.from_dlpack
     gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def time_us(fn):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            torch.cuda._sleep(3_000_000)
-            start.record()
-            for _ in range(args.reps):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / args.reps)
-        return sorted(times)[len(times) // 2]
 
     rows = []
     for dtype in (torch.float32, torch.float16):
@@ -126,7 +97,8 @@ def main(argv=None) -> int:
             torch_err = ((F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale).permute(0, 2, 1, 3)
                           .double() - ref).norm() / ref.norm()).item()
             row = {"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
-                   "nimble_us": time_us(ours), "torch_us": time_us(theirs)}
+                   "nimble_us": gpu_args.back_to_back_us(ours, args.reps),
+                   "torch_us": gpu_args.back_to_back_us(theirs, args.reps)}
             if dtype == torch.float16 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other fp16 provider
 
                 def cudnn():
@@ -138,7 +110,7 @@ def main(argv=None) -> int:
                     cudnn()
                     torch.cuda.synchronize()
                     row["cudnn_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
-                    row["cudnn_us"] = time_us(cudnn)
+                    row["cudnn_us"] = gpu_args.back_to_back_us(cudnn, args.reps)
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             rows.append(row)

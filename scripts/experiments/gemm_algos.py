@@ -14,10 +14,10 @@ fastest candidate (index, us) and the number of candidates.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
+
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 # (name, M, N, K): the Linear layers of ViT-S/16 and ViT-B/16 at 197 tokens and BERT-base at 128
 LINEARS = [
@@ -34,46 +34,17 @@ BATCHED = [
 ]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="out/gemm_algos")
-    p.add_argument("--reps", type=int, default=50)
-    return p.parse_args(argv)
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    args = gpu_args.parse_kernel_bench(__doc__, argv, "out/gemm_algos")
     import torch
     import tvm_ffi
 
-    from codegen.vendor_build import build_vendor_library
-    from tvm_nimble.runtime.vendor import load_vendor_library
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    major, minor = torch.cuda.get_device_capability(0)
-    load_vendor_library(build_vendor_library(f"sm_{major}{minor}"))
     mm_t = tvm_ffi.get_global_func("nimble.cublas.matmul_timings")
     bmm_t = tvm_ffi.get_global_func("nimble.cublas.batched_matmul_timings")
     dev = tvm_ffi.device("cuda", 0)
     stream = torch.cuda.current_stream().cuda_stream
     ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     t = tvm_ffi.from_dlpack
-
-    def torch_us(fn):
-        for _ in range(5):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            torch.cuda._sleep(50_000)
-            start.record()
-            for _ in range(args.reps):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / args.reps)
-        return statistics.median(times)
 
     rows = []
     for dtype in (torch.float32, torch.float16):
@@ -85,7 +56,7 @@ def main(argv=None) -> int:
             y = torch.empty(1, M, N, device="cuda", dtype=dtype)
             with tvm_ffi.use_raw_stream(dev, stream):
                 us = list(mm_t(t(a), t(w), t(b), tvm_ffi.Shape([1, 0, 0]), t(y), t(ws), args.reps))
-            ref = torch_us(lambda: torch.nn.functional.linear(a, w, b))
+            ref = gpu_args.back_to_back_us(lambda: torch.nn.functional.linear(a, w, b), args.reps)
             rows.append({"case": name, "dtype": dname, "torch_us": ref, "candidates_us": us})
         for name, B, M, N, K, tb in BATCHED:
             a = torch.randn(B, M, K, device="cuda", dtype=dtype)
@@ -94,7 +65,7 @@ def main(argv=None) -> int:
             y = torch.empty(B, M, N, device="cuda", dtype=dtype)
             with tvm_ffi.use_raw_stream(dev, stream):
                 us = list(bmm_t(t(a), t(bm), tvm_ffi.Shape([tb, 0]), t(y), t(ws), args.reps))
-            ref = torch_us(lambda: torch.matmul(a, bm.transpose(-1, -2) if tb else bm))
+            ref = gpu_args.back_to_back_us(lambda: torch.matmul(a, bm.transpose(-1, -2) if tb else bm), args.reps)
             rows.append({"case": name, "dtype": dname, "torch_us": ref, "candidates_us": us})
     with open(os.path.join(args.out, "gemm_algos.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)

@@ -1,6 +1,7 @@
-"""Not an experiment: the command line the per-model GPU experiments beside it share (``import gpu_args``):
+"""Not an experiment: what the GPU experiments beside it share (``import gpu_args``): the per-model command line,
 --models, --target (cuda, or llvm for a CPU dry run), --out, and where an experiment measures several
-batches and kernel kinds, --batch and --kernels."""
+batches and kernel kinds, --batch and --kernels; the command line and the timing of the experiments
+that time vendor functions alone."""
 from __future__ import annotations
 
 import argparse
@@ -21,3 +22,44 @@ def parse(doc: str, argv, models: str, batches_and_kernels: bool = False):
 
     os.makedirs(args.out, exist_ok=True)
     return args, resolve_target(args.target)
+
+
+def parse_kernel_bench(doc: str, argv, out: str):
+    """The command line of the experiments that time vendor functions alone (attention_check, gemm_algos):
+    --out (created) and --reps. Then builds (cached) and loads the vendor extension for this machine's GPU
+    and turns PyTorch's TF32 off, as those experiments compare fp32 exactly."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+
+    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.runtime.vendor import load_vendor_library
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    major, minor = torch.cuda.get_device_capability(0)
+    load_vendor_library(build_vendor_library(f"sm_{major}{minor}"))
+    return args
+
+
+def back_to_back_us(fn, reps: int, rounds: int = 5) -> float:
+    """Median microseconds per call of ``fn`` over ``reps`` calls queued behind a GPU sleep (about 1.7 ms
+    on an H100), so the host's enqueue rate does not bound what is timed."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(rounds):
+        torch.cuda._sleep(3_000_000)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps)
+    return sorted(times)[len(times) // 2]

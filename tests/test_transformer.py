@@ -227,3 +227,36 @@ def test_berts_padding_mask_goes_into_the_fused_call_and_a_where_mask_stays_with
         assert sum(BATCHED_MATMUL in o.signature for o in offloads) == 4
     result = _run_offloaded(mod, inputs, ref)
     assert sum(l.kernel == SDPA_BIAS for l in result.plan.launches) == (2 if form == "additive" else 0)
+
+
+def test_a_head_split_the_model_also_uses_elsewhere_stays_and_the_call_reads_it(vendor_reference):
+    """The permuted QKV tensor feeds the Split and also another output: it stays in the graph, the Split
+    and its items go, and the call reads that tensor through the items' offsets (not the dropped items)."""
+    shape = lambda name, vals: numpy_helper.from_array(np.asarray(vals, dtype=np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Reshape", ["x", "s5"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]),
+        helper.make_node("Split", ["t"], ["p0", "p1", "p2"], axis=0),
+        *[helper.make_node("Squeeze", [f"p{i}", "ax"], [n]) for i, n in enumerate("qkv")],
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ot", "s3"], ["y"]),
+        helper.make_node("ReduceSum", ["t", "axr"], ["other"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "shared_split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32]),
+         helper.make_tensor_value_info("other", TensorProto.FLOAT, [3, 1, 2, 16])],
+        initializer=[shape("s5", [1, 16, 3, 2, 16]), shape("s3", [1, 16, 32]), shape("ax", [0]), shape("axr", [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.random.default_rng(0).standard_normal((1, 16, 96)).astype(np.float32)
+    ref = ReferenceEvaluator(model).run(None, {"x": x})
+    mod = from_onnx(model)
+    (fused,) = [o for o in find_offloads(mod["main"]) if o.provider == "attention"]
+    assert fused.signature.startswith("split+") and f"{SDPA}(3x1x2x16x16:float32, " in fused.signature
+    outs = NimbleExecutor(build(OffloadToVendor()(mod), "llvm"))(x)
+    for out, r in zip(outs, ref):
+        np.testing.assert_allclose(out.numpy(), r, rtol=1e-5, atol=1e-5)

@@ -292,12 +292,8 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool):
     keep = _absorbable(chains, core, traces)
     views = []
     for x, steps in zip((q, kt, v), traces):
-        steps = [(sv, value) for sv, value in steps if sv in keep]
-        while steps and operator_of(steps[-1][1]) == "relax.split":  # the split stays: read its item
-            steps.pop()
-        while steps and isinstance(steps[-1][1], relax.TupleGetItem):  # an item of a split that stays
-            steps.pop()
-        base = _input_of(chains, steps[-1][1]) if steps else x
+        steps = [(sv, value) for sv, value in steps if sv in keep]  # a prefix: what the call reads through
+        base = _input_of(chains, steps[-1][1]) if steps else x  # an item's base is its split's input
         offset, shape, strides, factor = _compose(chains, base, steps)
         if any(operator_of(value) == "relax.astype" and _BITS[dtype_of(sv)] < _BITS[dtype] for sv, value in steps):
             raise _NotTaken(f"q, k or v is rounded to a narrower dtype than the attention's {dtype}")

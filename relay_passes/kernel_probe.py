@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from .providers.chains import operands
 from .vendor_offload import Offload, find_offloads
 
 #: operators through which a chain reaches its constant weights (reshape of a bias, transpose of a
@@ -51,8 +52,7 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
     inside = {b.var for b in offload.bindings}
     params, views, seen = [], [], set()
     for b in offload.bindings:
-        operands = [b.value.tuple_value] if isinstance(b.value, relax.TupleGetItem) else b.value.args
-        for a in operands:
+        for a in operands(b.value):
             if not isinstance(a, relax.Var) or a in inside or a in seen:
                 continue
             seen.add(a)

@@ -57,7 +57,8 @@ class Offload:
     anchor: relax.Var  # the var of the operator the chain starts at (what providers compete for)
 
 
-def _type_str(expr) -> str:
+def type_str(expr) -> str:
+    """``1x64x56x56:float32`` for a tensor, ``[1,1,0]`` for an attrs shape: how signatures spell arguments."""
     ty = expr.ty
     if isinstance(ty, relax.TensorType) and ty.shape is not None:
         return "x".join(str(int(d)) for d in ty.shape.values) + ":" + str(ty.dtype)
@@ -72,7 +73,7 @@ def _signature(ops: list[str], call) -> str:
     call's argument types and attributes."""
     packed = call.args[0]
     args = call.args[1].fields
-    return "+".join(ops) + " -> " + str(packed.global_symbol) + "(" + ", ".join(_type_str(a) for a in args) + ")"
+    return "+".join(ops) + " -> " + str(packed.global_symbol) + "(" + ", ".join(type_str(a) for a in args) + ")"
 
 
 def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,

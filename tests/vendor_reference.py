@@ -66,15 +66,14 @@ def reference_functions():
         out, act = np_conv2d(x.numpy(), w.numpy(), b.numpy(), list(attrs))
         y.copyfrom(_act(out + z.numpy(), act).astype(y.dtype))
 
+    def linear(a, w, bias, attrs):  # a @ op(w) + bias; attrs[2:] (allow_tf32, the algorithm) change no value
+        return a.numpy() @ (w.numpy().T if int(attrs[0]) else w.numpy()) + bias.numpy()
+
     def matmul(a, w, bias, attrs, y, ws):
-        transpose_b, act = int(attrs[0]), int(attrs[1])
-        wm = w.numpy().T if transpose_b else w.numpy()
-        y.copyfrom(_act(a.numpy() @ wm + bias.numpy(), act).astype(y.dtype))
+        y.copyfrom(_act(linear(a, w, bias, attrs), int(attrs[1])).astype(y.dtype))
 
     def matmul_add(a, w, bias, z, attrs, y, ws):
-        transpose_b, act = int(attrs[0]), int(attrs[1])
-        wm = w.numpy().T if transpose_b else w.numpy()
-        y.copyfrom(_act(a.numpy() @ wm + bias.numpy() + z.numpy(), act).astype(y.dtype))
+        y.copyfrom(_act(linear(a, w, bias, attrs) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()

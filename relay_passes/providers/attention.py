@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from .chains import dtype_of, ints, known_shape, operator_of
+from .chains import dtype_of, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
 SDPA = "nimble.attention.sdpa"
@@ -250,8 +250,7 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False):
         elif factor is not None and bias is None and last.same_as(_scaled_input(chains, val)):
             scale *= factor
         elif operator_of(val) == "relax.add" and bias is None:
-            a, b = val.args
-            bias = b if a.same_as(last) else a
+            bias = other_operand(val, last)
         else:
             if _reaches_softmax(chains, last):
                 report.append(("attention", f"{(operator_of(val) or type(val).__name__).replace('relax.', '')} before the softmax "

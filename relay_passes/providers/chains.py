@@ -47,6 +47,17 @@ def dtype_of(expr) -> str:
     return str(expr.ty.dtype)
 
 
+def operands(value) -> list:
+    """What a binding's value reads: a call's arguments, or the tuple an item is taken from."""
+    return [value.tuple_value] if isinstance(value, relax.TupleGetItem) else list(getattr(value, "args", []))
+
+
+def other_operand(call, produced):
+    """The operand of the binary ``call`` that is not ``produced`` (None when neither is)."""
+    a, b = call.args
+    return b if a.same_as(produced) else a if b.same_as(produced) else None
+
+
 def ints(arr) -> list[int]:
     return [int(v) for v in arr]
 
@@ -60,8 +71,7 @@ class Chains:
         self.claimed: set = set()  # vars of chains already replaced
         self.consumers: dict = {}  # var -> the bindings of this block that take it as an argument, in order
         for b in block.bindings:
-            operands = [b.value.tuple_value] if isinstance(b.value, relax.TupleGetItem) else getattr(b.value, "args", [])
-            for a in operands:
+            for a in operands(b.value):
                 if isinstance(a, relax.Var):
                     self.consumers.setdefault(a, []).append(b.var)
 
@@ -94,8 +104,7 @@ class Chains:
         per-channel bias, as broadcasting aligns it from the right): that bias as a 1-D array, else None."""
         if operator_of(add) != "relax.add":
             return None
-        a, b = add.args
-        other = b if a.same_as(produced) else a if b.same_as(produced) else None
+        other = other_operand(add, produced)
         if other is None:
             return None
         c = self.const(other)

@@ -15,7 +15,7 @@ import numpy as np
 from tvm import relax
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, operator_of, known_shape
+from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
 MATMUL = "nimble.cublas.matmul"
@@ -67,8 +67,7 @@ def _residual_of(add, produced, out_shape, dtype):
     and dtype (a residual connection), else None."""
     if operator_of(add) != "relax.add":
         return None
-    a, b = add.args
-    other = b if a.same_as(produced) else a if b.same_as(produced) else None
+    other = other_operand(add, produced)
     if not isinstance(other, relax.Var) or known_shape(other) != tuple(out_shape) or dtype_of(other) != dtype:
         return None
     return other

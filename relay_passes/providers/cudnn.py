@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.ir.expr import Constant
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, activation, dtype_of, ints, operator_of, known_shape
+from .chains import ACT_NONE, activation, dtype_of, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
 CONV2D = "nimble.cudnn.conv2d"
@@ -51,7 +51,7 @@ def conv_chain(ctx, chains, var, call):
         bias, removed, last = b, removed + [last], nxt
         nxt, val = chains.follow(last)
     if val is not None and operator_of(val) == "relax.add" and bias is not None:
-        other = val.args[1] if val.args[0].same_as(last) else val.args[0]
+        other = other_operand(val, last)
         if (known_shape(other) == out_shape and dtype_of(other) == dtype and chains.const(other) is None
                 and other not in chains.claimed):
             residual, removed, last = other, removed + [last], nxt

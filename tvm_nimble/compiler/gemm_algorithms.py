@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD
+from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
 from .timers import LocalGPU, has_gpu_for
 
@@ -44,15 +44,9 @@ def gemm_calls(mod: tvm.IRModule):
 
 
 def _signature(name: str, call) -> str:
-    types = []
-    for a in call.args[1].fields:
-        if isinstance(a, relax.ShapeExpr):
-            types.append("[" + ",".join(str(int(x)) for x in a.values) + "]")
-        else:
-            types.append("x".join(str(int(d)) for d in a.ty.shape.values) + ":" + str(a.ty.dtype))
-    out = call.ty.fields
-    return f"{name}({', '.join(types)}) -> " + ", ".join(
-        "x".join(str(int(d)) for d in t.shape.values) + ":" + str(t.dtype) for t in out)
+    args = ", ".join(type_str(a) for a in call.args[1].fields)
+    return f"{name}({args}) -> " + ", ".join("x".join(str(int(d)) for d in t.shape.values) + ":" + str(t.dtype)
+                                            for t in call.ty.fields)
 
 
 def with_algorithms(mod: tvm.IRModule, chosen: dict[str, int]) -> tvm.IRModule:

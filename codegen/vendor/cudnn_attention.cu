@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "common.h"
+#include "handles.h"
 #include "sdpa_args.h"
 
 // The frontend is built with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (see codegen/vendor_build.py) and
@@ -55,37 +56,6 @@ std::mutex& GraphsMutex() {
 std::map<SdpaKey, std::unique_ptr<SdpaGraph>>& Graphs() {
   static auto* m = new std::map<SdpaKey, std::unique_ptr<SdpaGraph>>();
   return *m;
-}
-
-// One cuDNN handle per (device, stream), made on the first call on that stream. A stream first seen
-// while it is being captured (another system's graph, e.g. TVM's VM capturing on a stream of its own)
-// borrows a handle of another stream of the device: the stream is set on every call.
-cudnnHandle_t SdpaHandle(int dev, cudaStream_t stream) {
-  static std::mutex mu;
-  static auto* handles = new std::map<std::pair<int, void*>, cudnnHandle_t>();
-  std::lock_guard<std::mutex> lock(mu);
-  cudnnHandle_t& h = (*handles)[{dev, static_cast<void*>(stream)}];
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (h == nullptr && cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
-    for (auto& kv : *handles) {
-      if (kv.first.first == dev && kv.second != nullptr) {
-        h = kv.second;
-        break;
-      }
-    }
-    if (h == nullptr) {
-      TVM_FFI_THROW(RuntimeError) << kCudnnSdpa << ": first call on a stream that is being captured; call it once "
-                                  << "before capturing (cuDNN cannot create a handle during capture)";
-    }
-  }
-  if (h == nullptr) {
-    if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
-      h = nullptr;
-      TVM_FFI_THROW(RuntimeError) << kCudnnSdpa << ": cudnnCreate failed";
-    }
-  }
-  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) TVM_FFI_THROW(RuntimeError) << kCudnnSdpa << ": cudnnSetStream failed";
-  return h;
 }
 
 void CheckFe(fe::error_t err, const char* what) {
@@ -135,7 +105,7 @@ void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView
   const void* vp = static_cast<const __half*>(DataPtr(v)) + p.v_off;
   DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
-  cudnnHandle_t handle = SdpaHandle(dev, stream);
+  cudnnHandle_t handle = CudnnHandle(dev, stream, op);
   SdpaKey key{};
   key[0] = dev;
   key[1] = dtype;

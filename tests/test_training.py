@@ -101,14 +101,16 @@ def test_export_matches_the_trainers_parameters(tmp_path):
         np.testing.assert_array_equal(exported[k], v)
 
 
-@pytest.mark.parametrize("label", ["cifar_inception", "resnet18_chain"])
-def test_twenty_steps_match_pytorch(label):
+@pytest.mark.parametrize("label,loss", [("cifar_inception", "cross_entropy"), ("resnet18_chain", "cross_entropy"),
+                                        ("cifar_inception", "mse")])
+def test_twenty_steps_match_pytorch(label, loss):
     """The training benchmark's models, small: Nimble's first 20 losses are PyTorch's (same weights, data,
-    cross-entropy, SGD with momentum), the bench's own check, at a tolerance 100x tighter."""
+    loss: cross-entropy summed over the batch, or mse as PyTorch's default mean; SGD with momentum),
+    the bench's own check, at a tolerance 100x tighter."""
     pytest.importorskip("torch")
     from tvm_nimble.bench.training import make_case, max_rel_diff, nimble_losses, torch_losses
 
-    case = make_case(label, batch=2, steps=20, small=True)
+    case = make_case(label, batch=2, steps=20, small=True, loss=loss)
     trainer = NimbleTrainer(build(case.step.mod, "llvm"), case.step)
     losses = nimble_losses(trainer, case)
     assert max_rel_diff(losses, torch_losses(case, "cpu")) < 1e-5

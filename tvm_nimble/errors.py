@@ -15,3 +15,7 @@ class ShapeError(NimbleError):
 
 class UnsupportedOperatorError(ModelError):
     """The model uses operators the TVM ONNX importer cannot convert."""
+
+
+class TrainingDivergedError(NimbleError):
+    """A training step's loss is inf or nan: the weights have left the finite range."""

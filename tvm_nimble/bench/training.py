@@ -48,7 +48,7 @@ class TrainingCase:
 
 def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", optimizer: str = "momentum",
               lr: float | None = None, small: bool = False, seed: int = 0) -> TrainingCase:
-    """``lr`` defaults to 1e-3 / batch: the losses are sums over the batch, so that is a mean's 1e-3."""
+    """``lr`` defaults to 1e-3 / batch: cross-entropy is a sum over the batch, so that is a mean's 1e-3."""
     from tvm_nimble import zoo
     from tvm_nimble.compiler.training import training_step
 
@@ -71,9 +71,9 @@ def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", o
 def _torch_loss(name: str):
     import torch.nn.functional as F
 
-    if name == "cross_entropy":
+    if name == "cross_entropy":  # Nimble's cross_entropy is the sum over the batch, its mse the mean
         return lambda out, y: F.cross_entropy(out, y, reduction="sum")
-    return lambda out, y: F.mse_loss(out, y, reduction="sum")
+    return lambda out, y: F.mse_loss(out, y, reduction="mean")
 
 
 def torch_trainer(case: TrainingCase, device: str):

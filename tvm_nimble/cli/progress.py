@@ -1,4 +1,4 @@
-"""Progress display for long steps (compile, tune, bench): tqdm when on a terminal."""
+"""Progress display for long steps (compile, tune, bench, train): tqdm (the spinner only on a terminal)."""
 from __future__ import annotations
 
 import contextlib
@@ -30,3 +30,13 @@ def spinner(message: str):
         stop.set()
         t.join()
         bar.close()
+
+
+def step_bar(total: int, desc: str, unit: str = "step"):
+    """A tqdm bar over ``total`` steps, advanced with ``bar.update(1)`` and drawn at every update.
+
+    tqdm's own ``for _ in tqdm(...)`` counts a step only when the next one begins and redraws at most
+    every 0.1 s, so fast steps showed 0/N (with each new postfix) until the loop ended."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, mininterval=0, miniters=1, file=sys.stderr)

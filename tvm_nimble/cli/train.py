@@ -3,12 +3,22 @@
   tvm-nimble train zoo:inception --steps 20 --lr 0.01 --target llvm
   tvm-nimble train model.onnx --steps 100 --optimizer momentum --target cuda -o trained.onnx
 
-Inputs and labels are seeded standard-normal batches (a smoke run of the training step, not a data
-pipeline); ``-o`` writes the model with the trained weights as ONNX.
+Inputs and labels are seeded random batches (standard-normal floats, integers 0 or 1: a smoke run of
+the training step, not a data pipeline); ``-o`` writes the model with the trained weights as ONNX.
+The mse loss is the mean over the output's elements (as PyTorch's MSELoss); cross_entropy is the sum
+over the batch. A loss that becomes inf or nan stops the run (exit 1).
 """
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+
+
+def _usage(msg: str) -> SystemExit:
+    """A usage error in one line (argparse's own adds the whole usage text), exit 2."""
+    print(f"tvm-nimble: usage error: {msg}", file=sys.stderr)
+    return SystemExit(2)
 
 
 def main(argv=None):
@@ -21,18 +31,20 @@ def main(argv=None):
     target_args(ap, default="llvm")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=1, help="batch rows for zoo models (ONNX files keep their own)")
-    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--lr", type=float, default=0.01, help="learning rate, positive (default 0.01)")
     ap.add_argument("--loss", choices=LOSSES, default="mse")
     ap.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     ap.add_argument("-o", "--output", help="write the trained model here (ONNX)")
     args = ap.parse_args(argv)
     if args.steps < 1:
-        ap.error("--steps must be at least 1")
+        raise _usage(f"--steps must be at least 1, got {args.steps}")
+    if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss to inf, zero never moves
+        raise _usage(f"--lr must be a positive number, got {args.lr:g}: e.g. --lr 0.01")
 
     import numpy as np
-    from tqdm import tqdm
 
     from tvm_nimble import zoo
+    from tvm_nimble.cli.progress import step_bar
     from tvm_nimble.compiler.target import resolve_target
     from tvm_nimble.compiler.training import build_training
 
@@ -40,19 +52,21 @@ def main(argv=None):
     trainer = build_training(model, resolve_target(args.target, args.arch), loss=args.loss,
                              optimizer=args.optimizer, lr=args.lr)
     plan = trainer.module.plan
-    print(f"training step: {len(plan.launches)} kernels on {plan.num_streams} stream(s)")
+    print(f"training step: {len(plan.launches)} kernels on {plan.num_streams} stream(s)", flush=True)
     x_shapes = [(plan.tensors[t].shape, plan.tensors[t].dtype) for t in plan.inputs[:trainer.num_inputs]]
     label_shape, label_dtype = trainer.label_spec
     rng = np.random.default_rng(0)
-    bar = tqdm(range(args.steps), desc="training", unit="step")
-    for _ in bar:
-        xs = [rng.standard_normal(s).astype(d) for s, d in x_shapes]
-        if label_dtype == "int64":
-            y = rng.integers(0, 2, size=label_shape).astype("int64")
-        else:
-            y = rng.standard_normal(label_shape).astype(label_dtype)
-        bar.set_postfix_str(f"loss {trainer.step(xs, y):.4g}")
-    bar.close()
+    with step_bar(args.steps, "training") as bar:  # closed (its line ended) before a diverged loss's error
+        for _ in range(args.steps):
+            # integer inputs (token ids) are 0 or 1: valid rows of any embedding table, never negative
+            xs = [rng.integers(0, 2, size=s).astype(d) if np.issubdtype(np.dtype(d), np.integer)
+                  else rng.standard_normal(s).astype(d) for s, d in x_shapes]
+            if label_dtype == "int64":
+                y = rng.integers(0, 2, size=label_shape).astype("int64")
+            else:
+                y = rng.standard_normal(label_shape).astype(label_dtype)
+            bar.set_postfix_str(f"loss {trainer.step(xs, y):.4g}", refresh=False)
+            bar.update(1)
     if args.output:
         print(f"wrote {trainer.export_onnx(args.output)} (the model with its trained weights)")
     return 0

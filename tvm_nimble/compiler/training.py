@@ -15,13 +15,15 @@ optimizer state carried from one step's outputs to the next step's inputs.
 """
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.errors import NimbleError
+from tvm_nimble.errors import ModelError, NimbleError, TrainingDivergedError
 
 LOSSES = ("mse", "cross_entropy")
 OPTIMIZERS = ("sgd", "momentum")  # TVM 0.27's Adam fails in its own init (a numpy dtype from a TVM dtype)
@@ -30,11 +32,23 @@ OPTIMIZERS = ("sgd", "momentum")  # TVM 0.27's Adam fails in its own init (a num
 def _loss(name: str):
     from tvm.relax.training.loss import CrossEntropyLoss, MSELoss
 
-    if name == "mse":
-        return MSELoss(reduction="sum")
+    if name == "mse":  # the mean over every element, as PyTorch's MSELoss (a sum grows with the output's size)
+        return MSELoss(reduction="mean")
     if name == "cross_entropy":
         return CrossEntropyLoss(reduction="sum")
     raise NimbleError(f"loss must be one of {LOSSES}, got {name!r}")
+
+
+def _check_lr(lr) -> float:
+    """``lr`` as a float, refused unless positive and finite: a zero rate never moves the weights and a
+    negative one climbs the loss to inf, both without any error of their own."""
+    try:
+        value = float(lr)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise NimbleError(f"the learning rate must be a positive number, got {lr!r}: pass e.g. lr=0.01")
+    return value
 
 
 def _optimizer(name: str, lr: float):
@@ -72,6 +86,7 @@ class TrainingStep:
     state: list[np.ndarray]  # the optimizer state's initial tensors (its step count, momenta...)
     train_mod: tvm.IRModule = field(repr=False, default=None)  # SetupTrainer's output, for TVM's own Trainer
     onnx_model: object = field(repr=False, default=None)  # the model trained, for exporting its new weights
+    lr: float | None = None  # the optimizer's learning rate (named when the loss diverges)
 
 
 def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
@@ -79,24 +94,44 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     """Compose one training step of ``model`` (ONNX file or ModelProto) with TVM's training transforms."""
     from tvm.relax.training import SetupTrainer
 
-    from .frontend.onnx_import import from_onnx_trainable
+    from .frontend.onnx_import import _one_line, from_onnx_trainable
 
-    loss_fn, optim = _loss(loss), _optimizer(optimizer, lr)  # bad names fail before the import
+    lr = _check_lr(lr)
+    loss_fn, optim = _loss(loss), _optimizer(optimizer, lr)  # bad names and rates fail before the import
     from .frontend import load_onnx_model
 
     onnx_model = load_onnx_model(model)
     mod, params = from_onnx_trainable(onnx_model, shape_dict)
+    n_in = len(mod["main"].params) - len(params)
+    # integer initializers (Reshape shapes, Gather indices, axes) are not weights, and TVM's Gradient
+    # pass refuses a non-float parameter: they become constants, the float ones are trained
+    fixed = {v: tvm.runtime.tensor(w) for v, w in zip(mod["main"].params[n_in:], params) if w.dtype.kind != "f"}
+    if fixed:
+        mod = relax.transform.BindParams("main", fixed)(mod)
+        params = [w for w in params if w.dtype.kind == "f"]
+        if not params:
+            raise ModelError("the model has no floating-point weights to train")
     main = mod["main"]
-    n_in = len(main.params) - len(params)
     backbone = main.without_attr("params").with_attr("global_symbol", "backbone")
-    mod = tvm.IRModule({"backbone": backbone}).with_attr("param_num", len(params)).with_attr("state_num", 0)
+    # the kernels the importer made (call_tir of TE functions) stay beside the backbone that calls them
+    kernels = {gv: f for gv, f in mod.functions.items() if not isinstance(f, relax.Function)}
+    mod = tvm.IRModule({**kernels, "backbone": backbone}).with_attr("param_num", len(params)).with_attr("state_num", 0)
     out_ty = main.ret_ty
     if not isinstance(out_ty, relax.TensorType):
         raise NimbleError("build_training needs a model with one output tensor (the prediction the loss compares)")
+    found = _untrainable(relax.transform.DecomposeOpsForTraining("backbone")(mod)["backbone"], n_in)
+    if found:
+        raise _untrainable_error(found, onnx_model)
     label_ty = out_ty
     if loss == "cross_entropy":  # class indices: (batch,)
         label_ty = relax.TensorType([out_ty.shape.values[0]], "int64")
-    train_mod = SetupTrainer(loss_fn, optim, [out_ty, label_ty])(mod)  # also initializes optim.state
+    try:
+        train_mod = SetupTrainer(loss_fn, optim, [out_ty, label_ty])(mod)  # also initializes optim.state
+    except Exception as err:  # noqa: BLE001  (what the check above does not foresee fails deep in TVM's passes)
+        why = type(err).__name__ + (f": {_one_line(err)}" if str(err).strip() else "")
+        raise ModelError(f"TVM {tvm.__version__}'s training transforms (relax.training.SetupTrainer) failed on this "
+                         f"model: {why}; simplify the model, or train it elsewhere and deploy it with tvm-nimble "
+                         "compile") from err
     adj_f, opt_f = train_mod["backbone_loss_adjoint"], train_mod["optimizer"]
     state_ty = opt_f.params[2].ty
     state_leaves = _leaves(state_ty)
@@ -126,7 +161,105 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     step = relax.transform.DeadCodeElimination(["main"])(step)
     return TrainingStep(step, [p.name for p in xs], dict(zip([p.name for p in ps], params)),
                         [(_shape(label.ty), str(label.ty.dtype))],
-                        [s.numpy() for s in _state_leaves(optim.state)], train_mod, onnx_model)
+                        [s.numpy() for s in _state_leaves(optim.state)], train_mod, onnx_model, lr)
+
+
+# ---- what TVM's gradient cannot train ------------------------------------------------------------
+#: the ONNX operator each Relax operation comes from, where the names differ (else they match,
+#: relax.erf and Erf, relax.nn.leakyrelu and LeakyRelu, ...)
+_ONNX_OPS = {"relax.take": ("Gather",), "relax.strided_slice": ("Slice",), "relax.max": ("ReduceMax",),
+             "relax.min": ("ReduceMin",), "relax.prod": ("ReduceProd",)}
+#: the ONNX operators the importer turns into TE kernels (a call_tir of a function named after the TOPI op)
+_ONNX_KERNELS = {"maximum": ("Clip",), "minimum": ("Clip",), "pad": ("Pad",), "mirror_pad": ("Pad",),
+                 "replicate_pad": ("Pad",), "circular_pad": ("Pad",), "tile": ("Tile",), "flip": ("CumSum",),
+                 "einsum": ("Einsum",)}
+
+
+def _has_float(ty) -> bool:
+    if isinstance(ty, relax.TensorType):
+        return str(ty.dtype).startswith(("float", "bfloat"))
+    return isinstance(ty, relax.TupleType) and any(_has_float(f) for f in ty.fields)
+
+
+def _untrainable(func: relax.Function, n_in: int) -> list[tuple[str, str]]:
+    """(Relax operation, detail) of every operation with a float result that a trained parameter
+    reaches and that TVM's training transforms cannot take: one without a registered gradient (FPrimalGradient; the
+    Gradient pass stops at the first with an InternalError), a TE kernel (call_tir; detail: its
+    function's name), or a take (ONNX Gather) of a trained value on indices that are not 1-D (detail
+    "nd"): TVM lowers take's gradient for 1-D indices only, and fails deep in LegalizeOps with a bare
+    AssertionError. ``func``: the backbone as SetupTrainer differentiates it (DecomposeOpsForTraining)."""
+    reached = set(func.params[n_in:])
+    found = []
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if not any(v in reached for v in relax.analysis.free_vars(b.value)):
+                continue
+            reached.add(b.var)
+            call = b.value
+            # no gradient flows into an integer or boolean result (the isnan of a trained Clip bound)
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)) or not _has_float(b.var.ty):
+                continue
+            op = call.op.name
+            if op == "relax.call_tir":
+                found.append((op, re.sub(r"\d+$", "", call.args[0].name_hint)))
+            elif call.op.get_attr("FPrimalGradient") is None:
+                found.append((op, ""))
+            elif op == "relax.take" and call.args[0] in reached and call.args[1].ty.ndim != 1:
+                found.append((op, "nd"))
+    return found
+
+
+def _reached_nodes(model) -> tuple[list, set, dict]:
+    """(the ONNX nodes a float initializer reaches, in order; the values it reaches; each value's rank
+    where known)."""
+    import onnx
+
+    graph = model.graph
+    reached = {i.name for i in graph.initializer if onnx.helper.tensor_dtype_to_np_dtype(i.data_type).kind == "f"}
+    ranks = {i.name: len(i.dims) for i in graph.initializer}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001  (ranks only sharpen the node names; the graph's own ones remain)
+        inferred = graph
+    for vi in [*graph.input, *graph.output, *inferred.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+    nodes = []
+    for node in graph.node:
+        if any(i in reached for i in node.input):
+            nodes.append(node)
+            reached.update(node.output)
+    return nodes, reached, ranks
+
+
+def _untrainable_error(found: list[tuple[str, str]], model) -> ModelError:
+    """One line naming the ONNX operators (and nodes) behind ``found`` and what to do."""
+    nodes, reached, ranks = _reached_nodes(model)
+    groups: dict[str, list[str]] = {}
+    for op, detail in dict.fromkeys(found):
+        if op == "relax.call_tir":
+            types = _ONNX_KERNELS.get(detail, ())
+        else:
+            short = op.rsplit(".", 1)[-1].replace("_", "")
+            types = _ONNX_OPS.get(op) or tuple({n.op_type for n in nodes if n.op_type.lower() == short})
+        names = [n.name or f"<unnamed, output {n.output[0]!r}>" for n in nodes if n.op_type in types
+                 and (detail != "nd" or (n.input[0] in reached and ranks.get(n.input[1]) != 1))]
+        if detail == "nd":
+            label = "Gather on indices that are not 1-D"
+        elif types:
+            label = "/".join(sorted(types))
+        else:  # an operation this table does not trace to its ONNX operator: its Relax name
+            label = f"{op}({detail})" if detail else op
+        groups.setdefault(label, [])
+        groups[label] += [n for n in names if n not in groups[label]]
+    parts = []
+    for label, names in groups.items():
+        shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{label} (node{'s' if len(names) > 1 else ''} {shown})" if names else label)
+    hint = " (for an embedding: a Gather on 1-D indices, then a Reshape)" if any("Gather" in p for p in parts) else ""
+    return ModelError(f"cannot train this model: TVM {tvm.__version__}'s gradient cannot differentiate "
+                      f"{'; '.join(parts)}; rewrite those nodes with operators it can differentiate{hint}, or train "
+                      "the model elsewhere and deploy it with tvm-nimble compile")
 
 
 def _state_leaves(state) -> list:
@@ -162,6 +295,7 @@ class NimbleTrainer:
         self.num_inputs = len(step.inputs)
         self.label_spec = step.labels[0]
         self._onnx = step.onnx_model
+        self.lr = step.lr
         n_p, n_s = len(step.params), len(step.state)
         # inputs: data..., params..., label, state...; outputs: loss, params..., state...
         carried = {1 + k: self.num_inputs + k for k in range(n_p)}
@@ -175,7 +309,8 @@ class NimbleTrainer:
 
     def step(self, inputs, labels, read_loss: bool = True) -> float | None:
         """One step: forward, loss, gradients, update. Returns the loss before the update (``None``
-        with ``read_loss=False``, which leaves the step running asynchronously on a GPU)."""
+        with ``read_loss=False``, which leaves the step running asynchronously on a GPU). A loss that
+        is inf or nan raises :class:`~tvm_nimble.errors.TrainingDivergedError` (checked only when read)."""
         inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
         labels = list(labels) if isinstance(labels, (list, tuple)) else [labels]
         if len(inputs) != self.num_inputs:
@@ -188,7 +323,14 @@ class NimbleTrainer:
         ex.set_input(self._label_index, labels[0])
         ex.run()
         self.steps += 1
-        return float(ex.get_output(0, copy=False).numpy()) if read_loss else None
+        if not read_loss:
+            return None
+        loss = float(ex.get_output(0, copy=False).numpy())
+        if not math.isfinite(loss):  # every later step would be nan too, and the weights are already lost
+            lr = f" (lr={self.lr:g})" if self.lr else ""
+            raise TrainingDivergedError(f"the loss is {loss} at step {self.steps}: the training diverged; lower the "
+                                        f"learning rate{lr} or check the inputs and labels for inf/nan")
+        return loss
 
     @property
     def params(self) -> dict[str, np.ndarray]:
@@ -223,9 +365,11 @@ def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = 
                    max_streams="auto", shape_dict=None, device=None) -> NimbleTrainer:
     """Build one training step of ``model`` with Nimble (see the module docstring) and return its trainer.
 
-    ``loss``: "mse" (labels shaped like the output) or "cross_entropy" (int64 class indices, one per
-    batch row); ``optimizer``: "sgd" or "momentum" (0.9), with learning rate ``lr``. Kernels are TVM's
-    (vendor backward kernels are not offloaded yet)."""
+    ``loss``: "mse" (labels shaped like the output; the mean over every element, as PyTorch's
+    MSELoss) or "cross_entropy" (int64 class indices, one per batch row; the sum over the batch);
+    ``optimizer``: "sgd" or "momentum" (0.9), with learning rate ``lr`` (positive). Kernels are TVM's
+    (vendor backward kernels are not offloaded yet). A model with operators TVM's gradient cannot
+    differentiate is refused with a ModelError naming them."""
     from .build import build
 
     step = training_step(model, loss, optimizer, lr, shape_dict)

@@ -88,36 +88,58 @@ def record_timing(event, stream, in_capture: bool) -> None:
         check(rt.cudaEventRecord(event, stream), "cudaEventRecord(timing)")
 
 
-def issue(ops, funcs, args, device, streams: StreamSet, events, timing_events=None, in_capture: bool = False) -> None:
-    """Execute the issue sequence ``ops`` (:func:`tvm_nimble.runtime.issue.issue_sequence`).
+class CudaStreamOps:
+    """The three stream operations :func:`issue` performs, on CUDA: wait on an event, record an event,
+    launch a kernel on a stream. Each is one call (and its status check), so that every decision --
+    which stream, which event, in what order -- stays in :func:`issue`, where a CPU test drives it with
+    a recorder implementing the same three methods.
+
+    ``events`` is the executor's event list (indexed by ``Op.event``). With ``timing_events`` (a pair
+    per launch) each launch is bracketed for profiling; ``in_capture`` says the sequence is being
+    captured into a graph (timing records then become event-record nodes of the graph)."""
+
+    def __init__(self, device, streams: StreamSet, events, timing_events=None, in_capture: bool = False):
+        import tvm_ffi
+
+        rt = cuda_runtime()
+        self._wait, self._record, self._use_stream = rt.cudaStreamWaitEvent, rt.cudaEventRecord, tvm_ffi.use_raw_stream
+        self.device, self.streams, self.events = device, streams, events
+        self.timing_events, self.in_capture = timing_events, in_capture
+
+    def wait(self, stream: int, event: int, what: str) -> None:
+        check(self._wait(self.streams.streams[stream], self.events[event], 0), what)
+
+    def record(self, stream: int, event: int, what: str) -> None:
+        check(self._record(self.events[event], self.streams.streams[stream]), what)
+
+    def launch(self, stream: int, index: int, func, args) -> None:
+        """``func(*args)`` (launch ``index`` of the plan) with TVM's current stream set to ``stream``."""
+        cuda_stream = self.streams.streams[stream]
+        if self.timing_events is not None:
+            record_timing(self.timing_events[index][0], cuda_stream, self.in_capture)
+        with self._use_stream(self.device, self.streams.handle(stream)):
+            func(*args)
+        if self.timing_events is not None:
+            record_timing(self.timing_events[index][1], cuda_stream, self.in_capture)
+
+
+def issue(ops, funcs, args, stream_ops) -> None:
+    """Execute the issue sequence ``ops`` (:func:`tvm_nimble.runtime.issue.issue_sequence`) through
+    ``stream_ops`` (a :class:`CudaStreamOps` on a GPU).
 
     This only executes the list: which stream waits on which event, where each kernel runs and
-    the fork/join of the helper streams are all decided there, once, and checked on CPU. With
-    ``timing_events`` (a pair per launch) each launch is bracketed for profiling; ``in_capture``
-    says the sequence is being captured into a graph (timing records then become event-record
-    nodes of the graph).
+    the fork/join of the helper streams are all decided there, once, and checked on CPU; that this
+    loop issues exactly that list, op for op, is checked on CPU too (tests/test_planted_faults.py).
     """
-    import tvm_ffi
-
     from .issue import LAUNCH, WAIT
 
-    rt = cuda_runtime()
-    wait, record, use_stream = rt.cudaStreamWaitEvent, rt.cudaEventRecord, tvm_ffi.use_raw_stream
-    cuda_streams = streams.streams
     for op in ops:
-        stream = cuda_streams[op.stream]
         if op.kind == LAUNCH:
-            i = op.launch
-            if timing_events is not None:
-                record_timing(timing_events[i][0], stream, in_capture)
-            with use_stream(device, streams.handle(op.stream)):
-                funcs[i](*args[i])
-            if timing_events is not None:
-                record_timing(timing_events[i][1], stream, in_capture)
+            stream_ops.launch(op.stream, op.launch, funcs[op.launch], args[op.launch])
         elif op.kind == WAIT:
-            check(wait(stream, events[op.event], 0), op.label)
+            stream_ops.wait(op.stream, op.event, op.label)
         else:
-            check(record(events[op.event], stream), op.label)
+            stream_ops.record(op.stream, op.event, op.label)
 
 
 class CapturedGraph:

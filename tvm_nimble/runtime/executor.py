@@ -102,6 +102,7 @@ class NimbleExecutor:
         self._streams = None
         self._events = []
         self._ops = []
+        self._stream_ops = None  # cuda_graph.CudaStreamOps: how _ops reach the GPU
         # what the buffers hold: who set each input last, whether any run produced the outputs
         self._setter: list = [None] * len(self.plan.inputs)
         self._inputs_by = None  # the thread that set every input, if one did
@@ -132,6 +133,7 @@ class NimbleExecutor:
         self._ops = issue_sequence(self.plan, single_stream=single)
         self._streams = cg.StreamSet(num_streams(self.plan, single), () if single else self.plan.stream_priority)
         self._events = cg.create_events(event_count(self.plan, single))
+        self._stream_ops = cg.CudaStreamOps(self.device, self._streams, self._events)
         # one live run first: lazy CUDA module loading and first-launch set-up stay out of the capture
         self._issue()
         cg.synchronize(self._streams)
@@ -143,8 +145,9 @@ class NimbleExecutor:
         from . import cuda_graph as cg
 
         args = self._arg_sets[self._parity if parity is None else parity]
-        cg.issue(self._ops, self._funcs, args, self.device, self._streams, self._events,
-                 timing_events=timing_events, in_capture=in_capture)
+        stream_ops = self._stream_ops if timing_events is None else cg.CudaStreamOps(
+            self.device, self._streams, self._events, timing_events, in_capture)
+        cg.issue(self._ops, self._funcs, args, stream_ops)
 
     # ---- graph-executor API ------------------------------------------------------------------
     def get_num_inputs(self) -> int:

@@ -116,8 +116,8 @@ _INDEX_PRESERVING = {"relax.astype", "relax.add", "relax.where", "relax.clip", "
 
 def index_bounds(mod: tvm.IRModule) -> dict[str, int]:
     """Inputs of ``main`` used as indices of a ``take`` (ONNX Gather), directly or through element-wise
-    arithmetic: input name -> the size of the indexed axis. The executor checks them with
-    ``check_inputs=True``."""
+    arithmetic: input name -> the size of the indexed axis. The executor checks them unless
+    ``check_inputs=False``."""
     from tvm import relax
 
     func = mod["main"]

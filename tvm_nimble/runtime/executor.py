@@ -73,11 +73,13 @@ def load_module(module_or_artifact):
 
 
 class NimbleExecutor:
-    def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = False,
+    def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = True,
                  carry: dict | None = None):
-        """``check_inputs=True`` validates inputs that index a table (Gather / take) against the
-        table's size before they are copied in, as ONNX Runtime does; by default they are not
-        checked, as in stock TVM.
+        """Inputs that index a table (Gather / take: an embedding's ids) are checked against the
+        table's size when they are set, as ONNX Runtime does: an id out of range is an
+        :class:`InputError`, where the kernel would read out of bounds (garbage, or the process
+        crashes). ``check_inputs=False`` skips the check (stock TVM's behaviour); it costs
+        one pass over the index inputs per ``set_input`` / ``ex(...)``, none in ``run()``.
 
         ``carry`` (output index -> input index or name) makes those outputs the next run's inputs
         with no copy: the paired buffers trade roles every run (see :mod:`tvm_nimble.runtime.carry`).

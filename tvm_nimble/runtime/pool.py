@@ -54,11 +54,11 @@ class NimblePool:
 
     ``pool(*inputs, **named)`` runs one inference on an idle replica (waiting for one when all
     are busy) and returns the outputs as tensors the caller owns. ``replicas`` defaults to
-    :func:`default_replicas`. ``device`` and ``mode`` are passed to every executor.
+    :func:`default_replicas`. ``device``, ``mode`` and ``check_inputs`` are passed to every executor.
     """
 
     def __init__(self, module_or_artifact, replicas: int | None = None, device=None, mode: str | None = None,
-                 max_replicas: int = MAX_REPLICAS):
+                 max_replicas: int = MAX_REPLICAS, check_inputs: bool = True):
         self.module = load_module(module_or_artifact)
         self.plan = self.module.plan
         if replicas is None:
@@ -71,7 +71,7 @@ class NimblePool:
         self._lock = threading.Lock()
         try:
             for _ in range(replicas):
-                ex = NimbleExecutor(self.module, device, mode)
+                ex = NimbleExecutor(self.module, device, mode, check_inputs=check_inputs)
                 self._executors.append(ex)
                 self._idle.put(ex)
         except BaseException:

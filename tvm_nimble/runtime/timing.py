@@ -11,11 +11,14 @@ from tvm_nimble.errors import NimbleError
 
 
 def set_random_inputs(ex, plan, seed: int = 0):
-    """Standard-normal inputs of the plan's shapes and dtypes, seeded."""
+    """Standard-normal inputs of the plan's shapes and dtypes, seeded; ids within their table for the
+    inputs that index one (the executor refuses others, and a kernel would read out of bounds)."""
     rng = np.random.default_rng(seed)
     for i, tid in enumerate(plan.inputs):
         t = plan.tensors[tid]
-        ex.set_input(i, rng.standard_normal(t.shape).astype(t.dtype))
+        rows = plan.index_bounds.get(t.name)
+        value = rng.integers(0, rows, t.shape) if rows else rng.standard_normal(t.shape)
+        ex.set_input(i, value.astype(t.dtype))
 
 
 def _executor(module):

@@ -1,7 +1,8 @@
 """`tvm-nimble tune` / scripts/tune_and_build.py: tune a model's kernels, then build with them.
 
-Resumable: the database in --work-dir is continued, never restarted. --time-budget makes a
-run stop cleanly before its deadline (e.g. 480 s slices on the GPU machine); run again to go on.
+Resumable: the database in --work-dir is continued, never restarted. --time-budget is the run's wall
+time, setup included (e.g. 480 s slices on the GPU machine): rounds of trials start while the next one
+is expected to end in time (the first always starts), then the run stops cleanly; run again to go on.
 A MetaSchedule call that is still running 20 s past the budget cannot be interrupted: the process
 then exits with code 3, keeping every trial measured so far in the database.
 Trials go to the heaviest kernels first (calls x FLOPs, then calls x best measured time); each
@@ -72,7 +73,9 @@ def main(argv=None):
                     help="most trials in one round, all its tasks together (time checks come between rounds; "
                          "default 4 x --trials-per-iter)")
     ap.add_argument("--total-trials", type=int, help="most trials in this run, all tasks together")
-    ap.add_argument("--time-budget", type=float, help="seconds; stop cleanly before this deadline")
+    ap.add_argument("--time-budget", type=float,
+                    help="seconds for the whole run: rounds start while one is expected to end in time (the first "
+                         "always does), then it stops cleanly")
     ap.add_argument("--work-dir", help="database directory (default tuning/<arch|cpu>/<model>)")
     ap.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "replay-trace", "replay-func"])
     ap.add_argument("--cost-model", default="xgb", choices=["xgb", "random", "mlp"])

@@ -3,7 +3,8 @@
 The database lives in a directory (``database_workload.json``, ``database_tuning_record.json``).
 A run counts the trials each task already has there and only tunes what is missing, so a
 second run continues instead of starting over. ``time_budget`` stops cleanly before the
-deadline, between rounds of trials, with everything measured so far committed. A round that
+deadline, between rounds of trials, with everything measured so far committed; the first round always
+runs (until one has, nothing says how long a round takes on this machine). A round that
 never returns (seen once on the GPU: a MetaSchedule call stuck after 57 of its 64 trials) cannot be
 interrupted from Python, so the CLI arms a watchdog that ends the process (``tvm_nimble.cli.tune``).
 
@@ -17,6 +18,7 @@ tensor intrinsics with cheap TVMScript stacks: a 4-trial CPU run of zoo:resnet w
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -58,6 +60,10 @@ class TuneReport:
     stopped_for_time: bool = False
     stopped_for_trials: bool = False  # total_trials of this run spent
     seconds: float = 0.0
+    time_budget: float | None = None
+    time_left: float = 0.0  # seconds of the budget left when it stopped for time
+    round_s: float = 0.0  # what the next round was expected to take then
+    rounds: int = 0  # MetaSchedule calls made
 
     @property
     def tuned(self) -> int:
@@ -71,12 +77,49 @@ class TuneReport:
             lines.append(f"{self.failed_trials} trial(s) could not be measured (a remote server lost or timed out, "
                          "or a candidate that failed to run); the run went on without them")
             lines.append(f"first failure: {self.first_failure}")
-        stop = (" (stopped for the time budget; run again to continue)" if self.stopped_for_time else
+        stop = (f" ({self._time_stop()})" if self.stopped_for_time else
                 " (trial budget of this run spent; run again to continue)" if self.stopped_for_trials else "")
         lines.append("share: estimated share of the model's kernel time (measured, or from FLOPs until measured)")
         lines.append(f"{self.tuned}/{len(self.tasks)} tasks tuned; {self.trials_this_run} trials this run "
                      f"in {self.seconds:.0f}s" + stop)
         return "\n".join(lines)
+
+    def _time_stop(self) -> str:
+        budget = f"the {self.time_budget:.0f}s time budget"
+        if self.time_left >= 1:  # not spent, but a round would overrun it
+            return (f"stopped with {self.time_left:.0f}s of {budget} left, too little for another round (rounds "
+                    f"take up to {self.round_s:.0f}s here); run again to continue")
+        if not self.rounds:  # task extraction and setup took it all
+            return f"{budget} was spent before the first round could start: give a larger --time-budget"
+        return f"{budget} is spent; run again to continue"
+
+
+#: what MetaSchedule imports while it tunes (pyproject.toml's [tune] extra installs them)
+_TUNE_MODULES = ("psutil", "cloudpickle")
+
+
+def check_tune_dependencies(cost_model: str = "xgb") -> None:
+    """One line naming the [tune] extra when what tuning imports is not installed, before any work
+    (MetaSchedule itself fails later, with a traceback from deep inside TVM)."""
+    missing = []
+    for name in _TUNE_MODULES + (("xgboost",) if cost_model == "xgb" else ()):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise NimbleError(f"tuning needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+                          "installed: install the [tune] extra (pip install -e '.[tune]' in the tvm-nimble checkout)")
+
+
+def _meta_schedule_logs_to_files_only() -> None:
+    """MetaSchedule's logging setup (run by ``extracted_tasks_to_tune_contexts``) adds a console handler
+    printing to stdout besides its files in ``work_dir/logs``: its timestamped lines would land between the
+    progress bar and the summary, which report the run (failed trials included). Keep them in the files."""
+    ms_log = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in list(ms_log.handlers):
+        if handler.get_name() == "tvm.s_tir.meta_schedule.console":
+            ms_log.removeHandler(handler)
 
 
 def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget: float | None = None,
@@ -104,6 +147,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     ``model_name`` is recorded in ``work_dir``'s ``tuning_summary.json`` with the target; a ``work_dir``
     holding another model's or another target's database is refused (:func:`.database.check_tuning_work_dir`).
     """
+    check_tune_dependencies(cost_model)
     from tvm.s_tir import meta_schedule as ms
 
     start = time.time()
@@ -138,7 +182,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     for task, h in zip(tasks, hashes):
         n, best = done.get(h, (0, None))
         state.append({"name": task.task_name, "weight": int(task.weight), "trials": n, "best_us": best})
-    report = TuneReport(tasks=state, servers=servers)
+    report = TuneReport(tasks=state, servers=servers, time_budget=time_budget)
     exhausted: set[int] = set()  # tasks whose search space yielded nothing new
 
     def shares():
@@ -170,6 +214,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     # generous timeouts: a loaded 2-core machine builds slowly
     with unnamed_log_handlers_detached():
         ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(tasks, work_dir, strategy=strategy, seed=seed)
+    _meta_schedule_logs_to_files_only()
     builder = lasting_builder(timeout_sec=120)
     log.info("tune contexts ready, %.1fs from the start", time.time() - start)
     # kernels run for microseconds: 20 ms of repeats per measurement is thousands of runs (TVM's default 100 ms
@@ -195,13 +240,19 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
             # a round that starts builder workers ("cold") is bounded by cold rounds, a warm one by warm rounds
             cold = builder.pool is None or builder.batches >= _BUILDER_BATCHES
             if deadline:
-                fit = trials_that_fit(deadline - time.time(), rounds[cold] or rounds[True])
-                if fit < 1 and cold and builder.pool is not None:  # too late to replace the workers: keep them
-                    cold, fit = False, trials_that_fit(deadline - time.time(), rounds[False] or rounds[True])
-                if not rounds[True]:  # time one iteration of one task before sizing rounds on it
-                    fit = min(fit, trials_per_iter)
+                left = deadline - time.time()
+                if not rounds[True]:
+                    # Nothing timed yet. The prior (an H100's minute of fixed cost per call) alone refused every
+                    # budget under about 75 s before a single trial: the first round runs whenever time is left,
+                    # one iteration of one task, as large as the prior allows; later rounds are sized on it.
+                    fit = min(trials_per_iter, max(1, trials_that_fit(left, []))) if left > 0 else 0
+                else:
+                    fit = trials_that_fit(left, rounds[cold] or rounds[True])
+                    if fit < 1 and cold and builder.pool is not None:  # too late to replace the workers: keep them
+                        cold, fit = False, trials_that_fit(left, rounds[False] or rounds[True])
                 if fit < 1:
-                    report.stopped_for_time = True
+                    report.stopped_for_time, report.time_left = True, max(0.0, left)
+                    report.round_s = max((s for s, _ in rounds[cold] or rounds[True]), default=0.0)
                     break
                 room = min(room, fit)
             if cold:
@@ -217,6 +268,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
                           num_trials_per_iter=q, database=db, cost_model=model_, builder=builder, runner=runner,
                           measure_callbacks=callbacks)
             rounds[cold and builder.pool is not None].append((time.time() - r0, q * len(round_tasks)))
+            report.rounds += 1
             log.info("round done in %.1fs (%s builder workers)", time.time() - r0, "fresh" if cold else "kept")
             after = workload_trials(db)  # the database is the source of truth
             for i in round_tasks:

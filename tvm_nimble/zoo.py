@@ -474,7 +474,12 @@ def bench_model_spec(name: str, batch: int = 1, small: bool = False) -> tuple[st
     label = BENCH_ALIASES.get(name, name)
     builder, kw = BENCH_MODELS.get(label, (label, {}))
     if builder not in ZOO:
-        raise ValueError(f"unknown zoo model {name!r}: valid names are {', '.join(sorted(ZOO))}")
+        # the names this function takes, not ZOO's: incept6 is one, inception an alias of it
+        sized = ", ".join(f"{n} (or {a})" if (a := next((k for k, v in BENCH_ALIASES.items() if v == n), None)) else n
+                          for n in sorted(BENCH_MODELS))
+        others = ", ".join(sorted(set(ZOO) - {b for b, _ in BENCH_MODELS.values()}))
+        raise ValueError(f"unknown zoo model {name!r}: valid names are {sized} (benchmark size), and {others} "
+                         "(the zoo's own size)")
     return label, builder, {**({} if small else kw), "batch": batch}
 
 

@@ -16,7 +16,7 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "
     try:
         import onnxruntime as ort
     except ImportError:
-        return [], ["ONNX Runtime not installed: no ORT rows (../shared/device/pack_ort.sh brings it to the GPU machine)"]
+        return [], ["ONNX Runtime not installed: no ORT rows (pip install onnxruntime-gpu adds them)"]
     if not use_gpu:
         return [], ["ONNX Runtime's CUDA EP needs a GPU: no ORT rows on this run"]
     if dtype != "float32":

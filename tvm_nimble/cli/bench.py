@@ -63,6 +63,25 @@ def _randomize_zero_heads(model, seed: int = 0):
     return model
 
 
+def _require_model_packages(spec: str, packages: list[str]) -> None:
+    """tv:/timm: models are built from code with PyTorch: one line naming what to install, now, rather than
+    a traceback once the benchmark reaches the model."""
+    import importlib
+
+    missing = []
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        from tvm_nimble.errors import NimbleError
+
+        raise NimbleError(f"{spec} is built from code with {' and '.join(packages)}, and {' and '.join(missing)} "
+                          f"{'is' if len(missing) == 1 else 'are'} not installed here: pip install {' '.join(missing)} "
+                          "(zoo models and --onnx files need neither)")
+
+
 def model_builders(spec: str):
     """(label, onnx builder, torch builder) for ``tv:NAME`` (torchvision; nasnetalarge comes from timm) or
     ``timm:NAME`` (any timm model, input size from its own config), built from code with a fixed seed and
@@ -71,12 +90,13 @@ def model_builders(spec: str):
     import io
 
     import onnx
-    import torch
 
     source, _, name = spec.partition(":")
     if source not in ("tv", "timm") or not name:
         raise ValueError(f"model {spec!r}: expected tv:NAME (torchvision) or timm:NAME")
     use_timm = source == "timm" or name == "nasnetalarge"
+    _require_model_packages(spec, ["torch", "timm" if use_timm else "torchvision"])
+    import torch
     built = []  # one calibrated model; every caller gets its own copy (callers move it, cast it to fp16)
 
     def make():

@@ -9,6 +9,8 @@ ConstantOfShape fed by a computed tensor has no known shape) and then fails on t
 supported"). Since tvm-nimble imports static shapes only, such chains are evaluated here
 instead: Shape / Size of a statically shaped tensor and any small node whose inputs are all
 constants become Constant nodes, repeating with ONNX shape inference until nothing changes.
+An If whose condition folds to a constant (exporters branch on static shapes too) is replaced by
+the branch it takes: a Nimble plan cannot branch, and a Relax If is what TVM would make of it.
 """
 from __future__ import annotations
 
@@ -82,9 +84,50 @@ def fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     was (the importer then reports what it makes of it).
     """
     try:
-        return _fold_static_shapes(model)
+        folded = model
+        for _ in range(_FOLD_MAX_ROUNDS):  # a branch taken may hold more to fold, and decide more Ifs
+            folded = _fold_static_shapes(folded)
+            taken = _inline_decided_ifs(folded)
+            if taken is None:
+                break
+            folded = taken
+        return folded
     except Exception:  # noqa: BLE001  (best effort: never worse than importing the model as is)
         return model
+
+
+def _inline_decided_ifs(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of ``model`` whose top-level If nodes with a constant condition are replaced by the nodes of
+    the branch taken (its initializers as Constant nodes, its outputs renamed through Identity nodes);
+    None when there is none. A branch defining a name the graph defines too is left alone."""
+    g = model.graph
+    consts = {t.name: t for t in g.initializer}
+    consts.update({n.output[0]: a.t for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                   for a in n.attribute if a.name == "value"})
+    defined = {t.name for t in g.initializer} | {i.name for i in g.input} | {o for n in g.node for o in n.output}
+    nodes, changed = [], False
+    for node in g.node:
+        cond = consts.get(node.input[0]) if node.op_type == "If" and node.domain in ("", "ai.onnx") else None
+        if cond is None or int(np.prod(cond.dims, dtype=np.int64)) != 1 or "" in node.output:
+            nodes.append(node)
+            continue
+        taken = bool(onnx.numpy_helper.to_array(cond).reshape(-1)[0])
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if taken else "else_branch"))
+        if ({t.name for t in branch.initializer} | {o for n in branch.node for o in n.output}) & defined:
+            nodes.append(node)
+            continue
+        nodes += [onnx.helper.make_node("Constant", [], [t.name], value=t) for t in branch.initializer]
+        nodes += list(branch.node)
+        nodes += [onnx.helper.make_node("Identity", [b.name], [o], name=f"{node.name or 'If'}/{o}")
+                  for b, o in zip(branch.output, node.output)]
+        changed = True
+    if not changed:
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
 
 
 def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -25,7 +25,7 @@ from tvm_nimble.relay_passes.tvm_compat import onnx_converter_map
 from .fold_shapes import declared_dims, fold_static_shapes
 
 __all__ = ["from_onnx", "load_onnx_model", "unsupported_operators", "supported_operators",
-           "fold_static_shapes", "OnnxFileNotFoundError"]
+           "max_supported_opset", "fold_static_shapes", "OnnxFileNotFoundError"]
 
 # Domains whose operators the TVM importer converts (it looks converters up by op_type alone;
 # the contrib ops it knows, e.g. FastGelu, come from onnxruntime's com.microsoft domain).
@@ -152,6 +152,9 @@ def _check_operators(model: onnx.ModelProto, label: str) -> None:
     them = "them" if len(bad) > 1 else "it"
     hint = (f"replace {them} with supported ONNX ops (re-export with another opset or decompose {them}), "
             "or run that part of the model outside TVM")
+    if {"Loop", "Scan"} & set(bad):  # control flow: no other opset helps, the exporter must unroll it
+        hint = ("export the model with static control flow (unroll the loop: trace it with fixed sizes, e.g. "
+                "torch.onnx.export without torch.jit.script), or " + hint)
     if funcs & {op.split("::")[-1] for op in bad}:
         hint = "inline the model's local functions (onnx.inliner.inline_local_functions) or " + hint
     raise UnsupportedOperatorError(
@@ -179,6 +182,43 @@ def _check_data_dependent_shapes(model: onnx.ModelProto, label: str) -> None:
             raise ShapeError(f"{label}: operator {node.op_type} (node {node.name or '<unnamed>'!r}) produces a shape "
                              "that depends on the input's values; tvm-nimble needs static shapes: move that part "
                              "of the model out of the graph, or make its shape input a constant")
+
+
+def _check_control_flow(model: onnx.ModelProto, label: str) -> None:
+    """An If still in the graph once static shapes are folded (which inlines an If whose condition folds)
+    branches on a value computed at run time.
+    TVM imports it (as a Relax If bound to an internal name such as gv4), but a Nimble plan is one fixed
+    sequence of launches, replayed as one CUDA graph: name the node before that name is all there is."""
+    for node in _walk_nodes(model.graph):
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            raise UnsupportedOperatorError(
+                f"{label}: ONNX If node {node.name or '<unnamed>'!r} branches on {node.input[0]!r}, which is not a "
+                "constant once static shapes are folded (it depends on the input values); tvm-nimble builds one "
+                "fixed sequence of kernels and cannot branch: export the model with static control flow (no "
+                "data-dependent `if` in forward), or make the condition a constant (e.g. onnxsim for the input "
+                "shapes you deploy)")
+
+
+def max_supported_opset() -> int:
+    """The newest ONNX opset the installed TVM's importer has converters for: the highest version among its
+    converters' ``_impl_vN`` (it picks, per operator, the newest implementation not above the model's opset)."""
+    versions = [int(m.group(1)) for conv in onnx_converter_map().values() for name in dir(conv)
+                if (m := re.fullmatch(r"_impl_v(\d+)", name))]
+    return max(versions, default=1)
+
+
+def _check_opset(model: onnx.ModelProto, label: str) -> None:
+    """Warn (one line) about a default-domain opset newer than the importer knows: it converts every node with
+    its newest older converter, which is wrong wherever an operator changed meaning since."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    newest = max_supported_opset()
+    if opset is not None and opset > newest:
+        import tvm
+
+        warnings.warn(f"{label} declares ONNX opset {opset}, newer than TVM {tvm.__version__}'s importer knows "
+                      f"(up to opset {newest}): operators that changed since are converted by their opset-{newest} "
+                      f"rules; export with opset_version={newest} (or convert with onnx.version_converter) to be "
+                      "sure", stacklevel=3)
 
 
 # ---- checker ------------------------------------------------------------------------------
@@ -313,6 +353,7 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
         except Exception:  # noqa: BLE001  (the operator check below reports what remains)
             pass
 
+    _check_opset(model, label)
     _check_operators(model, label)
     inputs = _graph_inputs(model)
     shapes = _normalize_shape_dict(shape_dict, inputs)
@@ -323,6 +364,7 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     _check_model(model, label, path)
     folded = fold_static_shapes(model)
     _check_data_dependent_shapes(folded, label)
+    _check_control_flow(folded, label)
     return _import(folded, shapes, label, keep_params_in_input)
 
 

@@ -16,6 +16,9 @@ CUDA_LIMITS = {"max_threads_per_block": 1024, "max_shared_memory_per_block": 491
 
 _NEEDS_ARCH = ("a CUDA target needs the GPU arch and this machine has no GPU to read it from: pass "
                "{'kind': 'cuda', 'arch': 'sm_90'} (--arch sm_90 on the command line)")
+#: what TVM puts in a CUDA Target made without an arch where it detects no GPU ("Unable to detect CUDA
+#: version, default to -arch=sm_50"): a Target("cuda") then builds for a 2014 Maxwell GPU, silently
+_TVM_FALLBACK_ARCH = "sm_50"
 
 
 def local_gpu_arch() -> str | None:
@@ -66,6 +69,12 @@ def resolve_target(target, arch: str | None = None) -> tvm.target.Target:
         raise NimbleError(f"target kind {t.kind.name!r} is not supported; use 'cuda' or 'llvm'")
     if t.kind.name == "cuda" and not t.attrs.get("arch"):
         raise NimbleError(_NEEDS_ARCH)
+    if (isinstance(target, tvm.target.Target) and t.kind.name == "cuda"
+            and str(t.attrs["arch"]) == _TVM_FALLBACK_ARCH and local_gpu_arch() != _TVM_FALLBACK_ARCH):
+        # tvm.target.Target("cuda") here: TVM's stand-in arch, not the caller's (a dict or string keeps theirs)
+        raise NimbleError(f"the CUDA target was made without a GPU arch (TVM filled in {_TVM_FALLBACK_ARCH}, its "
+                          "stand-in when it detects no GPU): give the arch, e.g. "
+                          "tvm.target.Target({'kind': 'cuda', 'arch': 'sm_90'}) or the tag 'nimble/h100'")
     return t
 
 

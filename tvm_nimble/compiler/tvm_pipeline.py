@@ -16,7 +16,7 @@ import tvm
 
 from tvm_nimble.runtime.executable import PARAMS_FUNC, PLAN_FUNC, register_markers
 
-from .target import CUDA_LIMITS
+from .target import CUDA_LIMITS, resolve_target
 
 TAGS = {
     "nimble/h100": {"kind": "cuda", "arch": "sm_90", **CUDA_LIMITS, "l2_cache_size_bytes": 52428800},
@@ -49,6 +49,7 @@ def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None
         target = tvm.target.Target.current(allow_none=True)
         if target is None:
             raise ValueError("the nimble pipeline needs a target: tvm.compile(mod, target, relax_pipeline='nimble')")
+        resolve_target(target)  # the checks tvm_nimble.build makes: a CUDA target without its arch is refused
         options = BuildOptions(target, kernels="tvm", max_streams=max_streams, tuning_db=tuning_db,
                                compile_kernels=False)
         result = build_fixed(mod, options)
@@ -60,7 +61,15 @@ def nimble_pipeline(max_streams: int | None = None, tuning_db: str | None = None
 
 
 def register() -> None:
+    import tvm_ffi
     from tvm import relax
+
+    from tvm_nimble import errors
+
+    # an error raised in the pipeline crosses TVM's C++ on its way back to tvm.compile's caller, which would
+    # get a RuntimeError: registered, it arrives as the NimbleError it is
+    for cls in (errors.NimbleError, errors.ModelError, errors.ShapeError, errors.UnsupportedOperatorError):
+        tvm_ffi.register_error(cls)
 
     if "nimble" not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline("nimble")(nimble_pipeline)

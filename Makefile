@@ -12,13 +12,13 @@ $(VENV)/bin/python:
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e ".[bench$(if $(EXTRAS),$(comma)$(EXTRAS),)]"
+	$(QUIET_EDITABLE) $(PY) -m pip install -q -e ".[bench$(if $(EXTRAS),$(comma)$(EXTRAS),)]"
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e ".[test]"
+	$(QUIET_EDITABLE) $(PY) -m pip install -q -e ".[test]"
 	@# PyTorch as the training tests' reference, unless one is installed already
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q -e ".[reference]"
+	$(PY) -c "import torch" 2>/dev/null || $(QUIET_EDITABLE) $(PY) -m pip install -q -e ".[reference]"
 	@# Graphviz's `dot` checks that `tvm-nimble explain` writes DOT it can parse (best effort:
 	@# without root/apt the DOT-parsing assertions are skipped, and say so).
 	@command -v dot >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
@@ -27,6 +27,9 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	touch $@ $(VENV)/.installed
 
 comma := ,
+# setuptools' notice on every editable install of a package whose folders are mapped (relay_passes/ and codegen/
+# install as tvm_nimble.*), about folders that might shadow it: nothing to act on, ten lines per install
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 install: $(VENV)/.installed
 

@@ -13,7 +13,10 @@ from tvm_nimble.errors import NimbleError
 
 BAD = [
     ({"kernels": "cudnn"}, r"^kernels must be one of \('auto', 'tvm', 'vendor', 'best'\), got 'cudnn'$"),
-    ({"precision": "bfloat17"}, r"^precision must be one of \('float32', 'float16'\), got 'bfloat17'$"),
+    ({"precision": "bfloat17"}, r"^precision must be one of fp32, tf32, fp16, bf16, got 'bfloat17'$"),
+    ({"keep_fp32": ("softmaxx",)}, r"^keep_fp32 takes Relax operator names such as matmul, conv2d or softmax; "
+                                   r"'softmaxx' is none$"),
+    ({"max_error": 0}, r"^max_error must be a positive number \(the largest relative L2 error against fp32\), got 0$"),
     ({"max_streams": 0}, r"^max_streams must be an integer >= 1, None or 'auto', got 0$"),
     ({"max_streams": "fast"}, r"^max_streams must be an integer >= 1, None or 'auto', got 'fast'$"),
     ({"memory_budget": -5}, r"^memory_budget must be a positive number of bytes, got -5$"),
@@ -55,7 +58,7 @@ def test_float16_as_a_build_option_matches_the_reference_to_fp16_precision():
     ref = ReferenceEvaluator(model).run(None, inputs)[0]
     other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
     result = build(model, "llvm", precision="float16", max_streams=None)
-    assert result.info["precision"] == "float16"
+    assert result.info["precision"] == "fp16"
     assert any(t.dtype == "float16" for t in result.plan.tensors)
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     assert out.dtype == np.float32  # inputs and outputs stay float32

@@ -87,7 +87,8 @@ def test_fp16_cuda_lowering_imports_the_tensor_core_intrinsics_without_inspect_s
 
 def test_to_precision_folds_the_weight_casts_once(inception_built):
     """ToMixedPrecision leaves a run-time cast of each fp32 weight, which each build's FoldConstant
-    folded again; to_precision folds them once, and the model computes exactly the same."""
+    folded again; to_precision leaves none (its weights are fp16 constants), and the model computes
+    within fp16 rounding of the fp32 model."""
     import tvm
     from tvm import relax
 
@@ -113,5 +114,5 @@ def test_to_precision_folds_the_weight_casts_once(inception_built):
         vm = StockVM(build_stock_vm(mod, resolve_target("llvm")), tvm.cpu(), list(b.inputs.values()))
         return vm.outputs()
 
-    for got, want in zip(run(mod16), run(raw)):
-        np.testing.assert_array_equal(got, want)
+    for got, want in zip(run(mod16), run(import_model(b.model))):
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

@@ -525,12 +525,15 @@ def input_shape(model: onnx.ModelProto) -> dict[str, tuple]:
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs for every graph input: standard normals for float inputs, small
-    non-negative integers for integer inputs, random booleans for bool inputs."""
+    """Seeded random inputs for every graph input: standard normals for float inputs; for an integer
+    input, ids below the size of the table it indexes (a Gather of a constant, e.g. an embedding) or,
+    when it indexes none, 0/1 (an attention mask: other values would be meaningless); random booleans
+    for bool inputs."""
     from tvm_nimble.errors import ShapeError
 
     rng = np.random.default_rng(seed)
     out = {}
+    tables = _index_tables(model)
     for vi in _graph_inputs(model):
         shape = _dims(vi)
         if any(not isinstance(d, int) for d in shape):
@@ -542,5 +545,18 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
         elif dtype == np.bool_:
             out[vi.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
         else:
-            out[vi.name] = rng.integers(0, 10, size=shape).astype(dtype)
+            out[vi.name] = rng.integers(0, tables.get(vi.name, 2), size=shape).astype(dtype)
+    return out
+
+
+def _index_tables(model: onnx.ModelProto) -> dict[str, int]:
+    """input name -> the smallest size of a constant table it indexes directly (Gather's indices)."""
+    sizes = {t.name: list(t.dims) for t in model.graph.initializer}
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in sizes:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            dims = sizes[node.input[0]]
+            size = dims[axis % len(dims)] if dims else 1
+            out[node.input[1]] = min(out.get(node.input[1], size), size)
     return out

@@ -13,7 +13,8 @@
 //            v_offset, v_stride_b, v_stride_h, v_stride_s,  y_stride_b, y_stride_h, y_stride_s,
 //            bias_stride_b, bias_stride_h, bias_stride_sq, bias_stride_sk,  scale (float32 bits)]
 // in elements; the head dimension is contiguous (stride 1) everywhere; a bias stride of 0 broadcasts
-// (a [B, 1, 1, Sk] padding mask). fp32 or fp16 in and out, fp32 softmax and accumulation.
+// (a [B, 1, 1, Sk] padding mask). fp32, fp16 or bf16 in and out (the bias in the same dtype or fp32),
+// fp32 softmax and accumulation.
 //
 // The kernel: eight warps per block, one query row per warp, keys in tiles of 32 (one per lane)
 // through shared memory with the online softmax (running max and sum per row), so any Sk fits; the
@@ -40,9 +41,9 @@ constexpr int kTileRowsPerWarp = kTileK / kWarps;  // key rows of a tile each wa
 static_assert(kTileK == 32, "one key per lane");
 
 
-template <typename T, int DC>  // DC: columns per lane, ceil(max(D, Dv) / 32)
+template <typename T, typename M, int DC>  // M: the mask's type (T or float); DC: columns per lane, ceil(max(D, Dv) / 32)
 __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                          const T* __restrict__ v, const T* __restrict__ m,
+                                                          const T* __restrict__ v, const M* __restrict__ m,
                                                           T* __restrict__ o, SdpaParams p) {
   // Every loop below has independent chains (two rows, four partial dot products, DC columns) and a
   // fixed trip count where it matters: one warp per SM-slot must keep its FMA pipes busy on its own,
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
   const T* qb = q + p.q_off + b * p.q_sb + h * p.q_sh;  // this (batch, head)'s views
   const T* kb = k + p.k_off + b * p.k_sb + h * p.k_sh;
   const T* vb = v + p.v_off + b * p.v_sb + h * p.v_sh;
-  const T* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
+  const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
   // Global loads: a warp reads whole rows (lane, lane + 32, ...: coalesced), fixed trip counts so that
   // all of a thread's loads are in flight at once; the next key tile is fetched into registers while
   // the current one is computed on.
@@ -193,25 +194,25 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
   }
 }
 
-template <typename T, int DC>
-void LaunchSdpaDC(const SdpaParams& p, const T* q, const T* k, const T* v, const T* m, T* y, cudaStream_t stream) {
+template <typename T, typename M, int DC>
+void LaunchSdpaDC(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
   dim3 grid(unsigned((p.Sq + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), unsigned(p.H), unsigned(p.B));
-  SdpaKernel<T, DC><<<grid, kWarps * 32, 0, stream>>>(q, k, v, m, y, p);
+  SdpaKernel<T, M, DC><<<grid, kWarps * 32, 0, stream>>>(q, k, v, m, y, p);
 }
 
-template <typename T>
+template <typename T, typename M>
 void LaunchSdpa(const SdpaParams& p, const void* q, const void* k, const void* v, const void* m, void* y,
                 cudaStream_t stream) {
   const auto* qt = static_cast<const T*>(q);
   const auto* kt = static_cast<const T*>(k);
   const auto* vt = static_cast<const T*>(v);
-  const auto* mt = static_cast<const T*>(m);
+  const auto* mt = static_cast<const M*>(m);
   auto* yt = static_cast<T*>(y);
   const int dc = int((std::max(p.D, p.Dv) + 31) / 32);  // columns per lane of q, k and v
-  if (dc == 1) LaunchSdpaDC<T, 1>(p, qt, kt, vt, mt, yt, stream);
-  else if (dc == 2) LaunchSdpaDC<T, 2>(p, qt, kt, vt, mt, yt, stream);
-  else if (dc == 3) LaunchSdpaDC<T, 3>(p, qt, kt, vt, mt, yt, stream);
-  else LaunchSdpaDC<T, 4>(p, qt, kt, vt, mt, yt, stream);
+  if (dc == 1) LaunchSdpaDC<T, M, 1>(p, qt, kt, vt, mt, yt, stream);
+  else if (dc == 2) LaunchSdpaDC<T, M, 2>(p, qt, kt, vt, mt, yt, stream);
+  else if (dc == 3) LaunchSdpaDC<T, M, 3>(p, qt, kt, vt, mt, yt, stream);
+  else LaunchSdpaDC<T, M, 4>(p, qt, kt, vt, mt, yt, stream);
 }
 
 void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, const Shape& attrs,
@@ -222,10 +223,15 @@ void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const Te
   DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
   const void* mp = bias ? DataPtr(*bias) : nullptr;
+  const bool f32_mask = bias && dtype != kF32 && TensorDType(*bias) == kF32;  // a 16-bit model's fp32 mask
   if (dtype == kF32) {
-    LaunchSdpa<float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    LaunchSdpa<float, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+  } else if (dtype == kF16) {
+    if (f32_mask) LaunchSdpa<__half, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    else LaunchSdpa<__half, __half>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
   } else {
-    LaunchSdpa<__half>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    if (f32_mask) LaunchSdpa<__nv_bfloat16, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    else LaunchSdpa<__nv_bfloat16, __nv_bfloat16>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
   }
   CheckCuda(cudaGetLastError(), op, "attention kernel launch");
 }

@@ -2,6 +2,7 @@
 // errors, the workspace, device and stream handling, float conversions and registration.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -32,7 +33,9 @@ using tvm::ffi::TensorView;
 
 constexpr int64_t kWorkspaceAlign = 256;
 
-enum DType : int { kF32 = 0, kF16 = 1 };
+enum DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// what a dtype error lists
+constexpr const char* kDTypesTaken = "only float32, float16 and bfloat16 are supported";
 
 std::string OneLine(std::string s) {
   for (char& c : s) {
@@ -52,7 +55,12 @@ std::string ShapeStr(const int64_t* v, int n) {
 
 std::string ShapeStr(const TensorView& t) { return ShapeStr(t.shape().data(), t.ndim()); }
 
-const char* DTypeName(int d) { return d == kF32 ? "float32" : "float16"; }
+const char* DTypeName(int d) { return d == kF32 ? "float32" : d == kF16 ? "float16" : "bfloat16"; }
+
+// A dtype name as the Python side spells it (kF32 / kF16 / kBF16), -1 for anything else.
+int DTypeFromName(const std::string& name) {
+  return name == "float32" ? kF32 : name == "float16" ? kF16 : name == "bfloat16" ? kBF16 : -1;
+}
 
 std::string DLTypeStr(DLDataType t) {
   std::ostringstream os;
@@ -81,6 +89,7 @@ int TensorDType(const TensorView& t) {
   DLDataType d = t.dtype();
   if (d.code == kDLFloat && d.lanes == 1 && d.bits == 32) return kF32;
   if (d.code == kDLFloat && d.lanes == 1 && d.bits == 16) return kF16;
+  if (d.code == kDLBfloat && d.lanes == 1 && d.bits == 16) return kBF16;
   return -1;
 }
 
@@ -165,6 +174,10 @@ template <typename T>
 __device__ __forceinline__ T FromF(float v) { return static_cast<T>(v); }
 template <>
 __device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <typename F>
 void Register(const char* name, F&& f) {

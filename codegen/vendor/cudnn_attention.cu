@@ -1,8 +1,8 @@
-// cuDNN's fused attention (SDPA through the cuDNN frontend's graph API) for fp16:
+// cuDNN's fused attention (SDPA through the cuDNN frontend's graph API) for fp16 and bf16:
 //
 //   nimble.attention.cudnn_sdpa(q, k, v, attrs, y, workspace)
 //       y = softmax(scale * q·kᵀ) · v, the attrs and strided views of nimble.attention.sdpa
-//       (attention.cu; no bias: a padding mask takes our kernel), float16 in and out.
+//       (attention.cu; no bias: a padding mask takes our kernel), float16 or bfloat16 in and out.
 //
 // The operation graph and its execution plan are built on the first call of a configuration (the
 // executor's live run before capture) and cached; a call then only executes the plan on the current
@@ -64,11 +64,11 @@ void CheckFe(fe::error_t err, const char* what) {
   }
 }
 
-std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, cudnnHandle_t handle) {
+std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, cudnnHandle_t handle) {
   auto g = std::make_unique<SdpaGraph>();
   g->graph = std::make_shared<fe::graph::Graph>();
   auto& graph = *g->graph;
-  graph.set_io_data_type(fe::DataType_t::HALF)
+  graph.set_io_data_type(dtype == kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   auto tensor = [&](const char* name, int64_t uid, int64_t S, int64_t D, int64_t sb, int64_t sh, int64_t ss) {
@@ -97,9 +97,10 @@ void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView
   const char* op = kCudnnSdpa;
   int dtype = 0;
   const SdpaParams p = CheckSdpa(op, q, k, v, nullptr, attrs, y, workspace, &dtype);
-  if (dtype != kF16) FailValue(op, "cuDNN's fused attention is fp16 here; float32 takes nimble.attention.sdpa");
+  if (dtype == kF32) FailValue(op, "cuDNN's fused attention is fp16/bf16 here; float32 takes nimble.attention.sdpa");
   const int dev = q.device().device_id;
   Workspace ws = CheckWorkspace(op, workspace, dev);
+  // both 16-bit dtypes: the offsets count 2-byte elements
   const void* qp = static_cast<const __half*>(DataPtr(q)) + p.q_off;
   const void* kp = static_cast<const __half*>(DataPtr(k)) + p.k_off;
   const void* vp = static_cast<const __half*>(DataPtr(v)) + p.v_off;
@@ -116,7 +117,7 @@ void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView
   {
     std::lock_guard<std::mutex> lock(GraphsMutex());
     auto& slot = Graphs()[key];
-    if (!slot) slot = BuildGraph(p, handle);
+    if (!slot) slot = BuildGraph(p, dtype, handle);
     g = slot.get();
   }
   if (g->workspace > int64_t(ws.bytes)) {

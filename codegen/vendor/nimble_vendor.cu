@@ -104,10 +104,14 @@ void LaunchBiasAct(const char* op, int dtype, void* y, const void* bias, const v
     BiasActKernel<float><<<unsigned(blocks), threads, 0, stream>>>(
         static_cast<float*>(y), static_cast<const float*>(bias), static_cast<const float*>(z), n, inner,
         channels, act);
-  } else {
+  } else if (dtype == kF16) {
     BiasActKernel<__half><<<unsigned(blocks), threads, 0, stream>>>(
         static_cast<__half*>(y), static_cast<const __half*>(bias), static_cast<const __half*>(z), n, inner,
         channels, act);
+  } else {
+    BiasActKernel<__nv_bfloat16><<<unsigned(blocks), threads, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(bias),
+        static_cast<const __nv_bfloat16*>(z), n, inner, channels, act);
   }
   CheckCuda(cudaGetLastError(), op, "bias/activation kernel launch");
 }
@@ -188,7 +192,7 @@ std::array<int64_t, 4> ConvOutShape(const char* op, const int64_t* x, const int6
 
 void MakeConvDescs(const char* op, ConvDescs* d, int dtype, const int64_t* x, const int64_t* w,
                    const std::array<int64_t, 4>& y, const ConvAttrs& a) {
-  cudnnDataType_t dt = dtype == kF32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_HALF;
+  cudnnDataType_t dt = dtype == kF32 ? CUDNN_DATA_FLOAT : dtype == kF16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
   CheckCudnn(cudnnCreateTensorDescriptor(&d->x), op, "cudnnCreateTensorDescriptor");
   CheckCudnn(cudnnCreateTensorDescriptor(&d->y), op, "cudnnCreateTensorDescriptor");
   CheckCudnn(cudnnCreateTensorDescriptor(&d->bias), op, "cudnnCreateTensorDescriptor");
@@ -203,7 +207,7 @@ void MakeConvDescs(const char* op, ConvDescs* d, int dtype, const int64_t* x, co
              "cudnnSetTensor4dDescriptor(bias)");
   CheckCudnn(cudnnSetFilter4dDescriptor(d->w, dt, CUDNN_TENSOR_NCHW, int(w[0]), int(w[1]), int(w[2]), int(w[3])),
              op, "cudnnSetFilter4dDescriptor", "w " + ShapeStr(w, 4));
-  // fp32 accumulation for both dtypes (fp16: "pseudo half", tensor cores with fp32 accumulate)
+  // fp32 accumulation for every dtype ("pseudo half" / "pseudo bfloat16": tensor cores accumulating in fp32)
   CheckCudnn(cudnnSetConvolution2dDescriptor(d->conv, int(a.pad_h), int(a.pad_w), int(a.stride_h), int(a.stride_w),
                                              int(a.dil_h), int(a.dil_w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
              op, "cudnnSetConvolution2dDescriptor");
@@ -222,7 +226,7 @@ void MakeConvDescs(const char* op, ConvDescs* d, int dtype, const int64_t* x, co
 
 // The math type before the choice: fp32 without TF32 is restricted to FMA kernels.
 cudnnMathType_t BaseMath(int dtype, bool tf32) {
-  if (dtype == kF16) return CUDNN_TENSOR_OP_MATH;
+  if (dtype != kF32) return CUDNN_TENSOR_OP_MATH;
   return tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
@@ -321,7 +325,7 @@ void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const Te
   }
   int dev = x.device().device_id;
   int dtype = TensorDType(x);
-  if (dtype < 0) FailValue(op, "x has dtype " + DLTypeStr(x.dtype()) + ": only float32 and float16 are supported");
+  if (dtype < 0) FailValue(op, "x has dtype " + DLTypeStr(x.dtype()) + ": " + kDTypesTaken);
   CheckCudaTensor(op, "x", x, dev);
   CheckCudaTensor(op, "w", w, dev);
   CheckCudaTensor(op, "b", b, dev);
@@ -426,8 +430,8 @@ Array<Shape> Conv2dAlgos(Shape x_shape, Shape w_shape, Shape attrs, String dtype
   const char* op = "nimble.cudnn.conv2d_algos";
   ConvAttrs a = ParseConvAttrs(op, attrs);
   if (x_shape.size() != 4 || w_shape.size() != 4) FailValue(op, "x_shape and w_shape must have 4 entries");
-  int dtype = dtype_name == "float32" ? kF32 : dtype_name == "float16" ? kF16 : -1;
-  if (dtype < 0) FailValue(op, "dtype must be \"float32\" or \"float16\", got \"" + std::string(dtype_name) + "\"");
+  int dtype = DTypeFromName(std::string(dtype_name));
+  if (dtype < 0) FailValue(op, "dtype must be \"float32\", \"float16\" or \"bfloat16\", got \"" + std::string(dtype_name) + "\"");
   std::array<int64_t, 4> ys = ConvOutShape(op, x_shape.data(), w_shape.data(), a);
   DeviceGuard guard(int(device_id), op);
   cudnnHandle_t h = CudnnHandle(int(device_id), nullptr, op);
@@ -513,9 +517,9 @@ bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype
   p->desc = nullptr;
   p->la = p->lb = p->ld = nullptr;
   p->candidates.clear();
-  cublasComputeType_t compute = dtype == kF16 ? CUBLAS_COMPUTE_32F : tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                          : CUBLAS_COMPUTE_32F;
-  cudaDataType_t dt = dtype == kF16 ? CUDA_R_16F : CUDA_R_32F;
+  // fp32 accumulation in every dtype; TF32 tensor cores only for fp32 with tf32 allowed
+  cublasComputeType_t compute = dtype == kF32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cudaDataType_t dt = dtype == kF16 ? CUDA_R_16F : dtype == kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   CheckCublas(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), op, "cublasLtMatmulDescCreate");
   cublasOperation_t ta = tb ? CUBLAS_OP_T : CUBLAS_OP_N, tn = CUBLAS_OP_N;
   CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), op,
@@ -612,7 +616,7 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
   }
   g.dev = a.device().device_id;
   g.dtype = TensorDType(a);
-  if (g.dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
+  if (g.dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": " + kDTypesTaken);
   CheckCudaTensor(op, "a", a, g.dev);
   CheckCudaTensor(op, "b", b, g.dev);
   CheckCudaTensor(op, "bias", bias, g.dev);
@@ -661,7 +665,7 @@ GemmCall CheckBatchedMatmul(TensorView a, TensorView b, const Shape& attrs, Tens
   }
   g.dev = a.device().device_id;
   g.dtype = TensorDType(a);
-  if (g.dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": only float32 and float16 are supported");
+  if (g.dtype < 0) FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": " + kDTypesTaken);
   CheckCudaTensor(op, "a", a, g.dev);
   CheckCudaTensor(op, "b", b, g.dev);
   CheckCudaTensor(op, "y", y, g.dev);

@@ -29,7 +29,8 @@ SDPA = "nimble.attention.sdpa"
 SDPA_BIAS = "nimble.attention.sdpa_bias"
 CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
-_DTYPES = ("float32", "float16")
+_DTYPES = ("float32", "float16", "bfloat16")
+_HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
 _BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 _VIEWS = ("relax.reshape", "relax.permute_dims", "relax.take", "relax.squeeze", "relax.expand_dims")
 _SCALES = ("relax.multiply", "relax.divide")
@@ -322,8 +323,8 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool):
     args = [qb, kb, vb]
     if bias is not None:
         ms = known_shape(bias)
-        if ms is None or len(ms) > 4 or dtype_of(bias) != dtype:
-            raise _NotTaken("the mask is not a static tensor of the attention's dtype")
+        if ms is None or len(ms) > 4 or dtype_of(bias) not in (dtype, "float32"):
+            raise _NotTaken("the mask is not a static tensor of the attention's dtype or float32")
         aligned = [1] * (4 - len(ms)) + list(ms)
         if any(m not in (1, t) for m, t in zip(aligned, [B, H, Sq, Sk])):
             raise _NotTaken(f"a mask of shape {list(ms)} does not broadcast to {[B, H, Sq, Sk]}")
@@ -336,19 +337,19 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool):
     removed = list(keep | (core - {last}))
     if cudnn:
         aligned = [D, Dv, qo, ko, vo, *qst[:3], *kst[:3], *vst[:3], *o_strides]
-        if dtype != "float16" or bias is not None or any(x % 8 for x in aligned):
-            return None  # cuDNN's SDPA: fp16, no mask here, 16-byte aligned rows and heads
+        if dtype not in _HALF or bias is not None or any(x % 8 for x in aligned):
+            return None  # cuDNN's SDPA: fp16/bf16, no mask here, 16-byte aligned rows and heads
         return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
     name = SDPA_BIAS if bias is not None else SDPA
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
 
 
-#: cuDNN's fused attention (the cuDNN frontend's SDPA graph) for the fp16 chains it takes; registered
+#: cuDNN's fused attention (the cuDNN frontend's SDPA graph) for the fp16/bf16 chains it takes; registered
 #: first, so that kernels="vendor" gives it those, and "best" measures it against our kernel
 CUDNN_PROVIDER = register(Provider(
     name="cudnn_sdpa", title="cuDNN fused attention", kernel_prefix="nimble.attention.cudnn_",
     matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, cudnn=True)},
-    dtypes=("float16",), layouts=("row-major",)))
+    dtypes=_HALF, layouts=("row-major",)))
 
 PROVIDER = register(Provider(
     name="attention", title="fused attention", kernel_prefix="nimble.attention.sdpa",

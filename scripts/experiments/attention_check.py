@@ -1,6 +1,7 @@
 """Experiment: the fused attention kernel (nimble.attention.sdpa / sdpa_bias) against a float64 PyTorch
 reference, and timed against PyTorch's own fused attention (F.scaled_dot_product_attention) on the
-same operands.
+same operands, in fp32, fp16 and bf16 (16-bit with an fp32 padding mask at finfo(fp32).min, as the
+precision policy leaves a transformers mask).
 
 Q, K and V are read the way the provider hands them over: as strided views of one packed QKV tensor
 [B, S, 3, H, D] (timm) or of three [B, S, H, D] tensors (Hugging Face), the output written as
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     rows = []
-    for dtype in (torch.float32, torch.float16):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for name, B, H, S, D, packed, masked, *rest in CASES:
             Sk = rest[0] if rest else S
             scale = D ** -0.5
@@ -65,7 +66,10 @@ def main(argv=None) -> int:
             if masked:
                 keep = torch.ones(B, S, device="cuda")
                 keep[:, S - S // 4:] = 0  # the last quarter is padding
-                mask = ((1.0 - keep) * -10000.0).view(B, 1, 1, S).to(dtype)
+                if dtype == torch.float32:
+                    mask = ((1.0 - keep) * -10000.0).view(B, 1, 1, S)
+                else:  # a 16-bit model's mask stays fp32 (the precision policy), at finfo(fp32).min as in transformers
+                    mask = ((1.0 - keep) * torch.finfo(torch.float32).min).view(B, 1, 1, S)
             y = torch.empty(B, S, H, D, device="cuda", dtype=dtype)
             attrs = [B, H, S, Sk, D, D]
             for off, strides in zip(offs, (st, kst, kst)):
@@ -91,15 +95,17 @@ def main(argv=None) -> int:
             ref = ref.permute(0, 2, 1, 3)
             err = ((y.double() - ref).norm() / ref.norm()).item()
 
-            def theirs():
-                F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale)
+            tmask = None if mask is None else mask.to(dtype)  # PyTorch takes a mask of q's dtype
 
-            torch_err = ((F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale).permute(0, 2, 1, 3)
+            def theirs():
+                F.scaled_dot_product_attention(q4, k4, v4, attn_mask=tmask, scale=scale)
+
+            torch_err = ((F.scaled_dot_product_attention(q4, k4, v4, attn_mask=tmask, scale=scale).permute(0, 2, 1, 3)
                           .double() - ref).norm() / ref.norm()).item()
             row = {"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
                    "nimble_us": gpu_args.back_to_back_us(ours, args.reps),
                    "torch_us": gpu_args.back_to_back_us(theirs, args.reps)}
-            if dtype == torch.float16 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other fp16 provider
+            if dtype != torch.float32 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other 16-bit provider
 
                 def cudnn():
                     with tvm_ffi.use_raw_stream(dev, stream):
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
     print(f"{'case':10} {'dtype':8} {'rel L2':>9} {'torch L2':>9} {'nimble us':>10} {'torch us':>9}")
     ok = True
     for r in rows:
-        bound = 1e-5 if r["dtype"] == "float32" else 5e-3
+        bound = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}[r["dtype"]]
         ok &= r["rel_l2"] < bound
         extra = ""
         if "cudnn_us" in r:

@@ -89,16 +89,21 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
 
 def torch_tf32_off():
     """fp32 means fp32 on every side: the TVM/Nimble kernels do not use TF32 either."""
+    set_torch_tf32(False)
+
+
+def set_torch_tf32(on: bool) -> None:
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
 
 
 def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
     """PyTorch's fp32 outputs (TF32 off) for each set of inputs: the reference every system is checked against."""
     import torch
 
+    was = torch.backends.cuda.matmul.allow_tf32
     torch_tf32_off()
     model = torch_model.float().eval().cuda()
     outs = []
@@ -106,11 +111,17 @@ def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[lis
         for inputs in input_sets:
             y = model(*[torch.from_numpy(x).cuda() for x in inputs])
             outs.append([t.float().cpu().numpy() for t in (y if isinstance(y, (list, tuple)) else [y])])
+    set_torch_tf32(was)  # a tf32 run's peers keep their setting
     return outs
 
 
-def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32") -> tuple[list[System], list[str]]:
-    """PyTorch eager, CUDA graph and torch.compile(reduce-overhead), when torch and a GPU exist."""
+#: the results.csv ``dtype`` of each precision (fp32 and fp16 as rows before the precision names had them)
+ROW_DTYPE = {"fp32": "float32", "tf32": "tf32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32") -> tuple[list[System], list[str]]:
+    """PyTorch eager, CUDA graph and torch.compile(reduce-overhead) in ``precision`` (``.half()`` /
+    ``.bfloat16()`` of the model and its float inputs, TF32 flags for tf32), when torch and a GPU exist."""
     try:
         import torch
     except ImportError:
@@ -119,15 +130,18 @@ def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32")
         return [], ["no PyTorch definition of this model (zoo models are ONNX): torch rows skipped"]
     if not torch.cuda.is_available():
         return [], ["PyTorch has no CUDA device here: torch rows skipped"]
-    torch_tf32_off()
     model = torch_model.eval().cuda()
     xs = [torch.from_numpy(x).cuda() for x in inputs]
-    if dtype == "float16":
-        model, xs = model.half(), [x.half() for x in xs]
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    if half is not None:  # integer inputs (ids, masks) stay integers
+        model, xs = model.to(half), [x.to(half) if x.is_floating_point() else x for x in xs]
+    tf32 = precision == "tf32"
+    set_torch_tf32(tf32)  # what CUDA-graph capture and torch.compile record
     sync = torch.cuda.synchronize
     systems = []
 
     def eager():
+        set_torch_tf32(tf32)  # eager reads the flags on every call; the fp32 reference turns them off
         with torch.no_grad():
             return model(*xs)
 
@@ -158,7 +172,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray], dtype: str = "float32")
     return systems, []
 
 
-def tensorrt_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "float32",
+def tensorrt_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str = "fp32",
                      use_gpu: bool = True) -> tuple[list[System], list[str]]:
     """TensorRT through its ONNX parser, when it is importable and a GPU is present; else a note why not."""
     try:
@@ -169,8 +183,10 @@ def tensorrt_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "flo
         return [], ["TensorRT needs a GPU: no TensorRT row on this run"]
     from tvm_nimble.bench.tensorrt import TensorRTEngine, TensorRTUnavailable
 
+    if precision not in ("fp32", "fp16"):
+        return [], [f"the TensorRT row is fp32 or fp16 here: none for {precision}"]
     try:
-        engine = TensorRTEngine(onnx_model, feeds, dtype)
+        engine = TensorRTEngine(onnx_model, feeds, ROW_DTYPE[precision])
     except TensorRTUnavailable as e:
         return [], [f"{e}: no TensorRT row"]
     return [System("tensorrt", engine.run, engine.sync, engine.outputs)], []
@@ -221,7 +237,7 @@ def check_input_dependence(reference_outputs: list, other_outputs: list, tol: fl
 ONNX_REFERENCE_MAX_BYTES = 8 << 20
 
 
-def reference_errors(name: str, model, systems: list[System], inputs: list[np.ndarray], dtype: str,
+def reference_errors(name: str, model, systems: list[System], inputs: list[np.ndarray], precision: str,
                      torch_model=None) -> dict[str, float]:
     """Relative L2 error of every system against an independent reference, after checking that the
     reference depends on its input: PyTorch fp32 (TF32 off) when ``torch_model`` is given, else the
@@ -241,13 +257,13 @@ def reference_errors(name: str, model, systems: list[System], inputs: list[np.nd
         ref, other = ([np.asarray(o) for o in evaluator.run(None, dict(zip(names, xs)))] for xs in (inputs, second))
     else:
         return {}
-    tol = 5e-3 if dtype == "float32" else 5e-2
+    tol = 5e-3 if precision == "fp32" else 5e-2
     check_input_dependence(ref, other, tol, name)
     errors = {}
     for s in systems:
         errors[s.name] = rel_l2(s.outputs(), ref)
         print(f"[bench] {name}: {s.name} rel L2 vs {label} {errors[s.name]:.2e}", flush=True)
-    if dtype != "float32" and "torch-eager" in errors:  # fp16: as close as PyTorch's own fp16 run
+    if precision != "fp32" and "torch-eager" in errors:  # as close as PyTorch's own run in that precision
         tol = max(tol, 2 * errors["torch-eager"])
     bad = {k: v for k, v in errors.items() if not v <= tol and not k.startswith("torch")}
     if bad:
@@ -270,7 +286,7 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
 
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
                   out_dir: str = "bench-results", tuning_db: str | None = None, torch_models: dict | None = None,
-                  dtype: str = "float32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
+                  precision: str = "fp32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
                   db_trials: str = "") -> tuple[list[dict], list[str]]:
     """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes).
 
@@ -286,6 +302,10 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     from tvm_nimble.bench.onnxruntime_peer import onnxruntime_systems
     from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.target import default_kind, resolve_target
+    from tvm_nimble.relay_passes.precision import precision_name
+
+    precision = precision_name(precision)
+    dtype = ROW_DTYPE[precision]
 
     t = resolve_target(target if target is not None else default_kind())
     use_gpu = t.kind.name == "cuda"
@@ -303,16 +323,16 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             feeds = zoo.random_inputs(model, seed=0)
             inputs = list(feeds.values())
             options = BuildOptions.create(t, kernels=kernels if kernels in ("vendor", "best") else "tvm",
-                                          tuning_db=tuning_db, precision=dtype)
+                                          tuning_db=tuning_db, precision=precision)
             systems = tvm_systems(model, options, dev, inputs, use_gpu)
-            key = (builder, batch, dtype)
+            key = (builder, batch, precision)
             tm = (torch_models or {}).get(name)
             if baseline_cache is not None and key in baseline_cache:
                 extra, why = baseline_cache[key]
             else:
-                extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, dtype)
-                trt, why_trt = tensorrt_systems(model, feeds, dtype, use_gpu)
-                ort_systems, why_ort = onnxruntime_systems(model, feeds, dtype, use_gpu)
+                extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, precision)
+                trt, why_trt = tensorrt_systems(model, feeds, precision, use_gpu)
+                ort_systems, why_ort = onnxruntime_systems(model, feeds, precision, use_gpu)
                 extra, why = extra + trt + ort_systems, why + why_trt + why_ort
                 if baseline_cache is not None:
                     baseline_cache[key] = extra, why
@@ -320,13 +340,13 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             for w in why:
                 if w not in notes:
                     notes.append(w)
-            # fp16 rows agree to fp16 precision (different kernels round differently)
-            tol = 1e-3 if dtype == "float32" else 2e-2
+            # reduced-precision rows agree to that precision (different kernels round differently)
+            tol = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 1e-1}[precision]
             # the TVM/Nimble systems run the same kernels: they agree tightly with each other; other
             # frameworks are checked against the PyTorch fp32 reference below, by relative L2
             check_agreement([s for s in systems if s.name.startswith(("tvm", "nimble"))], "tvm-vm", rtol=tol, atol=tol)
             try:
-                errors = reference_errors(name, model, systems, inputs, dtype,
+                errors = reference_errors(name, model, systems, inputs, precision,
                                           tm(batch) if callable(tm) and use_gpu else None)
             except AssertionError as err:  # a vacuous check or a wrong output: this model is not timed
                 failed.append(f"{name} batch {batch} {dtype}: {str(err).splitlines()[0]}")

@@ -10,17 +10,27 @@ import numpy as np
 from tvm_nimble.bench.system import System
 
 
-def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "float32",
+def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str = "fp32",
                         use_gpu: bool = True) -> tuple[list, list[str]]:
-    """(systems, notes): the two ORT systems, or none and a note saying why."""
+    """(systems, notes): the two ORT systems in ``precision``, or none and a note saying why.
+
+    tf32 is ORT's ``use_tf32`` option; fp16 runs an fp16 copy of the model made by onnxconverter-common's
+    converter with float32 inputs and outputs (``keep_io_types``), as ORT's own docs suggest; bf16 has no
+    converter or broad CUDA EP kernel coverage, so no rows."""
     try:
         import onnxruntime as ort
     except ImportError:
         return [], ["ONNX Runtime not installed: no ORT rows (pip install onnxruntime-gpu adds them)"]
     if not use_gpu:
         return [], ["ONNX Runtime's CUDA EP needs a GPU: no ORT rows on this run"]
-    if dtype != "float32":
-        return [], [f"ONNX Runtime rows are fp32 only (the ONNX file is fp32): none for {dtype}"]
+    if precision == "bf16":
+        return [], ["ONNX Runtime has no bf16 conversion of an fp32 model: no ORT rows for bf16"]
+    if precision == "fp16":
+        try:
+            from onnxconverter_common import float16
+        except ImportError:
+            return [], ["onnxconverter-common not installed (pip install onnxconverter-common): no fp16 ORT rows"]
+        onnx_model = float16.convert_float_to_float16(onnx_model, keep_io_types=True)
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -34,7 +44,8 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], dtype: str = "
     blob = onnx_model.SerializeToString()
     reference = None
     for name, graph in (("ort-cuda", "0"), ("ort-cuda-graph", "1")):
-        options = {"use_tf32": "0", "cudnn_conv_algo_search": "EXHAUSTIVE", "enable_cuda_graph": graph}
+        options = {"use_tf32": "1" if precision == "tf32" else "0", "cudnn_conv_algo_search": "EXHAUSTIVE",
+                   "enable_cuda_graph": graph}
         sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", options)])
         if reference is None:
             reference = sess.run(None, feeds)

@@ -108,7 +108,10 @@ def headline_table(rows: list[dict]) -> list[str]:
         "Nimble vs TVM VM+graph (same kernels)"]
     out = []
     for device, dtype in sorted(latest, key=lambda k: (k[0], k[1] != "float32", k[1])):
-        precision = "TF32 off on both sides" if dtype == "float32" else "TVM ToMixedPrecision, PyTorch .half()"
+        precision = {"float32": "TF32 off on every side", "tf32": "TF32 on every side",
+                     "float16": "Nimble's fp16 policy (TVM's ToMixedPrecision in rows before 2026-11-25), PyTorch .half(), "
+                                "ONNX Runtime on an fp16-converted model",
+                     "bfloat16": "Nimble's bf16 policy, PyTorch .bfloat16()"}.get(dtype, dtype)
         out += [f"**{device}, {dtype}** ({precision}): median latency in ms; ratios > 1 mean Nimble is faster. "
                 "A model's label names its kernels when they are not TVM's defaults: `(vendor kernels)` = "
                 "convolutions and GEMMs on cuDNN / cuBLASLt in every TVM and Nimble column; `(best kernels)` = each of "

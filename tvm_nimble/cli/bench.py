@@ -7,7 +7,8 @@ examples:
   tvm-nimble bench --models incept6,nasnet --batch 1              # zoo nets at benchmark size
   tvm-nimble bench --models incept6 --tuning-db tuning/sm_90/incept6 --with-untuned   # tuned vs untuned
   tvm-nimble bench --models tv:resnet50,tv:inception_v3 --target cuda   # torchvision (GPU machine)
-  tvm-nimble bench --models tv:googlenet --dtype float32,float16 --batch 1,8   # fp16 as a second table
+  tvm-nimble bench --models tv:googlenet --precision fp32,fp16,bf16 --batch 1,8   # a table per precision
+  tvm-nimble bench --models hf:bert-base,timm:vit_small_patch16_224 --kernels best   # transformers
   tvm-nimble bench --models timm:inception_v4,timm:nasnetalarge --kernels vendor   # any timm model
   tvm-nimble bench --onnx my.onnx                                  # any static ONNX model
   tvm-nimble bench --training --batch 32,1     # training steps (cifar_inception, resnet18_chain) -> training.csv
@@ -133,14 +134,16 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models",
                     help="zoo nets at benchmark size (incept6, nasnet, resnet, mobilenet), tv:<torchvision name> or "
-                         "timm:<timm name>; default incept6,nasnet,resnet (with --training: cifar_inception,"
+                         "timm:<timm name>, hf:bert-base / hf:bert-large (random weights, sequence 128); default incept6,nasnet,resnet (with --training: cifar_inception,"
                          "resnet18_chain)")
     ap.add_argument("--onnx", action="append", help="benchmark this ONNX file too (repeatable)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
     ap.add_argument("--arch", help="GPU arch, default: the GPU's")
-    ap.add_argument("--dtype", default="float32",
-                    help="comma-separated: float32 (TF32 off in PyTorch), float16 (TVM ToMixedPrecision / torch .half())")
+    ap.add_argument("--precision", "--dtype", dest="precision", default="fp32",
+                    help="comma-separated precisions, each a table with the peers in the same precision: fp32 (TF32 "
+                         "off everywhere), tf32, fp16 (PyTorch .half(), ONNX Runtime on an fp16-converted model), "
+                         "bf16 (PyTorch .bfloat16()); --dtype float32,float16 still works")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default="bench-results",
@@ -180,13 +183,14 @@ def main(argv=None):
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import run_benchmark
+    from tvm_nimble.bench.hf_models import hf_builders
     from tvm_nimble.bench.report import database_trials
     from tvm_nimble.compiler.frontend import load_onnx_model
 
     models, torch_models = {}, {}
     for name in [m for m in args.models.split(",") if m]:
-        if name.startswith(("tv:", "timm:")):
-            label, onnx_b, torch_b = model_builders(name)
+        if name.startswith(("tv:", "timm:", "hf:")):
+            label, onnx_b, torch_b = model_builders(name) if not name.startswith("hf:") else hf_builders(name)
             models[label] = onnx_b
             torch_models[label] = torch_b
         else:
@@ -210,12 +214,16 @@ def main(argv=None):
         open_tuning_database(args.tuning_db)  # a clear error now rather than after the first builds
         trials = database_trials(args.tuning_db)
 
+    from tvm_nimble.relay_passes.precision import precision_name
+
+    for precision in args.precision.split(","):
+        precision_name(precision)  # a bad name fails now, in one line, not after the first model's timing
     _make_out_dir(args.out)  # before any build: a bad --out fails at once, in one line
     rows, notes, baseline_cache = [], [], {}  # PyTorch/TensorRT systems are built once, timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
-        for dtype in args.dtype.split(","):
+        for precision in args.precision.split(","):
             r, n = run_benchmark(models, target, batches, rounds=args.rounds, iters=args.iters, out_dir=args.out,
-                                 tuning_db=db, dtype=dtype, torch_models=torch_models, baseline_cache=baseline_cache,
+                                 tuning_db=db, precision=precision, torch_models=torch_models, baseline_cache=baseline_cache,
                                  kernels=args.kernels if args.kernels != "tvm" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "")
             rows += r

@@ -69,6 +69,10 @@ def cmd_compile(args):
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
           f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB")
+    if "accuracy" in module.info:
+        from tvm_nimble.compiler.accuracy import describe
+
+        print(describe(module.info["accuracy"]))
 
 
 def cmd_run(args):

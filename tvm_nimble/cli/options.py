@@ -45,7 +45,7 @@ def _names(text: str) -> tuple[str, ...]:
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
     from tvm_nimble.compiler.options import KERNEL_CHOICES
-    from tvm_nimble.relay_passes.precision import DTYPES
+    from tvm_nimble.relay_passes.precision import KEEP_FP32, PRECISIONS
 
     p.add_argument("--max-streams", type=max_streams_arg, default="auto",
                    help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
@@ -60,8 +60,15 @@ def build_option_args(p) -> None:
                         "cuDNN/cuBLAS wheels")
     p.add_argument("--providers", type=_names, metavar="NAME,...",
                    help="the kernel providers besides TVM that may take operators (default: all: cudnn, cudnn_sdpa, attention, cublaslt)")
-    p.add_argument("--precision", choices=DTYPES, default="float32",
-                   help="compute dtype; inputs and outputs stay float32 (default %(default)s)")
+    p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
+                   help="fp32 (default), tf32 (fp32 with TF32 tensor cores), fp16 or bf16: convolutions and GEMMs "
+                        f"in the reduced dtype, {', '.join(KEEP_FP32[:4])}, ... in float32, the rest following "
+                        "its inputs; inputs and outputs keep the model's dtypes")
+    p.add_argument("--keep-fp32", type=_names, default=(), metavar="OP,...",
+                   help="more operators to keep in float32 under fp16/bf16, e.g. matmul")
+    p.add_argument("--max-error", type=float, metavar="X",
+                   help="fail the build when its relative L2 error against float32 (measured on seeded inputs) "
+                        "is over X, e.g. 1e-2")
     p.add_argument("--allow-tf32", action="store_true",
                    help="let cuDNN/cuBLASLt use TF32 tensor cores for fp32 (faster, ~1e-3 relative error; off by default)")
     p.add_argument("--tuning-db", help="MetaSchedule database directory (from `tvm-nimble tune`)")
@@ -74,4 +81,5 @@ def build_options(args) -> dict:
     """The build options of parsed ``args``, as ``build`` / ``explain_model`` take them."""
     return {"max_streams": args.max_streams, "memory_budget": args.memory_budget, "kernels": args.kernels,
             "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
+            "keep_fp32": args.keep_fp32, "max_error": args.max_error,
             "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key}

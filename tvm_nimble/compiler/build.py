@@ -8,6 +8,7 @@ by measurement are :func:`.kernel_choice.select_kernels` and :func:`.stream_choi
     selection = select_kernels(mod, options)                 which provider runs each operator
     result = build_fixed(selection.mod, options)             lower, schedule, generate
     result = choose_streams(result)                          with max_streams="auto"
+    accuracy.report(fp32 model, result)                      precisions other than fp32
 
 Every consumer of a build reuses the result instead of re-running a stage: the executor and
 ``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module).
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from tvm_nimble.errors import NimbleError
 
-from . import stages
+from . import accuracy, stages
 from .kernel_choice import Selection, select_kernels
 from .options import BuildOptions
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
@@ -42,8 +43,13 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
       (default, see :func:`~.kernel_choice.resolve_kernels`) is best on a CUDA machine that can build the
       vendor extension (nvcc and the nvidia-cudnn-cu13 / nvidia-cublas wheels), vendor without a GPU
       here, else tvm. ``allow_tf32`` lets cuDNN / cuBLASLt use TF32 tensor cores for fp32 (about 1e-3
-      relative error; off by default, like PyTorch's ``allow_tf32=False``). ``precision``: the compute
-      dtype, ``"float32"`` (default) or ``"float16"`` (inputs and outputs stay float32).
+      relative error; off by default, like PyTorch's ``allow_tf32=False``).
+    - ``precision``: ``"fp32"`` (default), ``"tf32"`` (``allow_tf32``), ``"fp16"`` or ``"bf16"``: convolutions
+      and GEMMs compute in the reduced dtype, reductions, softmax and normalizations in float32, the rest
+      follows its inputs (:mod:`tvm_nimble.relay_passes.precision`; ``keep_fp32=("matmul",)`` moves
+      operators to float32). Inputs and outputs keep the model's dtypes. A build in another precision
+      than fp32 measures its relative L2 error against the float32 model on seeded inputs where its
+      target runs (``info["accuracy"]``); ``max_error`` fails the build above it.
     - ``tuning_db`` is a MetaSchedule database directory whose tuned kernels replace the default
       schedules. ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
       ``concat_in_place`` (default on) lets the kernels feeding a concatenation write straight into their
@@ -58,11 +64,12 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
 def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict: dict | None = None) -> BuildResult:
     """:func:`build` with its options made already (what ``explain``, the CLI and the benchmarks call)."""
     timer = timer_for(opts.rpc_tracker, opts.rpc_key) if opts.rpc_tracker else None
+    fp32_mod = None
     if isinstance(model, Selection):
         selection = model
     else:
-        mod = stages.apply_precision(stages.import_model(model, params, shape_dict), opts)
-        selection = select_kernels(mod, opts, timer)
+        fp32_mod = stages.import_model(model, params, shape_dict)
+        selection = select_kernels(stages.apply_precision(fp32_mod, opts), opts, timer)
     result = stages.build_fixed(selection.mod, opts.replace(kernels=selection.kernels), note=True)
     if selection.timings:
         result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
@@ -77,4 +84,7 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
         raise NimbleError(f"the schedule's memory pool needs {result.plan.memory['pool_bytes']} bytes, over the "
                           f"budget of {opts.memory_budget}: use max_streams='auto' (or fewer streams) to pick one "
                           "that fits")
+    if opts.precision != "fp32":
+        result.info["accuracy"] = accuracy.report(fp32_mod, result, opts)
+        accuracy.check(result.info["accuracy"], opts.max_error)
     return result

@@ -8,6 +8,7 @@ from tvm_nimble.codegen.lower_plan import tvm_static_plan_bytes
 from tvm_nimble.relay_passes.explain import format_summary, summarize, to_dot
 from tvm_nimble.relay_passes.providers import TVM, provider_of
 
+from . import accuracy
 from .build import BuildResult, build_with
 from .gemm_algorithms import summarize as summarize_gemm_algorithms
 from .options import BuildOptions
@@ -41,6 +42,7 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
         lines.extend(summarize_gemm_algorithms(result.info["gemm_algorithms"]))
     if "streams_choice" in result.info:
         lines.append(summarize_streams(result.info["streams_choice"]))
+    lines.extend(_precision_lines(result))
     fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}
     lines.append(f"memory: inputs {_size(fixed['input'])}, outputs {_size(fixed['output'])}, "
                  f"constants {_size(fixed['const'])}, plus the pool below")
@@ -60,6 +62,18 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     return "\n".join(lines)
 
 
+def _precision_lines(result: BuildResult) -> list[str]:
+    """The precision, its policy and the accuracy report (for precisions other than fp32)."""
+    opts = result.options
+    if opts is None or opts.precision == "fp32":
+        return []
+    lines = [f"precision: {opts.precision}" + (f" ({opts.policy.describe()})" if opts.compute_dtype != "float32"
+                                               else " (TF32 tensor cores in cuDNN/cuBLASLt)")]
+    if "accuracy" in result.info:
+        lines.append(accuracy.describe(result.info["accuracy"]))
+    return lines
+
+
 def _kernels_by_provider(result: BuildResult) -> str:
     """One line: how many launches of the plan each kernel provider runs (TVM: tuned or default schedules)."""
     counts: dict[str, int] = {}
@@ -77,7 +91,10 @@ def explain_model(model, target="llvm", *, shape_dict=None, dot_path=None, show_
     ``profile_png`` no kernel code is generated, so ``auto`` streams cannot measure and keep the widest
     schedule that fits the memory budget; with it the model is built and run on this machine's GPU
     (see :mod:`.profile_report`)."""
-    opts = BuildOptions.create(target, **{"compile_kernels": bool(profile_png), **options})
+    opts = BuildOptions.create(target, **options)
+    # kernels are compiled only to run something: a profile, or the accuracy of a reduced precision
+    measure_accuracy = opts.precision != "fp32" and accuracy.unmeasurable(opts) is None
+    opts = opts.replace(compile_kernels=bool(profile_png) or measure_accuracy)
     if profile_png:  # checked before the build, not after it
         check_profilable(opts.target)
     result = build_with(model, opts, shape_dict=shape_dict)

@@ -16,7 +16,7 @@ import tvm
 from tvm_nimble.codegen.lower_plan import REUSE_MODES
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
-from tvm_nimble.relay_passes.precision import DTYPES
+from tvm_nimble.relay_passes.precision import PRECISIONS, Policy, precision_name
 
 from .target import resolve_target
 
@@ -32,8 +32,11 @@ class BuildOptions:
     - ``target``: a ``tvm.target.Target`` (``create`` resolves 'cuda', 'llvm' and dicts).
     - ``kernels``: see :data:`KERNEL_CHOICES`; ``providers``: the kernel providers other than TVM that may
       take operators (default: every registered one for the target, see ``relay_passes.providers``).
-    - ``precision``: the compute dtype (:data:`relay_passes.precision.DTYPES`); inputs and outputs stay
-      float32. ``allow_tf32``: cuDNN/cuBLASLt may use TF32 tensor cores for float32 (about 1e-3 error).
+    - ``precision``: ``fp32`` (default), ``tf32`` (fp32 with TF32 tensor cores in cuDNN/cuBLASLt, about
+      1e-3 error; the same as ``allow_tf32=True``), ``fp16`` or ``bf16`` (the mixed-precision policy of
+      :mod:`relay_passes.precision`; ``keep_fp32`` names more operators to keep in float32, e.g.
+      ``("matmul",)``). Inputs and outputs keep the model's dtypes. ``max_error``: the largest relative L2
+      error against the fp32 model a reduced-precision build may have (measured on seeded inputs).
     - ``max_streams``: an integer cap, None (Nimble's widest schedule) or ``"auto"`` (the fastest cap,
       measured). ``memory_budget``: bytes the concurrency-safe pool may take. ``reuse``: the memory plan
       (``concurrent`` is the only safe one for several streams).
@@ -45,8 +48,10 @@ class BuildOptions:
     target: tvm.target.Target
     kernels: str = "auto"
     providers: tuple[str, ...] | None = None
-    precision: str = "float32"
+    precision: str = "fp32"
     allow_tf32: bool = False
+    keep_fp32: tuple[str, ...] = ()
+    max_error: float | None = None
     max_streams: int | str | None = "auto"
     memory_budget: int | None = None
     reuse: str = "concurrent"
@@ -75,7 +80,22 @@ class BuildOptions:
             bad = [p for p in given if p not in others]
             _check(not bad, "providers", bad[0] if bad else None, f"names among {others}")
             object.__setattr__(self, "providers", given)
-        _check(self.precision in DTYPES, "precision", self.precision, f"one of {DTYPES}")
+        _check(isinstance(self.precision, str) and precision_name_or_none(self.precision) is not None, "precision",
+               self.precision, f"one of {', '.join(PRECISIONS)}")
+        precision = precision_name(self.precision)
+        if precision == "fp32" and self.allow_tf32:
+            precision = "tf32"
+        object.__setattr__(self, "precision", precision)
+        object.__setattr__(self, "allow_tf32", precision == "tf32")
+        keep = (self.keep_fp32,) if isinstance(self.keep_fp32, str) else tuple(self.keep_fp32)
+        try:
+            Policy().with_fp32(keep)
+        except ValueError as err:
+            raise NimbleError(str(err)) from None
+        object.__setattr__(self, "keep_fp32", keep)
+        me = self.max_error
+        _check(me is None or (isinstance(me, (int, float)) and not isinstance(me, bool) and me > 0), "max_error", me,
+               "a positive number (the largest relative L2 error against fp32)")
         ms = self.max_streams
         _check(ms is None or ms == "auto" or (isinstance(ms, int) and not isinstance(ms, bool) and ms >= 1),
                "max_streams", ms, "an integer >= 1, None or 'auto'")
@@ -88,6 +108,16 @@ class BuildOptions:
 
     def replace(self, **changes) -> "BuildOptions":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype reduced-precision operators compute in: float32 for fp32 and tf32."""
+        return PRECISIONS[self.precision][0]
+
+    @property
+    def policy(self) -> Policy:
+        """The mixed-precision policy, with ``keep_fp32``'s operators in float32."""
+        return Policy().with_fp32(self.keep_fp32) if self.keep_fp32 else Policy()
 
     @property
     def is_cuda(self) -> bool:
@@ -105,7 +135,15 @@ class BuildOptions:
         """The options as recorded in an artifact's info."""
         return {"kernels": self.kernels, "providers": list(self.providers) if self.providers else None,
                 "precision": self.precision, "allow_tf32": self.allow_tf32,
+                "policy": self.policy.describe() if self.compute_dtype != "float32" else None,
                 "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None}
+
+
+def precision_name_or_none(name: str) -> str | None:
+    try:
+        return precision_name(name)
+    except ValueError:
+        return None
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:

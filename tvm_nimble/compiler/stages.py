@@ -56,8 +56,8 @@ def import_model(model, params: dict | None = None, shape_dict: dict | None = No
 
 
 def apply_precision(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
-    """``mod`` computing in ``options.precision`` (inputs and outputs stay float32)."""
-    return to_precision(mod, options.precision)
+    """``mod`` computing in ``options.precision`` under its policy (inputs and outputs keep their dtypes)."""
+    return to_precision(mod, options.compute_dtype, options.policy)
 
 
 def vendor_library(target: tvm.target.Target) -> str:

@@ -144,7 +144,6 @@ class _MixedPrecision(relax.PyExprMutator):
         super().__init__(mod)
         self.dtype, self.policy = dtype, policy
         self.casts: dict[tuple, relax.Expr] = {}
-        self.from_constants: set = set()  # the model's vars computed from constants only
 
     def _cast(self, arg, to: str):
         if isinstance(arg, relax.Tuple):
@@ -166,9 +165,16 @@ class _MixedPrecision(relax.PyExprMutator):
             elif _float_dtype(a) is not None:
                 yield a
 
-    def _is_constant(self, expr) -> bool:
-        """A constant, or a value computed from constants only (FoldConstant makes it one)."""
-        return isinstance(expr, Constant) or (isinstance(expr, relax.Var) and expr in self.from_constants)
+    def _is_constant(self, expr, depth: int = 0) -> bool:
+        """A constant, or a value computed from constants only (FoldConstant makes it one), e.g. a
+        bias reshaped to [1, C, 1, 1]; read through the bindings this pass has emitted."""
+        if isinstance(expr, Constant):
+            return True
+        if not isinstance(expr, relax.Var) or depth > 8:
+            return False
+        value = self.lookup_binding(expr)
+        return isinstance(value, relax.Call) and all(
+            self._is_constant(a, depth + 1) or isinstance(a, relax.ShapeExpr) for a in value.args)
 
     def _target(self, rule: str, args, op_name: str = "") -> str | None:
         """The dtype the call computes in under ``rule``, None to leave it as it is."""
@@ -204,9 +210,6 @@ class _MixedPrecision(relax.PyExprMutator):
         return new
 
     def visit_var_binding_(self, binding):
-        value = binding.value
-        if isinstance(value, relax.Call) and all(self._is_constant(a) for a in value.args):
-            self.from_constants.add(binding.var)
         if isinstance(binding.var, relax.DataflowVar):
             return super().visit_var_binding_(binding)
         # a function's outputs (the dataflow block's output vars) keep the model's dtypes

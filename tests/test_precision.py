@@ -61,6 +61,10 @@ def test_the_policy_keeps_reductions_softmax_and_norms_in_fp32_and_can_be_overri
     for kept in ("relax.nn.softmax", "relax.mean"):
         assert by_op[kept] == {"float32"}, kept
     assert "bfloat16" in by_op["relax.add"]  # elementwise operators follow their inputs
+    # a convolution's bias (a constant reshaped to [1, C, 1, 1]) is a weight: its add and the ReLU after
+    # it stay in the reduced dtype instead of sending the whole net back to fp32
+    conv_net = _dtypes_by_op(to_precision(import_model(zoo.get_model("inception")), "float16"))
+    assert conv_net["relax.add"] == {"float16"} and conv_net["relax.nn.relu"] == {"float16"}
     by_op = _dtypes_by_op(to_precision(mod, "float16", Policy().with_fp32(["matmul"])))
     assert by_op["relax.matmul"] == {"float32"} and by_op["relax.nn.conv2d"] == {"float16"}
 

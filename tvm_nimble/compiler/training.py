@@ -94,7 +94,7 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     """Compose one training step of ``model`` (ONNX file or ModelProto) with TVM's training transforms."""
     from tvm.relax.training import SetupTrainer
 
-    from .frontend.onnx_import import _one_line, from_onnx_trainable
+    from .frontend.onnx_import import one_line, from_onnx_trainable
 
     lr = _check_lr(lr)
     loss_fn, optim = _loss(loss), _optimizer(optimizer, lr)  # bad names and rates fail before the import
@@ -128,7 +128,7 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     try:
         train_mod = SetupTrainer(loss_fn, optim, [out_ty, label_ty])(mod)  # also initializes optim.state
     except Exception as err:  # noqa: BLE001  (what the check above does not foresee fails deep in TVM's passes)
-        why = type(err).__name__ + (f": {_one_line(err)}" if str(err).strip() else "")
+        why = type(err).__name__ + (f": {one_line(err)}" if str(err).strip() else "")
         raise ModelError(f"TVM {tvm.__version__}'s training transforms (relax.training.SetupTrainer) failed on this "
                          f"model: {why}; simplify the model, or train it elsewhere and deploy it with tvm-nimble "
                          "compile") from err

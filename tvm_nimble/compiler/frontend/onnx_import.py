@@ -39,7 +39,7 @@ class OnnxFileNotFoundError(ModelError, FileNotFoundError):
     """The ONNX file does not exist (also a ``FileNotFoundError``)."""
 
 
-def _one_line(msg: object, limit: int = 300, whole: bool = False) -> str:
+def one_line(msg: object, limit: int = 300, whole: bool = False) -> str:
     """An exception message squeezed to one line: its first meaningful line, or (``whole``)
     all of it (the ONNX checker breaks one sentence over several lines)."""
     text = str(msg).strip()
@@ -57,7 +57,7 @@ def _parse(data: bytes, label: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except Exception as e:  # google.protobuf.message.DecodeError, RuntimeWarning, ...
-        raise ModelError(f"{label} is not a valid ONNX model (protobuf parse failed: {_one_line(e)}; "
+        raise ModelError(f"{label} is not a valid ONNX model (protobuf parse failed: {one_line(e)}; "
                          f"the file may be truncated or not ONNX at all): re-export it") from None
     _check_parsed(model, label)
     return model
@@ -102,7 +102,7 @@ def load_onnx_model(path_or_model) -> onnx.ModelProto:
         try:
             onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         except Exception as e:
-            raise ModelError(f"{path}: cannot load the model's external weight data ({_one_line(e)}): keep the "
+            raise ModelError(f"{path}: cannot load the model's external weight data ({one_line(e)}): keep the "
                              f"weight files next to the .onnx file") from None
     return model
 
@@ -231,7 +231,7 @@ def _check_model(model: onnx.ModelProto, label: str, path: str | None) -> None:
         else:
             onnx.checker.check_model(model)
     except Exception as e:  # onnx.checker.ValidationError and friends
-        raise ModelError(f"{label} fails the ONNX checker: {_one_line(e, whole=True)}: fix the model or re-export it") from None
+        raise ModelError(f"{label} fails the ONNX checker: {one_line(e, whole=True)}: fix the model or re-export it") from None
 
 
 # ---- inputs and shapes --------------------------------------------------------------------
@@ -406,10 +406,10 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
         m = re.search(r"Error converting operator (\S+?),", printed.getvalue())
         where = f" while converting a {m.group(1)} node" if m else ""
         raise ModelError(f"TVM {tvm.__version__}'s ONNX importer failed on {label}{where}: {type(e).__name__}: "
-                         f"{_one_line(e)}: simplify or re-export the model (e.g. onnxsim, another opset)") from e
+                         f"{one_line(e)}: simplify or re-export the model (e.g. onnxsim, another opset)") from e
     try:
         mod = FoldStaticShapeOf(relax.transform.DecomposeOpsForInference()(mod))
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"TVM could not prepare {label} for inference (DecomposeOpsForInference): "
-                         f"{_one_line(e)}: simplify or re-export the model") from e
+                         f"{one_line(e)}: simplify or re-export the model") from e
     return mod

@@ -136,3 +136,20 @@ def test_training_steps_on_the_gpu_match_the_cpu(gpu_arch):
     np.testing.assert_allclose(nimble_losses(gpu, case), nimble_losses(cpu, case), rtol=1e-4)
     for name, value in cpu.params.items():
         np.testing.assert_allclose(gpu.params[name], value, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision,bound", [("fp16", 1e-2), ("bf16", 5e-2)])
+def test_a_reduced_precision_build_on_the_gpu_reports_its_error(gpu_arch, precision, bound):
+    """The accuracy report runs the build and stock TVM's fp32 module on this GPU; the ONNX reference
+    evaluator checks the report's own claim."""
+    import tvm_nimble
+    from tvm_nimble import NimbleExecutor, zoo
+
+    model = zoo.get_model("inception")
+    result = tvm_nimble.build(model, {"kind": "cuda", "arch": gpu_arch}, precision=precision)
+    report = result.info["accuracy"]
+    assert report["input_dependent"] and 0 < report["rel_l2"] < bound
+    inputs = zoo.random_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, inputs)[0]
+    out = NimbleExecutor(result)(**inputs)[0].numpy()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < bound

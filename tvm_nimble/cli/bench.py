@@ -67,14 +67,9 @@ def _randomize_zero_heads(model, seed: int = 0):
 def _require_model_packages(spec: str, packages: list[str]) -> None:
     """tv:/timm: models are built from code with PyTorch: one line naming what to install, now, rather than
     a traceback once the benchmark reaches the model."""
-    import importlib
+    from tvm_nimble.extras import missing_modules
 
-    missing = []
-    for package in packages:
-        try:
-            importlib.import_module(package)
-        except ImportError:
-            missing.append(package)
+    missing = missing_modules(packages)
     if missing:
         from tvm_nimble.errors import NimbleError
 

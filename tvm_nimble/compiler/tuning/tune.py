@@ -18,7 +18,6 @@ tensor intrinsics with cheap TVMScript stacks: a 4-trial CPU run of zoo:resnet w
 """
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ import tvm_ffi
 
 from tvm_nimble.compiler.target import resolve_target, target_dict
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.extras import missing_modules
 from tvm_nimble.relay_passes.tvm_compat import (import_tensor_intrinsics, lasting_builder, measure_callback,
                                                 unnamed_log_handlers_detached)
 
@@ -101,12 +101,7 @@ _TUNE_MODULES = ("psutil", "cloudpickle")
 def check_tune_dependencies(cost_model: str = "xgb") -> None:
     """One line naming the [tune] extra when what tuning imports is not installed, before any work
     (MetaSchedule itself fails later, with a traceback from deep inside TVM)."""
-    missing = []
-    for name in _TUNE_MODULES + (("xgboost",) if cost_model == "xgb" else ()):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
+    missing = missing_modules(_TUNE_MODULES + (("xgboost",) if cost_model == "xgb" else ()))
     if missing:
         raise NimbleError(f"tuning needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
                           "installed: install the [tune] extra (pip install -e '.[tune]' in the tvm-nimble checkout)")

@@ -163,7 +163,7 @@ def test_a_broadcast_batched_matmul_stays_on_tvm_with_a_reason(vendor_reference)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     report = OffloadReport()
     assert find_offloads(from_onnx(model)["main"], report=report) == []
-    assert report.kept == [("matmul", "a batched matmul needs two static fp32/fp16 tensors of one rank >= 3 with the "
+    assert report.kept == [("matmul", "a batched matmul needs two static fp32/fp16/bf16 tensors of one rank >= 3 with the "
                                       "same batch dimensions")]
     a, b = rng.standard_normal((2, 3, 4, 5)).astype(np.float32), rng.standard_normal((1, 3, 5, 6)).astype(np.float32)
     out = NimbleExecutor(build(OffloadToVendor()(from_onnx(model)), "llvm"))(a, b)[0].numpy()
@@ -260,3 +260,17 @@ def test_a_head_split_the_model_also_uses_elsewhere_stays_and_the_call_reads_it(
     outs = NimbleExecutor(build(OffloadToVendor()(mod), "llvm"))(x)
     for out, r in zip(outs, ref):
         np.testing.assert_allclose(out.numpy(), r, rtol=1e-5, atol=1e-5)
+
+
+def test_explain_says_which_attention_no_provider_takes_and_why():
+    """What the offload report keeps reaches explain through the build's info (a user sees why their
+    attention is not fused without reading the offload pass)."""
+    from tvm_nimble.compiler.explain import explain_model
+
+    text = explain_model(zoo.bert(mask="where"), {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", max_streams=1)
+    lines = text.splitlines()
+    at = lines.index("not taken by any provider (on TVM's kernels):")
+    assert lines[at + 1].split() == ["2", "x", "attention:", "where", "before", "the", "softmax", "is", "not", "a",
+                                     "scale", "or", "one", "additive", "mask"]
+    assert "not taken by any provider" not in explain_model(zoo.bert(), {"kind": "cuda", "arch": "sm_90"},
+                                                            kernels="vendor", max_streams=1)

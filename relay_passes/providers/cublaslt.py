@@ -27,7 +27,7 @@ def matmul_chain(ctx, chains, var, call):
     x, w = call.args
     xs, out_shape, dtype = known_shape(x), known_shape(call), dtype_of(call)
     if xs is None or len(xs) < 2 or out_shape is None or compute_dtype(call) not in PROVIDER.dtypes:
-        ctx.report.kept.append(("matmul", "only static fp32/fp16 matmuls of rank >= 2"))
+        ctx.report.kept.append(("matmul", "only static fp32/fp16/bf16 matmuls of rank >= 2"))
         return None
     transpose_b = 0
     weight = chains.const(w)
@@ -84,7 +84,7 @@ def batched_chain(ctx, chains, var, call):
     shapes, out_shape, dtype = (known_shape(a), known_shape(b)), known_shape(call), dtype_of(call)
     if (None in shapes or out_shape is None or len(shapes[0]) < 3 or len(shapes[1]) != len(shapes[0])
             or shapes[0][:-2] != shapes[1][:-2] or compute_dtype(call) not in PROVIDER.dtypes):
-        ctx.report.kept.append(("matmul", "a batched matmul needs two static fp32/fp16 tensors of one rank >= 3 "
+        ctx.report.kept.append(("matmul", "a batched matmul needs two static fp32/fp16/bf16 tensors of one rank >= 3 "
                                           "with the same batch dimensions"))
         return None
     removed, transpose_b = [], 0

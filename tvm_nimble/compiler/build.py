@@ -77,6 +77,8 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
         result.info["kernel_choice_check"] = selection.check.to_dict()
     if selection.algorithms:
         result.info["gemm_algorithms"] = selection.algorithms
+    if selection.not_taken:
+        result.info["not_taken"] = selection.not_taken
     if opts.max_streams == "auto":
         result, record = choose_streams(result, memory_budget=opts.memory_budget, timer=timer)
         result.info["streams_choice"] = record

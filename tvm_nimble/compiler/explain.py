@@ -13,7 +13,7 @@ from .build import BuildResult, build_with
 from .gemm_algorithms import summarize as summarize_gemm_algorithms
 from .options import BuildOptions
 from .profile_report import check_profilable, profile_build
-from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice
+from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice, summarize_not_taken
 from .stream_choice import summarize as summarize_streams
 
 
@@ -40,6 +40,7 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
                          f"{chosen:8s}  {c.signature}")
     if result.info.get("gemm_algorithms"):
         lines.extend(summarize_gemm_algorithms(result.info["gemm_algorithms"]))
+    lines.extend(summarize_not_taken(result.info.get("not_taken", [])))
     if "streams_choice" in result.info:
         lines.append(summarize_streams(result.info["streams_choice"]))
     lines.extend(_precision_lines(result))

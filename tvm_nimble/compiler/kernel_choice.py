@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
 from tvm_nimble.relay_passes.kernel_probe import build_probe
-from tvm_nimble.relay_passes.vendor_offload import find_offloads
+from tvm_nimble.relay_passes.vendor_offload import OffloadReport, find_offloads
 from tvm_nimble.runtime.plan import Plan
 
 from . import stages
@@ -168,6 +168,7 @@ class Selection:
     timings: list[KernelTiming] = field(default_factory=list)
     check: ModelCheck | None = None
     algorithms: list[dict] = field(default_factory=list)  # cuBLASLt's, per distinct GEMM (gemm_algorithms)
+    not_taken: list[list] = field(default_factory=list)  # [operator, why no provider takes it, count]
 
 
 def resolve_kernels(options: BuildOptions, timer=None) -> str:
@@ -208,9 +209,11 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if kernels == "best":
         timer = check_measurable(options.target, timer)  # before building anything for a GPU that is not there
     stages.vendor_library(options.target)
-    all_vendor = stages.offload(mod, options)
+    report = OffloadReport()
+    all_vendor = stages.offload(mod, options, report=report)
+    not_taken = not_taken_by_providers(report)
     if kernels == "vendor":
-        return Selection(all_vendor, kernels)
+        return Selection(all_vendor, kernels, not_taken=not_taken)
     providers = options.offload_providers()
     timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer)]
     chosen = choose_providers(mod, timings, providers, options.allow_tf32)
@@ -219,14 +222,30 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
                                                             providers=providers)}
     if all(chosen.get(s) == p for s, p in first.items()):
-        return _with_gemm_algorithms(Selection(all_vendor, kernels, timings), options, timer)
+        return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken), options, timer)
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     check = check_in_model(picked, all_vendor, options, timer)
     if check.kept == "best":
-        return _with_gemm_algorithms(Selection(picked, kernels, timings, check), options, timer)
+        return _with_gemm_algorithms(Selection(picked, kernels, timings, check, not_taken=not_taken), options, timer)
     for t in timings:
         t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
-    return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, check), options, timer)
+    return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, check, not_taken=not_taken), options, timer)
+
+
+def not_taken_by_providers(report: OffloadReport) -> list[list]:
+    """[operator, reason, count] for each distinct reason an operator stayed on TVM's kernels."""
+    counts: dict[tuple[str, str], int] = {}
+    for op, why in report.kept:
+        counts[(op, why)] = counts.get((op, why), 0) + 1
+    return [[op, why, n] for (op, why), n in counts.items()]
+
+
+def summarize_not_taken(not_taken: list[list]) -> list[str]:
+    """explain's lines: what no provider takes, and why."""
+    if not not_taken:
+        return []
+    return ["not taken by any provider (on TVM's kernels):"] + [
+        f"  {n:4d} x {op}: {why}" for op, why, n in sorted(not_taken, key=lambda r: -r[2])]
 
 
 def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) -> Selection:

@@ -23,7 +23,7 @@ from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_func
 from tvm_nimble.relay_passes.pipeline import kernel_passes, run_passes
 from tvm_nimble.relay_passes.precision import to_precision
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
-from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor
+from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 from tvm_nimble.runtime.module import NimbleModule
 
 from .notes import note_once
@@ -76,11 +76,13 @@ def _vendor_library(arch: str) -> str:
     return path
 
 
-def offload(mod: tvm.IRModule, options: BuildOptions, select=None, providers=None) -> tvm.IRModule:
+def offload(mod: tvm.IRModule, options: BuildOptions, select=None, providers=None,
+            report: OffloadReport | None = None) -> tvm.IRModule:
     """``mod`` with the chains that ``providers`` (default: the options' providers) take replaced by their
-    calls; ``select(offload) -> bool`` keeps only some (see ``relay_passes.vendor_offload``)."""
+    calls; ``select(offload) -> bool`` keeps only some (see ``relay_passes.vendor_offload``); ``report``
+    collects the operators no provider takes, with the reason."""
     providers = options.offload_providers() if providers is None else providers
-    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers)(mod)
+    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers, report=report)(mod)
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,

@@ -176,14 +176,15 @@ class _MixedPrecision(relax.PyExprMutator):
         return isinstance(value, relax.Call) and all(
             self._is_constant(a, depth + 1) or isinstance(a, relax.ShapeExpr) for a in value.args)
 
-    def _target(self, rule: str, args, op_name: str = "") -> str | None:
-        """The dtype the call computes in under ``rule``, None to leave it as it is."""
-        if rule == "reduced" or (op_name in LOOKUPS and self._all_reduced(args) is None and any(
+    def _target(self, rule: str, args, reduced: bool | None, op_name: str) -> str | None:
+        """The dtype the call computes in under ``rule`` (``reduced``: :meth:`_all_reduced` of ``args``),
+        None to leave it as it is."""
+        if rule == "reduced" or (op_name in LOOKUPS and reduced is None and any(
                 isinstance(a, relax.Var) and not self._is_constant(a) for a in args)):
             return self.dtype  # (a lookup in a weight table by runtime ids: the table is a weight)
         if rule in ("fp32", "fp32_math"):
             return "float32"
-        return self.dtype if self._all_reduced(args) else None if self._all_reduced(args) is None else "float32"
+        return None if reduced is None else self.dtype if reduced else "float32"
 
     def _all_reduced(self, args) -> bool | None:
         """Whether every non-constant float argument is in the reduced dtype; None when there are none
@@ -198,8 +199,9 @@ class _MixedPrecision(relax.PyExprMutator):
             rule = self.policy.rule(call.op.name)
             if rule == "fp32_math" and self.dtype == "float16" and call.op.name.rsplit(".", 1)[-1] in FP32_INSIDE_FOR_FP16:
                 rule = "follow"
-            back = self.dtype if rule == "fp32_math" and self._all_reduced(args) else None
-            to = self._target(rule, args, call.op.name)
+            reduced = self._all_reduced(args)
+            back = self.dtype if rule == "fp32_math" and reduced else None
+            to = self._target(rule, args, reduced, call.op.name)
             if to is not None:
                 args = [self._cast(a, to) for a in args]
         if all(a.same_as(b) for a, b in zip(args, call.args)):

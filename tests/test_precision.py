@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm import relax
 
 from tvm_nimble import NimbleExecutor, build, zoo
-from tvm_nimble.compiler.accuracy import seeded_inputs
+from tvm_nimble.runtime.timing import random_inputs
 from tvm_nimble.compiler.stages import import_model
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.precision import Policy, to_precision
@@ -74,9 +74,9 @@ def test_the_same_policy_in_a_built_module_keeps_fp32_outputs_and_matches_the_fp
     model = zoo.get_model("inception")
     mod = import_model(model)
     ref_vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    inputs = seeded_inputs(mod["main"], 3, {})
-    ref = ref_vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
     result = build(model, "llvm", precision="fp16", keep_fp32=("conv2d", "matmul"), max_streams=None)
+    inputs = random_inputs(result.plan, 3)
+    ref = ref_vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
     out = NimbleExecutor(result)(*inputs)[0].numpy()
     assert _rel(out, ref) < 1e-5  # every GEMM and convolution in fp32: nothing left to round much
 

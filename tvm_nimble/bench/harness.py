@@ -18,6 +18,7 @@ import numpy as np
 
 from tvm_nimble.bench.report import NIMBLE_SYSTEMS, append_rows, write_report
 from tvm_nimble.bench.system import System  # noqa: F401  (scripts import it from here)
+from tvm_nimble.compiler.accuracy import rel_l2  # the build's accuracy report measures the same way
 
 GPU_MODES = ("single-stream", "cuda-graph", "streams")  # executor modes timed on a GPU
 
@@ -209,13 +210,6 @@ def interleaved_timing(systems: list[System], rounds: int = 5, iters: int = 50, 
                 s.sync()
                 samples[s.name].append((time.perf_counter() - t0) * 1e3)
     return {k: (float(np.median(v)), float(np.percentile(v, 90))) for k, v in samples.items()}
-
-
-def rel_l2(out: list, ref: list) -> float:
-    """Relative L2 error of ``out`` against ``ref`` (all outputs together)."""
-    num = sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64)) ** 2)) for o, r in zip(out, ref))
-    den = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in ref)
-    return (num / den) ** 0.5 if den > 0 else float("inf")
 
 
 class VacuousCheckError(AssertionError):

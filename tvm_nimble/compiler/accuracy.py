@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from tvm_nimble.errors import NimbleError
 
@@ -16,28 +15,11 @@ from tvm_nimble.errors import NimbleError
 SEEDS = (0, 1)
 
 
-def seeded_inputs(func: relax.Function, seed: int, index_bounds: dict) -> list[np.ndarray]:
-    """Inputs for ``func``'s parameters: standard normals for floats; for integers, ids below the table
-    size the plan knows they index (``index_bounds``), else 0/1 (a mask)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in func.params:
-        ty = p.ty
-        shape = [int(d) for d in ty.shape.values]
-        dtype = str(ty.dtype)
-        if dtype.startswith("float") or dtype.startswith("bfloat"):
-            out.append(rng.standard_normal(shape).astype(np.float32 if dtype == "bfloat16" else dtype))
-        elif dtype == "bool":
-            out.append(rng.integers(0, 2, size=shape).astype(np.bool_))
-        else:
-            out.append(rng.integers(0, int(index_bounds.get(p.name, 2)), size=shape).astype(dtype))
-    return out
-
-
-def _rel_l2(outs, refs) -> float:
-    num = sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64)) ** 2)) for o, r in zip(outs, refs))
-    den = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in refs)
-    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+def rel_l2(out: list, ref: list) -> float:
+    """Relative L2 error of ``out`` against ``ref`` (all outputs together; inf against a zero reference)."""
+    num = sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64)) ** 2)) for o, r in zip(out, ref))
+    den = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in ref)
+    return (num / den) ** 0.5 if den > 0 else float("inf")
 
 
 def unmeasurable(options) -> str | None:
@@ -66,17 +48,18 @@ def measure(fp32_mod: tvm.IRModule, result, device) -> dict:
     """{precision, rel_l2 (the largest over :data:`SEEDS`), reference, input_dependent} of ``result``."""
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
     from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.timing import random_inputs
 
     target = result.options.target
     reference = StockVM(build_stock_vm(fp32_mod, target), device, [])
     executor = NimbleExecutor(result, device=device)
     errors, refs = [], []
     for seed in SEEDS:
-        inputs = seeded_inputs(fp32_mod["main"], seed, result.plan.index_bounds)
+        inputs = random_inputs(result.plan, seed)
         ref = _outputs(reference.main(*[tvm.runtime.tensor(x, device) for x in inputs]))
-        errors.append(_rel_l2([o.numpy() for o in executor(*inputs)], ref))
+        errors.append(rel_l2([o.numpy() for o in executor(*inputs)], ref))
         refs.append(ref)
-    spread = _rel_l2(refs[1], refs[0])
+    spread = rel_l2(refs[1], refs[0])
     return {"precision": result.options.precision, "rel_l2": max(errors), "seeds": len(SEEDS),
             "reference": f"float32, stock TVM on {target.kind.name}", "input_dependent": spread > 10 * max(errors)}
 

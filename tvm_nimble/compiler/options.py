@@ -80,9 +80,10 @@ class BuildOptions:
             bad = [p for p in given if p not in others]
             _check(not bad, "providers", bad[0] if bad else None, f"names among {others}")
             object.__setattr__(self, "providers", given)
-        _check(isinstance(self.precision, str) and precision_name_or_none(self.precision) is not None, "precision",
-               self.precision, f"one of {', '.join(PRECISIONS)}")
-        precision = precision_name(self.precision)
+        try:
+            precision = precision_name(self.precision)
+        except (ValueError, TypeError):
+            raise NimbleError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}") from None
         if precision == "fp32" and self.allow_tf32:
             precision = "tf32"
         object.__setattr__(self, "precision", precision)
@@ -137,13 +138,6 @@ class BuildOptions:
                 "precision": self.precision, "allow_tf32": self.allow_tf32,
                 "policy": self.policy.describe() if self.compute_dtype != "float32" else None,
                 "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None}
-
-
-def precision_name_or_none(name: str) -> str | None:
-    try:
-        return precision_name(name)
-    except ValueError:
-        return None
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:

@@ -10,15 +10,26 @@ import numpy as np
 from tvm_nimble.errors import NimbleError
 
 
-def set_random_inputs(ex, plan, seed: int = 0):
-    """Standard-normal inputs of the plan's shapes and dtypes, seeded; ids within their table for the
-    inputs that index one (the executor refuses others, and a kernel would read out of bounds)."""
+def random_inputs(plan, seed: int = 0) -> list[np.ndarray]:
+    """Seeded inputs of the plan's shapes and dtypes: standard normals for floats; ids within their
+    table for the inputs that index one (the executor refuses others, and a kernel would read out of
+    bounds); 0/1 for other integer inputs (a mask) and booleans."""
     rng = np.random.default_rng(seed)
-    for i, tid in enumerate(plan.inputs):
+    out = []
+    for tid in plan.inputs:
         t = plan.tensors[tid]
-        rows = plan.index_bounds.get(t.name)
-        value = rng.integers(0, rows, t.shape) if rows else rng.standard_normal(t.shape)
-        ex.set_input(i, value.astype(t.dtype))
+        if np.issubdtype(np.dtype(t.dtype), np.floating):
+            value = rng.standard_normal(t.shape)
+        else:
+            value = rng.integers(0, plan.index_bounds.get(t.name) or 2, t.shape)
+        out.append(value.astype(t.dtype))
+    return out
+
+
+def set_random_inputs(ex, plan, seed: int = 0):
+    """:func:`random_inputs` set on the executor ``ex``."""
+    for i, value in enumerate(random_inputs(plan, seed)):
+        ex.set_input(i, value)
 
 
 def _executor(module):

@@ -274,3 +274,50 @@ def test_explain_says_which_attention_no_provider_takes_and_why():
                                      "scale", "or", "one", "additive", "mask"]
     assert "not taken by any provider" not in explain_model(zoo.bert(), {"kind": "cuda", "arch": "sm_90"},
                                                             kernels="vendor", max_streams=1)
+
+
+def _linear_gelu(spelling: str):
+    """x [1, 6, 8] -> Linear(8, 12) -> GELU spelled as ``spelling``: ``torch`` (x * (1 + erf(x / sqrt 2))) * 0.5,
+    ``hf`` (x * 0.5) * (1 + erf(x / sqrt 2)), ``shared`` (the hf form, the Linear's output also added to the
+    result) or ``tanh`` (the tanh approximation)."""
+    rng = np.random.default_rng(3)
+    init = [numpy_helper.from_array(rng.standard_normal((8, 12)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "b")]
+    for name, value in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5), ("k", 0.7978845608), ("c", 0.044715),
+                        ("three", 3.0)):
+        init.append(numpy_helper.from_array(np.array(value, np.float32), name))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"])]
+    node = lambda op, ins, out: nodes.append(helper.make_node(op, ins, [out]))  # noqa: E731
+    if spelling == "tanh":
+        node("Pow", ["h", "three"], "cube"), node("Mul", ["cube", "c"], "cc"), node("Add", ["h", "cc"], "inner")
+        node("Mul", ["inner", "k"], "arg"), node("Tanh", ["arg"], "t"), node("Add", ["t", "one"], "onep")
+        node("Mul", ["h", "half"], "hh"), node("Mul", ["hh", "onep"], "y")
+    else:
+        node("Div", ["h", "sqrt2"], "d"), node("Erf", ["d"], "e"), node("Add", ["e", "one"], "onep")
+        if spelling == "torch":
+            node("Mul", ["h", "onep"], "p"), node("Mul", ["p", "half"], "y")
+        else:
+            node("Mul", ["h", "half"], "hh"), node("Mul", ["hh", "onep"], "g" if spelling == "shared" else "y")
+            if spelling == "shared":
+                node("Add", ["g", "h"], "y")
+    graph = helper.make_graph(nodes, "linear_gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 12])], initializer=init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("spelling", ["torch", "hf", "shared", "tanh"])
+def test_the_exact_gelu_after_a_linear_goes_into_its_call_and_nothing_else_does(spelling, vendor_reference):
+    """The erf GELU, in either order ONNX exporters write it, becomes the call's activation 3 (computed in the
+    extension's bias kernel; cuBLASLt's own GELU is the tanh form); a GELU whose input is also used elsewhere,
+    and the tanh approximation, stay on TVM's kernels. Checked against the ONNX reference evaluator."""
+    model = _linear_gelu(spelling)
+    x = np.random.default_rng(4).standard_normal((1, 6, 8)).astype(np.float32)
+    ref = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    (offload,) = [o for o in find_offloads(from_onnx(model)["main"]) if MATMUL in o.signature]
+    folded = spelling in ("torch", "hf")
+    assert ("erf" in offload.signature.split(" -> ")[0]) == folded
+    assert offload.signature.split(" -> ")[1].endswith(", [0,3,0])" if folded else ", [0,0,0])")
+    result = build(OffloadToVendor()(from_onnx(model)), "llvm")
+    assert any("erf" in l.kernel or "tanh" in l.kernel for l in result.plan.launches) != folded
+    out = NimbleExecutor(result)(x)[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,10 @@ from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2
 
 
 def _act(y, act):
+    if act == 3:  # the exact GELU, x * Phi(x)
+        from scipy.special import erf
+
+        return 0.5 * y * (1 + erf(y / np.sqrt(2)))
     return np.maximum(y, 0) if act == 1 else np.clip(y, 0, 6) if act == 2 else y
 
 

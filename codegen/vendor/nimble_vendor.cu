@@ -13,8 +13,9 @@
 //       and right): that is what cuDNN's convolution descriptor can express.
 //   nimble.cublas.matmul(a, b, bias, attrs, y, workspace)
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
-//       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32(, algo)], algo:
-//       an index into cuBLASLt's heuristic list for the configuration (0, its first, if left out).
+//       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32(, algo)];
+//       activation: 0 identity, 1 relu, 2 relu6, 3 gelu (erf); algo: an index into the candidates
+//       (cuBLASLt's heuristic list with the bias epilogue, then without it; 0, the first, if left out).
 //   nimble.cublas.matmul_add(a, b, bias, z, attrs, y, workspace)
 //       y = act(a @ op(b) + bias + z), z shaped like y (a residual: cuBLASLt's C with beta = 1); attrs
 //       as matmul's.
@@ -78,7 +79,8 @@ constexpr const char* kMatmulAdd = "nimble.cublas.matmul_add";
 
 // ---------------------------------------------------------------------------------------------
 // y = act(y_in + bias[c] (+ z)), c = (i / inner) % channels: the epilogue where cuDNN/cuBLASLt
-// cannot fuse it (relu6, identity outside IMPLICIT_PRECOMP_GEMM).
+// cannot fuse it (relu6, the exact GELU, identity outside IMPLICIT_PRECOMP_GEMM, a GEMM candidate
+// without cuBLASLt's bias epilogue). Computed in fp32 and rounded once, whatever T is.
 
 
 template <typename T>
@@ -89,8 +91,9 @@ __global__ void BiasActKernel(T* __restrict__ y, const T* __restrict__ bias, con
     float v = ToF(y[i]);
     if (bias != nullptr) v += ToF(bias[(i / inner) % channels]);
     if (z != nullptr) v += ToF(z[i]);
-    if (act >= 1) v = fmaxf(v, 0.0f);
+    if (act == 1 || act == 2) v = fmaxf(v, 0.0f);
     if (act == 2) v = fminf(v, 6.0f);
+    if (act == 3) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));  // GELU, erf form (not tanh)
     y[i] = FromF<T>(v);
   }
 }
@@ -468,21 +471,33 @@ Array<Shape> Conv2dAlgos(Shape x_shape, Shape w_shape, Shape attrs, String dtype
 // carry the index of the one to run (0: the heuristic's first). The heuristic's first is often not
 // the fastest at small M (few tiles for 132 SMs), so the build times every candidate with
 // nimble.cublas.matmul_timings / batched_matmul_timings and bakes the fastest index into attrs.
+//
+// A GEMM with a bias lists two kinds of candidate: first the heuristic's list with the bias (and ReLU)
+// in cuBLASLt's epilogue, then its list without an epilogue, the bias added by our BiasAct kernel after
+// it. The second kind costs a launch but reaches the split-K kernels: in fp32 at M = 197 the bias
+// epilogue's candidates leave out split-K, and ViT-B's [197, 3072] x [3072, 768] takes 91 us with the
+// epilogue against 39 us + the bias kernel without (H100, thirteenth session, benchmarks/findings.md).
+// Index 0 stays the heuristic's first with the epilogue, so indices baked into earlier artifacts keep
+// their meaning.
 
 constexpr int kMaxAlgos = 16;
+constexpr int kMaxCandidates = 2 * kMaxAlgos;  // with and without the bias epilogue
 
 struct MatmulPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatmulDesc_t desc_epilogue = nullptr, desc_plain = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;  // the selected candidate's (one of the two above, not owned)
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // heuristic order, each fits the workspace
+  std::vector<bool> with_epilogue;                          // per candidate: bias in cuBLASLt's epilogue
   cublasLtMatmulAlgo_t algo;
   int algo_index = 0;  // into candidates (the requested index, or 0 when the list is shorter)
   size_t ws_need = 0;
-  bool epilogue_bias = true;  // bias (and relu) in cuBLASLt's epilogue; else in our kernel
+  bool epilogue_bias = true;  // the selected candidate's: bias (and relu) in cuBLASLt's epilogue; else our kernel
   std::string desc_str;
   std::mutex mu;
   ~MatmulPlan() {
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (desc_epilogue) cublasLtMatmulDescDestroy(desc_epilogue);
+    if (desc_plain) cublasLtMatmulDescDestroy(desc_plain);
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
@@ -491,6 +506,8 @@ struct MatmulPlan {
     algo_index = index < int(candidates.size()) ? index : 0;
     algo = candidates[algo_index].algo;
     ws_need = candidates[algo_index].workspaceSize;
+    epilogue_bias = with_epilogue[algo_index];
+    desc = epilogue_bias ? desc_epilogue : desc_plain;
   }
 };
 
@@ -506,33 +523,64 @@ std::map<MatmulKey, std::unique_ptr<MatmulPlan>>& MatmulPlans() {
   return *m;
 }
 
-// Builds the descriptors for one epilogue and lists the algorithms; false when cuBLASLt offers none.
-bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype, int64_t M, int64_t N, int64_t K,
-                   bool tb, int act, bool tf32, size_t ws_bytes, const std::array<uint32_t, 4>& align,
-                   const void* bias, bool epilogue_bias, int64_t batch) {
-  if (p->desc) cublasLtMatmulDescDestroy(p->desc);
-  if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-  if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-  if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
-  p->desc = nullptr;
-  p->la = p->lb = p->ld = nullptr;
-  p->candidates.clear();
-  // fp32 accumulation in every dtype; TF32 tensor cores only for fp32 with tf32 allowed
+// A matmul descriptor: fp32 accumulation in every dtype (TF32 tensor cores only for fp32 with tf32
+// allowed), op(A) = our b, optionally with the bias (and ReLU) epilogue.
+cublasLtMatmulDesc_t MakeMatmulDesc(const char* op, int dtype, bool tb, int act, bool tf32, const void* bias,
+                                    bool epilogue_bias) {
   cublasComputeType_t compute = dtype == kF32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  cudaDataType_t dt = dtype == kF16 ? CUDA_R_16F : dtype == kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-  CheckCublas(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), op, "cublasLtMatmulDescCreate");
+  cublasLtMatmulDesc_t desc = nullptr;
+  CheckCublas(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F), op, "cublasLtMatmulDescCreate");
   cublasOperation_t ta = tb ? CUBLAS_OP_T : CUBLAS_OP_N, tn = CUBLAS_OP_N;
-  CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), op,
+  CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), op,
               "cublasLtMatmulDescSetAttribute(TRANSA)");
-  CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tn, sizeof(tn)), op,
+  CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tn, sizeof(tn)), op,
               "cublasLtMatmulDescSetAttribute(TRANSB)");
   if (epilogue_bias) {
     cublasLtEpilogue_t epi = act == 1 ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), op,
+    CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), op,
                 "cublasLtMatmulDescSetAttribute(EPILOGUE)");
-    CheckCublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), op,
+    CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), op,
                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
   }
+  return desc;
+}
+
+// Appends the heuristic's candidates for `desc` (those that fit the workspace) to p; false when
+// cuBLASLt supports no algorithm for it.
+bool AddCandidates(const char* op, cublasLtHandle_t lt, MatmulPlan* p, cublasLtMatmulDesc_t desc, bool epilogue,
+                   size_t ws_bytes, const std::array<uint32_t, 4>& align) {
+  cublasLtMatmulPreference_t pref;
+  CheckCublas(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate");
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)> guard(
+      pref, &cublasLtMatmulPreferenceDestroy);
+  uint64_t wsb = ws_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
+  // align = {our b (cuBLASLt A), our a (cuBLASLt B), y (C and D), bias}
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], sizeof(uint32_t));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], sizeof(uint32_t));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof(uint32_t));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof(uint32_t));
+  cublasLtMatmulHeuristicResult_t res[kMaxAlgos];
+  int n = 0;
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, p->la, p->lb, p->ld, p->ld, pref, kMaxAlgos, res, &n);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  CheckCublas(st, op, "cublasLtMatmulAlgoGetHeuristic");
+  size_t before = p->candidates.size();
+  for (int i = 0; i < n; ++i) {
+    if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) {
+      p->candidates.push_back(res[i]);
+      p->with_epilogue.push_back(epilogue);
+    }
+  }
+  return p->candidates.size() > before;
+}
+
+// The layouts and the candidates of one GEMM (y = a @ op(b) over `batch` strided matrices); a bias GEMM
+// (bias != nullptr) lists the epilogue's candidates, then those without; false when there are none.
+bool MakeMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype, int64_t M, int64_t N, int64_t K,
+                    bool tb, int act, bool tf32, size_t ws_bytes, const std::array<uint32_t, 4>& align,
+                    const void* bias, int64_t batch) {
+  cudaDataType_t dt = dtype == kF16 ? CUDA_R_16F : dtype == kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   // cuBLASLt "A" = our b: op(A) is [N, K]; stored column-major as [K, N] (ld K) if transpose_b else [N, K] (ld N)
   if (tb) {
     CheckCublas(cublasLtMatrixLayoutCreate(&p->la, dt, uint64_t(K), uint64_t(N), K), op, "cublasLtMatrixLayoutCreate(A)");
@@ -552,26 +600,12 @@ bool TryMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype
                   op, "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
     }
   }
-  cublasLtMatmulPreference_t pref;
-  CheckCublas(cublasLtMatmulPreferenceCreate(&pref), op, "cublasLtMatmulPreferenceCreate");
-  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)> guard(
-      pref, &cublasLtMatmulPreferenceDestroy);
-  uint64_t wsb = ws_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
-  // align = {our b (cuBLASLt A), our a (cuBLASLt B), y (C and D), bias}
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], sizeof(uint32_t));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], sizeof(uint32_t));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof(uint32_t));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof(uint32_t));
-  cublasLtMatmulHeuristicResult_t res[kMaxAlgos];
-  int n = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, kMaxAlgos, res, &n);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
-  CheckCublas(st, op, "cublasLtMatmulAlgoGetHeuristic");
-  for (int i = 0; i < n; ++i) {
-    if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) p->candidates.push_back(res[i]);
+  if (bias) {
+    p->desc_epilogue = MakeMatmulDesc(op, dtype, tb, act, tf32, bias, true);
+    AddCandidates(op, lt, p, p->desc_epilogue, true, ws_bytes, align);
   }
-  p->epilogue_bias = epilogue_bias;
+  p->desc_plain = MakeMatmulDesc(op, dtype, tb, act, tf32, nullptr, false);
+  AddCandidates(op, lt, p, p->desc_plain, false, ws_bytes, align);
   return !p->candidates.empty();
 }
 
@@ -592,9 +626,9 @@ struct GemmCall {
 };
 
 void CheckAlgoIndex(const char* op, int64_t algo, const Shape& attrs) {
-  if (algo < 0 || algo >= kMaxAlgos) {
+  if (algo < 0 || algo >= kMaxCandidates) {
     FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) + ": the algorithm index must be in [0, " +
-                      std::to_string(kMaxAlgos) + ")");
+                      std::to_string(kMaxCandidates) + ")");
   }
 }
 
@@ -606,9 +640,10 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
                       ShapeStr(attrs.data(), int(attrs.size())));
   }
   g.tb = attrs[0], g.act = attrs[1], g.tf32 = attrs[2], g.algo = attrs.size() == 4 ? attrs[3] : 0;
-  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > 2 || (g.tf32 != 0 && g.tf32 != 1)) {
+  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > 3 || (g.tf32 != 0 && g.tf32 != 1)) {
     FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) +
-                      ": transpose_b and allow_tf32 must be 0 or 1, activation 0 (identity), 1 (relu) or 2 (relu6)");
+                      ": transpose_b and allow_tf32 must be 0 or 1, activation 0 (identity), 1 (relu), 2 (relu6) or "
+                      "3 (gelu)");
   }
   CheckAlgoIndex(op, g.algo, attrs);
   if (a.device().device_type != kDLCUDA) {
@@ -706,20 +741,14 @@ bool GemmEmpty(const GemmCall& g) { return g.M == 0 || g.N == 0 || g.batch == 0;
 // The alignment both C (the residual, when there is one) and D (y) have.
 uint32_t CAlign(const GemmCall& g) { return g.z ? std::min(PtrAlign(g.y), PtrAlign(g.z)) : PtrAlign(g.y); }
 
-// A fresh plan for g (its algorithm list, index g.algo selected): the bias GEMM tries the epilogue first.
+// A fresh plan for g (its algorithm list, index g.algo selected).
 std::unique_ptr<MatmulPlan> MakeGemmPlan(const GemmCall& g, cublasLtHandle_t lt) {
   std::array<uint32_t, 4> align{PtrAlign(g.b), PtrAlign(g.a), CAlign(g), g.bias ? PtrAlign(g.bias) : 0};
   auto plan = std::make_unique<MatmulPlan>();
-  bool ok;
-  if (!g.batched) {
-    ok = TryMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, int(g.act), g.tf32, g.ws.bytes, align, g.bias,
-                       true, 1) ||
-         TryMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, int(g.act), g.tf32, g.ws.bytes, align, g.bias,
-                       false, 1);
-  } else {
-    ok = TryMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, 0, g.tf32, g.ws.bytes, align, nullptr, false,
-                       g.batch);
-  }
+  bool ok = g.batched ? MakeMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, 0, g.tf32, g.ws.bytes, align,
+                                       nullptr, g.batch)
+                      : MakeMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, int(g.act), g.tf32,
+                                       g.ws.bytes, align, g.bias, 1);
   if (!ok) {
     TVM_FFI_THROW(RuntimeError) << g.op << ": cublasLtMatmulAlgoGetHeuristic found no algorithm for "
                                 << (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) << "M=" << g.M
@@ -759,8 +788,8 @@ void EnqueueGemm(const GemmCall& g, MatmulPlan* p, cublasLtHandle_t lt, cudaStre
                   " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K));
   if (!g.batched && !p->epilogue_bias) {
     LaunchBiasAct(g.op, g.dtype, g.y, g.bias, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
-  } else if (!g.batched && g.act == 2) {
-    LaunchBiasAct(g.op, g.dtype, g.y, nullptr, nullptr, g.M * g.N, 1, g.N, 2, stream);
+  } else if (!g.batched && g.act >= 2) {  // relu6, gelu: not in cuBLASLt's epilogues (its GELU is the tanh form)
+    LaunchBiasAct(g.op, g.dtype, g.y, nullptr, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
   }
 }
 

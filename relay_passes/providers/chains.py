@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-ACT_NONE, ACT_RELU, ACT_RELU6 = 0, 1, 2
+ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU = 0, 1, 2, 3  # the vendor calls' activation codes
 #: scratch memory per vendor call; cuDNN/cuBLASLt pick the fastest algorithm that fits
 DEFAULT_WORKSPACE_BYTES = 8 << 20
 
@@ -126,6 +126,55 @@ def activation(expr) -> int | None:
         if lo == 0 and hi == 6:
             return ACT_RELU6
     return None
+
+
+def _scalar(chains, expr) -> float | None:
+    c = chains.const(expr)
+    return float(c) if c is not None and c.size == 1 else None
+
+
+def _near(value, target: float) -> bool:
+    return value is not None and abs(value - target) <= 1e-6 * abs(target)
+
+
+def gelu_of(chains, x):
+    """``(removed, last)`` when every use of ``x`` is the exact (erf) GELU of it, else None: ``relax.nn.gelu``
+    or the five operators ONNX exports spell it with, ``x * (1 + erf(x / sqrt(2))) * 0.5`` (torch.onnx,
+    timm) or ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (Hugging Face). ``removed`` are the vars before the GELU's result, ``last`` the var holding it."""
+    users = [v for v in chains.consumers.get(x, []) if v not in chains.claimed]
+    if chains.uses.get(x, 0) != len(users):
+        return None
+    if len(users) == 1 and operator_of(chains.value[users[0]]) == "relax.nn.gelu":
+        return [x], users[0]
+    if len(users) != 2:
+        return None
+    by_op = {operator_of(chains.value[v]): v for v in users}
+    if set(by_op) != {"relax.divide", "relax.multiply"}:
+        return None
+    div, half_or_prod = by_op["relax.divide"], by_op["relax.multiply"]
+    if not _near(_scalar(chains, chains.value[div].args[1]), 2 ** 0.5):
+        return None
+    erf, erf_val = chains.follow(div)
+    if operator_of(erf_val) != "relax.erf":
+        return None
+    one, one_val = chains.follow(erf)
+    if operator_of(one_val) != "relax.add" or not _near(_scalar(chains, other_operand(one_val, erf)), 1.0):
+        return None
+    first = chains.value[half_or_prod]  # x * (1 + erf) or x * 0.5
+    other = other_operand(first, x)
+    second_var, second = chains.follow(half_or_prod)
+    if operator_of(second) != "relax.multiply":
+        return None
+    if other is not None and other.same_as(one):  # (x * (1 + erf)) * 0.5
+        if not chains.single_use(one) or not _near(_scalar(chains, other_operand(second, half_or_prod)), 0.5):
+            return None
+    elif _near(_scalar(chains, other), 0.5):  # (x * 0.5) * (1 + erf)
+        if not chains.single_use(one) or other_operand(second, half_or_prod) is None \
+                or not other_operand(second, half_or_prod).same_as(one):
+            return None
+    else:
+        return None
+    return [x, div, erf, one, half_or_prod], second_var
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """cuBLASLt: GEMMs with constant weights (bias and ReLU fused), and batched GEMMs of two tensors.
 
-    matmul(x, permute_dims(W)) [+ bias] [-> relu]      (x: [..., M, K]; W constant [N, K] or [K, N])
+    matmul(x, permute_dims(W)) [+ bias] [-> relu|gelu] (x: [..., M, K]; W constant [N, K] or [K, N];
+                                                        gelu: the exact erf form, in our bias kernel)
     matmul(x, permute_dims(W)) [+ bias] + residual     (residual: a tensor of the output's shape)
     matmul(a, [permute_dims](b))                       (a: [..., M, K]; b: [..., K, N] or, transposed
                                                         by the permute, [..., N, K]; same batch dims)
@@ -15,7 +16,8 @@ import numpy as np
 from tvm import relax
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, ACT_RELU, activation, dtype_of, ints, known_shape, operator_of, other_operand
+from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, activation, dtype_of, gelu_of, ints, known_shape, operator_of,
+                     other_operand)
 from .registry import Provider, register
 
 MATMUL = "nimble.cublas.matmul"
@@ -48,7 +50,11 @@ def matmul_chain(ctx, chains, var, call):
     if b is not None:
         bias, removed, last = b, [last], nxt
         nxt, val = chains.follow(last)
-    if val is not None and activation(val) == ACT_RELU:
+    gelu = gelu_of(chains, last)
+    if gelu is not None:  # in our bias kernel: cuBLASLt's GELU epilogue is the tanh approximation
+        (folded, last), act, val = gelu, ACT_GELU, None
+        removed = removed + folded
+    elif val is not None and activation(val) == ACT_RELU:
         act, removed, last = ACT_RELU, removed + [last], nxt
     residual = _residual_of(val, last, out_shape, dtype) if act == ACT_NONE and val is not None else None
     if residual is not None:  # x + Linear(...): cuBLASLt adds it as C (beta = 1), no add kernel

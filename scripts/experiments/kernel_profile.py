@@ -56,20 +56,27 @@ def latency(ex, iters: int = 200) -> float:
     return float(np.median(samples))
 
 
-def profile_model(spec: str, kernels: str, batch: int) -> dict:
+def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32") -> dict:
     from tvm_nimble.cli.bench import model_builders
     from tvm_nimble.compiler.build import build
     from tvm_nimble.runtime.executor import NimbleExecutor
 
-    name, onnx_builder, _ = model_builders(spec)
+    if spec.startswith("hf:"):
+        from tvm_nimble.bench.hf_models import hf_builders
+
+        name, onnx_builder, _ = hf_builders(spec)
+    else:
+        name, onnx_builder, _ = model_builders(spec)
     model = onnx_builder(batch=batch)
-    out = {"model": name, "batch": batch, "kernels": kernels}
+    from tvm_nimble.runtime.timing import random_inputs
+
+    out = {"model": name, "batch": batch, "kernels": kernels, "precision": precision}
     for label, streams in (("single", 1), ("multi", None)):
-        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels)
+        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels, precision=precision)
         plan = result.plan
         ex = NimbleExecutor(result, mode="cuda-graph")
-        shape = plan.tensors[plan.inputs[0]].shape
-        ex.set_input(0, np.random.default_rng(0).standard_normal(shape).astype("float32"))
+        for i, x in enumerate(random_inputs(plan, 0)):
+            ex.set_input(i, x)
         ex.run()
         ex.sync()
         durations = profile(ex)
@@ -101,6 +108,7 @@ def main():
     ap.add_argument("--models", default="tv:inception_v3")
     ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--precision", default="fp32")
     ap.add_argument("--out", default="out/profile")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -108,11 +116,11 @@ def main():
     for spec in args.models.split(","):
         name = spec.split(":", 1)[-1]
         try:
-            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch)
+            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch, args.precision)
         except Exception as err:  # one line per model, then the next one
             print(f"{name}: failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
             continue
-        with open(os.path.join(args.out, f"profile_{name}_b{args.batch}.json"), "w") as f:
+        with open(os.path.join(args.out, f"profile_{name}_b{args.batch}_{args.precision}.json"), "w") as f:
             json.dump(r, f, indent=1)
         results.append(r)
     for r in results:

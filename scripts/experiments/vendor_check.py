@@ -8,7 +8,8 @@ TVM runtime (tvm_ffi; ``tvm.relax`` is not needed). Steps, all on cuda:0:
 1. load the extension through ``tvm_nimble.runtime.vendor`` (``--lib``, else build it here with
    ``codegen.vendor_build`` for this GPU's arch);
 2. correctness: every conv configuration x activation x dtype, conv2d_add, matmul (transpose_b 0/1,
-   identity/relu/relu6, batched, misaligned, a classifier head) against a float64 PyTorch
+   identity/relu/relu6/gelu, every algorithm candidate with and without the bias epilogue, batched,
+   misaligned, a classifier head) against a float64 PyTorch
    reference: relative L2 error, fp32 (TF32 off) tolerance 1e-5, fp16 1e-2; forced algorithms;
    the argument checks on real CUDA tensors (one-line errors);
 3. a CUDA graph: calls on two streams (each with its own workspace) captured in relaxed mode, the
@@ -59,11 +60,13 @@ CONV_ADDS = ["1x1", "3x3_p1", "grouped_g4"]
 # name: (a shape, N, transpose_b)
 MATMULS = {
     "mm_tb1": ((256, 512), 1024, 1),
+    "vit_b_fc2": ((1, 197, 3072), 768, 0),  # split-K candidates without the bias epilogue
     "mm_tb0": ((256, 512), 1024, 0),
     "mm_batched_tb1": ((4, 64, 512), 384, 1),
     "mm_head_tb1": ((1, 1280), 1000, 1),
 }
 ACTS = {0: "identity", 1: "relu", 2: "relu6"}
+MATMUL_ACTS = {**ACTS, 3: "gelu"}  # the erf GELU: matmul only
 
 
 def parse_args(argv=None):
@@ -114,6 +117,8 @@ class Check:
 
     @staticmethod
     def act(r, act):
+        if act == 3:
+            return 0.5 * r * (1 + (r / 2 ** 0.5).erf())
         if act >= 1:
             r = r.clamp_min(0)
         if act == 2:
@@ -220,7 +225,11 @@ class Check:
                 bias = self.randn((n,), dtype, 0.5)
                 full_b = bmat.double().t() if tb else bmat.double()
                 ref_plain = a.double() @ full_b + bias.double()
-                for act in ACTS:
+                # every candidate (with the bias epilogue, then without: our bias kernel), identity and gelu
+                n_cand = len(self.funcs["nimble.cublas.matmul_timings"](
+                    self.t(a), self.t(bmat), self.t(bias), self.tvm_ffi.Shape([tb, 0, 0]),
+                    self.t(torch.empty(ref_plain.shape, dtype=dtype, device="cuda")), self.t(ws), 1))
+                for act, algo in [(a_, 0) for a_ in MATMUL_ACTS] + [(a_, i) for a_ in (0, 3) for i in range(1, n_cand)]:
                     ref = self.act(ref_plain, act)
                     if misaligned:
                         y = torch.full((a_numel(ref.shape) + 1,), float("nan"), dtype=dtype, device="cuda")[1:].view(ref.shape)
@@ -228,26 +237,27 @@ class Check:
                         y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                     err, rel = None, float("inf")
                     try:
-                        self.call("nimble.cublas.matmul", a, bmat, bias, self.tvm_ffi.Shape([tb, act, 0]), y, ws)
+                        self.call("nimble.cublas.matmul", a, bmat, bias, self.tvm_ffi.Shape([tb, act, 0, algo]), y, ws)
                         rel = self.rel_l2(y, ref)
                     except Exception as e:  # noqa: BLE001
                         err = one_line(e)
                     tref = self.act(a @ (bmat.t() if tb else bmat) + bias, act)
-                    self.record(op="matmul", name=name, dtype=dname, act=ACTS[act], rel_l2=rel,
+                    self.record(op=f"matmul algo={algo}/{n_cand}", name=name, dtype=dname, act=MATMUL_ACTS[act], rel_l2=rel,
                                 torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
                 # the residual form (identity activation, as the offload emits it): y = a @ op(b) + bias + z
                 z = self.randn(ref_plain.shape, dtype)
                 ref = ref_plain + z.double()
-                y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
-                err, rel = None, float("inf")
-                try:
-                    self.call("nimble.cublas.matmul_add", a, bmat, bias, z, self.tvm_ffi.Shape([tb, 0, 0]), y, ws)
-                    rel = self.rel_l2(y, ref)
-                except Exception as e:  # noqa: BLE001
-                    err = one_line(e)
-                tref = a @ (bmat.t() if tb else bmat) + bias + z
-                self.record(op="matmul_add", name=name, dtype=dname, act="identity", rel_l2=rel,
-                            torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
+                for algo in range(n_cand):
+                    y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
+                    err, rel = None, float("inf")
+                    try:
+                        self.call("nimble.cublas.matmul_add", a, bmat, bias, z, self.tvm_ffi.Shape([tb, 0, 0, algo]), y, ws)
+                        rel = self.rel_l2(y, ref)
+                    except Exception as e:  # noqa: BLE001
+                        err = one_line(e)
+                    tref = a @ (bmat.t() if tb else bmat) + bias + z
+                    self.record(op=f"matmul_add algo={algo}", name=name, dtype=dname, act="identity", rel_l2=rel,
+                                torch_rel_l2=self.rel_l2(tref, ref), tol=TOL[dname], error=err)
 
     def check_batched_matmuls(self):
         """nimble.cublas.batched_matmul (attention's Q·Kᵀ with transpose_b=1, ·V with 0) against float64."""

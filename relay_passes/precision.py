@@ -7,17 +7,26 @@ otherwise), in the spirit of PyTorch autocast's op lists. Inputs and outputs kee
 Every provider, TVM's kernels included, then sees operators in the dtype they compute in; a provider
 accepts an operator when :func:`compute_dtype` is one of the dtypes it declares.
 
+Element-wise chains (a bias add, GELU spelled as divide/erf/add/multiply/multiply, ReLU, a residual
+add) that are left on TVM's kernels after the providers took theirs compute in float32 in the dtypes
+of :attr:`Policy.elementwise_fp32` (bfloat16 by default): :func:`widen_elementwise`, the first pass of
+the lowering, casts their reduced inputs up and rounds the value to the reduced dtype once, where it
+leaves the chain, as PyTorch's fused kernels (and cuDNN's / cuBLASLt's epilogues) do. It runs after
+the vendor offload, which therefore matches the same bf16 chains as before; ``to_precision`` only
+records the request on the function (:data:`ATTR_ELEMENTWISE_FP32`).
+
 Why our own pass and not TVM's ``ToMixedPrecision``: TVM's pass knows float16 only (a bfloat16 run
 stops at the first bias add, "Binary operators must have the same datatype"), its op lists live in
 global op attributes a user cannot change for one build, and it keeps layer_norm in float16.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import Constant
 
@@ -39,11 +48,25 @@ LOOKUPS = ("relax.take", "relax.gather_elements", "relax.gather_nd")
 #: kernels do; TVM fuses the two casts into the operator's kernel)
 FP32_MATH = ("softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm")
 #: of those, the ones whose TVM kernel already keeps its statistics in fp32 for float16 input (topi's
-#: layer_norm): no casts around them in fp16, which would cost a kernel (TVM does not fuse the input cast)
+#: layer_norm): they follow their input in fp16, without casts around them, which would cost a kernel
+#: (TVM does not fuse the input cast); ``Policy.follow_in_fp16``
 FP32_INSIDE_FOR_FP16 = ("layer_norm",)
 #: compute in float32, output float32 (cast down only where a reduced operator reads them): reductions and
 #: the functions that overflow or lose digits in 16 bits
 KEEP_FP32 = ("mean", "sum", "prod", "variance", "std", "cumsum", "exp", "log", "power", "cross_entropy_with_logits")
+#: element-wise arithmetic that, in the dtypes of ``Policy.elementwise_fp32``, computes in float32 on its
+#: reduced inputs, the value rounded to the reduced dtype once where its chain ends (:func:`widen_elementwise`);
+#: data movement (reshape, concat, pools, where) rounds nothing and is not listed
+ELEMENTWISE = ("add", "subtract", "multiply", "divide", "negative", "abs", "square", "sqrt", "rsqrt", "erf",
+               "tanh", "sigmoid", "relu", "leakyrelu", "clip", "gelu", "gelu_tanh", "silu", "maximum", "minimum")
+#: the reduced dtypes whose element-wise chains compute in float32 by default. bfloat16 (8 bits of
+#: mantissa): rounding after every operator of a GELU or a bias + residual chain is what made its error
+#: twice PyTorch's. float16 too: on the zoo nets on CPU it lowers fp16's error as well (see
+#: benchmarks/findings.md), at no cost in kernels or memory (TVM fuses the casts into the chain's kernel)
+ELEMENTWISE_FP32 = ("float16", "bfloat16")
+#: the function attribute by which ``to_precision`` asks :func:`widen_elementwise` for fp32 element-wise
+#: chains: ``"<reduced dtype>:<op>,<op>,..."``
+ATTR_ELEMENTWISE_FP32 = "nimble_elementwise_fp32"
 
 
 def precision_name(name: str) -> str:
@@ -58,11 +81,29 @@ def precision_name(name: str) -> str:
 class Policy:
     """Which operators compute in the reduced dtype, which compute in float32 (``fp32_math``: output in
     their inputs' dtype; ``keep_fp32``: output float32); op names without the ``relax.``/``relax.nn.``
-    prefix, e.g. ``softmax``. Every other operator follows its inputs."""
+    prefix, e.g. ``softmax``. Every other operator follows its inputs.
+
+    ``elementwise_fp32``: the reduced dtypes in which the ``elementwise`` operators compute in float32,
+    each chain of them rounded once where it ends (True: float16 and bfloat16; False: none, every
+    operator rounds its output, the policy before issue #31). ``follow_in_fp16``: of ``fp32_math``, the
+    operators that follow their input in float16 (their TVM kernel keeps its statistics in fp32)."""
 
     reduced: tuple[str, ...] = REDUCED
     fp32_math: tuple[str, ...] = FP32_MATH
     keep_fp32: tuple[str, ...] = KEEP_FP32
+    elementwise: tuple[str, ...] = ELEMENTWISE
+    elementwise_fp32: tuple[str, ...] = ELEMENTWISE_FP32
+    follow_in_fp16: tuple[str, ...] = FP32_INSIDE_FOR_FP16
+
+    def __post_init__(self):
+        wide = self.elementwise_fp32
+        wide = ("float16", "bfloat16") if wide is True else () if wide in (False, None) else \
+            (wide,) if isinstance(wide, str) else tuple(wide)
+        wide = tuple(dict.fromkeys(PRECISIONS.get(ALIASES.get(w, w), (w,))[0] for w in wide))  # bf16 -> bfloat16
+        bad = [w for w in wide if w not in ("float16", "bfloat16")]
+        if bad:
+            raise ValueError(f"elementwise_fp32 takes reduced dtypes (float16, bfloat16), True or False; got {bad[0]!r}")
+        object.__setattr__(self, "elementwise_fp32", wide)
 
     def with_fp32(self, names) -> "Policy":
         """This policy with ``names`` moved to float32 (e.g. ``("matmul",)`` keeps every GEMM in fp32)."""
@@ -71,20 +112,26 @@ class Policy:
         if unknown:
             raise ValueError(f"keep_fp32 takes Relax operator names such as matmul, conv2d or softmax; "
                              f"{unknown[0]!r} is none")
-        return Policy(tuple(n for n in self.reduced if n not in names),
-                      tuple(n for n in self.fp32_math if n not in names), tuple(dict.fromkeys(self.keep_fp32 + names)))
+        return replace(self, reduced=tuple(n for n in self.reduced if n not in names),
+                       fp32_math=tuple(n for n in self.fp32_math if n not in names),
+                       keep_fp32=tuple(dict.fromkeys(self.keep_fp32 + names)))
 
-    def rule(self, op_name: str) -> str:
-        """``reduced``, ``fp32_math``, ``fp32`` or ``follow`` for a Relax op name such as ``relax.nn.conv2d``."""
+    def rule(self, op_name: str, dtype: str | None = None) -> str:
+        """``reduced``, ``fp32_math``, ``fp32`` or ``follow`` for a Relax op name such as ``relax.nn.conv2d``
+        in a build computing in ``dtype``."""
         short = op_name.rsplit(".", 1)[-1]
         if short in self.reduced:
             return "reduced"
-        return "fp32_math" if short in self.fp32_math else "fp32" if short in self.keep_fp32 else "follow"
+        if short in self.fp32_math:
+            return "follow" if dtype == "float16" and short in self.follow_in_fp16 else "fp32_math"
+        return "fp32" if short in self.keep_fp32 else "follow"
 
     def describe(self) -> str:
+        wide = " and ".join(ALIASES[d] for d in self.elementwise_fp32)
         return (f"reduced precision: {', '.join(self.reduced) or 'nothing'}; float32 math, output as its input: "
                 f"{', '.join(self.fp32_math) or 'nothing'}; float32: {', '.join(self.keep_fp32)}; "
-                "everything else follows its inputs")
+                "everything else follows its inputs" +
+                (f"; element-wise chains in float32, rounded once, in {wide}" if wide else ""))
 
 
 def _is_relax_op(name: str) -> bool:
@@ -118,8 +165,14 @@ def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None) ->
         raise ValueError(f"precision must be one of {DTYPES}, got {dtype!r}")
     if dtype == "float32":
         return mod
-    out = tvm.IRModule({gv: (_MixedPrecision(mod, dtype, policy or Policy()).visit_expr(f)
-                             if isinstance(f, relax.Function) else f) for gv, f in mod.functions.items()},
+    policy = policy or Policy()
+    wide = f"{dtype}:{','.join(policy.elementwise)}" if dtype in policy.elementwise_fp32 else None
+
+    def convert(f):
+        f = _MixedPrecision(mod, dtype, policy).visit_expr(f)
+        return f.with_attr(ATTR_ELEMENTWISE_FP32, wide) if wide else f
+
+    out = tvm.IRModule({gv: convert(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()},
                        attrs=mod.attrs)
     return relax.transform.FoldConstant()(out)
 
@@ -196,9 +249,7 @@ class _MixedPrecision(relax.PyExprMutator):
         args = [self.visit_expr(a) for a in call.args]  # the rewritten arguments, before any type inference
         back = None
         if isinstance(call.op, tvm.ir.Op) and call.op.name != "relax.astype":
-            rule = self.policy.rule(call.op.name)
-            if rule == "fp32_math" and self.dtype == "float16" and call.op.name.rsplit(".", 1)[-1] in FP32_INSIDE_FOR_FP16:
-                rule = "follow"
+            rule = self.policy.rule(call.op.name, self.dtype)
             reduced = self._all_reduced(args)
             back = self.dtype if rule == "fp32_math" and reduced else None
             to = self._target(rule, args, reduced, call.op.name)
@@ -226,3 +277,161 @@ class _MixedPrecision(relax.PyExprMutator):
         if isinstance(before, relax.TupleType) and isinstance(value, relax.Tuple):
             return relax.Tuple([self._restore(f, b) for f, b in zip(value.fields, before.fields)])
         return value
+
+
+# ---- element-wise chains in float32 ------------------------------------------------------------------
+#: the module attribute by which :func:`widen_elementwise` asks :func:`round_once_per_kernel` to take the
+#: roundings inside each fused kernel out
+ATTR_ROUND_ONCE = "nimble_round_once"
+
+
+@tvm.transform.module_pass(opt_level=0, name="nimble.WidenElementwise")
+def widen_elementwise(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+    """The element-wise operators of every function ``to_precision`` marked (:data:`ATTR_ELEMENTWISE_FP32`)
+    computing in float32: each listed operator computing in the reduced dtype gets its reduced inputs cast
+    up (one cast per use, so that each fuses into its reader's kernel) and its value rounded back, bound
+    to the same var. The graph keeps its dtypes, so TVM's FuseOps makes the same kernels as without it;
+    :func:`round_once_per_kernel` then removes the rounding of every value that stays inside one kernel,
+    and a chain is rounded once, where it leaves its kernel. The lowering's first pass, after the vendor
+    offload took its chains (whose epilogues compute in fp32 in cuDNN / cuBLASLt)."""
+    updates = {}
+    for gv, func in mod.functions.items():
+        mark = func.attrs.get(ATTR_ELEMENTWISE_FP32) if isinstance(func, relax.Function) and func.attrs else None
+        if mark is None:
+            continue
+        dtype, names = str(mark).split(":", 1)
+        ops = {f"{prefix}{o}" for o in names.split(",") for prefix in ("relax.", "relax.nn.")}
+        updates[gv] = _Widen(mod, dtype, ops, func).visit_expr(func).without_attr(ATTR_ELEMENTWISE_FP32)
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod.with_attr(ATTR_ROUND_ONCE, 1)
+
+
+def _reads(expr, into: list) -> list:
+    if isinstance(expr, relax.Var):
+        into.append(expr)
+    elif isinstance(expr, relax.Tuple):
+        for f in expr.fields:
+            _reads(f, into)
+    elif isinstance(expr, relax.TupleGetItem):
+        _reads(expr.tuple_value, into)
+    elif isinstance(expr, relax.Call):
+        for a in expr.args:
+            _reads(a, into)
+    return into
+
+
+@relax.expr_functor.mutator
+class _Widen(relax.PyExprMutator):
+    def __init__(self, mod, dtype, ops, func):
+        super().__init__(mod)
+        self.dtype, self.ops = dtype, ops
+        self.values, self.uses = {}, {}
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.values[b.var] = b.value
+                for v in _reads(b.value, []):
+                    self.uses[v] = self.uses.get(v, 0) + 1
+        for v in _reads(func.body.body, []):
+            self.uses[v] = self.uses.get(v, 0) + 1
+
+    def _listed(self, value) -> bool:
+        return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in self.ops
+                and compute_dtype(value) == self.dtype)
+
+    def _anchors(self, var, depth: int = 0) -> frozenset:
+        """The producers other than element-wise operators and casts (a convolution, a pool, a reshape) that
+        FuseOps may put in one kernel with the reader of ``var``: ``var`` itself when it is read once, or
+        through the element-wise operators it is computed by; none for a value read several times."""
+        value = self.values.get(var)
+        if not isinstance(var, relax.DataflowVar) or self.uses.get(var, 0) != 1 or not isinstance(value, relax.Call):
+            return frozenset()
+        if depth < 32 and isinstance(value.op, tvm.ir.Op) and (self._listed(value) or value.op.name == "relax.astype"):
+            return frozenset().union(*(self._anchors(a, depth + 1) for a in value.args))
+        return frozenset([var])
+
+    def _widens(self, binding) -> bool:
+        """A listed operator computing in the reduced dtype whose operands come from at most one other
+        kernel's producer: with two (an add of two convolutions' outputs), one of them is another kernel's
+        output and its cast to float32 would end up there, a float32 tensor between kernels."""
+        value = binding.value
+        return (isinstance(binding.var, relax.DataflowVar) and self._listed(value)
+                and len(frozenset().union(*(self._anchors(a) for a in value.args))) <= 1)
+
+    def _up(self, arg):
+        if _float_dtype(arg) != self.dtype:
+            return arg
+        if isinstance(arg, Constant):
+            return relax.const(tvm.runtime.tensor(arg.value.numpy().astype(np.float32)))
+        return self.builder_.emit(relax.op.astype(arg, "float32"))
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        if self._widens(binding):
+            args = [self._up(self.visit_expr(a)) for a in value.args]
+            wide = self.builder_.emit(relax.Call(value.op, args, value.attrs, value.ty_args, value.span),
+                                      binding.var.name + "_fp32")
+            self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(wide, self.dtype), binding.var.name))
+        else:
+            super().visit_var_binding_(binding)
+
+
+@tvm.transform.module_pass(opt_level=0, name="nimble.RoundOncePerKernel")
+def round_once_per_kernel(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+    """After FuseOps, in a module :func:`widen_elementwise` rewrote: inside each fused function, a float32
+    value rounded to a 16-bit dtype and cast back to float32 for a reader in the same kernel is read as
+    it was, unrounded. Only values that leave the kernel (the fused function's outputs) are rounded, so
+    no float32 tensor crosses a kernel boundary that did not before."""
+    if not (mod.attrs and mod.attrs.get(ATTR_ROUND_ONCE)):
+        return mod
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function) and func.attrs and func.attrs.get("Primitive"):
+            new = _RoundOnce(mod).visit_expr(func)
+            if not new.same_as(func):
+                updates[gv] = relax.analysis.remove_all_unused(new)
+    mod = mod.without_attr(ATTR_ROUND_ONCE)
+    if updates:
+        mod = mod.clone()
+        for gv, func in updates.items():
+            mod[gv] = func
+    return mod
+
+
+def _cast_of(mod, value):
+    """(input, output dtype) when ``value`` calls a legalized ``astype`` kernel (``call_tir(cast*, (x,))``)."""
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir"):
+        return None
+    callee, args = value.args[0], value.args[1]
+    if not (isinstance(callee, relax.GlobalVar) and callee.name_hint.startswith("cast")
+            and isinstance(args, relax.Tuple) and len(args.fields) == 1):
+        return None
+    x = args.fields[0]
+    if _float_dtype(x) is None or _float_dtype(value) is None or x.ty.shape is None or value.ty.shape is None:
+        return None
+    if not tvm_ffi.structural_equal(x.ty.shape, value.ty.shape):
+        return None
+    return x, _float_dtype(value)
+
+
+@relax.expr_functor.mutator
+class _RoundOnce(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.mod = mod
+        self.down: dict = {}  # a 16-bit var rounded from float32 -> that float32 value
+
+    def visit_var_binding_(self, binding):
+        cast = _cast_of(self.mod, binding.value)
+        if cast is not None:
+            x, to = cast
+            x = self.visit_expr(x)
+            if to in ("float16", "bfloat16") and _float_dtype(x) == "float32":
+                self.down[binding.var] = x
+            elif to == "float32" and binding.value.args[1].fields[0] in self.down:
+                self.set_var_remap(binding.var, self.down[binding.value.args[1].fields[0]])
+                return
+        super().visit_var_binding_(binding)

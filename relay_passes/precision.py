@@ -9,11 +9,12 @@ accepts an operator when :func:`compute_dtype` is one of the dtypes it declares.
 
 Element-wise chains (a bias add, GELU spelled as divide/erf/add/multiply/multiply, ReLU, a residual
 add) that are left on TVM's kernels after the providers took theirs compute in float32 in the dtypes
-of :attr:`Policy.elementwise_fp32` (bfloat16 by default): :func:`widen_elementwise`, the first pass of
+of :attr:`Policy.elementwise_fp32` (float16 and bfloat16 by default): :func:`widen_elementwise`, the first pass of
 the lowering, casts their reduced inputs up and rounds the value to the reduced dtype once, where it
 leaves the chain, as PyTorch's fused kernels (and cuDNN's / cuBLASLt's epilogues) do. It runs after
-the vendor offload, which therefore matches the same bf16 chains as before; ``to_precision`` only
-records the request on the function (:data:`ATTR_ELEMENTWISE_FP32`).
+the vendor offload, which therefore matches the same bf16 chains as before, and rounds every result,
+so that FuseOps makes the same kernels; :func:`round_once_per_kernel`, after FuseOps, drops the roundings
+inside each kernel. ``to_precision`` only records the request on the function (:data:`ATTR_ELEMENTWISE_FP32`).
 
 Why our own pass and not TVM's ``ToMixedPrecision``: TVM's pass knows float16 only (a bfloat16 run
 stops at the first bias add, "Binary operators must have the same datatype"), its op lists live in
@@ -61,8 +62,8 @@ ELEMENTWISE = ("add", "subtract", "multiply", "divide", "negative", "abs", "squa
                "tanh", "sigmoid", "relu", "leakyrelu", "clip", "gelu", "gelu_tanh", "silu", "maximum", "minimum")
 #: the reduced dtypes whose element-wise chains compute in float32 by default. bfloat16 (8 bits of
 #: mantissa): rounding after every operator of a GELU or a bias + residual chain is what made its error
-#: twice PyTorch's. float16 too: on the zoo nets on CPU it lowers fp16's error as well (see
-#: benchmarks/findings.md), at no cost in kernels or memory (TVM fuses the casts into the chain's kernel)
+#: twice PyTorch's on the H100. float16 too: on llvm (whose half arithmetic rounds every operator) it lowers
+#: the zoo nets' fp16 error by 4-15%, at no cost in kernels or in the dtypes between them
 ELEMENTWISE_FP32 = ("float16", "bfloat16")
 #: the function attribute by which ``to_precision`` asks :func:`widen_elementwise` for fp32 element-wise
 #: chains: ``"<reduced dtype>:<op>,<op>,..."``

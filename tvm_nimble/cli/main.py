@@ -68,7 +68,8 @@ def cmd_compile(args):
         module.export(args.output, overwrite=args.force)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
-          f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB")
+          f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB" + (f" (the largest of the batch buckets "
+          f"{', '.join(map(str, module.batch_sizes))})" if getattr(module, "buckets", None) else ""))
     if "accuracy" in module.info:
         from tvm_nimble.compiler.accuracy import describe
 

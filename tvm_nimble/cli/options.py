@@ -42,6 +42,16 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(n for n in text.split(",") if n)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes such as 1,2,4,8, got {text!r}")
+    return sizes
+
+
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
     from tvm_nimble.compiler.options import KERNEL_CHOICES
@@ -75,6 +85,9 @@ def build_option_args(p) -> None:
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="time --kernels best and --max-streams auto on a GPU "
                    "behind this RPC tracker (servers started with `tvm-nimble rpc-server`), not on this machine")
     p.add_argument("--rpc-key", help="the key those servers registered under (e.g. h100)")
+    p.add_argument("--batch-sizes", type=_sizes, metavar="N,...",
+                   help="one plan per batch size, e.g. 1,2,4,8, in one artifact with the weights once; its executor "
+                        "takes any batch (the smallest bucket that holds it, padded; larger ones split)")
 
 
 def build_options(args) -> dict:
@@ -82,4 +95,5 @@ def build_options(args) -> dict:
     return {"max_streams": args.max_streams, "memory_budget": args.memory_budget, "kernels": args.kernels,
             "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
             "keep_fp32": args.keep_fp32, "max_error": args.max_error,
-            "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key}
+            "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key,
+            "batch_sizes": getattr(args, "batch_sizes", None)}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tvm_nimble.errors import NimbleError
 
-from . import accuracy, stages
+from . import accuracy, buckets, stages
 from .kernel_choice import Selection, select_kernels
 from .options import BuildOptions
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
@@ -57,12 +57,22 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
     - ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key``: what ``best`` and ``auto`` measure runs on a GPU of
       an RPC server registered under that key (``tvm-nimble rpc-server``) instead of this machine's (see
       :mod:`.timers`).
+    - ``batch_sizes=[1, 2, 4, 8]``: one build per batch size (the ONNX model's leading input dimension set
+      to it; kernels and streams chosen per bucket) in one module with the weights once, whose executor
+      takes any batch (see :mod:`.buckets` and ``tvm_nimble.runtime.buckets``).
     """
     return build_with(model, BuildOptions.create(target, **options), params, shape_dict)
 
 
 def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict: dict | None = None) -> BuildResult:
     """:func:`build` with its options made already (what ``explain``, the CLI and the benchmarks call)."""
+    if opts.batch_sizes:  # one build per batch size (see .buckets), put together with the weights once
+        request = buckets.BucketRequest(model, opts, shape_dict)
+        built = {}
+        for batch, onnx_model in request.models():
+            with request.building(batch):
+                built[batch] = request.checked(batch, build_with(onnx_model, request.options, params))
+        return request.module(built)
     timer = timer_for(opts.rpc_tracker, opts.rpc_key) if opts.rpc_tracker else None
     fp32_mod = None
     if isinstance(model, Selection):

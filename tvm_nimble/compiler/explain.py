@@ -99,7 +99,14 @@ def explain_model(model, target="llvm", *, shape_dict=None, dot_path=None, show_
     if profile_png:  # checked before the build, not after it
         check_profilable(opts.target)
     result = build_with(model, opts, shape_dict=shape_dict)
-    text = explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)
+    if getattr(result, "buckets", None):  # batch_sizes: the buckets, then the largest in full
+        from .buckets import describe_buckets
+
+        lines = describe_buckets(result)
+        result = result.buckets[max(result.buckets)]
+        text = "\n".join(lines + [explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)])
+    else:
+        text = explain_build(result, dot_path=dot_path, show_plan=show_plan, show_ir=show_ir)
     if profile_png:
         text += "\n" + "\n".join(profile_build(result, profile_png))
     return text

@@ -43,6 +43,8 @@ class BuildOptions:
     - ``tuning_db``: a MetaSchedule database directory. ``concat_in_place``: branch kernels write into
       their slice of a concatenation. ``compile_kernels``: False stops before code generation.
     - ``rpc_tracker`` / ``rpc_key``: measure on a GPU behind TVM's RPC tracker instead of this machine's.
+    - ``batch_sizes``: build one plan per batch size (a bucket) into one module that serves any batch
+      (see :mod:`.buckets`); None: the model's own batch.
     """
 
     target: tvm.target.Target
@@ -60,6 +62,7 @@ class BuildOptions:
     compile_kernels: bool = True
     rpc_tracker: str | None = None
     rpc_key: str | None = None
+    batch_sizes: tuple[int, ...] | None = None
 
     @classmethod
     def create(cls, target="llvm", **options) -> "BuildOptions":
@@ -103,6 +106,7 @@ class BuildOptions:
         mb = self.memory_budget
         _check(mb is None or (isinstance(mb, int) and mb > 0), "memory_budget", mb, "a positive number of bytes")
         _check(self.reuse in REUSE_MODES, "reuse", self.reuse, f"one of {REUSE_MODES}")
+        object.__setattr__(self, "batch_sizes", _batch_sizes(self.batch_sizes))
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
                               "its servers registered under (--rpc-tracker and --rpc-key)")
@@ -138,6 +142,20 @@ class BuildOptions:
                 "precision": self.precision, "allow_tf32": self.allow_tf32,
                 "policy": self.policy.describe() if self.compute_dtype != "float32" else None,
                 "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None}
+
+
+def _batch_sizes(value) -> tuple[int, ...] | None:
+    """``batch_sizes`` as a sorted tuple of distinct positive ints (None or empty: the model's own batch)."""
+    if value is None:
+        return None
+    sizes = value.split(",") if isinstance(value, str) else value
+    try:
+        sizes = [int(s) if isinstance(s, str) else s for s in sizes]
+    except (TypeError, ValueError):
+        sizes = [value]
+    _check(all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes), "batch_sizes", value,
+           "a list of positive batch sizes such as [1, 2, 4, 8]")
+    return tuple(sorted(set(sizes))) or None
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:

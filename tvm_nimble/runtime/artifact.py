@@ -26,6 +26,10 @@ from .plan import Plan
 
 ARTIFACT_FORMAT = "tvm-nimble-artifact"
 ARTIFACT_VERSION = 1
+#: an artifact with one plan per batch size (``build(..., batch_sizes=...)``): plan.b<N>.json and kernels.b<N>.so
+#: per bucket, one params.npz of weights shared by every bucket (see :func:`save_bucketed_artifact`)
+BUCKETED_VERSION = 2
+VERSIONS = (ARTIFACT_VERSION, BUCKETED_VERSION)
 FILES = ("plan.json", "kernels.so", "params.npz")
 
 
@@ -93,6 +97,13 @@ def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray],
                   vendor_library: str | None = None, overwrite: bool = False) -> str:
     """Write the artifact directory ``path``. An existing artifact there is replaced only with ``overwrite``
     (and only once the new one is complete); anything else in the way is refused (:func:`check_output_path`)."""
+    return _write_staged(path, overwrite, lambda staging: _write_files(staging, plan, kernels, params, extra,
+                                                                       vendor_library))
+
+
+def _write_staged(path: str, overwrite: bool, write) -> str:
+    """``write(directory)`` into a staging directory beside ``path``, then put it in place (replacing an
+    artifact there only with ``overwrite``)."""
     check_output_path(path, overwrite)
     parent = os.path.dirname(os.path.abspath(path))
     try:
@@ -102,7 +113,7 @@ def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray],
     except OSError as err:
         raise _unwritable(path, err) from None
     try:
-        _write_files(staging, plan, kernels, params, extra, vendor_library)
+        write(staging)
         if os.path.lexists(path):
             shutil.rmtree(path)
         os.rename(staging, path)
@@ -156,9 +167,13 @@ def read_manifest(path: str) -> dict:
         raise ArtifactError(f"{mpath} is corrupted ({err}); rebuild the artifact") from None
     if not isinstance(manifest, dict) or manifest.get("format") != ARTIFACT_FORMAT:
         raise ArtifactError(f"{path} is not a tvm-nimble artifact (bad format tag)")
-    if manifest.get("version") != ARTIFACT_VERSION:
+    if manifest.get("version") not in VERSIONS:
         raise ArtifactError(f"{path} has artifact format version {manifest.get('version')}, this tvm-nimble "
-                            f"reads version {ARTIFACT_VERSION}: rebuild it with this version")
+                            f"reads versions {', '.join(map(str, VERSIONS))}: rebuild it with this version")
+    if (manifest.get("version") == BUCKETED_VERSION) != isinstance(manifest.get("buckets"), list):
+        raise ArtifactError(f"{path}/manifest.json is inconsistent (format version {manifest.get('version')} "
+                            f"{'without' if manifest.get('version') == BUCKETED_VERSION else 'with'} batch buckets); "
+                            "rebuild the artifact")
     return manifest
 
 
@@ -187,28 +202,109 @@ def check_tvm_version(path: str, manifest: dict) -> None:
 def load_artifact_files(path: str) -> tuple[dict, Plan, str, dict[str, np.ndarray]]:
     """Verify checksums and return (manifest, plan, kernels.so path, params)."""
     manifest = read_manifest(path)
+    if manifest["version"] != ARTIFACT_VERSION:
+        raise ArtifactError(f"{path} holds batch buckets: load it with tvm_nimble.load or NimbleExecutor")
     check_tvm_version(path, manifest)
+    _check_sums(path, manifest, FILES)
+    plan = _read_plan(path, "plan.json", manifest)
+    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
+        params = {k: data[k] for k in data.files}
+    _check_constants(path, plan, {f"c{c}": f"c{c}" for c in plan.constants}, params)
+    return manifest, plan, os.path.join(path, "kernels.so"), params
+
+
+def _check_sums(path: str, manifest: dict, files) -> None:
     sums = manifest.get("sha256")
     if not isinstance(sums, dict):
         raise ArtifactError(f"{path}/manifest.json has no checksums; rebuild the artifact")
-    for name in FILES + ((VENDOR_FILE,) if VENDOR_FILE in sums else ()):
+    for name in tuple(files) + ((VENDOR_FILE,) if VENDOR_FILE in sums else ()):
         fpath = os.path.join(path, name)
         if not os.path.isfile(fpath):
             raise ArtifactError(f"{path} is incomplete: {name} is missing; rebuild the artifact")
         if _sha256(fpath) != sums.get(name):
             raise ArtifactError(f"{path}/{name} does not match its checksum (corrupted or edited); rebuild the artifact")
-    with open(os.path.join(path, "plan.json")) as f:
+
+
+def _read_plan(path: str, name: str, manifest: dict) -> Plan:
+    with open(os.path.join(path, name)) as f:
         plan = Plan.from_json(f.read())
     if plan.target != manifest.get("target"):
         raise ArtifactError(f"{path}: plan and manifest disagree on the target; rebuild the artifact")
-    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
-        params = {k: data[k] for k in data.files}
-    missing = [f"c{c}" for c in plan.constants if f"c{c}" not in params]
+    return plan
+
+
+def _check_constants(path: str, plan: Plan, names: dict, params: dict) -> None:
+    """Every constant ``c<id>`` of ``plan`` is stored (as ``names[c<id>]``) with the plan's shape and dtype."""
+    missing = [f"c{c}" for c in plan.constants if names.get(f"c{c}") not in params]
     if missing:
         raise ArtifactError(f"{path}/params.npz lacks constants {missing[:5]}; rebuild the artifact")
     for c in plan.constants:
         t = plan.tensors[c]
-        p = params[f"c{c}"]
+        p = params[names[f"c{c}"]]
         if list(p.shape) != t.shape or str(p.dtype) != t.dtype:
             raise ArtifactError(f"{path}: constant c{c} is {p.dtype}{list(p.shape)}, the plan expects {t.dtype}{t.shape}")
-    return manifest, plan, os.path.join(path, "kernels.so"), params
+
+
+# ---- batch buckets ---------------------------------------------------------------------------------
+def bucket_files(batch: int) -> tuple[str, str]:
+    """The plan and kernel library of the bucket for batch size ``batch``."""
+    return f"plan.b{batch}.json", f"kernels.b{batch}.so"
+
+
+def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarray], extra: dict | None = None,
+                           vendor_library: str | None = None, overwrite: bool = False) -> str:
+    """Write an artifact of several batch buckets: ``buckets`` is a list of (batch, plan, kernels,
+    constant names) where the names map each constant ``c<id>`` of that plan to its entry in ``weights``,
+    which params.npz stores once for every bucket."""
+    def write(staging):
+        import tvm
+
+        files, entries = [], []
+        for batch, plan, kernels, names in buckets:
+            plan_file, kernels_file = bucket_files(batch)
+            with open(os.path.join(staging, plan_file), "w") as f:
+                f.write(plan.to_json())
+            kernels.export_library(os.path.join(staging, kernels_file))
+            files += [plan_file, kernels_file]
+            entries.append({"batch": int(batch), "plan": plan_file, "kernels": kernels_file,
+                            "constants": {k: names[k] for k in sorted(names)}})
+        np.savez(os.path.join(staging, "params.npz"), **weights)
+        files.append("params.npz")
+        if any(plan.uses_vendor_kernels for _, plan, _, _ in buckets):
+            if not vendor_library:
+                raise ArtifactError("the plans launch cuDNN/cuBLAS kernels but no vendor extension was given to "
+                                    "package; export the module returned by tvm_nimble.build")
+            shutil.copyfile(vendor_library, os.path.join(staging, VENDOR_FILE))
+            files.append(VENDOR_FILE)
+        manifest = {"format": ARTIFACT_FORMAT, "version": BUCKETED_VERSION, "target": buckets[0][1].target,
+                    "tvm_version": tvm.__version__, "buckets": entries,
+                    "sha256": {name: _sha256(os.path.join(staging, name)) for name in files}, **(extra or {})}
+        with open(os.path.join(staging, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+
+    return _write_staged(path, overwrite, write)
+
+
+def load_bucketed_files(path: str) -> tuple[dict, list, dict[str, np.ndarray]]:
+    """Verify a bucketed artifact and return (manifest, [(batch, plan, kernels path, constant names)], weights)."""
+    manifest = read_manifest(path)
+    check_tvm_version(path, manifest)
+    entries = manifest["buckets"]
+    try:
+        specs = [(int(e["batch"]), str(e["plan"]), str(e["kernels"]), dict(e["constants"])) for e in entries]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ArtifactError(f"{path}/manifest.json has a malformed bucket entry ({err}); rebuild the artifact") from None
+    batches = [b for b, *_ in specs]
+    if not specs or batches != sorted(set(batches)) or batches[0] < 1:
+        raise ArtifactError(f"{path}/manifest.json lists batch buckets {batches}; rebuild the artifact")
+    if any((p, k) != bucket_files(b) for b, p, k, _ in specs):
+        raise ArtifactError(f"{path}/manifest.json names unexpected bucket files; rebuild the artifact")
+    _check_sums(path, manifest, [f for _, p, k, _ in specs for f in (p, k)] + ["params.npz"])
+    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
+        weights = {k: data[k] for k in data.files}
+    out = []
+    for batch, plan_file, kernels_file, names in specs:
+        plan = _read_plan(path, plan_file, manifest)
+        _check_constants(path, plan, names, weights)
+        out.append((batch, plan, os.path.join(path, kernels_file), names))
+    return manifest, out, weights

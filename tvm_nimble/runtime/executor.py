@@ -28,7 +28,8 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError, ShapeError
 
-from .device import Workspace, device_for
+from .buckets import SharedWorkspace, arena_layout, row_view, shared_constant_storages
+from .device import Workspace, device_for, tensor_at
 
 MODES = ("cuda-graph", "single-stream", "streams", "sequential")
 
@@ -72,7 +73,31 @@ def load_module(module_or_artifact):
                     f"not {type(module_or_artifact).__name__}")
 
 
+def _is_bucketed(module_or_artifact) -> bool:
+    """Whether ``module_or_artifact`` holds batch buckets (a module, or an artifact directory whose manifest says so)."""
+    if getattr(module_or_artifact, "buckets", None):
+        return True
+    if isinstance(module_or_artifact, str) or hasattr(module_or_artifact, "__fspath__"):
+        import json
+        import os
+
+        manifest = os.path.join(os.fspath(module_or_artifact), "manifest.json")
+        try:
+            with open(manifest) as f:
+                return isinstance(json.load(f).get("buckets"), list)
+        except (OSError, ValueError, AttributeError):
+            return False  # (loading names what is wrong)
+    return False
+
+
 class NimbleExecutor:
+    def __new__(cls, module_or_artifact=None, *args, **kwargs):
+        """A model built with ``batch_sizes`` gets a :class:`~tvm_nimble.runtime.buckets.BucketedExecutor`
+        (a NimbleExecutor that takes any batch size)."""
+        if cls is NimbleExecutor and _is_bucketed(module_or_artifact):
+            cls = BucketedExecutor
+        return super().__new__(cls)
+
     def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = True,
                  carry: dict | None = None):
         """Inputs that index a table (Gather / take: an embedding's ids) are checked against the
@@ -114,7 +139,7 @@ class NimbleExecutor:
         self._local = threading.local()  # per thread: set_any (it set an input), ran (it ran this executor)
         self._funcs = resolve_kernels(self.plan, self.module.kernels)
         swap = storage_swap(self.plan, carry or {})
-        self._ws = Workspace(self.plan, self.module.params, self.device)
+        self._ws = self._workspace()
         # one set of tensor views and launch arguments per parity; two only when state is carried
         self._views = [self._ws.tensors] + ([self._ws.views(swap)] if swap else [])
         self._arg_sets = [self._ws.launch_args(v) for v in self._views]
@@ -127,6 +152,10 @@ class NimbleExecutor:
             raise
 
     # ---- preparation ---------------------------------------------------------------------
+    def _workspace(self) -> Workspace:
+        """The plan's device buffers (a bucket of a bucketed executor shares them with the other buckets)."""
+        return Workspace(self.plan, self.module.params, self.device)
+
     def _prepare_gpu(self):
         from . import cuda_graph as cg
         from .issue import event_count, issue_sequence, num_streams
@@ -447,3 +476,309 @@ class NimbleExecutor:
             self.close()
         except Exception:
             pass
+
+
+# ---- batch buckets (see runtime/buckets.py) ------------------------------------------------------
+class _BucketRunner(NimbleExecutor):
+    """The executor of one bucket, on buffers its :class:`BucketedExecutor` shares among the buckets."""
+
+    def __init__(self, module, workspace, device, mode, check_inputs):
+        self._shared_workspace = workspace
+        super().__init__(module, device, mode, check_inputs)
+
+    def _workspace(self):
+        return self._shared_workspace
+
+
+class BucketedExecutor(NimbleExecutor):
+    """A :class:`NimbleExecutor` of a model built with ``batch_sizes``: ``ex(*inputs)`` takes any number of
+    rows (see the module docstring). ``NimbleExecutor(bucketed model)`` returns one; a model built for one
+    batch size becomes a one-bucket model (:func:`from_fixed`).
+
+    ``ex(*inputs, split=False)`` refuses a batch over the largest bucket instead of splitting it;
+    ``copy=False`` returns views of the bucket's output buffers (valid until the next run) when one run
+    serves the batch. ``set_input`` / ``run`` / ``get_output`` work as on any executor (the inputs are kept
+    until the run, which splits and pads like a call). ``stats`` counts runs, rows and padded rows.
+    """
+
+    def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = True,
+                 carry: dict | None = None):
+        import tvm
+
+        self._closed = False
+        self._runners: dict[int, _BucketRunner] = {}
+        self._arena = None
+        self._weights_dev: dict[str, object] = {}
+        if carry:
+            raise NimbleError("carry does not apply to a model with batch buckets")
+        from .module import BucketedModule, from_fixed
+
+        module = load_module(module_or_artifact)
+        if not isinstance(module, BucketedModule):
+            module = from_fixed(module)
+        self.module = module
+        self.plan = module.plan
+        self.check_inputs = check_inputs
+        self.batch_sizes = module.batch_sizes
+        self.max_batch = module.max_batch
+        self.device = device_for(self.plan.target, device)
+        self._lock = threading.RLock()
+        self._owner = None
+        self._pending: dict[int, tuple] = {}  # input index -> (prepared value, thread that set it)
+        self._results = None
+        self._result_by = None
+        self._local = threading.local()
+        self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0}
+        self._zeros: dict[tuple, np.ndarray] = {}
+        try:
+            names, weights = module.shared_weights()
+            layouts = {b: arena_layout(m.plan) for b, m in module.buckets.items()}
+            self.pool_bytes = max(total for _, total in layouts.values())
+            self._arena = tvm.runtime.empty((max(self.pool_bytes, 1),), "uint8", self.device)
+            for b, bucket in module.buckets.items():
+                self._runners[b] = self._runner(bucket, layouts[b][0], names[b], weights, mode)
+            self.mode = self._runners[self.max_batch].mode
+        except BaseException:
+            self.close()
+            raise
+
+    def _runner(self, bucket, offsets: dict[int, int], names: dict[str, str], weights: dict, mode) -> _BucketRunner:
+        import tvm
+
+        plan = bucket.plan
+        shared = shared_constant_storages(plan, names)
+        storages = []
+        for s in plan.storages:
+            size = (max(s.nbytes, 1),)
+            if s.id in offsets:
+                storages.append(tensor_at(self._arena, size, "uint8", offsets[s.id]))
+            elif s.id in shared:
+                storages.append(self._weight_buffer(shared[s.id], s, plan, weights))
+            else:  # a constant storage that is not one whole constant: the bucket's own, loaded below
+                storages.append(tvm.runtime.empty(size, "uint8", self.device))
+        ws = SharedWorkspace(plan, self.device, storages)
+        for c in plan.constants:
+            if plan.tensors[c].storage not in shared:
+                ws.tensors[c].copyfrom(np.asarray(weights[names[f"c{c}"]], order="C"))
+        for s in plan.storages:  # inputs read zeros, not another bucket's leftovers, in the GPU warm-up run
+            if s.kind == "input":
+                storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
+        return _BucketRunner(bucket, ws, self.device, mode, self.check_inputs)
+
+    def _weight_buffer(self, name: str, storage, plan, weights: dict):
+        """The device buffer of weight ``name``, allocated and loaded on first use."""
+        import tvm
+
+        if name not in self._weights_dev:
+            buf = tvm.runtime.empty((max(storage.nbytes, 1),), "uint8", self.device)
+            t = next(plan.tensors[c] for c in plan.constants if plan.tensors[c].storage == storage.id)
+            tensor_at(buf, t.shape, t.dtype, 0).copyfrom(np.asarray(weights[name], order="C"))
+            self._weights_dev[name] = buf
+        return self._weights_dev[name]
+
+    @property
+    def weight_buffers(self) -> int:
+        """How many weight buffers this executor holds on the device (each distinct constant once)."""
+        return len(self._weights_dev)
+
+    def bucket(self, batch: int) -> NimbleExecutor:
+        """The executor of one bucket (e.g. to ``profile()`` it); it shares this executor's buffers, so use
+        it only while nothing else runs this executor."""
+        if batch not in self._runners:
+            raise InputError(f"no bucket for batch {batch}: the buckets are {self.batch_sizes}")
+        return self._runners[batch]
+
+    # ---- inputs ------------------------------------------------------------------------------------------
+    def _prepare_one(self, i: int, value):
+        slot = self.plan.tensors[self.plan.inputs[i]]
+        src = self._as_tensor(value, slot.name)
+        shape = list(src.shape)
+        if len(shape) != len(slot.shape) or shape[1:] != slot.shape[1:]:
+            raise ShapeError(f"input {slot.name!r} has shape {shape}; the model takes batches shaped "
+                             f"[N, {', '.join(map(str, slot.shape[1:]))}] (any N, run in buckets of {self.batch_sizes})")
+        if str(src.dtype) != slot.dtype:
+            raise InputError(f"input {slot.name!r} has dtype {src.dtype}, the model expects {slot.dtype}; cast it first")
+        if self.check_inputs and slot.name in self.plan.index_bounds:
+            self._check_indices(slot.name, src, self.plan.index_bounds[slot.name])
+        return src
+
+    def _batch_of(self, prepared: list) -> int:
+        rows = [int(src.shape[0]) for src in prepared]
+        if len(set(rows)) != 1:
+            names = self.plan.input_names
+            raise InputError("the inputs disagree on the batch size: " +
+                             ", ".join(f"{n!r} has {r} rows" for n, r in zip(names, rows)))
+        if rows[0] < 1:
+            raise InputError("the batch is empty (0 rows): give at least one row")
+        return rows[0]
+
+    def _prepare_all(self, inputs, named) -> list:
+        names = self.plan.input_names
+        if len(inputs) + len(named) != len(names):
+            raise InputError(f"the model takes {len(names)} input(s) {names}, got {len(inputs) + len(named)}")
+        values: list = list(inputs) + [None] * (len(names) - len(inputs))
+        for key, value in named.items():
+            i = self._input_index(key)
+            if i < len(inputs) or values[i] is not None:
+                raise InputError(f"input(s) given twice: the model's inputs are {names}")
+            values[i] = value
+        return [self._prepare_one(i, v) for i, v in enumerate(values)]
+
+    # ---- runs --------------------------------------------------------------------------------------------
+    def chunks(self, n: int) -> list[tuple[int, int, int]]:
+        """(first row, rows, bucket) of each run that serves ``n`` rows: runs of the largest bucket while more
+        rows than it remain, then the smallest bucket that holds the rest."""
+        out, start = [], 0
+        while n - start > self.max_batch:
+            out.append((start, self.max_batch, self.max_batch))
+            start += self.max_batch
+        rest = n - start
+        out.append((start, rest, min(b for b in self.batch_sizes if b >= rest)))
+        return out
+
+    def _zeros_for(self, slot, rows: int) -> np.ndarray:
+        key = (slot.id, rows)
+        z = self._zeros.get(key)
+        if z is None:
+            z = self._zeros[key] = np.zeros((rows, *slot.shape[1:]), dtype=slot.dtype)
+        return z
+
+    def _copy_rows(self, runner: _BucketRunner, prepared: list, start: int, rows: int, batch: int) -> None:
+        plan = runner.plan
+        for i, src in enumerate(prepared):
+            slot = plan.tensors[plan.inputs[i]]
+            row_bytes = slot.nbytes // batch
+            dst = runner._views[runner._parity][plan.inputs[i]]
+            head = row_view(dst, 0, rows, row_bytes)
+            if isinstance(src, np.ndarray):
+                head.copyfrom(src[start:start + rows])
+            else:
+                row_view(src, start, rows, row_bytes).copyto(head)
+            if rows < batch:  # the padded rows: zeros, whatever an earlier run left there
+                row_view(dst, rows, batch - rows, row_bytes).copyfrom(self._zeros_for(slot, batch - rows))
+
+    def _run_rows(self, prepared: list, n: int, copy: bool, split: bool) -> list:
+        """Serve ``n`` rows of ``prepared`` inputs (under the lock): the outputs' first ``n`` rows."""
+        import tvm
+
+        if n > self.max_batch and not split:
+            raise InputError(f"a batch of {n} rows is over the largest bucket ({self.max_batch}; buckets "
+                             f"{self.batch_sizes}) and split=False: split it, or build with a larger batch size")
+        chunks = self.chunks(n)
+        outs = None
+        for start, rows, batch in chunks:
+            runner = self._runners[batch]
+            self._copy_rows(runner, prepared, start, rows, batch)
+            runner._launch()
+            runner.sync()
+            self.stats["runs"] += 1
+            self.stats["padded_rows"] += batch - rows
+            plan = runner.plan
+            views = [runner._views[runner._last_parity][t] for t in plan.outputs]
+            row_bytes = [plan.tensors[t].nbytes // batch for t in plan.outputs]
+            if len(chunks) == 1:
+                heads = [row_view(v, 0, rows, rb) for v, rb in zip(views, row_bytes)]
+                if not copy:
+                    return heads
+                fresh = [tvm.runtime.empty(h.shape, h.dtype, self.device) for h in heads]
+                for h, f in zip(heads, fresh):
+                    h.copyto(f)
+                return fresh
+            if outs is None:
+                outs = [tvm.runtime.empty((n, *v.shape[1:]), v.dtype, self.device) for v in views]
+            for v, o, rb in zip(views, outs, row_bytes):
+                row_view(v, 0, rows, rb).copyto(row_view(o, start, rows, rb))
+        return outs
+
+    def __call__(self, *inputs, copy: bool = True, split: bool = True, **named):
+        """Run any number of rows (see the class docstring); the outputs have exactly as many rows, in order."""
+        self._check_open()
+        prepared = self._prepare_all(inputs, named)
+        n = self._batch_of(prepared)
+        me = current_thread()
+        with self._lock:
+            self.stats["calls"] += 1
+            self.stats["rows"] += n
+            out = self._run_rows(prepared, n, copy, split)
+            if self._owner is me:
+                self._owner = None
+            return out
+
+    # ---- graph-executor API --------------------------------------------------------------------------------
+    def set_input(self, key, value) -> None:
+        self._check_open()
+        i = self._input_index(key)
+        src = self._prepare_one(i, value)
+        me = current_thread()
+        with self._lock:
+            self._claim(me, "set_input")
+            self._pending[i] = (src, me)
+
+    def run(self, split: bool = True) -> None:
+        self._check_open()
+        me = current_thread()
+        with self._lock:
+            self._claim(me, "run")
+            missing = [n for i, n in enumerate(self.plan.input_names) if i not in self._pending]
+            if missing:
+                raise NotReadyError(f"run() before set_input: input(s) {missing} were never set; call "
+                                    "set_input(name, value) for each input first (or ex(*inputs))")
+            other = next((t for _, t in self._pending.values() if t is not me), None)
+            if other is not None:
+                self._owner = None
+                raise ConcurrentUseError(f"run() from thread {me.name!r}: input(s) were set by thread "
+                                         f"{getattr(other, 'name', '?')!r}; use one executor per thread, a NimblePool, "
+                                         "or ex(*inputs)")
+            prepared = [self._pending[i][0] for i in range(len(self.plan.inputs))]
+            n = self._batch_of(prepared)
+            self.stats["calls"] += 1
+            self.stats["rows"] += n
+            self._results = self._run_rows(prepared, n, copy=True, split=split)
+            self._result_by = me
+
+    def get_output(self, index: int = 0, copy: bool = True):
+        """Output ``index`` of the last ``run()`` (a tensor the caller owns; ``copy=False``: the kept one)."""
+        import tvm
+
+        self._check_open()
+        if not 0 <= index < len(self.plan.outputs):
+            raise IndexError(f"output index {index} out of range: the model has {len(self.plan.outputs)} output(s)")
+        me = current_thread()
+        with self._lock:
+            if self._results is None:
+                raise NotReadyError("get_output() before any run(): call set_input(...) for every input and run() "
+                                    "first (or ex(*inputs))")
+            owner = self._owner
+            if owner is not None and owner is not me and owner.is_alive():
+                raise ConcurrentUseError(f"get_output() from thread {me.name!r} while thread {owner.name!r} is between "
+                                         "its set_input/run and get_output; use one executor per thread, a NimblePool, "
+                                         "or ex(*inputs)")
+            out = self._results[index]
+            if copy:
+                fresh = tvm.runtime.empty(out.shape, out.dtype, self.device)
+                out.copyto(fresh)
+                out = fresh
+            if owner is me:
+                self._owner = None
+            return out
+
+    def sync(self) -> None:  # every run is synchronized before its outputs are read
+        pass
+
+    def profile(self, graph: bool | None = None):
+        raise NimbleError(f"profile one bucket of a bucketed executor: ex.bucket(N).profile() with N among "
+                          f"{self.batch_sizes}")
+
+    def close(self) -> None:
+        """Free every bucket's graph, streams and events, the shared buffers and the weights."""
+        self._closed = True
+        for r in list(getattr(self, "_runners", {}).values()):
+            r.close()
+        self._runners = {}
+        self._arena = None
+        self._weights_dev = {}
+        self._results = None
+        self._pending = {}
+
+    def __repr__(self) -> str:
+        return f"BucketedExecutor(buckets={self.batch_sizes}, mode={getattr(self, 'mode', None)!r})"

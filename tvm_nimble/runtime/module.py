@@ -6,7 +6,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .artifact import VENDOR_FILE, ArtifactError, load_artifact_files, save_artifact
+from tvm_nimble.errors import NimbleError
+
+from .artifact import (VENDOR_FILE, ArtifactError, load_artifact_files, load_bucketed_files, read_manifest,
+                       save_artifact, save_bucketed_artifact)
+from .buckets import arena_layout, check_buckets, dedupe_weights
 from .plan import VENDOR_PREFIXES, Plan
 
 
@@ -75,6 +79,8 @@ def load(path: str) -> NimbleModule:
     """Load an artifact with the TVM runtime only (no compiler needed)."""
     import tvm
 
+    if read_manifest(path).get("buckets") is not None:  # built with batch_sizes: a plan per batch size
+        return load_bucketed(path)
     manifest, plan, kernels_path, params = load_artifact_files(path)
     if plan.target.get("kind") == "cuda":
         from .device import ensure_cuda_runtime
@@ -89,3 +95,98 @@ def load(path: str) -> NimbleModule:
     resolve_kernels(plan, kernels)  # a plan naming a kernel the library lacks fails here, not at the first run
     return NimbleModule(plan, kernels, params, None, dict(manifest.get("info", {})),
                         vendor if VENDOR_FILE in manifest.get("sha256", {}) else None)
+
+
+# ---- batch buckets (see runtime/buckets.py) ------------------------------------------------------
+@dataclass
+class BucketedModule(NimbleModule):
+    """A model built for several batch sizes: ``buckets`` maps each batch size to its
+    :class:`NimbleModule` (plan, kernels, constants). ``plan``, ``kernels`` and ``params`` are the largest
+    bucket's (what code that knows one plan sees); ``weight_names`` / ``weights`` are the constants stored
+    once (:func:`dedupe_weights`; computed on first use for a module built in this process)."""
+
+    buckets: dict = field(default_factory=dict)
+    weight_names: dict | None = field(default=None, repr=False)
+    weights: dict | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, buckets: dict[int, NimbleModule], info: dict | None = None, **known) -> "BucketedModule":
+        buckets = dict(sorted(buckets.items()))
+        check_buckets(buckets)
+        top = buckets[max(buckets)]
+        vendor = next((m.vendor_library for m in buckets.values() if m.vendor_library), None)
+        info = info if info is not None else {"batch_sizes": list(buckets),
+                                              "buckets": {str(b): m.info for b, m in buckets.items()}}
+        return cls(top.plan, top.kernels, top.params, None, info, vendor, buckets=buckets, **known)
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return sorted(self.buckets)
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.buckets)
+
+    def shared_weights(self) -> tuple[dict[int, dict[str, str]], dict[str, np.ndarray]]:
+        """(per bucket: ``c<id>`` -> weight name, weight name -> array), each distinct constant once."""
+        if self.weight_names is None or self.weights is None:
+            self.weight_names, self.weights = dedupe_weights(self.buckets)
+        return self.weight_names, self.weights
+
+    def pool_bytes(self) -> int:
+        """Bytes of the allocation the buckets share (inputs, outputs and memory pool of the largest need)."""
+        return max(arena_layout(m.plan)[1] for m in self.buckets.values())
+
+    def device_bytes(self) -> int:
+        """Device bytes one executor allocates: the weights once plus the shared allocation."""
+        _, weights = self.shared_weights()
+        return sum(max(np.asarray(w).nbytes, 1) for w in weights.values()) + self.pool_bytes()
+
+    def export(self, path: str, overwrite: bool = False) -> str:
+        """Write one artifact directory: a plan and kernel library per bucket, the weights once."""
+        names, weights = self.shared_weights()
+        return save_bucketed_artifact(path, [(b, m.plan, m.kernels, names[b]) for b, m in self.buckets.items()],
+                                      weights, extra={"info": self.info}, vendor_library=self.vendor_library,
+                                      overwrite=overwrite)
+
+    export_library = export
+
+
+def from_fixed(module: NimbleModule) -> BucketedModule:
+    """A one-bucket module of a model built for one batch size (its inputs' and outputs' shared leading
+    dimension), so that it serves any smaller batch padded and any larger one split (a fixed-batch
+    baseline for the batcher)."""
+    plan = module.plan
+    leads = {plan.tensors[t].shape[0] if plan.tensors[t].shape else None for t in plan.inputs + plan.outputs}
+    if len(leads) != 1 or None in leads:
+        raise NimbleError("this model's inputs and outputs do not share a leading batch dimension, so it cannot "
+                          "serve other batch sizes; build it with batch_sizes=[...] from an ONNX model whose batch is "
+                          "the leading dimension of every input")
+    return BucketedModule.of({leads.pop(): module}, info=dict(module.info))
+
+
+def load_bucketed(path: str) -> BucketedModule:
+    """Load a bucketed artifact with the TVM runtime only."""
+    import tvm
+
+    manifest, specs, weights = load_bucketed_files(path)
+    if manifest.get("target", {}).get("kind") == "cuda":
+        from .device import ensure_cuda_runtime
+
+        ensure_cuda_runtime()
+    vendor = None
+    if VENDOR_FILE in manifest.get("sha256", {}):
+        from .vendor import load_vendor_library
+
+        vendor = os.path.join(path, VENDOR_FILE)
+        load_vendor_library(vendor)
+    info = dict(manifest.get("info", {}))
+    per_bucket = info.get("buckets", {}) if isinstance(info.get("buckets"), dict) else {}
+    buckets, names = {}, {}
+    for batch, plan, kernels_path, constants in specs:
+        kernels = tvm.runtime.load_module(kernels_path)
+        resolve_kernels(plan, kernels)
+        params = {c: weights[w] for c, w in constants.items()}
+        buckets[batch] = NimbleModule(plan, kernels, params, None, dict(per_bucket.get(str(batch), {})), vendor)
+        names[batch] = constants
+    return BucketedModule.of(buckets, info=info, weight_names=names, weights=weights)

@@ -32,9 +32,15 @@ def plan_bytes(plan) -> int:
     return sum(max(s.nbytes, 1) for s in plan.storages)
 
 
-def default_replicas(plan, device=None, max_replicas: int = MAX_REPLICAS) -> int:
-    """How many replicas fit: on GPU, half the free device memory over the plan's bytes; on CPU,
-    the core count; at most ``max_replicas`` and at least 1."""
+def module_bytes(module) -> int:
+    """Device bytes one executor of ``module`` allocates (a bucketed model: its weights once plus the
+    buffers its buckets share)."""
+    return module.device_bytes() if getattr(module, "buckets", None) else plan_bytes(module.plan)
+
+
+def default_replicas(plan, device=None, max_replicas: int = MAX_REPLICAS, nbytes: int | None = None) -> int:
+    """How many replicas fit: on GPU, half the free device memory over the plan's bytes (``nbytes`` when
+    given); on CPU, the core count; at most ``max_replicas`` and at least 1."""
     if plan.target.get("kind") == "cuda":
         from .device import device_for
 
@@ -43,7 +49,7 @@ def default_replicas(plan, device=None, max_replicas: int = MAX_REPLICAS) -> int
             free = int(dev.available_global_memory)
         except Exception:
             free = 0
-        fit = int(free * GPU_MEMORY_SHARE) // max(plan_bytes(plan), 1) if free else 1
+        fit = int(free * GPU_MEMORY_SHARE) // max(nbytes or plan_bytes(plan), 1) if free else 1
     else:
         fit = os.cpu_count() or 1
     return max(1, min(max_replicas, fit))
@@ -62,7 +68,7 @@ class NimblePool:
         self.module = load_module(module_or_artifact)
         self.plan = self.module.plan
         if replicas is None:
-            replicas = default_replicas(self.plan, device, max_replicas)
+            replicas = default_replicas(self.plan, device, max_replicas, module_bytes(self.module))
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
         self._executors: list[NimbleExecutor] = []
@@ -105,9 +111,17 @@ class NimblePool:
             ex.release_thread(threading.current_thread())
             self._idle.put(ex)
 
-    def __call__(self, *inputs, **named) -> list:
-        """Run one inference on an idle replica; the outputs are copies the caller owns."""
+    @property
+    def batch_sizes(self) -> list[int] | None:
+        """The batch buckets of a model built with ``batch_sizes`` (each replica takes any batch), else None."""
+        return getattr(self.module, "batch_sizes", None)
+
+    def __call__(self, *inputs, split: bool | None = None, **named) -> list:
+        """Run one inference on an idle replica; the outputs are copies the caller owns. ``split=False``
+        (bucketed models) refuses a batch over the largest bucket instead of splitting it."""
         with self.executor() as ex:
+            if split is not None:
+                return ex(*inputs, copy=True, split=split, **named)
             return ex(*inputs, copy=True, **named)
 
     def _check_open(self) -> None:
@@ -130,4 +144,5 @@ class NimblePool:
         self.close()
 
     def __repr__(self) -> str:
-        return f"NimblePool({self.replicas} replicas, mode={getattr(self, 'mode', None)!r})"
+        buckets = f", buckets={self.batch_sizes}" if getattr(self, "module", None) is not None and self.batch_sizes else ""
+        return f"NimblePool({self.replicas} replicas, mode={getattr(self, 'mode', None)!r}{buckets})"

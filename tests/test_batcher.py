@@ -1,0 +1,124 @@
+"""The dynamic batcher (issue #35, CPU part): requests from many threads gathered into bucketed runs.
+
+Under 8 threads x 200 requests of random sizes nothing is lost or duplicated and every request gets
+exactly its own rows, in order: each row of the table below has its own output (checked distinct),
+each request draws distinct rows, and its result must be those rows' outputs in its order.
+"""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+import tvm_nimble
+from tvm_nimble import zoo
+from tvm_nimble.errors import NimbleError, ShapeError
+from tvm_nimble.runtime.batcher import Batcher
+
+SIZES = [1, 2, 4, 8]
+TABLE = 64
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A small zoo net built with buckets, a table of rows and each row's output by the ONNX reference."""
+    model = zoo.resnet_chain(blocks=1, hw=8)
+    path = str(tmp_path_factory.mktemp("batcher") / "m.nimble")
+    tvm_nimble.build(model, "llvm", batch_sizes=SIZES).export(path)
+    x = np.random.default_rng(11).standard_normal((TABLE, 3, 8, 8)).astype("float32")
+    ref = ReferenceEvaluator(model)
+    y = np.concatenate([ref.run(None, {"input": x[i:i + 1]})[0] for i in range(TABLE)])
+    gaps = np.linalg.norm(y[:, None, :] - y[None, :, :], axis=-1) + np.eye(TABLE) * 1e9
+    assert gaps.min() > 1e-2  # every row's output is its own: a swapped or repeated row cannot pass
+    return model, path, x, y
+
+
+def test_eight_threads_lose_duplicate_and_reorder_nothing(served):
+    _, path, x, y = served
+    threads, per_thread = 8, 200
+    with tvm_nimble.NimblePool(path, replicas=2) as pool, Batcher(pool, max_delay_ms=2) as batcher:
+        got: dict = {}
+        failures = []
+
+        def client(t):
+            rng = np.random.default_rng(100 + t)
+            for r in range(per_thread):
+                n = int(rng.choice([1, 1, 2, 3, 5, 7, 8, 9, 12]))  # over 8: that request alone, split
+                ids = rng.permutation(TABLE)[:n]
+                try:
+                    out = batcher(x[ids], timeout=60)[0].numpy()
+                except Exception as err:  # noqa: BLE001
+                    failures.append((t, r, repr(err)))
+                    continue
+                got[(t, r)] = (ids, out)
+
+        workers = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert not failures, failures[:3]
+        assert len(got) == threads * per_thread  # every request answered once
+        for (t, r), (ids, out) in got.items():
+            assert out.shape == (len(ids), 10), (t, r)
+            np.testing.assert_allclose(out, y[ids], rtol=1e-4, atol=1e-4, err_msg=f"thread {t} request {r}")
+        stats = batcher.stats
+        rows = sum(len(ids) for ids, _ in got.values())
+        assert stats["requests"] == threads * per_thread and stats["rows"] == rows
+        assert sum(stats["batches"]) == rows  # each request's rows ran in exactly one batch
+        assert stats["runs"] < stats["requests"]  # requests were gathered
+        assert max(stats["batches"]) <= 12 and max(stats["batches"]) >= 8
+
+
+def test_a_full_batch_does_not_wait_for_the_delay(served):
+    _, path, x, y = served
+    with Batcher(path, max_delay_ms=20_000) as batcher:  # 20 s: only a full batch runs before that
+        start = time.perf_counter()
+        out = batcher(x[:8], timeout=10)[0].numpy()
+        assert time.perf_counter() - start < 10
+        np.testing.assert_allclose(out, y[:8], rtol=1e-4, atol=1e-4)
+
+
+def test_a_lone_request_runs_once_its_delay_is_over(served):
+    _, path, x, y = served
+    with Batcher(path, max_delay_ms=150) as batcher:
+        batcher(x[:1])  # warm
+        start = time.perf_counter()
+        out = batcher(x[3:5], timeout=10)[0].numpy()
+        waited = time.perf_counter() - start
+        assert 0.14 <= waited < 5, waited
+        np.testing.assert_allclose(out, y[3:5], rtol=1e-4, atol=1e-4)
+
+
+def test_requests_gathered_within_the_delay_share_a_run(served):
+    _, path, x, y = served
+    with Batcher(path, max_delay_ms=300) as batcher:
+        futures = [batcher.submit(x[i:i + 1]) for i in range(5)]  # 5 rows: one run of bucket 8
+        outs = [f.result(10)[0].numpy() for f in futures]
+        assert batcher.stats["batches"] == [5]
+    for i, out in enumerate(outs):
+        np.testing.assert_allclose(out, y[i:i + 1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_fixed_batch_artifact_serves_through_the_batcher(served, tmp_path):
+    model, _, x, y = served
+    path = str(tmp_path / "fixed.nimble")
+    tvm_nimble.build(zoo.resnet_chain(blocks=1, hw=8, batch=8), "llvm").export(path)
+    with Batcher(path, max_delay_ms=1) as batcher:  # the fixed-batch baseline: every run padded to 8
+        assert batcher.batch_sizes == [8]
+        for n in (1, 5, 8, 11):
+            np.testing.assert_allclose(batcher(x[:n])[0].numpy(), y[:n], rtol=1e-4, atol=1e-4)
+
+
+def test_bad_requests_fail_in_the_callers_thread(served):
+    _, path, x, _ = served
+    batcher = Batcher(path, max_delay_ms=1)
+    with pytest.raises(ShapeError, match="rows shaped"):
+        batcher.submit(x[:2, :2])
+    with pytest.raises(NimbleError, match="same number of rows"):
+        batcher.submit(x[:0])
+    batcher.close()
+    with pytest.raises(NimbleError, match="closed"):
+        batcher.submit(x[:1])

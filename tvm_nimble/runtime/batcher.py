@@ -1,0 +1,239 @@
+"""A small dynamic batcher: requests from many threads gathered into one bucketed run.
+
+    batcher = Batcher("model.nimble", max_delay_ms=2)        # a model built with batch_sizes
+    y = batcher(x)[0]                                         # from any thread: x's rows, x's outputs
+    future = batcher.submit(x)                                # or asynchronously: future.result()
+
+A request is any number of rows (the leading dimension of every input). A worker takes the oldest
+waiting request, then gathers the ones behind it, in arrival order, until the batch holds the
+largest bucket's rows or ``max_delay_ms`` have passed since that oldest request arrived, and runs
+them as one batch (:class:`~tvm_nimble.runtime.buckets.BucketedExecutor`: the smallest bucket that
+holds it, padded). Each caller gets exactly its own rows of every output, in order. A request never
+straddles two runs: one that would overflow the batch waits for the next, and one larger than the
+largest bucket runs alone, split. Over a :class:`~tvm_nimble.runtime.pool.NimblePool` there is one
+worker per replica, so batches run side by side; over one executor, one at a time.
+
+A model built for one batch size works too (a one-bucket model: every batch padded to it), which is
+the fixed-batch baseline of a latency comparison.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+
+from tvm_nimble.errors import NimbleError, ShapeError
+
+from .executor import InputError, NimbleExecutor
+from .pool import NimblePool
+
+
+class _Request:
+    __slots__ = ("inputs", "rows", "future", "arrival")
+
+    def __init__(self, inputs, rows, arrival):
+        self.inputs = inputs
+        self.rows = rows
+        self.future = Future()
+        self.arrival = arrival
+
+
+class Batcher:
+    """Gathers requests from many threads into bucketed runs (see the module docstring).
+
+    ``model``: a :class:`NimblePool` (one worker per replica), a :class:`NimbleExecutor`, or what they
+    load (a module or an artifact path; then ``replicas`` executors are made, default 1).
+    ``max_delay_ms``: the longest a request waits for others before its batch runs (0: run what has
+    arrived). ``max_batch``: the most rows gathered into one run (default: the largest bucket).
+    ``stats`` counts requests, rows and runs (``batches`` lists each run's rows).
+    """
+
+    def __init__(self, model, max_delay_ms: float = 2.0, max_batch: int | None = None, replicas: int | None = None,
+                 check_inputs: bool = True):
+        if not isinstance(max_delay_ms, (int, float)) or isinstance(max_delay_ms, bool) or max_delay_ms < 0:
+            raise ValueError(f"max_delay_ms must be a number >= 0, got {max_delay_ms!r}")
+        self._owned = None
+        if isinstance(model, (NimblePool, NimbleExecutor)):
+            self._target = model
+        else:
+            self._target = self._owned = NimblePool(model, replicas=replicas or 1, check_inputs=check_inputs)
+        if isinstance(self._target, NimblePool):
+            workers = self._target.replicas
+            probe = self._target._executors[0]
+        else:
+            workers, probe = 1, self._target
+        if not hasattr(probe, "batch_sizes"):  # a model built for one batch: serve it as a one-bucket model
+            if self._owned is not None:
+                self._owned.close()
+            pool = self._target if isinstance(self._target, NimblePool) else None
+            module = (pool or probe).module
+            from .module import from_fixed
+
+            self._target = self._owned = NimblePool(from_fixed(module), replicas=workers, check_inputs=check_inputs)
+            probe = self._target._executors[0]
+        self.plan = probe.plan
+        self.batch_sizes = list(probe.batch_sizes)
+        self.max_batch = probe.max_batch if max_batch is None else int(max_batch)
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
+        self.max_delay = max_delay_ms / 1000.0
+        self._slots = [(self.plan.tensors[t].shape[1:], self.plan.tensors[t].dtype, self.plan.tensors[t].name)
+                       for t in self.plan.inputs]
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._cv = threading.Condition()
+        self._gather = threading.Lock()  # one worker gathers at a time
+        self._closed = False
+        self.stats = {"requests": 0, "rows": 0, "runs": 0, "batches": []}
+        self._workers = [threading.Thread(target=self._work, name=f"nimble-batcher-{i}", daemon=True)
+                         for i in range(workers)]
+        for w in self._workers:
+            w.start()
+
+    # ---- callers -------------------------------------------------------------------------------------
+    def _inputs(self, inputs, named) -> tuple[list[np.ndarray], int]:
+        names = [name for _, _, name in self._slots]
+        if len(inputs) + len(named) != len(names):
+            raise InputError(f"the model takes {len(names)} input(s) {names}, got {len(inputs) + len(named)}")
+        values = list(inputs) + [None] * (len(names) - len(inputs))
+        for key, value in named.items():
+            if key not in names:
+                raise InputError(f"unknown input {key!r}; the model's inputs are {names}")
+            i = names.index(key)
+            if values[i] is not None:
+                raise InputError(f"input {key!r} given twice")
+            values[i] = value
+        arrays = []
+        for value, (rest, dtype, name) in zip(values, self._slots):
+            arr = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else np.asarray(value)
+            if arr.ndim != len(rest) + 1 or list(arr.shape[1:]) != list(rest):
+                raise ShapeError(f"input {name!r} has shape {list(arr.shape)}; the model takes rows shaped {rest} "
+                                 f"(a request is [N, {', '.join(map(str, rest))}])")
+            if str(arr.dtype) != dtype:
+                raise InputError(f"input {name!r} has dtype {arr.dtype}, the model expects {dtype}; cast it first")
+            arrays.append(arr)
+        rows = {a.shape[0] for a in arrays}
+        if len(rows) != 1 or 0 in rows:
+            raise InputError(f"a request needs the same number of rows (at least one) in every input, got "
+                             f"{[a.shape[0] for a in arrays]}")
+        return arrays, rows.pop()
+
+    def submit(self, *inputs, **named) -> Future:
+        """Queue one request of N rows; the future's result is the list of its outputs (N rows each, TVM
+        tensors the caller owns). Bad inputs raise here, in the caller's thread."""
+        arrays, rows = self._inputs(inputs, named)
+        req = _Request(arrays, rows, time.perf_counter())
+        with self._cv:
+            if self._closed:
+                raise NimbleError("this Batcher is closed; create a new one")
+            self._queue.append(req)
+            self.stats["requests"] += 1
+            self.stats["rows"] += rows
+            self._cv.notify_all()
+        return req.future
+
+    def __call__(self, *inputs, timeout: float | None = None, **named) -> list:
+        """Run one request and wait for its outputs."""
+        return self.submit(*inputs, **named).result(timeout)
+
+    # ---- workers -------------------------------------------------------------------------------------
+    def _queued_rows(self) -> int:
+        return sum(r.rows for r in self._queue)
+
+    def _next_batch(self) -> list[_Request] | None:
+        """The oldest request and those behind it that fit, once the batch is full or its delay is over;
+        None when the batcher is closed and nothing is left."""
+        with self._cv:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cv.wait()
+            deadline = self._queue[0].arrival + self.max_delay
+            while not self._closed:
+                left = deadline - time.perf_counter()
+                if left <= 0 or self._queued_rows() >= self.max_batch:
+                    break
+                self._cv.wait(left)
+            batch = [self._queue.popleft()]
+            rows = batch[0].rows
+            while self._queue and rows + self._queue[0].rows <= self.max_batch:
+                rows += self._queue[0].rows
+                batch.append(self._queue.popleft())
+            return batch
+
+    def _work(self) -> None:
+        while True:
+            with self._gather:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            except BaseException as err:  # noqa: BLE001  (each caller gets the error)
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(err)
+
+    def _run(self, batch: list[_Request]) -> None:
+        import tvm
+
+        from .buckets import row_view
+
+        inputs = (batch[0].inputs if len(batch) == 1 else
+                  [np.concatenate([r.inputs[i] for r in batch]) for i in range(len(self._slots))])
+        rows = sum(r.rows for r in batch)
+        with self._executor() as ex:
+            outs = ex(*inputs, copy=False)  # views of the bucket's buffers until the next run of ``ex``
+            results = [[] for _ in batch]
+            for out, t in zip(outs, self.plan.outputs):
+                slot = self.plan.tensors[t]
+                row_bytes = slot.nbytes // slot.shape[0]
+                start = 0
+                for k, r in enumerate(batch):
+                    part = row_view(out, start, r.rows, row_bytes)
+                    fresh = tvm.runtime.empty(part.shape, part.dtype, ex.device)
+                    part.copyto(fresh)
+                    results[k].append(fresh)
+                    start += r.rows
+        with self._cv:
+            self.stats["runs"] += 1
+            self.stats["batches"].append(rows)
+        for r, res in zip(batch, results):
+            r.future.set_result(res)
+
+    def _executor(self):
+        if isinstance(self._target, NimblePool):
+            return self._target.executor()
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            with self._target._lock:  # the views stay this batch's until its rows are copied out
+                yield self._target
+
+        return held()
+
+    # ---- lifetime ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop taking requests, finish the queued ones, stop the workers (and close a pool it made)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for w in self._workers:
+            if w is not threading.current_thread():
+                w.join()
+        if self._owned is not None:
+            self._owned.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Batcher(buckets={self.batch_sizes}, max_batch={self.max_batch}, "
+                f"max_delay_ms={self.max_delay * 1000:g}, workers={len(self._workers)})")
+

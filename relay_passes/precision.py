@@ -369,9 +369,30 @@ class _Widen(relax.PyExprMutator):
             return relax.const(tvm.runtime.tensor(arg.value.numpy().astype(np.float32)))
         return self.builder_.emit(relax.op.astype(arg, "float32"))
 
+    def _accumulating_in_fp32(self, value):
+        """A convolution or GEMM left on TVM's kernels (the vendor offload ran before), computing in the
+        reduced dtype, as the same operator with a float32 output: TVM's CUDA schedules keep the
+        accumulator in the output dtype, so without this a bf16 GEMM sums K products in bf16. None for
+        anything else. The rounding after it fuses into the kernel's epilogue."""
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name in ("relax.nn.conv2d", "relax.matmul") and compute_dtype(value) == self.dtype
+                and _float_dtype(value) == self.dtype):
+            return None
+        args = [self.visit_expr(a) for a in value.args]
+        if value.op.name == "relax.matmul":
+            return relax.op.matmul(*args, out_dtype="float32")
+        a = value.attrs
+        return relax.op.nn.conv2d(*args, strides=a.strides, padding=a.padding, dilation=a.dilation, groups=a.groups,
+                                  data_layout=a.data_layout, kernel_layout=a.kernel_layout, out_layout=a.out_layout,
+                                  out_dtype="float32")
+
     def visit_var_binding_(self, binding):
         value = binding.value
-        if self._widens(binding):
+        wide = self._accumulating_in_fp32(value)
+        if wide is not None:
+            wide = self.builder_.emit(wide, binding.var.name + "_fp32")
+            self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(wide, self.dtype), binding.var.name))
+        elif self._widens(binding):
             args = [self._up(self.visit_expr(a)) for a in value.args]
             wide = self.builder_.emit(relax.Call(value.op, args, value.attrs, value.ty_args, value.span),
                                       binding.var.name + "_fp32")

@@ -150,8 +150,10 @@ def test_elementwise_chains_compute_in_fp32_in_the_same_kernels_with_16_bit_tens
     if name == "vit":
         wide, narrow = _gelu_kernel(on), _gelu_kernel(off)
         buffers = {line.split(" = ")[0].strip(): line for line in wide.splitlines() if "sblock_alloc_buffer" in line}
-        # inside the kernel: the matmul accumulates as before, every value of the chain is float32 ...
-        assert '"bfloat16"' in buffers.pop("matmul_intermediate") and len(buffers) >= 6
+        # inside the kernel: the matmul (on TVM's kernel) accumulates in float32, as every value of the chain ...
+        assert '"' not in buffers.pop("matmul_intermediate") and len(buffers) >= 6  # no dtype: float32
+        assert 'matmul_intermediate = T.sblock_alloc_buffer((T.int64(1), T.int64(16), T.int64(64)), "bfloat16")' \
+            in narrow  # per-operator rounding (the policy's switch off): it summed in bf16
         assert all('"' not in line or '"float32"' in line for line in buffers.values()), buffers
         assert "T.erf(T_divide_intermediate" in wide
         # ... and its result leaves in bf16; with per-operator rounding every intermediate was bf16

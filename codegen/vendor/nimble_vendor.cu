@@ -472,16 +472,16 @@ Array<Shape> Conv2dAlgos(Shape x_shape, Shape w_shape, Shape attrs, String dtype
 // the fastest at small M (few tiles for 132 SMs), so the build times every candidate with
 // nimble.cublas.matmul_timings / batched_matmul_timings and bakes the fastest index into attrs.
 //
-// A GEMM with a bias lists two kinds of candidate: first the heuristic's list with the bias (and ReLU)
-// in cuBLASLt's epilogue, then its list without an epilogue, the bias added by our BiasAct kernel after
-// it. The second kind costs a launch but reaches the split-K kernels: in fp32 at M = 197 the bias
-// epilogue's candidates leave out split-K, and ViT-B's [197, 3072] x [3072, 768] takes 91 us with the
-// epilogue against 39 us + the bias kernel without (H100, thirteenth session, benchmarks/findings.md).
-// Index 0 stays the heuristic's first with the epilogue, so indices baked into earlier artifacts keep
-// their meaning.
+// A GEMM with a bias lists its candidates in groups: the heuristic's list with the bias (and ReLU) in
+// cuBLASLt's epilogue, then split-K variants of those (AddSplitKVariants), then the same two without an
+// epilogue, the bias added by our BiasAct kernel after the GEMM (a launch more, and other kernels). At
+// batch 1 the heuristic's first is rarely the fastest: on the H100, PyTorch's cuBLAS call for BERT's
+// [128, 3072] x [3072, 768] in fp32 takes 23 us, the heuristic's first with the bias epilogue 66 us
+// (thirteenth session, benchmarks/findings.md). Index 0 stays the heuristic's first with the epilogue,
+// so indices baked into earlier artifacts keep their meaning.
 
 constexpr int kMaxAlgos = 16;
-constexpr int kMaxCandidates = 2 * kMaxAlgos;  // with and without the bias epilogue
+constexpr int kMaxCandidates = 160;  // the heuristic's, with and without the bias epilogue, and split-K variants
 
 struct MatmulPlan {
   cublasLtMatmulDesc_t desc_epilogue = nullptr, desc_plain = nullptr;
@@ -545,6 +545,54 @@ cublasLtMatmulDesc_t MakeMatmulDesc(const char* op, int dtype, bool tb, int act,
   return desc;
 }
 
+// Split-K variants of the heuristic's candidates [from, end): at batch 1 a GEMM has too few output
+// tiles for 132 SMs, and the heuristic's list (8 entries for ViT-B's [197, 3072] x [3072, 768] in fp32)
+// leaves out split counts that PyTorch's cuBLAS calls reach. Each variant that cuBLASLt accepts for this
+// descriptor (cublasLtMatmulAlgoCheck) and whose workspace fits becomes a candidate; the build times all
+// of them. Variants of an algorithm already split are skipped (the heuristic chose that count).
+void AddSplitKVariants(cublasLtHandle_t lt, MatmulPlan* p, cublasLtMatmulDesc_t desc, bool epilogue, size_t ws_bytes,
+                       size_t from) {
+  static const int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16};
+  const size_t end = p->candidates.size();
+  for (size_t i = from; i < end && p->candidates.size() < size_t(kMaxCandidates); ++i) {
+    cublasLtMatmulAlgo_t base = p->candidates[i].algo;
+    int32_t support = 0, current = 1;
+    size_t got = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof(support), &got) !=
+            CUBLAS_STATUS_SUCCESS || !support) {
+      continue;
+    }
+    cublasLtMatmulAlgoConfigGetAttribute(&base, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &current, sizeof(current), &got);
+    if (current > 1) continue;
+    uint32_t schemes = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes), &got);
+    // a separate reduction in the compute type keeps fp32 accumulation; in place is the fallback
+    uint32_t scheme = (schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                      : (schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE)   ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+                                                                         : 0;
+    if (scheme == 0) continue;
+    for (int32_t k : kSplits) {
+      if (p->candidates.size() >= size_t(kMaxCandidates)) break;
+      cublasLtMatmulAlgo_t algo = base;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof(k)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
+              CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      cublasLtMatmulHeuristicResult_t r{};
+      if (cublasLtMatmulAlgoCheck(lt, desc, p->la, p->lb, p->ld, p->ld, &algo, &r) != CUBLAS_STATUS_SUCCESS ||
+          r.workspaceSize > ws_bytes) {
+        continue;
+      }
+      r.algo = algo;
+      r.state = CUBLAS_STATUS_SUCCESS;
+      p->candidates.push_back(r);
+      p->with_epilogue.push_back(epilogue);
+    }
+  }
+}
+
 // Appends the heuristic's candidates for `desc` (those that fit the workspace) to p; false when
 // cuBLASLt supports no algorithm for it.
 bool AddCandidates(const char* op, cublasLtHandle_t lt, MatmulPlan* p, cublasLtMatmulDesc_t desc, bool epilogue,
@@ -572,6 +620,7 @@ bool AddCandidates(const char* op, cublasLtHandle_t lt, MatmulPlan* p, cublasLtM
       p->with_epilogue.push_back(epilogue);
     }
   }
+  AddSplitKVariants(lt, p, desc, epilogue, ws_bytes, before);
   return p->candidates.size() > before;
 }
 

@@ -16,7 +16,7 @@ import numpy as np
 from tvm import relax
 
 from ..precision import DTYPES, compute_dtype
-from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, activation, dtype_of, gelu_of, ints, known_shape, operator_of,
+from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, gelu_of, ints, known_shape, operator_of,
                      other_operand)
 from .registry import Provider, register
 
@@ -64,8 +64,9 @@ def matmul_chain(ctx, chains, var, call):
     args = [x, relax.const(weight.astype(dtype)), relax.const(bias.astype(dtype))]
     attrs = relax.ShapeExpr([transpose_b, act, ctx.tf32])
     if residual is not None:
-        return removed, last, (ctx.call(MATMUL_ADD, args + [residual, attrs], out_shape, dtype), None)
-    return removed, last, (ctx.call(MATMUL, args + [attrs], out_shape, dtype), None)
+        return removed, last, (ctx.call(MATMUL_ADD, args + [residual, attrs], out_shape, dtype, GEMM_WORKSPACE_BYTES),
+                               None)
+    return removed, last, (ctx.call(MATMUL, args + [attrs], out_shape, dtype, GEMM_WORKSPACE_BYTES), None)
 
 
 def _residual_of(add, produced, out_shape, dtype):

@@ -14,7 +14,9 @@ largest bucket runs alone, split. Over a :class:`~tvm_nimble.runtime.pool.Nimble
 worker per replica, so batches run side by side; over one executor, one at a time.
 
 A model built for one batch size works too (a one-bucket model: every batch padded to it), which is
-the fixed-batch baseline of a latency comparison.
+the fixed-batch baseline of a latency comparison. So does any function of stacked numpy inputs that
+returns outputs with one row per input row (``Batcher(fn, max_batch=32)``: e.g. a PyTorch model
+replayed as CUDA graphs, to compare engines behind the same batcher).
 """
 from __future__ import annotations
 
@@ -45,27 +47,41 @@ class Batcher:
     """Gathers requests from many threads into bucketed runs (see the module docstring).
 
     ``model``: a :class:`NimblePool` (one worker per replica), a :class:`NimbleExecutor`, or what they
-    load (a module or an artifact path; then ``replicas`` executors are made, default 1).
+    load (a module or an artifact path; then ``replicas`` executors are made, default 1); or a function
+    ``fn(*inputs) -> outputs`` of numpy arrays stacked along the first axis whose outputs have one row per
+    input row (sliced per request with ``out[a:b]``, so they must not be reused buffers), called from one
+    worker; it needs ``max_batch``.
     ``max_delay_ms``: the longest a request waits for others before its batch runs (0: run what has
     arrived). ``max_batch``: the most rows gathered into one run (default: the largest bucket).
+    ``to_numpy``: each request's outputs as numpy arrays (one copy of the run's outputs to the host, then
+    a slice per request) instead of TVM tensors on the model's device.
     ``stats`` counts requests, rows and runs (``batches`` lists each run's rows).
     """
 
     def __init__(self, model, max_delay_ms: float = 2.0, max_batch: int | None = None, replicas: int | None = None,
-                 check_inputs: bool = True):
+                 check_inputs: bool = True, to_numpy: bool = False):
         if not isinstance(max_delay_ms, (int, float)) or isinstance(max_delay_ms, bool) or max_delay_ms < 0:
             raise ValueError(f"max_delay_ms must be a number >= 0, got {max_delay_ms!r}")
         self._owned = None
-        if isinstance(model, (NimblePool, NimbleExecutor)):
+        self.to_numpy = bool(to_numpy)
+        self._fn = None
+        self.plan = None
+        if callable(model) and not isinstance(model, (NimblePool, NimbleExecutor)):
+            if max_batch is None:
+                raise ValueError("a Batcher over a function needs max_batch (the most rows it takes at once)")
+            self._fn = model
+        elif isinstance(model, (NimblePool, NimbleExecutor)):
             self._target = model
         else:
             self._target = self._owned = NimblePool(model, replicas=replicas or 1, check_inputs=check_inputs)
-        if isinstance(self._target, NimblePool):
+        if self._fn is not None:
+            workers, probe = 1, None
+        elif isinstance(self._target, NimblePool):
             workers = self._target.replicas
             probe = self._target._executors[0]
         else:
             workers, probe = 1, self._target
-        if not hasattr(probe, "batch_sizes"):  # a model built for one batch: serve it as a one-bucket model
+        if probe is not None and not hasattr(probe, "batch_sizes"):  # a model built for one batch: serve it as a one-bucket model
             if self._owned is not None:
                 self._owned.close()
             pool = self._target if isinstance(self._target, NimblePool) else None
@@ -74,14 +90,16 @@ class Batcher:
 
             self._target = self._owned = NimblePool(from_fixed(module), replicas=workers, check_inputs=check_inputs)
             probe = self._target._executors[0]
-        self.plan = probe.plan
-        self.batch_sizes = list(probe.batch_sizes)
+        if probe is not None:
+            self.plan = probe.plan
+        self.batch_sizes = list(probe.batch_sizes) if probe is not None else None
         self.max_batch = probe.max_batch if max_batch is None else int(max_batch)
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch!r}")
         self.max_delay = max_delay_ms / 1000.0
-        self._slots = [(self.plan.tensors[t].shape[1:], self.plan.tensors[t].dtype, self.plan.tensors[t].name)
-                       for t in self.plan.inputs]
+        self._slots = None if self.plan is None else [
+            (self.plan.tensors[t].shape[1:], self.plan.tensors[t].dtype, self.plan.tensors[t].name)
+            for t in self.plan.inputs]
         self._queue: collections.deque[_Request] = collections.deque()
         self._cv = threading.Condition()
         self._gather = threading.Lock()  # one worker gathers at a time
@@ -94,6 +112,11 @@ class Batcher:
 
     # ---- callers -------------------------------------------------------------------------------------
     def _inputs(self, inputs, named) -> tuple[list[np.ndarray], int]:
+        if self._slots is None:  # a function: positional numpy inputs, any shapes
+            if named or not inputs:
+                raise InputError("a Batcher over a function takes its inputs positionally")
+            arrays = [np.asarray(v) for v in inputs]
+            return arrays, self._rows_of(arrays)
         names = [name for _, _, name in self._slots]
         if len(inputs) + len(named) != len(names):
             raise InputError(f"the model takes {len(names)} input(s) {names}, got {len(inputs) + len(named)}")
@@ -114,11 +137,15 @@ class Batcher:
             if str(arr.dtype) != dtype:
                 raise InputError(f"input {name!r} has dtype {arr.dtype}, the model expects {dtype}; cast it first")
             arrays.append(arr)
-        rows = {a.shape[0] for a in arrays}
+        return arrays, self._rows_of(arrays)
+
+    @staticmethod
+    def _rows_of(arrays) -> int:
+        rows = {a.shape[0] if a.ndim else 0 for a in arrays}
         if len(rows) != 1 or 0 in rows:
             raise InputError(f"a request needs the same number of rows (at least one) in every input, got "
-                             f"{[a.shape[0] for a in arrays]}")
-        return arrays, rows.pop()
+                             f"{[a.shape[0] if a.ndim else 0 for a in arrays]}")
+        return rows.pop()
 
     def submit(self, *inputs, **named) -> Future:
         """Queue one request of N rows; the future's result is the list of its outputs (N rows each, TVM
@@ -182,11 +209,32 @@ class Batcher:
         from .buckets import row_view
 
         inputs = (batch[0].inputs if len(batch) == 1 else
-                  [np.concatenate([r.inputs[i] for r in batch]) for i in range(len(self._slots))])
+                  [np.concatenate([r.inputs[i] for r in batch]) for i in range(len(batch[0].inputs))])
         rows = sum(r.rows for r in batch)
+        if self._fn is not None:
+            outs = list(self._fn(*inputs))
+            results = [[] for _ in batch]
+            for out in outs:
+                if out.shape[0] != rows:
+                    raise NimbleError(f"the batched function returned {out.shape[0]} rows for {rows}: it must "
+                                      "return one row per input row")
+                start = 0
+                for k, r in enumerate(batch):
+                    results[k].append(out[start:start + r.rows])
+                    start += r.rows
+            self._done(batch, rows, results)
+            return
         with self._executor() as ex:
             outs = ex(*inputs, copy=False)  # views of the bucket's buffers until the next run of ``ex``
             results = [[] for _ in batch]
+            if self.to_numpy:
+                outs = [out.numpy() for out in outs]  # the run's rows, on the host once
+                for out in outs:
+                    start = 0
+                    for k, r in enumerate(batch):
+                        results[k].append(out[start:start + r.rows])
+                        start += r.rows
+                outs = []
             for out, t in zip(outs, self.plan.outputs):
                 slot = self.plan.tensors[t]
                 row_bytes = slot.nbytes // slot.shape[0]
@@ -197,6 +245,9 @@ class Batcher:
                     part.copyto(fresh)
                     results[k].append(fresh)
                     start += r.rows
+        self._done(batch, rows, results)
+
+    def _done(self, batch: list[_Request], rows: int, results: list) -> None:
         with self._cv:
             self.stats["runs"] += 1
             self.stats["batches"].append(rows)
@@ -234,6 +285,6 @@ class Batcher:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Batcher(buckets={self.batch_sizes}, max_batch={self.max_batch}, "
+        return (f"Batcher({'buckets=' + str(self.batch_sizes) if self.batch_sizes else 'a function'}, max_batch={self.max_batch}, "
                 f"max_delay_ms={self.max_delay * 1000:g}, workers={len(self._workers)})")
 

@@ -281,8 +281,10 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
                   out_dir: str = "bench-results", tuning_db: str | None = None, torch_models: dict | None = None,
                   precision: str = "fp32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
-                  db_trials: str = "") -> tuple[list[dict], list[str]]:
+                  db_trials: str = "", build_extra: dict | None = None) -> tuple[list[dict], list[str]]:
     """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes).
+
+    ``build_extra``: more build options for every TVM/Nimble system (``timing_cache``).
 
     ``kernels`` and ``db_trials`` label the rows (see ``bench.report``): which kernels the TVM/Nimble
     systems ran, and the trial count of the tuning database a tuned/untuned pair of runs shares.
@@ -317,7 +319,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             feeds = zoo.random_inputs(model, seed=0)
             inputs = list(feeds.values())
             options = BuildOptions.create(t, kernels=kernels if kernels in ("vendor", "best") else "tvm",
-                                          tuning_db=tuning_db, precision=precision)
+                                          tuning_db=tuning_db, precision=precision, **(build_extra or {}))
             systems = tvm_systems(model, options, dev, inputs, use_gpu)
             key = (builder, batch, precision)
             tm = (torch_models or {}).get(name)

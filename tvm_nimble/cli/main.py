@@ -57,13 +57,15 @@ def cmd_demo(args):
 
 
 def cmd_compile(args):
-    from tvm_nimble.cli.progress import spinner
-    from tvm_nimble.compiler.build import build
+    from tvm_nimble.cli.progress import phase_listener, spinner
+    from tvm_nimble.compiler.build import build, watch_phases
+    from tvm_nimble.compiler.explain import summarize_phases
     from tvm_nimble.runtime.artifact import check_output_path
 
     if os.path.isfile(args.model):  # (a missing model is named by the build)
         check_output_path(args.output, args.force, replace_hint="pass --force")  # before the build, not after it
-    with spinner(f"compiling {os.path.basename(args.model)} for {args.target}"):
+    message = f"compiling {os.path.basename(args.model)} for {args.target}"
+    with spinner(message) as bar, watch_phases(phase_listener(bar, message)):
         module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), **build_options(args))
         module.export(args.output, overwrite=args.force)
     p = module.plan
@@ -74,6 +76,8 @@ def cmd_compile(args):
         from tvm_nimble.compiler.accuracy import describe
 
         print(describe(module.info["accuracy"]))
+    if module.info.get("phases"):
+        print(summarize_phases(module.info["phases"]))
 
 
 def cmd_run(args):

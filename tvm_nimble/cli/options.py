@@ -85,9 +85,23 @@ def build_option_args(p) -> None:
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="time --kernels best and --max-streams auto on a GPU "
                    "behind this RPC tracker (servers started with `tvm-nimble rpc-server`), not on this machine")
     p.add_argument("--rpc-key", help="the key those servers registered under (e.g. h100)")
+    timing_cache_arg(p)
     p.add_argument("--batch-sizes", type=_sizes, metavar="N,...",
                    help="one plan per batch size, e.g. 1,2,4,8, in one artifact with the weights once; its executor "
                         "takes any batch (the smallest bucket that holds it, padded; larger ones split)")
+
+
+def timing_cache_arg(p) -> None:
+    """--timing-cache, for every command that builds (compile, explain, bench)."""
+    p.add_argument("--timing-cache", metavar="DIR|off", help="keep what --kernels best and --max-streams auto "
+                   "measure on this GPU in DIR for later builds (default: ~/.cache/tvm-nimble/timings, or under "
+                   "$XDG_CACHE_HOME), or 'off' to measure everything again")
+
+
+def timing_cache_option(args) -> dict:
+    """``{"timing_cache": ...}`` when --timing-cache was given, else {} (the option's default)."""
+    value = getattr(args, "timing_cache", None)
+    return {} if value is None else {"timing_cache": value}
 
 
 def build_options(args) -> dict:
@@ -96,4 +110,4 @@ def build_options(args) -> dict:
             "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
             "keep_fp32": args.keep_fp32, "max_error": args.max_error,
             "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key,
-            "batch_sizes": getattr(args, "batch_sizes", None)}
+            "batch_sizes": getattr(args, "batch_sizes", None), **timing_cache_option(args)}

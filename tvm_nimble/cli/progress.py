@@ -8,12 +8,13 @@ import threading
 
 @contextlib.contextmanager
 def spinner(message: str):
-    """Show ``message`` with elapsed seconds while the block runs (quiet when not a terminal)."""
+    """Show ``message`` with elapsed seconds while the block runs (quiet when not a terminal); yields the
+    tqdm bar (None when not a terminal), whose text :func:`phase_listener` can change."""
     from tqdm import tqdm
 
     if not sys.stderr.isatty():
         print(f"{message} ...", file=sys.stderr)
-        yield
+        yield None
         return
     bar = tqdm(total=None, desc=message, bar_format="{desc}: {elapsed}", file=sys.stderr)
     stop = threading.Event()
@@ -25,11 +26,22 @@ def spinner(message: str):
     t = threading.Thread(target=tick, daemon=True)
     t.start()
     try:
-        yield
+        yield bar
     finally:
         stop.set()
         t.join()
         bar.close()
+
+
+def phase_listener(bar, message: str):
+    """A listener for ``compiler.build.watch_phases``: the spinner ``bar`` shows "message: phase" while a
+    build phase runs (nothing without a bar)."""
+    def listen(phase: str) -> None:
+        if bar is not None:
+            bar.set_description(f"{message}: {phase}")
+            bar.refresh()
+
+    return listen
 
 
 def step_bar(total: int, desc: str, unit: str = "step"):

@@ -11,9 +11,15 @@ by measurement are :func:`.kernel_choice.select_kernels` and :func:`.stream_choi
     accuracy.report(fp32 model, result)                      precisions other than fp32
 
 Every consumer of a build reuses the result instead of re-running a stage: the executor and
-``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module).
+``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module). Where the
+kernel choice's model check compiled the selected module already, ``build`` reschedules that build
+instead of compiling the same kernels again. The seconds each phase took are in ``info["phases"]``.
 """
 from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
 
 from tvm_nimble.errors import NimbleError
 
@@ -21,8 +27,43 @@ from . import accuracy, buckets, stages
 from .kernel_choice import Selection, select_kernels
 from .options import BuildOptions
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
-from .stream_choice import choose_streams
+from .stream_choice import choose_streams, rescheduled
 from .timers import timer_for
+
+#: the phases of a build, in order (``info["phases"]`` holds those a build ran, in seconds)
+PHASES = ("import", "precision", "kernel choice", "lower", "schedule", "generate", "stream choice", "accuracy")
+_phase_listeners: list = []
+
+
+class Phases:
+    """``with phases("lower"): ...`` adds the block's seconds to that phase; each listener of
+    :func:`watch_phases` is told the phase's name as it begins (the CLI's progress line)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        for listener in list(_phase_listeners):
+            listener(name)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def to_info(self) -> dict[str, float]:
+        return {name: round(self.seconds[name], 3) for name in PHASES if name in self.seconds}
+
+
+@contextlib.contextmanager
+def watch_phases(listener):
+    """Call ``listener(phase name)`` as each phase of the builds inside the block begins."""
+    _phase_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _phase_listeners.remove(listener)
 
 
 def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict | None = None,
@@ -64,8 +105,11 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
     return build_with(model, BuildOptions.create(target, **options), params, shape_dict)
 
 
-def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict: dict | None = None) -> BuildResult:
-    """:func:`build` with its options made already (what ``explain``, the CLI and the benchmarks call)."""
+def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict: dict | None = None,
+               timer=None) -> BuildResult:
+    """:func:`build` with its options made already (what ``explain``, the CLI and the benchmarks call).
+    ``timer``: where ``best`` and ``auto`` measure (see :mod:`.timers`; default: a GPU behind the options'
+    RPC tracker, else this machine's)."""
     if opts.batch_sizes:  # one build per batch size (see .buckets), put together with the weights once
         request = buckets.BucketRequest(model, opts, shape_dict)
         built = {}
@@ -73,14 +117,19 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
             with request.building(batch):
                 built[batch] = request.checked(batch, build_with(onnx_model, request.options, params))
         return request.module(built)
-    timer = timer_for(opts.rpc_tracker, opts.rpc_key) if opts.rpc_tracker else None
+    timer = timer or timer_for(opts.rpc_tracker, opts.rpc_key)
+    phases = Phases()
     fp32_mod = None
     if isinstance(model, Selection):
         selection = model
     else:
-        fp32_mod = stages.import_model(model, params, shape_dict)
-        selection = select_kernels(stages.apply_precision(fp32_mod, opts), opts, timer)
-    result = stages.build_fixed(selection.mod, opts.replace(kernels=selection.kernels), note=True)
+        with phases("import"):
+            fp32_mod = stages.import_model(model, params, shape_dict)
+        with phases("precision"):
+            mod = stages.apply_precision(fp32_mod, opts)
+        with phases("kernel choice"):
+            selection = select_kernels(mod, opts, timer)
+    result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
     if selection.timings:
         result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
     if selection.check is not None:
@@ -90,13 +139,38 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
     if selection.not_taken:
         result.info["not_taken"] = selection.not_taken
     if opts.max_streams == "auto":
-        result, record = choose_streams(result, memory_budget=opts.memory_budget, timer=timer)
+        with phases("stream choice"):
+            result, record = choose_streams(result, memory_budget=opts.memory_budget, timer=timer)
         result.info["streams_choice"] = record
     elif opts.memory_budget is not None and result.plan.memory["pool_bytes"] > opts.memory_budget:
         raise NimbleError(f"the schedule's memory pool needs {result.plan.memory['pool_bytes']} bytes, over the "
                           f"budget of {opts.memory_budget}: use max_streams='auto' (or fewer streams) to pick one "
                           "that fits")
     if opts.precision != "fp32":
-        result.info["accuracy"] = accuracy.report(fp32_mod, result, opts)
+        with phases("accuracy"):
+            result.info["accuracy"] = accuracy.report(fp32_mod, result, opts)
         accuracy.check(result.info["accuracy"], opts.max_error)
+    result.info["phases"] = phases.to_info()
     return result
+
+
+def _build_selected(selection: Selection, options: BuildOptions, phases: Phases) -> BuildResult:
+    """The selection's module lowered, scheduled and generated with ``options``. Where the model check
+    compiled that module one-stream already, with the same target, tuning database and memory plan, that
+    build is rescheduled instead: the kernels do not depend on the schedule (as in :mod:`.stream_choice`),
+    and compiling a large model's kernels again costs as much as the first time."""
+    built = selection.built
+    if built is None or not options.compile_kernels or not _same_kernels(built.options, options):
+        return stages.build_fixed(selection.mod, options, note=True, timed=phases)
+    stages.note_default_schedules(selection.mod, options)
+    cap = None if options.max_streams == "auto" else options.max_streams
+    with phases("schedule"):
+        result = rescheduled(built, cap, options.reuse)
+    info = {"max_streams": cap, **options.to_info(), "concats_in_place": built.info["concats_in_place"]}
+    return dataclasses.replace(result, info=info, options=options)
+
+
+def _same_kernels(a: BuildOptions, b: BuildOptions) -> bool:
+    """Whether builds of one module with options ``a`` and ``b`` compile the same kernels and plan memory alike."""
+    return ((str(a.target), a.tuning_db, a.concat_in_place, a.reuse)
+            == (str(b.target), b.tuning_db, b.concat_in_place, b.reuse))

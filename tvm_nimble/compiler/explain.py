@@ -52,6 +52,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
                  f"{mem['pool_bytes_sequential'] / 1024:.1f} KiB sequential plan, "
                  f"{tvm_static_plan_bytes(result.lowered) / 1024:.1f} KiB TVM StaticPlanBlockMemory (incl. outputs), "
                  f"{mem['pool_bytes_no_reuse'] / 1024:.1f} KiB without reuse")
+    if result.info.get("phases"):
+        lines.append(summarize_phases(result.info["phases"]))
     if dot_path:
         with open(dot_path, "w") as f:
             f.write(to_dot(len(program.kernels), edges, assignment, labels=labels, title="tvm-nimble streams"))
@@ -61,6 +63,12 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     if show_ir:
         lines.append(result.annotated_mod["main"].script())
     return "\n".join(lines)
+
+
+def summarize_phases(phases: dict[str, float]) -> str:
+    """One line: the seconds of each phase the build ran, in order, and their sum."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+    return f"build phases: {parts} (total {sum(phases.values()):.1f} s)"
 
 
 def _precision_lines(result: BuildResult) -> list[str]:

@@ -4,10 +4,11 @@ cuBLASLt's heuristic lists several algorithms for a GEMM; its first is often not
 small M of batch-1 inference (too few output tiles for the SMs: on an H100, BERT-base's QKV GEMM
 16.6 us with the third candidate against 27.1 us with the first). Every distinct cuBLASLt call of the
 selected module is timed here, each candidate over back-to-back calls on this machine's GPU
-(``nimble.cublas.matmul_timings``), and the index of the fastest is written into the call's attrs,
-so the artifact runs what was measured. A candidate must beat the heuristic's first by 3% to
-replace it (timing noise is not a reason to differ from the library's default). Without a GPU of the
-target's arch here (a remote-measured build) the heuristic's first stays.
+(``nimble.cublas.matmul_timings``, through the timer's ``gemm_us``), and the index of the fastest is
+written into the call's attrs, so the artifact runs what was measured. A candidate must beat the
+heuristic's first by 3% to replace it (timing noise is not a reason to differ from the library's
+default). Without a GPU of the target's arch here (a remote-measured build) the heuristic's first
+stays. The candidates' times are kept in the timing cache (:mod:`.timing_cache`), per GEMM signature.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tvm import relax
 
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
+from . import timing_cache
 from .timers import LocalGPU, has_gpu_for
 
 #: calls per candidate timing
@@ -27,7 +29,6 @@ MARGIN = 0.97
 _TIMINGS = {MATMUL: "nimble.cublas.matmul_timings", MATMUL_ADD: "nimble.cublas.matmul_add_timings",
             BATCHED_MATMUL: "nimble.cublas.batched_matmul_timings"}
 _ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2}  # without the algorithm index
-_measured: dict[tuple, list[float]] = {}  # (arch, call signature) -> microseconds per candidate
 
 
 def gemm_calls(mod: tvm.IRModule):
@@ -73,39 +74,29 @@ def with_algorithms(mod: tvm.IRModule, chosen: dict[str, int]) -> tvm.IRModule:
     return out
 
 
-def _time_candidates(name: str, call) -> list[float]:
-    """Microseconds per call of each candidate, on random operands of the call's shapes (cuda:0)."""
-    import tvm_ffi
-
-    dev = tvm.cuda(0)
-    rng = np.random.default_rng(0)
-    args = []
-    for a in call.args[1].fields:
-        if isinstance(a, relax.ShapeExpr):
-            args.append(tvm_ffi.Shape([int(x) for x in a.values]))
-        else:
-            shape = [int(d) for d in a.ty.shape.values]
-            args.append(tvm.runtime.tensor(rng.standard_normal(shape).astype(str(a.ty.dtype)), dev))
-    outs = [tvm.runtime.empty([int(d) for d in t.shape.values], str(t.dtype), dev) for t in call.ty.fields]
-    us = tvm_ffi.get_global_func(_TIMINGS[name])(*args, *outs, REPS)
-    return [float(x) for x in us]
+def _times(value) -> bool:
+    return isinstance(value, list) and all(isinstance(x, (int, float)) for x in value)
 
 
-def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=None) -> tuple[tvm.IRModule, list[dict]]:
-    """``mod`` with each cuBLASLt call's fastest algorithm measured on this machine's GPU, and a record per
-    distinct call: its signature, the candidates' microseconds and the index chosen."""
+def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=None,
+                           options=None) -> tuple[tvm.IRModule, list[dict]]:
+    """``mod`` with each cuBLASLt call's fastest algorithm measured on ``timer``'s GPU (default: this
+    machine's; a timer that cannot time them, such as a remote one, leaves the heuristic's first), and a
+    record per distinct call: its signature, the candidates' microseconds and the index chosen.
+    ``options`` (the build's) name the timing cache; without them the times are kept in this process only."""
     timer = timer or LocalGPU()
-    if not isinstance(timer, LocalGPU) or not has_gpu_for(timer, target):
+    if getattr(timer, "gemm_us", None) is None or not has_gpu_for(timer, target):
         return mod, []
-    arch = str(target.attrs["arch"])
+    cache = timing_cache.for_build(options, timer)
     chosen, records = {}, []
     for b, name, sig in gemm_calls(mod):
         if sig in chosen:
             continue
-        key = (arch, sig)
-        if key not in _measured:
-            _measured[key] = _time_candidates(name, b.value)
-        us = _measured[key]
+        key = [str(target.attrs["arch"]), sig, REPS]
+        us = cache.get("gemm", key, valid=_times)
+        if us is None:
+            us = timer.gemm_us(_TIMINGS[name], b.value, REPS)
+            cache.put("gemm", key, us)
         best = int(np.argmin(us)) if us else 0
         index = best if us and us[best] < MARGIN * us[0] else 0
         chosen[sig] = index

@@ -7,16 +7,17 @@ calls, each replayed as a one-stream CUDA graph with an event pair around every 
 is the sum over the launches that feed its output (TVM may need two kernels where the provider needs
 one, e.g. a padding and a convolution). Each launch's bracket adds the same small cost on both sides.
 Per operator, the provider whose chain saves the most time against TVM's kernel for the same chain
-wins (ties go to the provider); TVM keeps it when none saves any. Measurements are kept per process,
-keyed by arch, tuning database, where they ran and signature, so the stock-TVM baseline and the
-single-stream build of a benchmark reuse the choice of the first build.
+wins (ties go to the provider); TVM keeps it when none saves any. Measurements are kept in the timing
+cache (:mod:`.timing_cache`: on disk, and in this process), keyed by the measuring GPU, the chain's
+signature, the precision, TF32 and the tuning database's contents, so a second build of the model (or
+of one that shares its chains), and the stock-TVM baseline of a benchmark, measure nothing again.
+The whole-model check is kept likewise, by the structural hashes of the two modules it compares.
 
 :func:`select_kernels` is the stage ``build`` calls; it builds its probes and the whole-model check
 with :func:`.stages.build_fixed`.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
 import tvm
@@ -28,7 +29,7 @@ from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, find_offloads
 from tvm_nimble.runtime.plan import Plan
 
-from . import stages
+from . import stages, timing_cache
 from .gemm_algorithms import choose_gemm_algorithms
 from .notes import note_once
 from .options import BuildOptions
@@ -36,8 +37,6 @@ from .timers import LocalGPU, has_gpu_for
 
 #: profiled replays per build; the median per launch is kept
 PROFILE_REPS = 15
-
-_measured: dict[tuple, tuple[float, float]] = {}  # (arch, tuning db, where, signature) -> (vendor_ms, tvm_ms)
 
 
 @dataclass
@@ -102,7 +101,8 @@ def _per_output_ms(result, reps: int, timer) -> list[float]:
     return [sum(per_launch[i] for i in launches) for launches in launches_per_output(result.plan)]
 
 
-_checked: dict[tuple, ModelCheck] = {}
+def _ms_pair(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(x, (int, float)) for x in value)
 
 
 def one_stream(options: BuildOptions) -> BuildOptions:
@@ -111,16 +111,21 @@ def one_stream(options: BuildOptions) -> BuildOptions:
 
 
 def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, options: BuildOptions,
-                   timer=None) -> ModelCheck:
+                   timer=None) -> tuple[ModelCheck, list | None]:
     """Both modules (already offloaded) built one-stream and replayed, side by side, on ``timer``'s GPU
-    (default: this machine's)."""
+    (default: this machine's). Returns the check, and the two builds when they were made here (None when
+    the timing cache knew the answer), for the build to reuse the one it keeps."""
     timer = timer or LocalGPU()
-    key = (options.arch, options.tuning_db, timer.where, tvm_ffi.structural_hash(chosen),
-           tvm_ffi.structural_hash(all_vendor))
-    if key not in _checked:
-        built = [stages.build_fixed(m, one_stream(options)) for m in (chosen, all_vendor)]
-        _checked[key] = ModelCheck(*timer.replay_ms(built))
-    return _checked[key]
+    key = [tvm_ffi.structural_hash(chosen), tvm_ffi.structural_hash(all_vendor),
+           timing_cache.tuning_db_digest(options.tuning_db), options.concat_in_place, options.reuse]
+    cache = timing_cache.for_build(options, timer)
+    known = cache.get("model_check", key, valid=_ms_pair)
+    if known is not None:
+        return ModelCheck(*known), None
+    built = [stages.build_fixed(m, one_stream(options)) for m in (chosen, all_vendor)]
+    times = timer.replay_ms(built)
+    cache.put("model_check", key, list(times))
+    return ModelCheck(*times), built
 
 
 def check_measurable(target: tvm.target.Target, timer=None):
@@ -145,17 +150,20 @@ def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: in
     probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider])
     if probe is None:
         return []
-    db = os.path.abspath(options.tuning_db) if options.tuning_db else None
-    keys = [(options.arch, db, timer.where, s) for s in probe.signatures]
-    if any(k not in _measured for k in keys):
+    cache = timing_cache.for_build(options, timer)
+    db = timing_cache.tuning_db_digest(options.tuning_db)
+    keys = [[provider.name, s, options.precision, options.allow_tf32, db, reps] for s in probe.signatures]
+    found = [cache.get("chain", k, valid=_ms_pair) for k in keys]
+    if any(f is None for f in found):  # the probe holds every chain: measuring one costs the builds of all
         probe_options = one_stream(options)
         with_provider = stages.build_fixed(stages.offload(probe.mod, options, providers=[provider]), probe_options)
         with_tvm = stages.build_fixed(probe.mod, probe_options)
         times = [_per_output_ms(built, reps, timer) for built in (with_provider, with_tvm)]
-        for k, v, t in zip(keys, *times):
-            _measured[k] = (v, t)
-    return [KernelTiming(s, n, *_measured[k], provider=provider.name)
-            for s, n, k in zip(probe.signatures, probe.counts, keys)]
+        found = [[v, t] for v, t in zip(*times)]
+        for k, f in zip(keys, found):
+            cache.put("chain", k, f)
+    return [KernelTiming(s, n, *f, provider=provider.name)
+            for s, n, f in zip(probe.signatures, probe.counts, found)]
 
 
 @dataclass
@@ -169,6 +177,9 @@ class Selection:
     check: ModelCheck | None = None
     algorithms: list[dict] = field(default_factory=list)  # cuBLASLt's, per distinct GEMM (gemm_algorithms)
     not_taken: list[list] = field(default_factory=list)  # [operator, why no provider takes it, count]
+    #: ``mod`` built one-stream with its kernels compiled, where the model check built it already (the
+    #: build reschedules it instead of compiling the same kernels again); None otherwise
+    built: object = field(default=None, repr=False, compare=False)
 
 
 def resolve_kernels(options: BuildOptions, timer=None) -> str:
@@ -185,8 +196,9 @@ def resolve_kernels(options: BuildOptions, timer=None) -> str:
     if not ok:
         note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
         return "tvm"
-    if not has_gpu_for(timer or LocalGPU(), options.target):
-        note_once(f"no {options.arch} GPU {'here' if timer is None else 'at ' + timer.where} to time "
+    timer = timer or LocalGPU()
+    if not has_gpu_for(timer, options.target):
+        note_once(f"no {options.arch} GPU {'here' if isinstance(timer, LocalGPU) else 'at ' + timer.where} to time "
                   "cuDNN/cuBLAS against TVM's kernels: every convolution and GEMM goes to cuDNN/cuBLAS "
                   "(kernels='vendor'); build on that GPU, or measure there through an RPC tracker, for kernels='best'")
         return "vendor"
@@ -224,12 +236,16 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if all(chosen.get(s) == p for s, p in first.items()):
         return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken), options, timer)
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
-    check = check_in_model(picked, all_vendor, options, timer)
-    if check.kept == "best":
-        return _with_gemm_algorithms(Selection(picked, kernels, timings, check, not_taken=not_taken), options, timer)
-    for t in timings:
-        t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
-    return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, check, not_taken=not_taken), options, timer)
+    # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
+    # module it keeps is the build's (no GEMM changes after it)
+    both = [choose_gemm_algorithms(m, options.target, timer, options) for m in (picked, all_vendor)]
+    check, built = check_in_model(both[0][0], both[1][0], options, timer)
+    kept = 0 if check.kept == "best" else 1
+    if kept:
+        for t in timings:
+            t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
+    return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken,
+                     built=built[kept] if built else None)
 
 
 def not_taken_by_providers(report: OffloadReport) -> list[list]:
@@ -250,7 +266,7 @@ def summarize_not_taken(not_taken: list[list]) -> list[str]:
 
 def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) -> Selection:
     """The selection with each cuBLASLt GEMM's algorithm measured (see :mod:`.gemm_algorithms`)."""
-    selection.mod, selection.algorithms = choose_gemm_algorithms(selection.mod, options.target, timer)
+    selection.mod, selection.algorithms = choose_gemm_algorithms(selection.mod, options.target, timer, options)
     return selection
 
 

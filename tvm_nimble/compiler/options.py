@@ -19,6 +19,7 @@ from tvm_nimble.relay_passes import providers as provider_registry
 from tvm_nimble.relay_passes.precision import PRECISIONS, Policy, precision_name
 
 from .target import resolve_target
+from .timing_cache import default_directory, directory_option
 
 #: ``kernels``: the providers' kernels where they apply (``vendor``), TVM's only (``tvm``), each operator on
 #: whichever measured fastest (``best``), or ``auto`` (see :func:`.kernel_choice.resolve_kernels`)
@@ -43,6 +44,9 @@ class BuildOptions:
     - ``tuning_db``: a MetaSchedule database directory. ``concat_in_place``: branch kernels write into
       their slice of a concatenation. ``compile_kernels``: False stops before code generation.
     - ``rpc_tracker`` / ``rpc_key``: measure on a GPU behind TVM's RPC tracker instead of this machine's.
+    - ``timing_cache``: the directory where what ``best`` and ``auto`` measure is kept for later builds on
+      the same GPU (see :mod:`.timing_cache`; default under the user's cache directory), None or ``"off"``
+      to keep nothing.
     - ``batch_sizes``: build one plan per batch size (a bucket) into one module that serves any batch
       (see :mod:`.buckets`); None: the model's own batch.
     """
@@ -63,6 +67,7 @@ class BuildOptions:
     rpc_tracker: str | None = None
     rpc_key: str | None = None
     batch_sizes: tuple[int, ...] | None = None
+    timing_cache: str | None = dataclasses.field(default_factory=default_directory)
 
     @classmethod
     def create(cls, target="llvm", **options) -> "BuildOptions":
@@ -107,6 +112,7 @@ class BuildOptions:
         _check(mb is None or (isinstance(mb, int) and mb > 0), "memory_budget", mb, "a positive number of bytes")
         _check(self.reuse in REUSE_MODES, "reuse", self.reuse, f"one of {REUSE_MODES}")
         object.__setattr__(self, "batch_sizes", _batch_sizes(self.batch_sizes))
+        object.__setattr__(self, "timing_cache", directory_option(self.timing_cache))
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
                               "its servers registered under (--rpc-tracker and --rpc-key)")

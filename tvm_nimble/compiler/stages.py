@@ -10,6 +10,7 @@ that strings the stages and the two choices together.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -145,25 +146,44 @@ def index_bounds(mod: tvm.IRModule) -> dict[str, int]:
     return bounds
 
 
-def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False) -> BuildResult:
+def note_default_schedules(mod: tvm.IRModule, options: BuildOptions, database=None) -> None:
+    """Say once when CUDA kernels get TVM's default schedules: no tuning database, or none of its records
+    applies to ``mod`` (the user's build says so, not its probes)."""
+    if database is None and options.tuning_db:
+        database = open_tuning_database(options.tuning_db)
+    if database is None and options.is_cuda and options.compile_kernels:
+        note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
+                  "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=5)
+    if database is not None and not database_applies(database, mod, options.target):
+        note_once(f"nothing in the tuning database {options.tuning_db} applies to this model (none of its kernels "
+                  "is in it: another model, shape, precision or target?); kernels use TVM's default schedules. "
+                  "Tune this model with `tvm-nimble tune`", stacklevel=5)
+
+
+def _untimed(_phase: str):
+    return contextlib.nullcontext()
+
+
+def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, timed=None) -> BuildResult:
     """Lower, schedule and (unless ``options.compile_kernels`` is off) generate ``mod`` as it is: its
     kernels are chosen already (vendor calls in it stay, everything else gets TVM's kernels). A
     ``max_streams`` of ``"auto"`` schedules the widest here; choosing a cap is ``stream_choice``'s.
-    ``note``: say once when CUDA kernels get TVM's default schedules (the user's build, not a probe)."""
+    ``note``: say once when CUDA kernels get TVM's default schedules (the user's build, not a probe).
+    ``timed(phase)``: a context manager around each of "lower", "schedule" and "generate" (the build's
+    phase timer)."""
     t = options.target
+    timed = timed or _untimed
     database = open_tuning_database(options.tuning_db) if options.tuning_db else None
-    if note and database is None and options.is_cuda and options.compile_kernels:
-        note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
-                  "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=4)
-    if note and database is not None and not database_applies(database, mod, t):
-        note_once(f"nothing in the tuning database {options.tuning_db} applies to this model (none of its kernels "
-                  "is in it: another model, shape, precision or target?); kernels use TVM's default schedules. "
-                  "Tune this model with `tvm-nimble tune`", stacklevel=4)
-    lowered = lower(mod, t, database, options.concat_in_place)
+    if note:
+        note_default_schedules(mod, options, database)
+    with timed("lower"):
+        lowered = lower(mod, t, database, options.concat_in_place)
     cap = None if options.max_streams == "auto" else options.max_streams
-    annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=cap, reuse=options.reuse)
-    plan.index_bounds = index_bounds(mod)
-    library = generate_kernels(annotated, t) if options.compile_kernels else None
+    with timed("schedule"):
+        annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=cap, reuse=options.reuse)
+        plan.index_bounds = index_bounds(mod)
+    with timed("generate"):
+        library = generate_kernels(annotated, t) if options.compile_kernels else None
     info = {"max_streams": cap, **options.to_info(),
             "concats_in_place": int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0}
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels

@@ -14,14 +14,21 @@ that carry the critical path (the same one-stream kernel times, along the plan's
 first when streams compete for the GPU; the prioritized plan is kept only if it too wins by
 ``MIN_GAIN``. A memory budget drops every candidate whose concurrency-safe pool does not fit.
 Without a GPU of the target's arch here, the largest cap that fits the budget is kept (Nimble's
-schedule), with a one-line note.
+schedule), with a one-line note. Every measurement (the one-stream kernel times, the side-by-side
+replays, the priority trial) is kept in the timing cache (:mod:`.timing_cache`), keyed by the lowered
+module's structural hash and the digests of the plans replayed, so a second build of the same model on
+the same GPU replays nothing.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+
+import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 
+from . import timing_cache
 from .notes import note_once
 from .stages import schedule
 from .timers import LocalGPU, has_gpu_for
@@ -91,9 +98,44 @@ def _slack_candidates(result, reuse, memory_budget, candidates: dict, costs) -> 
     return out
 
 
+class _Measured:
+    """The timer's two measurements of plans built from ``result``'s lowered module, through the timing
+    cache: a plan is named by the digest of its JSON, its kernels by the lowered module's structural hash."""
+
+    def __init__(self, result, timer):
+        self.timer = timer
+        self.cache = timing_cache.for_build(getattr(result, "options", None), timer)
+        self.kernels = tvm_ffi.structural_hash(result.lowered)
+
+    def launch_ms(self, built, reps: int) -> list[float]:
+        key = [self.kernels, _plan_digest(built), reps]
+        ms = self.cache.get("launch_ms", key, valid=lambda v: _times(v, len(built.plan.launches)))
+        if ms is None:
+            ms = [float(x) for x in self.timer.launch_ms(built, reps)]
+            self.cache.put("launch_ms", key, ms)
+        return ms
+
+    def replay_ms(self, results: list) -> list[float]:
+        key = [self.kernels, [_plan_digest(r) for r in results]]
+        ms = self.cache.get("replay_ms", key, valid=lambda v: _times(v, len(results)))
+        if ms is None:
+            ms = [float(x) for x in self.timer.replay_ms(results)]
+            self.cache.put("replay_ms", key, ms)
+        return ms
+
+
+def _plan_digest(built) -> str:
+    return hashlib.sha256(built.plan.to_json(indent=None).encode()).hexdigest()[:32]
+
+
+def _times(value, n: int) -> bool:
+    return isinstance(value, list) and len(value) == n and all(isinstance(x, (int, float)) for x in value)
+
+
 def choose_streams(result, reuse: str | None = None, memory_budget: int | None = None, timer=None):
     """The stream-choice stage: (the chosen BuildResult, a record of every candidate: cap, order, streams,
-    pool bytes, measured ms), measured on ``timer``'s GPU (default: this machine's)."""
+    pool bytes, measured ms), measured on ``timer``'s GPU (default: this machine's), or read from the
+    timing cache that ``result.options`` names."""
     timer = timer or LocalGPU()
     reuse = reuse or _reuse_of(result)
     candidates = _candidates(result, reuse, memory_budget)
@@ -107,12 +149,13 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
         record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1],
                       how="widest that fits (nothing measured)")
         return candidates[key], record
+    measured = _Measured(result, timer)
     costs = None
     if (1, "program") in candidates and len(candidates) > 2:
-        costs = kernel_costs(candidates[(1, "program")], timer.launch_ms(candidates[(1, "program")], 5))
+        costs = kernel_costs(candidates[(1, "program")], measured.launch_ms(candidates[(1, "program")], 5))
         candidates.update(_slack_candidates(result, reuse, memory_budget, candidates, costs))
     keys = sorted(candidates)
-    times = dict(zip(keys, timer.replay_ms([candidates[k] for k in keys])))
+    times = dict(zip(keys, measured.replay_ms([candidates[k] for k in keys])))
     record["candidates"] = _describe(candidates, times)
     best = min(keys, key=lambda k: (times[k], k))
     if (1, "program") in times and times[best] > times[(1, "program")] * (1 - MIN_GAIN):
@@ -120,7 +163,7 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
     record.update(chosen=best[0], chosen_order=best[1], how=f"measured on {timer.where}: CUDA-graph replays, side by side")
     chosen = candidates[best]
     if best[0] != 1 and costs is not None:
-        chosen = _try_priorities(chosen, costs, record, timer)
+        chosen = _try_priorities(chosen, costs, record, measured)
     return chosen, record
 
 
@@ -144,11 +187,11 @@ def prioritized(result, durations):
     return dataclasses.replace(result, plan=plan)
 
 
-def _try_priorities(chosen, costs, record: dict, timer):
+def _try_priorities(chosen, costs, record: dict, measured: _Measured):
     """``chosen`` with critical-path stream priorities if that measures ``MIN_GAIN`` faster, else ``chosen``;
     ``costs`` are the kernels' one-stream times (see :func:`kernel_costs`)."""
     candidate = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
-    base_ms, prio_ms = timer.replay_ms([chosen, candidate])
+    base_ms, prio_ms = measured.replay_ms([chosen, candidate])
     kept = prio_ms < base_ms * (1 - MIN_GAIN)
     record["priority"] = {"streams": candidate.plan.stream_priority, "base_ms": base_ms, "measured_ms": prio_ms,
                           "kept": kept}

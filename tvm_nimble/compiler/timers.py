@@ -4,7 +4,10 @@
 :class:`LocalGPU` times them here; :class:`RemoteGPU` exports each plan as an artifact, uploads it to
 one session of an RPC server registered under a key (``tvm-nimble rpc-server``), and times it there
 (:mod:`tvm_nimble.runtime.rpc_session`), so a machine without that GPU can build for it. Both
-offer the same three calls.
+offer the same calls: ``arch()``, ``launch_ms(result, reps)``, ``replay_ms(results)``, ``where`` and
+``fingerprint()`` (what the timing cache keys their measurements by: the GPU, its driver and libraries,
+a dict; empty when nothing identifies the GPU). :class:`LocalGPU` also times cuBLASLt's algorithm
+candidates (``gemm_us``); a timer without it leaves every GEMM on the heuristic's first.
 """
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ import tempfile
 
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime import timing
+from tvm_nimble.runtime.gpu_identity import gpu_fingerprint
+
+from .notes import note_once
 
 from .target import local_gpu_arch
 
@@ -36,6 +42,30 @@ class LocalGPU:
     def replay_ms(self, results: list) -> list[float]:
         return timing.replay_ms(results)
 
+    def fingerprint(self) -> dict:
+        return dict(gpu_fingerprint())
+
+    def gemm_us(self, timings_func: str, call, reps: int) -> list[float]:
+        """Microseconds per call of each cuBLASLt algorithm candidate of ``call`` (a Relax ``call_dps_packed``
+        of a cuBLASLt function), on random operands of its shapes (cuda:0), timed by the vendor extension's
+        ``timings_func`` over ``reps`` back-to-back calls."""
+        import numpy as np
+        import tvm
+        import tvm_ffi
+        from tvm import relax
+
+        dev = tvm.cuda(0)
+        rng = np.random.default_rng(0)
+        args = []
+        for a in call.args[1].fields:
+            if isinstance(a, relax.ShapeExpr):
+                args.append(tvm_ffi.Shape([int(x) for x in a.values]))
+            else:
+                shape = [int(d) for d in a.ty.shape.values]
+                args.append(tvm.runtime.tensor(rng.standard_normal(shape).astype(str(a.ty.dtype)), dev))
+        outs = [tvm.runtime.empty([int(d) for d in t.shape.values], str(t.dtype), dev) for t in call.ty.fields]
+        return [float(x) for x in tvm_ffi.get_global_func(timings_func)(*args, *outs, reps)]
+
 
 def _remote_error(err: Exception) -> NimbleError:
     """The message of an error raised in the RPC session (TVM puts it after its own header line)."""
@@ -56,6 +86,7 @@ class RemoteGPU:
         self.where = f"the RPC server under key {key!r} at {tracker}"
         self._session = None
         self._arch: str | None = None
+        self._fingerprint: dict | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="nimble-rpc-")
         self._uploads = 0
 
@@ -96,6 +127,22 @@ class RemoteGPU:
         if self._arch is None:
             self._arch = str(self._call("nimble.rpc.gpu_arch"))
         return self._arch or None
+
+    def fingerprint(self) -> dict:
+        """The session's GPU, driver and libraries, asked once; empty (nothing cached on disk) from a server
+        of an older tvm-nimble that cannot say."""
+        if self._fingerprint is None:
+            try:
+                self._remote().get_function("nimble.rpc.gpu_fingerprint")
+            except NimbleError:
+                raise
+            except Exception:
+                note_once(f"{self.where} does not report its GPU's driver and libraries (an older tvm-nimble): "
+                          "its timings are not kept in the timing cache; update tvm-nimble there")
+                self._fingerprint = {}
+            else:
+                self._fingerprint = json.loads(self._call("nimble.rpc.gpu_fingerprint"))
+        return self._fingerprint
 
     def launch_ms(self, result, reps: int) -> list[float]:
         return json.loads(self._call("nimble.rpc.launch_ms", self._upload(result), reps))

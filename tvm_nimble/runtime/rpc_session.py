@@ -5,6 +5,7 @@ exports each plan it wants timed as an artifact, uploads it as a tar file to a s
 server registered under the key, and calls these functions there:
 
 ``nimble.rpc.gpu_arch()``                    the server's GPU (``sm_XY``, "" without one)
+``nimble.rpc.gpu_fingerprint()``             JSON: its GPU, driver and libraries (:mod:`.gpu_identity`)
 ``nimble.rpc.launch_ms(tar, reps)``          JSON: median ms of every launch (:func:`.timing.launch_ms`)
 ``nimble.rpc.replay_ms(tars, rounds, iters)`` JSON: median ms of each artifact's replay, side by side
                                              (``tars`` newline-separated; :func:`.timing.replay_ms`)
@@ -59,8 +60,11 @@ def register_session_functions(workdir: str) -> None:
 
     from . import timing
     from .device import gpu_arch
+    from .gpu_identity import gpu_fingerprint
 
     tvm_ffi.register_global_func("nimble.rpc.gpu_arch", lambda: gpu_arch() or "", override=True)
+    tvm_ffi.register_global_func("nimble.rpc.gpu_fingerprint", lambda: json.dumps(dict(gpu_fingerprint())),
+                                 override=True)
     tvm_ffi.register_global_func(
         "nimble.rpc.launch_ms",
         lambda tar, reps: json.dumps(timing.launch_ms(_unpacked(tar, workdir), int(reps))), override=True)

@@ -34,12 +34,11 @@ def spinner(message: str):
 
 
 def phase_listener(bar, message: str):
-    """A listener for ``compiler.build.watch_phases``: the spinner ``bar`` shows "message: phase" while a
+    """A listener for ``compiler.build.watch_phases``: the spinner ``bar`` shows "message (phase)" while a
     build phase runs (nothing without a bar)."""
     def listen(phase: str) -> None:
         if bar is not None:
-            bar.set_description(f"{message}: {phase}")
-            bar.refresh()
+            bar.set_description_str(f"{message} ({phase})")  # set_description would add its own ": "
 
     return listen
 

@@ -74,7 +74,7 @@ def test_the_providers_option_restricts_vendor_kernels_on_cuda():
 
 
 def test_an_unknown_provider_is_one_line():
-    with pytest.raises(NimbleError, match=r"^providers must be names among \('cudnn', 'cudnn_sdpa', 'attention', 'cublaslt'\), got 'cutlass'$"):
+    with pytest.raises(NimbleError, match=r"^providers must be names among \('cudnn', 'cudnn_sdpa', 'attention', 'cublaslt', 'layer_norm'\), got 'cutlass'$"):
         build(zoo.get_model("inception"), "llvm", providers=("cutlass",))
 
 

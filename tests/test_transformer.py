@@ -13,6 +13,7 @@ from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers.attention import CUDNN_SDPA, SDPA, SDPA_BIAS
+from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.vendor_offload import (BATCHED_MATMUL, MATMUL, MATMUL_ADD, OffloadReport, OffloadToVendor,
                                                     find_offloads)
 from tvm_nimble.runtime.race_check import check_races
@@ -321,3 +322,56 @@ def test_the_exact_gelu_after_a_linear_goes_into_its_call_and_nothing_else_does(
     assert any("erf" in l.kernel or "tanh" in l.kernel for l in result.plan.launches) != folded
     out = NimbleExecutor(result)(x)[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def _layer_norm_model(axis: int = -1, constant_gamma: bool = True):
+    """x [1, 6, 8] -> Add 1 -> LayerNormalization(axis) -> y; gamma an initializer or a second input."""
+    rng = np.random.default_rng(5)
+    init = [numpy_helper.from_array(np.float32(1.0).reshape(()), "one"),
+            numpy_helper.from_array(rng.standard_normal(8 if axis == -1 else 6 * 8).astype(np.float32).reshape(
+                (8,) if axis == -1 else (6, 8)), "beta")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])]
+    gshape = (8,) if axis == -1 else (6, 8)
+    if constant_gamma:
+        init.append(numpy_helper.from_array(rng.standard_normal(gshape).astype(np.float32), "gamma"))
+    else:
+        inputs.append(helper.make_tensor_value_info("gamma", TensorProto.FLOAT, list(gshape)))
+    nodes = [helper.make_node("Add", ["x", "one"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["y"], axis=axis, epsilon=1e-5)]
+    graph = helper.make_graph(nodes, "ln", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])],
+                              initializer=init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("case", ["last_axis", "two_axes", "gamma_input"])
+def test_a_layer_norm_over_the_last_axis_with_constant_parameters_is_one_call(case, vendor_reference):
+    """The LayerNorm the transformers have becomes one nimble.norm.layer_norm call (its numpy contract
+    reproduces the ONNX reference); over two axes, or with parameters the model computes, it stays on TVM's
+    kernels with the reason in the offload report."""
+    model = _layer_norm_model(axis=-2 if case == "two_axes" else -1, constant_gamma=case != "gamma_input")
+    feeds = {"x": np.random.default_rng(6).standard_normal((1, 6, 8)).astype(np.float32)}
+    if case == "gamma_input":
+        feeds["gamma"] = np.random.default_rng(7).standard_normal(8).astype(np.float32)
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    report = OffloadReport()
+    mod = OffloadToVendor(report=report)(from_onnx(model))
+    taken = report.offloaded.get(LAYER_NORM, 0)
+    assert taken == (1 if case == "last_axis" else 0)
+    if not taken:
+        assert [op for op, _ in report.kept] == ["layer_norm"]
+    out = NimbleExecutor(build(mod, "llvm"))(*feeds.values())[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bf16_layer_norm_takes_the_16_bit_tensor_and_float32_parameters(vit, vendor_reference):
+    """In a bf16 build the policy computes LayerNorm in float32 between two casts; the call folds both: it
+    reads and writes bf16 (no float32 tensor between kernels) with float32 gamma and beta."""
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.compiler.stages import apply_precision
+
+    model, inputs, ref = vit
+    opts = BuildOptions.create({"kind": "cuda", "arch": "sm_90"}, precision="bf16")
+    offloads = [o for o in find_offloads(apply_precision(from_onnx(model), opts)["main"]) if LAYER_NORM in o.signature]
+    assert len(offloads) == 5  # two per block and the final one
+    assert all(o.signature.startswith("astype+layer_norm+astype -> ") for o in offloads)
+    assert all("(1x16x32:bfloat16, 32:float32, 32:float32, " in o.signature for o in offloads)

@@ -9,6 +9,7 @@ import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.providers.attention import CUDNN_SDPA, SDPA, SDPA_BIAS
+from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
 
@@ -89,8 +90,16 @@ def reference_functions():
     def sdpa_bias(q, k, v, bias, attrs, y, ws):
         y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), list(attrs)).reshape(y.shape).astype(y.dtype))
 
+    def layer_norm(x, gamma, beta, attrs, y, ws):  # over the last axis; attrs = [eps as float32 bits]
+        eps = float(np.array([int(attrs[0])], np.uint32).view(np.float32)[0])
+        xv = x.numpy().astype(np.float64)
+        mean = xv.mean(-1, keepdims=True)
+        var = ((xv - mean) ** 2).mean(-1, keepdims=True)
+        out = (xv - mean) / np.sqrt(var + eps) * gamma.numpy().astype(np.float64) + beta.numpy().astype(np.float64)
+        y.copyfrom(out.astype(x.numpy().dtype))  # y has x's dtype (the parameters may be float32)
+
     names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
-             SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa}
+             SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, LAYER_NORM: layer_norm}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():
         tvm_ffi.register_global_func(name, fn, override=True)

@@ -6,3 +6,4 @@ from . import tvm_kernels  # noqa: E402,F401  TVM's own kernels: everything no o
 from . import cudnn  # noqa: E402,F401  convolutions, average pools
 from . import attention  # noqa: E402,F401  fused attention (claims Q·Kᵀ before the GEMMs do)
 from . import cublaslt  # noqa: E402,F401  GEMMs
+from . import norm  # noqa: E402,F401  LayerNorm

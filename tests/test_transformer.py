@@ -345,20 +345,24 @@ def _layer_norm_model(axis: int = -1, constant_gamma: bool = True):
 
 @pytest.mark.parametrize("case", ["last_axis", "two_axes", "gamma_input"])
 def test_a_layer_norm_over_the_last_axis_with_constant_parameters_is_one_call(case, vendor_reference):
-    """The LayerNorm the transformers have becomes one nimble.norm.layer_norm call (its numpy contract
-    reproduces the ONNX reference); over two axes, or with parameters the model computes, it stays on TVM's
-    kernels with the reason in the offload report."""
+    """Named (it is not a default provider), the LayerNorm the transformers have becomes one
+    nimble.norm.layer_norm call (its numpy contract reproduces the ONNX reference); over two axes, or with
+    parameters the model computes, it stays on TVM's kernels with the reason in the offload report. Not
+    named, no LayerNorm is taken."""
     model = _layer_norm_model(axis=-2 if case == "two_axes" else -1, constant_gamma=case != "gamma_input")
     feeds = {"x": np.random.default_rng(6).standard_normal((1, 6, 8)).astype(np.float32)}
     if case == "gamma_input":
         feeds["gamma"] = np.random.default_rng(7).standard_normal(8).astype(np.float32)
     ref = ReferenceEvaluator(model).run(None, feeds)[0]
     report = OffloadReport()
-    mod = OffloadToVendor(report=report)(from_onnx(model))
+    mod = OffloadToVendor(report=report, providers=providers.offloading("cuda", ("layer_norm",)))(from_onnx(model))
     taken = report.offloaded.get(LAYER_NORM, 0)
     assert taken == (1 if case == "last_axis" else 0)
     if not taken:
         assert [op for op, _ in report.kept] == ["layer_norm"]
+    default = OffloadReport()
+    OffloadToVendor(report=default)(from_onnx(model))
+    assert LAYER_NORM not in default.offloaded and not default.kept
     out = NimbleExecutor(build(mod, "llvm"))(*feeds.values())[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -371,7 +375,9 @@ def test_a_bf16_layer_norm_takes_the_16_bit_tensor_and_float32_parameters(vit, v
 
     model, inputs, ref = vit
     opts = BuildOptions.create({"kind": "cuda", "arch": "sm_90"}, precision="bf16")
-    offloads = [o for o in find_offloads(apply_precision(from_onnx(model), opts)["main"]) if LAYER_NORM in o.signature]
+    offloads = [o for o in find_offloads(apply_precision(from_onnx(model), opts)["main"],
+                                         providers=providers.offloading("cuda", ("layer_norm",)))
+                if LAYER_NORM in o.signature]
     assert len(offloads) == 5  # two per block and the final one
     assert all(o.signature.startswith("astype+layer_norm+astype -> ") for o in offloads)
     assert all("(1x16x32:bfloat16, 32:float32, 32:float32, " in o.signature for o in offloads)

@@ -5,8 +5,12 @@
 gamma and beta must be constants. The casts are what the mixed-precision policy puts around a
 16-bit model's LayerNorm (statistics in float32): the call takes the 16-bit tensor and float32
 parameters, computes in float32 and writes the 16-bit result, so both casts disappear with the
-chain. TVM's LayerNorm is a reduction and an element-wise kernel's worth of work in one launch; at
-batch 1 a warp per row is faster (``kernels="best"`` measures both).
+chain.
+
+Not used unless named (``providers=(..., "layer_norm")``): on the H100 ``kernels="best"`` measured TVM's
+LayerNorm faster inside ViT-S, ViT-B and BERT-base and kept it everywhere (thirteenth session,
+benchmarks/findings.md), and a provider that loses every measurement would only be taken unmeasured
+by ``kernels="vendor"``.
 """
 from __future__ import annotations
 
@@ -63,4 +67,4 @@ def layer_norm_chain(ctx, chains, var, call):
 
 PROVIDER = register(Provider(
     name="layer_norm", title="fused LayerNorm", kernel_prefix="nimble.norm.",
-    matchers={"relax.nn.layer_norm": layer_norm_chain}, dtypes=DTYPES, layouts=("row-major",)))
+    matchers={"relax.nn.layer_norm": layer_norm_chain}, dtypes=DTYPES, layouts=("row-major",), by_default=False))

@@ -34,6 +34,8 @@ class Provider:
     layouts: tuple[str, ...] = ()
     targets: tuple[str, ...] = ("cuda",)  # target kinds it runs on
     runtime_library: str | None = "vendor"  # which runtime library serves ``kernel_prefix``
+    by_default: bool = True  # among the providers a build uses when the options name none
+
 
     def owns(self, kernel: str) -> bool:
         """Whether a plan launch of ``kernel`` is one of this provider's calls."""
@@ -64,10 +66,10 @@ def get(name: str) -> Provider:
 
 
 def offloading(target_kind: str, only: tuple[str, ...] | None = None) -> list[Provider]:
-    """The providers other than TVM that run on ``target_kind`` (those named in ``only``, when given), in
-    registration order."""
+    """The providers other than TVM that run on ``target_kind`` (those named in ``only``, when given; else
+    those used by default), in registration order."""
     return [p for p in _REGISTRY.values() if p.name != TVM and target_kind in p.targets
-            and (only is None or p.name in only)]
+            and (p.name in only if only is not None else p.by_default)]
 
 
 def provider_of(kernel: str) -> Provider:

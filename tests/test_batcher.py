@@ -35,6 +35,15 @@ def served(tmp_path_factory):
     return model, path, x, y
 
 
+def _run_threads(client, threads: int) -> None:
+    """``client(t)`` on ``threads`` threads at once, until every one returns."""
+    workers = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 def test_eight_threads_lose_duplicate_and_reorder_nothing(served):
     _, path, x, y = served
     threads, per_thread = 8, 200
@@ -54,11 +63,7 @@ def test_eight_threads_lose_duplicate_and_reorder_nothing(served):
                     continue
                 got[(t, r)] = (ids, out)
 
-        workers = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        _run_threads(client, threads)
         assert not failures, failures[:3]
         assert len(got) == threads * per_thread  # every request answered once
         for (t, r), (ids, out) in got.items():
@@ -146,11 +151,7 @@ def test_a_function_behind_the_same_batcher_gets_whole_requests_in_order():
                 if not (np.array_equal(a, x * 2.0) and np.array_equal(b, x[:, :1] + 0.5)):
                     failures.append((t, r))
 
-        workers = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        _run_threads(client, threads)
         assert not failures, failures[:3]
         assert batcher.stats["requests"] == threads * per_thread
         assert sum(seen) == batcher.stats["rows"] and max(seen) <= 16 and len(seen) < threads * per_thread

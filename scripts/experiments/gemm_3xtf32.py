@@ -4,6 +4,8 @@ of 20 calls) and relative L2 error against float64."""
 import json, os, sys
 import torch
 
+from gpu_args import graph_us  # beside this script in scripts/experiments/
+
 torch.manual_seed(0)
 dev = "cuda"
 SHAPES = {"vit_s": (197, [(384, 1152), (384, 384), (384, 1536), (1536, 384)]),
@@ -19,23 +21,6 @@ def tf32_round(x):  # round-to-nearest to 10 mantissa bits (exact in TF32)
 def split(x):
     hi = tf32_round(x)
     return hi, x - hi
-
-
-def graph_us(fn, n=20, reps=30):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3): fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n): fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / n)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def rel(x, ref):

@@ -34,28 +34,6 @@ BATCHED = [
 ]
 
 
-def graph_us(torch, fn, n=20, reps=30) -> float:
-    """Median microseconds per call of ``fn`` replayed as a CUDA graph of ``n`` calls."""
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000 / n)
-    return sorted(times)[len(times) // 2]
-
-
 def main(argv=None) -> int:
     args = gpu_args.parse_kernel_bench(__doc__, argv, "out/gemm_algos")
     import torch
@@ -80,7 +58,7 @@ def main(argv=None) -> int:
                 us = list(mm_t(t(a), t(w), t(b), tvm_ffi.Shape([0, 0, 0]), t(y), t(ws), args.reps))
             ref = gpu_args.back_to_back_us(lambda: torch.nn.functional.linear(a, w.t(), b), args.reps)
             # PyTorch's cuBLAS GEMM (no bias) as a CUDA graph of 20 calls: its GPU time, the floor to reach
-            graph_mm = graph_us(torch, lambda: torch.matmul(a, w, out=y))
+            graph_mm = gpu_args.graph_us(lambda: torch.matmul(a, w, out=y))
             rows.append({"case": name, "dtype": dname, "torch_us": ref, "torch_mm_graph_us": graph_mm,
                          "candidates_us": us})
         for name, B, M, N, K, tb in BATCHED:

@@ -4,6 +4,8 @@
 (torch.profiler). Findings: thirteenth session, benchmarks/findings.md."""
 import json, os
 import torch
+
+from gpu_args import graph_us  # beside this script in scripts/experiments/
 import torch.nn.functional as F
 
 torch.manual_seed(0)
@@ -12,23 +14,6 @@ dev = "cuda"
 SHAPES = {"vit_b": (197, [(768, 2304), (768, 768), (768, 3072), (3072, 768)]),
           "vit_s": (197, [(384, 1152), (384, 1536), (1536, 384)]),
           "bert": (128, [(768, 768), (768, 3072), (3072, 768)])}
-
-
-def graph_us(fn, n=20, reps=30):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3): fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n): fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / n)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def kernels(fn):

@@ -63,3 +63,28 @@ def back_to_back_us(fn, reps: int, rounds: int = 5) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / reps)
     return sorted(times)[len(times) // 2]
+
+
+def graph_us(fn, n: int = 20, reps: int = 30) -> float:
+    """Median microseconds per call of ``fn`` (PyTorch work) replayed as a CUDA graph of ``n`` calls: its GPU
+    time, with no host launch cost in it."""
+    import torch
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000 / n)
+    return sorted(times)[len(times) // 2]

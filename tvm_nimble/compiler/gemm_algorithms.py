@@ -74,10 +74,6 @@ def with_algorithms(mod: tvm.IRModule, chosen: dict[str, int]) -> tvm.IRModule:
     return out
 
 
-def _times(value) -> bool:
-    return isinstance(value, list) and all(isinstance(x, (int, float)) for x in value)
-
-
 def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=None,
                            options=None) -> tuple[tvm.IRModule, list[dict]]:
     """``mod`` with each cuBLASLt call's fastest algorithm measured on ``timer``'s GPU (default: this
@@ -93,7 +89,7 @@ def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=N
         if sig in chosen:
             continue
         key = [str(target.attrs["arch"]), sig, REPS]
-        us = cache.get("gemm", key, valid=_times)
+        us = cache.get("gemm", key, valid=timing_cache.numbers())
         if us is None:
             us = timer.gemm_us(_TIMINGS[name], b.value, REPS)
             cache.put("gemm", key, us)

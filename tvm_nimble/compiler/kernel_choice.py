@@ -101,10 +101,6 @@ def _per_output_ms(result, reps: int, timer) -> list[float]:
     return [sum(per_launch[i] for i in launches) for launches in launches_per_output(result.plan)]
 
 
-def _ms_pair(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(x, (int, float)) for x in value)
-
-
 def one_stream(options: BuildOptions) -> BuildOptions:
     """The options a measurement builds with: one stream, kernels compiled, no budget to meet."""
     return options.replace(max_streams=1, compile_kernels=True, memory_budget=None)
@@ -119,7 +115,7 @@ def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, options: Buil
     key = [tvm_ffi.structural_hash(chosen), tvm_ffi.structural_hash(all_vendor),
            timing_cache.tuning_db_digest(options.tuning_db), options.concat_in_place, options.reuse]
     cache = timing_cache.for_build(options, timer)
-    known = cache.get("model_check", key, valid=_ms_pair)
+    known = cache.get("model_check", key, valid=timing_cache.numbers(2))
     if known is not None:
         return ModelCheck(*known), None
     built = [stages.build_fixed(m, one_stream(options)) for m in (chosen, all_vendor)]
@@ -153,7 +149,7 @@ def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: in
     cache = timing_cache.for_build(options, timer)
     db = timing_cache.tuning_db_digest(options.tuning_db)
     keys = [[provider.name, s, options.precision, options.allow_tf32, db, reps] for s in probe.signatures]
-    found = [cache.get("chain", k, valid=_ms_pair) for k in keys]
+    found = [cache.get("chain", k, valid=timing_cache.numbers(2)) for k in keys]
     if any(f is None for f in found):  # the probe holds every chain: measuring one costs the builds of all
         probe_options = one_stream(options)
         with_provider = stages.build_fixed(stages.offload(probe.mod, options, providers=[provider]), probe_options)

@@ -109,7 +109,7 @@ class _Measured:
 
     def launch_ms(self, built, reps: int) -> list[float]:
         key = [self.kernels, _plan_digest(built), reps]
-        ms = self.cache.get("launch_ms", key, valid=lambda v: _times(v, len(built.plan.launches)))
+        ms = self.cache.get("launch_ms", key, valid=timing_cache.numbers(len(built.plan.launches)))
         if ms is None:
             ms = [float(x) for x in self.timer.launch_ms(built, reps)]
             self.cache.put("launch_ms", key, ms)
@@ -117,7 +117,7 @@ class _Measured:
 
     def replay_ms(self, results: list) -> list[float]:
         key = [self.kernels, [_plan_digest(r) for r in results]]
-        ms = self.cache.get("replay_ms", key, valid=lambda v: _times(v, len(results)))
+        ms = self.cache.get("replay_ms", key, valid=timing_cache.numbers(len(results)))
         if ms is None:
             ms = [float(x) for x in self.timer.replay_ms(results)]
             self.cache.put("replay_ms", key, ms)
@@ -126,10 +126,6 @@ class _Measured:
 
 def _plan_digest(built) -> str:
     return hashlib.sha256(built.plan.to_json(indent=None).encode()).hexdigest()[:32]
-
-
-def _times(value, n: int) -> bool:
-    return isinstance(value, list) and len(value) == n and all(isinstance(x, (int, float)) for x in value)
 
 
 def choose_streams(result, reuse: str | None = None, memory_budget: int | None = None, timer=None):

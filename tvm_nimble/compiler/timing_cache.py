@@ -75,6 +75,14 @@ def forget_in_memory() -> None:
     _memory.clear()
 
 
+def numbers(count: int | None = None):
+    """A ``valid`` for :meth:`TimingCache.get`: a list of numbers (of ``count`` of them, when given)."""
+    def valid(value) -> bool:
+        return (isinstance(value, list) and (count is None or len(value) == count)
+                and all(isinstance(x, (int, float)) for x in value))
+    return valid
+
+
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
@@ -241,26 +249,28 @@ class TimingCache:
         """Write the entry to a temporary file beside its place and rename it there (atomic on POSIX)."""
         path = self.path(kind, key)
         entry = {"gpu": self.gpu, "context": self.context, "kind": kind, "key": key, "value": value}
-        tmp = None
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._write_gpu_file()
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f, sort_keys=True)
-            os.replace(tmp, path)
+            gpu_file = os.path.join(self.directory, self.gpu_id, "gpu.json")
+            if not os.path.exists(gpu_file):
+                _write_json_atomically(gpu_file, self.gpu, indent=1)
+            _write_json_atomically(path, entry)
         except OSError as err:
-            if tmp is not None and os.path.exists(tmp):
-                os.remove(tmp)
             note_once(f"cannot write the timing cache under {self.directory} ({err.strerror or err}): this build's "
                       "measurements are not kept; give timing_cache (--timing-cache) a writable directory, or 'off'",
                       stacklevel=4)
             self.directory = None  # reads of what this build measures come from memory
 
-    def _write_gpu_file(self) -> None:
-        path = os.path.join(self.directory, self.gpu_id, "gpu.json")
-        if not os.path.exists(path):
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.gpu, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
+
+def _write_json_atomically(path: str, obj, indent: int | None = None) -> None:
+    """``obj`` as JSON in ``path``, written to a temporary file beside it and renamed there (atomic on POSIX:
+    a reader sees the old file or the new one, never half of one); the temporary file goes on failure."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=indent, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -90,6 +90,15 @@ def _is_bucketed(module_or_artifact) -> bool:
     return False
 
 
+def _owned_copy(t, device):
+    """A copy of the tensor ``t`` on ``device`` that the caller owns (no run overwrites it)."""
+    import tvm
+
+    fresh = tvm.runtime.empty(t.shape, t.dtype, device)
+    t.copyto(fresh)
+    return fresh
+
+
 class NimbleExecutor:
     def __new__(cls, module_or_artifact=None, *args, **kwargs):
         """A model built with ``batch_sizes`` gets a :class:`~tvm_nimble.runtime.buckets.BucketedExecutor`
@@ -364,13 +373,7 @@ class NimbleExecutor:
     def _output(self, index: int, copy: bool):
         self.sync()
         out = self._views[self._last_parity][self.plan.outputs[index]]
-        if copy:
-            import tvm
-
-            fresh = tvm.runtime.empty(out.shape, out.dtype, self.device)
-            out.copyto(fresh)
-            return fresh
-        return out
+        return _owned_copy(out, self.device) if copy else out
 
     def __call__(self, *inputs, copy: bool = True, **named):
         """Set inputs (positional in model order, or by name), run, return the list of outputs.
@@ -678,12 +681,7 @@ class BucketedExecutor(NimbleExecutor):
             row_bytes = [plan.tensors[t].nbytes // batch for t in plan.outputs]
             if len(chunks) == 1:
                 heads = [row_view(v, 0, rows, rb) for v, rb in zip(views, row_bytes)]
-                if not copy:
-                    return heads
-                fresh = [tvm.runtime.empty(h.shape, h.dtype, self.device) for h in heads]
-                for h, f in zip(heads, fresh):
-                    h.copyto(f)
-                return fresh
+                return [_owned_copy(h, self.device) for h in heads] if copy else heads
             if outs is None:
                 outs = [tvm.runtime.empty((n, *v.shape[1:]), v.dtype, self.device) for v in views]
             for v, o, rb in zip(views, outs, row_bytes):
@@ -738,8 +736,6 @@ class BucketedExecutor(NimbleExecutor):
 
     def get_output(self, index: int = 0, copy: bool = True):
         """Output ``index`` of the last ``run()`` (a tensor the caller owns; ``copy=False``: the kept one)."""
-        import tvm
-
         self._check_open()
         if not 0 <= index < len(self.plan.outputs):
             raise IndexError(f"output index {index} out of range: the model has {len(self.plan.outputs)} output(s)")
@@ -753,11 +749,7 @@ class BucketedExecutor(NimbleExecutor):
                 raise ConcurrentUseError(f"get_output() from thread {me.name!r} while thread {owner.name!r} is between "
                                          "its set_input/run and get_output; use one executor per thread, a NimblePool, "
                                          "or ex(*inputs)")
-            out = self._results[index]
-            if copy:
-                fresh = tvm.runtime.empty(out.shape, out.dtype, self.device)
-                out.copyto(fresh)
-                out = fresh
+            out = _owned_copy(self._results[index], self.device) if copy else self._results[index]
             if owner is me:
                 self._owner = None
             return out

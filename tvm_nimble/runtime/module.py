@@ -77,24 +77,36 @@ def resolve_kernels(plan: Plan, kernels) -> list:
 
 def load(path: str) -> NimbleModule:
     """Load an artifact with the TVM runtime only (no compiler needed)."""
-    import tvm
-
     if read_manifest(path).get("buckets") is not None:  # built with batch_sizes: a plan per batch size
         return load_bucketed(path)
     manifest, plan, kernels_path, params = load_artifact_files(path)
-    if plan.target.get("kind") == "cuda":
+    vendor = _load_runtime_libraries(path, manifest)
+    return NimbleModule(plan, _load_kernels(plan, kernels_path), params, None, dict(manifest.get("info", {})), vendor)
+
+
+def _load_runtime_libraries(path: str, manifest: dict) -> str | None:
+    """What an artifact's kernels need loaded first: the CUDA runtime (a CUDA target) and the packaged vendor
+    extension; the extension's path, or None when the artifact has none."""
+    if manifest.get("target", {}).get("kind") == "cuda":
         from .device import ensure_cuda_runtime
 
         ensure_cuda_runtime()
-    kernels = tvm.runtime.load_module(kernels_path)
-    vendor = os.path.join(path, VENDOR_FILE)
-    if VENDOR_FILE in manifest.get("sha256", {}):
-        from .vendor import load_vendor_library  # one line naming cuDNN/cuBLAS and the wheel when missing
+    if VENDOR_FILE not in manifest.get("sha256", {}):
+        return None
+    from .vendor import load_vendor_library  # one line naming cuDNN/cuBLAS and the wheel when missing
 
-        load_vendor_library(vendor)
-    resolve_kernels(plan, kernels)  # a plan naming a kernel the library lacks fails here, not at the first run
-    return NimbleModule(plan, kernels, params, None, dict(manifest.get("info", {})),
-                        vendor if VENDOR_FILE in manifest.get("sha256", {}) else None)
+    vendor = os.path.join(path, VENDOR_FILE)
+    load_vendor_library(vendor)
+    return vendor
+
+
+def _load_kernels(plan: Plan, kernels_path: str):
+    """The plan's kernel library, loaded; a plan naming a kernel the library lacks fails here, not at the first run."""
+    import tvm
+
+    kernels = tvm.runtime.load_module(kernels_path)
+    resolve_kernels(plan, kernels)
+    return kernels
 
 
 # ---- batch buckets (see runtime/buckets.py) ------------------------------------------------------
@@ -167,26 +179,13 @@ def from_fixed(module: NimbleModule) -> BucketedModule:
 
 def load_bucketed(path: str) -> BucketedModule:
     """Load a bucketed artifact with the TVM runtime only."""
-    import tvm
-
     manifest, specs, weights = load_bucketed_files(path)
-    if manifest.get("target", {}).get("kind") == "cuda":
-        from .device import ensure_cuda_runtime
-
-        ensure_cuda_runtime()
-    vendor = None
-    if VENDOR_FILE in manifest.get("sha256", {}):
-        from .vendor import load_vendor_library
-
-        vendor = os.path.join(path, VENDOR_FILE)
-        load_vendor_library(vendor)
+    vendor = _load_runtime_libraries(path, manifest)
     info = dict(manifest.get("info", {}))
     per_bucket = info.get("buckets", {}) if isinstance(info.get("buckets"), dict) else {}
     buckets, names = {}, {}
     for batch, plan, kernels_path, constants in specs:
-        kernels = tvm.runtime.load_module(kernels_path)
-        resolve_kernels(plan, kernels)
         params = {c: weights[w] for c, w in constants.items()}
-        buckets[batch] = NimbleModule(plan, kernels, params, None, dict(per_bucket.get(str(batch), {})), vendor)
+        buckets[batch] = NimbleModule(plan, _load_kernels(plan, kernels_path), params, None, dict(per_bucket.get(str(batch), {})), vendor)
         names[batch] = constants
     return BucketedModule.of(buckets, info=info, weight_names=names, weights=weights)

@@ -166,8 +166,7 @@ def _build_selected(selection: Selection, options: BuildOptions, phases: Phases)
     cap = None if options.max_streams == "auto" else options.max_streams
     with phases("schedule"):
         result = rescheduled(built, cap, options.reuse)
-    info = {"max_streams": cap, **options.to_info(), "concats_in_place": built.info["concats_in_place"]}
-    return dataclasses.replace(result, info=info, options=options)
+    return dataclasses.replace(result, info=stages.build_info(options, built.info["concats_in_place"]), options=options)
 
 
 def _same_kernels(a: BuildOptions, b: BuildOptions) -> bool:

@@ -160,6 +160,13 @@ def note_default_schedules(mod: tvm.IRModule, options: BuildOptions, database=No
                   "Tune this model with `tvm-nimble tune`", stacklevel=5)
 
 
+def build_info(options: BuildOptions, concats_in_place: int) -> dict:
+    """The info of a build with ``options``: the stream cap it was scheduled with, the options, and how many
+    concatenations were built in place."""
+    return {"max_streams": None if options.max_streams == "auto" else options.max_streams, **options.to_info(),
+            "concats_in_place": concats_in_place}
+
+
 def _untimed(_phase: str):
     return contextlib.nullcontext()
 
@@ -184,8 +191,7 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, ti
         plan.index_bounds = index_bounds(mod)
     with timed("generate"):
         library = generate_kernels(annotated, t) if options.compile_kernels else None
-    info = {"max_streams": cap, **options.to_info(),
-            "concats_in_place": int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0}
+    info = build_info(options, int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0)
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)

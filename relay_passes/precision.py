@@ -33,6 +33,8 @@ from tvm.ir.expr import Constant
 
 #: the compute dtypes a build can ask for
 DTYPES = ("float32", "float16", "bfloat16")
+#: the reduced (16-bit) ones among them
+REDUCED_DTYPES = ("float16", "bfloat16")
 
 #: user-facing precision names -> (compute dtype, TF32 tensor cores for float32 GEMMs/convolutions)
 PRECISIONS = {"fp32": ("float32", False), "tf32": ("float32", True),
@@ -64,7 +66,7 @@ ELEMENTWISE = ("add", "subtract", "multiply", "divide", "negative", "abs", "squa
 #: mantissa): rounding after every operator of a GELU or a bias + residual chain is what made its error
 #: twice PyTorch's on the H100. float16 too: on llvm (whose half arithmetic rounds every operator) it lowers
 #: the zoo nets' fp16 error by 4-15%, at no cost in kernels or in the dtypes between them
-ELEMENTWISE_FP32 = ("float16", "bfloat16")
+ELEMENTWISE_FP32 = REDUCED_DTYPES
 #: the function attribute by which ``to_precision`` asks :func:`widen_elementwise` for fp32 element-wise
 #: chains: ``"<reduced dtype>:<op>,<op>,..."``
 ATTR_ELEMENTWISE_FP32 = "nimble_elementwise_fp32"
@@ -98,10 +100,10 @@ class Policy:
 
     def __post_init__(self):
         wide = self.elementwise_fp32
-        wide = ("float16", "bfloat16") if wide is True else () if wide in (False, None) else \
+        wide = REDUCED_DTYPES if wide is True else () if wide in (False, None) else \
             (wide,) if isinstance(wide, str) else tuple(wide)
         wide = tuple(dict.fromkeys(PRECISIONS.get(ALIASES.get(w, w), (w,))[0] for w in wide))  # bf16 -> bfloat16
-        bad = [w for w in wide if w not in ("float16", "bfloat16")]
+        bad = [w for w in wide if w not in REDUCED_DTYPES]
         if bad:
             raise ValueError(f"elementwise_fp32 takes reduced dtypes (float16, bfloat16), True or False; got {bad[0]!r}")
         object.__setattr__(self, "elementwise_fp32", wide)
@@ -451,7 +453,7 @@ class _RoundOnce(relax.PyExprMutator):
         if cast is not None:
             x, to = cast
             x = self.visit_expr(x)
-            if to in ("float16", "bfloat16") and _float_dtype(x) == "float32":
+            if to in REDUCED_DTYPES and _float_dtype(x) == "float32":
                 self.down[binding.var] = x
             elif to == "float32" and binding.value.args[1].fields[0] in self.down:
                 self.set_var_remap(binding.var, self.down[binding.value.args[1].fields[0]])

@@ -18,13 +18,12 @@ import struct
 
 from tvm import relax
 
-from ..precision import DTYPES
+from ..precision import DTYPES, REDUCED_DTYPES
 from .chains import dtype_of, ints, known_shape, operator_of
 from .registry import Provider, register
 
 LAYER_NORM = "nimble.norm.layer_norm"
 MAX_CHANNELS = 1024  # codegen/vendor/layer_norm.cu: kMaxC
-_HALF = ("float16", "bfloat16")
 
 
 def _cast_from_half(chains, expr):
@@ -33,7 +32,7 @@ def _cast_from_half(chains, expr):
     if operator_of(value) != "relax.astype" or dtype_of(expr) != "float32" or not chains.single_use(expr):
         return None
     src = value.args[0]
-    return src if dtype_of(src) in _HALF else None
+    return src if dtype_of(src) in REDUCED_DTYPES else None
 
 
 def layer_norm_chain(ctx, chains, var, call):

@@ -16,15 +16,21 @@
 // (a [B, 1, 1, Sk] padding mask). fp32, fp16 or bf16 in and out (the bias in the same dtype or fp32),
 // fp32 softmax and accumulation.
 //
-// The kernel: eight warps per block, one query row per warp, keys in tiles of 32 (one per lane)
-// through shared memory with the online softmax (running max and sum per row), so any Sk fits; the
-// next tile is fetched into registers while the current one is computed on. Written for batch-1
-// inference, where a flash kernel's large tiles leave most SMs idle; cuDNN's fused attention has
-// no fp32 path. The workspace is unused (the vendor calling convention). Measured on an H100
-// (scripts/experiments/attention_check.py): faster than PyTorch's fp32 scaled_dot_product_attention
-// at ViT-S and BERT-base shapes, slower than its fp16 flash kernel.
+// Two kernels, both fp32 math with the online softmax (running max and sum per row), so any Sk fits;
+// written for batch-1 inference, where a flash kernel's large tiles leave most SMs idle (cuDNN's fused
+// attention has no fp32 path). The workspace is unused (the vendor calling convention).
+// - Head dimensions up to 64 (ViT, BERT): the split-key kernel. A block takes R query rows and up to
+//   eight warps; warp w takes key tiles w, w + 8, ... (32 keys, one per lane) for all R rows, and the
+//   warps' partial results (max, sum, weighted values) are combined through shared memory at the end.
+//   The row-per-warp kernel below walks a row's key tiles one after another and was latency-bound
+//   (one 32-key tile 3.6 us, each further one 1.3 us on an H100: 27 us for ViT-B's 197 keys); here a
+//   warp's tiles are independent and each lane works on R rows at once. R (16, 8 or 4) is
+//   chosen from the grid's waves over the GPU's SMs (LaunchSplitRows).
+// - Larger head dimensions: the row-per-warp kernel, one query row per warp, key tiles through
+//   shared memory, the next tile fetched into registers while the current one is computed on.
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <tuple>
 
@@ -194,6 +200,193 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
   }
 }
 
+// ---- the split-key kernel (D, Dv <= 64) ----
+constexpr int kSplitWarps = 8;
+
+// 4 consecutive elements of a row as floats, zero past n (vector loads when the caller knows the row
+// and d are 16-byte (fp32) / 8-byte (16-bit) aligned and d + 4 <= n)
+template <typename T>
+__device__ __forceinline__ float4 Load4(const T* row, int d, int n, bool vec) {
+  if (vec && d + 4 <= n) {
+    if constexpr (sizeof(T) == 4) {
+      return *reinterpret_cast<const float4*>(row + d);
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(row + d);
+      const T* h = reinterpret_cast<const T*>(&raw);
+      return make_float4(ToF(h[0]), ToF(h[1]), ToF(h[2]), ToF(h[3]));
+    }
+  }
+  return make_float4(d < n ? ToF(row[d]) : 0.0f, d + 1 < n ? ToF(row[d + 1]) : 0.0f,
+                     d + 2 < n ? ToF(row[d + 2]) : 0.0f, d + 3 < n ? ToF(row[d + 3]) : 0.0f);
+}
+
+template <typename T, typename M, int DC, int R>  // DC: columns per lane (1 or 2); R: query rows per block
+__global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __restrict__ q, const T* __restrict__ k,
+                                                                   const T* __restrict__ v, const M* __restrict__ m,
+                                                                   T* __restrict__ o, SdpaParams p, bool vec_k) {
+  constexpr int W = 32 * DC;  // padded head width
+  static_assert(R % 4 == 0, "the probabilities are read four rows at a time");
+  __shared__ __align__(16) float Qs[R][W];
+  // per warp: first its tile's probabilities P[j][r] (read as float4 broadcasts over r; rows PS apart,
+  // not R: lane j writes row j, and a stride of R would put the 32 lanes on two banks), then its
+  // partial output A[r][d] (a warp writes A only after its last use of P)
+  constexpr int PS = R + 4, SCRATCH = 32 * PS > R * W ? 32 * PS : R * W;
+  __shared__ __align__(16) float Scratch[kSplitWarps][SCRATCH];
+  __shared__ float Ms[kSplitWarps][R], Ls[kSplitWarps][R];
+  const int64_t b = blockIdx.z, h = blockIdx.y, row0 = int64_t(blockIdx.x) * R;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int D = int(p.D), Dv = int(p.Dv);
+  const T* qb = q + p.q_off + b * p.q_sb + h * p.q_sh;
+  const T* kb = k + p.k_off + b * p.k_sb + h * p.k_sh;
+  const T* vb = v + p.v_off + b * p.v_sb + h * p.v_sh;
+  const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
+  for (int i = threadIdx.x; i < R * W; i += blockDim.x) {  // the block's rows, scaled; zeros pad rows and width
+    const int r = i / W, d = i % W;
+    const int64_t s = row0 + r;
+    Qs[r][d] = s < p.Sq && d < D ? ToF(qb[s * p.q_ss + d]) * p.scale : 0.0f;
+  }
+  __syncthreads();
+  float mx[R], lsum[R], acc[R][DC];  // lsum: this lane's share of the row sums
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    mx[r] = -INFINITY;
+    lsum[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) acc[r][c] = 0.0f;
+  }
+  float* P = Scratch[warp];
+  const int64_t tiles = (p.Sk + 31) / 32;
+  for (int64_t t = warp; t < tiles; t += warps) {
+    const int64_t key = t * 32 + lane;
+    const bool valid = key < p.Sk;
+    const T* kr = kb + (valid ? key : 0) * p.k_ss;
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < W; d += 4) {
+      const float4 kv = valid ? Load4(kr, d, D, vec_k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float4 qv = *reinterpret_cast<const float4*>(&Qs[r][d]);
+        s[r] = fmaf(qv.x, kv.x, fmaf(qv.y, kv.y, fmaf(qv.z, kv.z, fmaf(qv.w, kv.w, s[r]))));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (!valid) s[r] = -INFINITY;
+      else if (m) s[r] += ToF(mb[min(row0 + r, p.Sq - 1) * p.m_sq + key * p.m_sk]);
+      float tmax = s[r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      const float mnew = fmaxf(mx[r], tmax);
+      const bool none = mnew == -INFINITY;  // every score so far is -inf: nothing to weigh yet
+      const float e = none ? 0.0f : expf(s[r] - mnew);
+      const float corr = none ? 1.0f : expf(mx[r] - mnew);
+      mx[r] = mnew;
+      lsum[r] = lsum[r] * corr + e;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) acc[r][c] *= corr;
+      P[lane * PS + r] = e;
+    }
+    __syncwarp();
+    const int keys = p.Sk - t * 32 < 32 ? int(p.Sk - t * 32) : 32;
+    for (int j = 0; j < keys; ++j) {
+      const T* vr = vb + (t * 32 + j) * p.v_ss;
+      float vv[DC];
+#pragma unroll
+      for (int c = 0; c < DC; ++c) vv[c] = lane + 32 * c < Dv ? ToF(vr[lane + 32 * c]) : 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; r += 4) {
+        const float4 pj = *reinterpret_cast<const float4*>(&P[j * PS + r]);
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+          acc[r][c] = fmaf(pj.x, vv[c], acc[r][c]);
+          acc[r + 1][c] = fmaf(pj.y, vv[c], acc[r + 1][c]);
+          acc[r + 2][c] = fmaf(pj.z, vv[c], acc[r + 2][c]);
+          acc[r + 3][c] = fmaf(pj.w, vv[c], acc[r + 3][c]);
+        }
+      }
+    }
+    __syncwarp();  // P is rewritten by the next tile (or becomes A)
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], off);
+    if (lane == 0) {
+      Ms[warp][r] = mx[r];
+      Ls[warp][r] = lsum[r];
+    }
+#pragma unroll
+    for (int c = 0; c < DC; ++c) P[r * W + lane + 32 * c] = acc[r][c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R * Dv; i += blockDim.x) {  // combine the warps' partials
+    const int r = i / Dv, d = i % Dv;
+    const int64_t s = row0 + r;
+    if (s >= p.Sq) continue;
+    float M = -INFINITY;
+    for (int w = 0; w < warps; ++w) M = fmaxf(M, Ms[w][r]);
+    float L = 0.0f, O = 0.0f;
+    for (int w = 0; w < warps; ++w) {
+      const float wt = Ms[w][r] == -INFINITY ? 0.0f : expf(Ms[w][r] - M);
+      L += wt * Ls[w][r];
+      O += wt * Scratch[w][r * W + d];
+    }
+    o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(O / L);
+  }
+}
+
+int SmCount() {  // of the current device, asked once per device (a launch may be under stream capture)
+  static int counts[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) return 132;
+  if (counts[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    counts[dev] = n > 0 ? n : 132;
+  }
+  return counts[dev];
+}
+
+template <typename T, typename M, int DC, int R>
+struct Split {  // one instantiation of the split-key kernel: its grid and how many of its blocks an SM holds
+  static int Warps(const SdpaParams& p) { return int(std::min<int64_t>(kSplitWarps, (p.Sk + 31) / 32)); }
+  static int64_t Blocks(const SdpaParams& p) { return (p.Sq + R - 1) / R * p.H * p.B; }
+  static int PerSm(const SdpaParams& p) {
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SdpaSplitKernel<T, M, DC, R>, Warps(p) * 32, 0);
+    return n > 0 ? n : 1;
+  }
+  static void Launch(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
+    dim3 grid(unsigned((p.Sq + R - 1) / R), unsigned(p.H), unsigned(p.B));
+    const size_t align = sizeof(T) == 4 ? 16 : 8;  // a row's 4-element vector loads
+    const bool vec_k = reinterpret_cast<uintptr_t>(k + p.k_off) % align == 0 && p.k_sb % 4 == 0 && p.k_sh % 4 == 0 &&
+                       p.k_ss % 4 == 0;
+    SdpaSplitKernel<T, M, DC, R><<<grid, Warps(p) * 32, 0, stream>>>(q, k, v, m, y, p, vec_k);
+  }
+};
+
+// R: the fewest waves of blocks over the SMs first (a second, partial wave costs a whole block's time),
+// then a grid that has a block for every SM, then the most rows per block (K and V read fewer times).
+template <typename T, typename M, int DC>
+void LaunchSplitRows(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
+  const int64_t sms = SmCount();
+  auto score = [&](int64_t blocks, int per_sm, int rows) {
+    const int64_t waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
+    return std::make_tuple(waves, blocks < sms ? 1 : 0, -rows);
+  };
+  const auto s16 = score(Split<T, M, DC, 16>::Blocks(p), Split<T, M, DC, 16>::PerSm(p), 16);
+  const auto s8 = score(Split<T, M, DC, 8>::Blocks(p), Split<T, M, DC, 8>::PerSm(p), 8);
+  const auto s4 = score(Split<T, M, DC, 4>::Blocks(p), Split<T, M, DC, 4>::PerSm(p), 4);
+  if (s16 <= s8 && s16 <= s4) Split<T, M, DC, 16>::Launch(p, q, k, v, m, y, stream);
+  else if (s8 <= s4) Split<T, M, DC, 8>::Launch(p, q, k, v, m, y, stream);
+  else Split<T, M, DC, 4>::Launch(p, q, k, v, m, y, stream);
+}
+
+// ---- the row-per-warp kernel's launch (D or Dv > 64) ----
 template <typename T, typename M, int DC>
 void LaunchSdpaDC(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
   dim3 grid(unsigned((p.Sq + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp)), unsigned(p.H), unsigned(p.B));
@@ -209,8 +402,8 @@ void LaunchSdpa(const SdpaParams& p, const void* q, const void* k, const void* v
   const auto* mt = static_cast<const M*>(m);
   auto* yt = static_cast<T*>(y);
   const int dc = int((std::max(p.D, p.Dv) + 31) / 32);  // columns per lane of q, k and v
-  if (dc == 1) LaunchSdpaDC<T, M, 1>(p, qt, kt, vt, mt, yt, stream);
-  else if (dc == 2) LaunchSdpaDC<T, M, 2>(p, qt, kt, vt, mt, yt, stream);
+  if (dc == 1) LaunchSplitRows<T, M, 1>(p, qt, kt, vt, mt, yt, stream);
+  else if (dc == 2) LaunchSplitRows<T, M, 2>(p, qt, kt, vt, mt, yt, stream);
   else if (dc == 3) LaunchSdpaDC<T, M, 3>(p, qt, kt, vt, mt, yt, stream);
   else LaunchSdpaDC<T, M, 4>(p, qt, kt, vt, mt, yt, stream);
 }

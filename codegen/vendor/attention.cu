@@ -19,15 +19,17 @@
 // Two kernels, both fp32 math with the online softmax (running max and sum per row), so any Sk fits;
 // written for batch-1 inference, where a flash kernel's large tiles leave most SMs idle (cuDNN's fused
 // attention has no fp32 path). The workspace is unused (the vendor calling convention).
-// - Head dimensions up to 64 (ViT, BERT): the split-key kernel. A block takes R query rows and up to
-//   eight warps; warp w takes key tiles w, w + 8, ... (32 keys, one per lane) for all R rows, and the
-//   warps' partial results (max, sum, weighted values) are combined through shared memory at the end.
-//   The row-per-warp kernel below walks a row's key tiles one after another and was latency-bound
-//   (one 32-key tile 3.6 us, each further one 1.3 us on an H100: 27 us for ViT-B's 197 keys); here a
-//   warp's tiles are independent and each lane works on R rows at once. R (16, 8 or 4) is
-//   chosen from the grid's waves over the GPU's SMs (LaunchSplitRows).
-// - Larger head dimensions: the row-per-warp kernel, one query row per warp, key tiles through
-//   shared memory, the next tile fetched into registers while the current one is computed on.
+// - nimble.attention.sdpa / sdpa_bias: the row-per-warp kernel, one query row per warp, key tiles
+//   through shared memory, the next tile fetched into registers while the current one is computed on.
+//   Checked against float64 and timed on an H100 (scripts/experiments/attention_check.py); latency-bound
+//   at batch 1 (one 32-key tile 3.6 us, each further one 1.3 us: 27 us for ViT-B's 197 keys).
+// - nimble.attention.split_sdpa / split_sdpa_bias (same attrs): for head dimensions up to 64 (ViT, BERT)
+//   the split-key kernel: a block takes R query rows and up to eight warps; warp w takes key tiles
+//   w, w + 8, ... (32 keys, one per lane) for all R rows, so a warp's tiles do not wait on each other and
+//   each lane works on R rows at once; the warps' partials (max, sum, weighted values) are combined
+//   through shared memory at the end. R (16, 8 or 4) is chosen from the grid's waves over the GPU's SMs
+//   (LaunchSplitRows). Larger heads take the row-per-warp kernel. Not yet run on a GPU: the provider
+//   that emits it (attention_split) is used only when named.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,6 +44,8 @@ namespace {
 
 constexpr const char* kSdpa = "nimble.attention.sdpa";
 constexpr const char* kSdpaBias = "nimble.attention.sdpa_bias";
+constexpr const char* kSplit = "nimble.attention.split_sdpa";
+constexpr const char* kSplitBias = "nimble.attention.split_sdpa_bias";
 constexpr int kWarps = 8, kRowsPerWarp = 1, kTileK = 32, kMaxD = 128;
 constexpr int kTileRowsPerWarp = kTileK / kWarps;  // key rows of a tile each warp loads
 static_assert(kTileK == 32, "one key per lane");
@@ -352,7 +356,7 @@ int SmCount() {  // of the current device, asked once per device (a launch may b
 }
 
 template <typename T, typename M, int DC, int R>
-struct Split {  // one instantiation of the split-key kernel: its grid and how many of its blocks an SM holds
+struct SplitLaunch {  // one instantiation of the split-key kernel: its grid and how many of its blocks an SM holds
   static int Warps(const SdpaParams& p) { return int(std::min<int64_t>(kSplitWarps, (p.Sk + 31) / 32)); }
   static int64_t Blocks(const SdpaParams& p) { return (p.Sq + R - 1) / R * p.H * p.B; }
   static int PerSm(const SdpaParams& p) {
@@ -378,12 +382,12 @@ void LaunchSplitRows(const SdpaParams& p, const T* q, const T* k, const T* v, co
     const int64_t waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
     return std::make_tuple(waves, blocks < sms ? 1 : 0, -rows);
   };
-  const auto s16 = score(Split<T, M, DC, 16>::Blocks(p), Split<T, M, DC, 16>::PerSm(p), 16);
-  const auto s8 = score(Split<T, M, DC, 8>::Blocks(p), Split<T, M, DC, 8>::PerSm(p), 8);
-  const auto s4 = score(Split<T, M, DC, 4>::Blocks(p), Split<T, M, DC, 4>::PerSm(p), 4);
-  if (s16 <= s8 && s16 <= s4) Split<T, M, DC, 16>::Launch(p, q, k, v, m, y, stream);
-  else if (s8 <= s4) Split<T, M, DC, 8>::Launch(p, q, k, v, m, y, stream);
-  else Split<T, M, DC, 4>::Launch(p, q, k, v, m, y, stream);
+  const auto s16 = score(SplitLaunch<T, M, DC, 16>::Blocks(p), SplitLaunch<T, M, DC, 16>::PerSm(p), 16);
+  const auto s8 = score(SplitLaunch<T, M, DC, 8>::Blocks(p), SplitLaunch<T, M, DC, 8>::PerSm(p), 8);
+  const auto s4 = score(SplitLaunch<T, M, DC, 4>::Blocks(p), SplitLaunch<T, M, DC, 4>::PerSm(p), 4);
+  if (s16 <= s8 && s16 <= s4) SplitLaunch<T, M, DC, 16>::Launch(p, q, k, v, m, y, stream);
+  else if (s8 <= s4) SplitLaunch<T, M, DC, 8>::Launch(p, q, k, v, m, y, stream);
+  else SplitLaunch<T, M, DC, 4>::Launch(p, q, k, v, m, y, stream);
 }
 
 // ---- the row-per-warp kernel's launch (D or Dv > 64) ----
@@ -395,21 +399,23 @@ void LaunchSdpaDC(const SdpaParams& p, const T* q, const T* k, const T* v, const
 
 template <typename T, typename M>
 void LaunchSdpa(const SdpaParams& p, const void* q, const void* k, const void* v, const void* m, void* y,
-                cudaStream_t stream) {
+                bool split, cudaStream_t stream) {
   const auto* qt = static_cast<const T*>(q);
   const auto* kt = static_cast<const T*>(k);
   const auto* vt = static_cast<const T*>(v);
   const auto* mt = static_cast<const M*>(m);
   auto* yt = static_cast<T*>(y);
   const int dc = int((std::max(p.D, p.Dv) + 31) / 32);  // columns per lane of q, k and v
-  if (dc == 1) LaunchSplitRows<T, M, 1>(p, qt, kt, vt, mt, yt, stream);
-  else if (dc == 2) LaunchSplitRows<T, M, 2>(p, qt, kt, vt, mt, yt, stream);
+  if (split && dc == 1) LaunchSplitRows<T, M, 1>(p, qt, kt, vt, mt, yt, stream);
+  else if (split && dc == 2) LaunchSplitRows<T, M, 2>(p, qt, kt, vt, mt, yt, stream);
+  else if (dc == 1) LaunchSdpaDC<T, M, 1>(p, qt, kt, vt, mt, yt, stream);
+  else if (dc == 2) LaunchSdpaDC<T, M, 2>(p, qt, kt, vt, mt, yt, stream);
   else if (dc == 3) LaunchSdpaDC<T, M, 3>(p, qt, kt, vt, mt, yt, stream);
   else LaunchSdpaDC<T, M, 4>(p, qt, kt, vt, mt, yt, stream);
 }
 
 void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, const Shape& attrs,
-              TensorView y, TensorView workspace) {
+              TensorView y, TensorView workspace, bool split = false) {
   int dtype = 0;
   const SdpaParams p = CheckSdpa(op, q, k, v, bias, attrs, y, workspace, &dtype);
   const int dev = q.device().device_id;
@@ -418,13 +424,13 @@ void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const Te
   const void* mp = bias ? DataPtr(*bias) : nullptr;
   const bool f32_mask = bias && dtype != kF32 && TensorDType(*bias) == kF32;  // a 16-bit model's fp32 mask
   if (dtype == kF32) {
-    LaunchSdpa<float, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    LaunchSdpa<float, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), split, stream);
   } else if (dtype == kF16) {
-    if (f32_mask) LaunchSdpa<__half, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
-    else LaunchSdpa<__half, __half>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    if (f32_mask) LaunchSdpa<__half, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), split, stream);
+    else LaunchSdpa<__half, __half>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), split, stream);
   } else {
-    if (f32_mask) LaunchSdpa<__nv_bfloat16, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
-    else LaunchSdpa<__nv_bfloat16, __nv_bfloat16>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream);
+    if (f32_mask) LaunchSdpa<__nv_bfloat16, float>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), split, stream);
+    else LaunchSdpa<__nv_bfloat16, __nv_bfloat16>(p, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), split, stream);
   }
   CheckCuda(cudaGetLastError(), op, "attention kernel launch");
 }
@@ -438,10 +444,21 @@ void SdpaBias(TensorView q, TensorView k, TensorView v, TensorView bias, Shape a
   SdpaImpl(kSdpaBias, q, k, v, &bias, attrs, y, workspace);
 }
 
+void Split(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
+  SdpaImpl(kSplit, q, k, v, nullptr, attrs, y, workspace, true);
+}
+
+void SplitBias(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
+               TensorView workspace) {
+  SdpaImpl(kSplitBias, q, k, v, &bias, attrs, y, workspace, true);
+}
+
 __attribute__((constructor)) void RegisterAttention() {
   try {
     Register(kSdpa, Sdpa);
     Register(kSdpaBias, SdpaBias);
+    Register(kSplit, Split);
+    Register(kSplitBias, SplitBias);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -28,6 +28,9 @@ from .registry import Provider, register
 SDPA = "nimble.attention.sdpa"
 SDPA_BIAS = "nimble.attention.sdpa_bias"
 CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
+#: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``, only when named
+SPLIT_SDPA = "nimble.attention.split_sdpa"
+SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
 _DTYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
@@ -234,11 +237,11 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
-def attention_chain(ctx, chains, var, call, cudnn: bool = False):
+def attention_chain(ctx, chains, var, call, cudnn: bool = False, split: bool = False):
     """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
     ``cudnn``: the call for cuDNN's SDPA, for the chains it documents (else None, silently: the reasons
-    are reported once, by our kernel's provider)."""
-    report = ctx.report.kept if not cudnn else []
+    are reported once, by our kernel's provider). ``split``: the call of our split-key kernel."""
+    report = ctx.report.kept if not (cudnn or split) else []
     scores_shape = known_shape(call)
     if scores_shape is None or len(scores_shape) not in (3, 4):
         return None
@@ -272,13 +275,13 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False):
     if operator_of(pv) != "relax.matmul" or not pv.args[0].same_as(probs):
         return None
     try:
-        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn)
+        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, split)
     except _NotTaken as why:
         report.append(("attention", str(why)))
         return None
 
 
-def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool):
+def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, split: bool):
     dtype = dtype_of(qk)
     if dtype not in _DTYPES or dtype_of(pv) != dtype:
         raise _NotTaken(f"dtype {dtype}; the kernel takes {'/'.join(_DTYPES)}")
@@ -340,7 +343,7 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool):
         if dtype not in _HALF or bias is not None or any(x % 8 for x in aligned):
             return None  # cuDNN's SDPA: fp16/bf16, no mask here, 16-byte aligned rows and heads
         return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
-    name = SDPA_BIAS if bias is not None else SDPA
+    name = (SPLIT_SDPA_BIAS if bias is not None else SPLIT_SDPA) if split else (SDPA_BIAS if bias is not None else SDPA)
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
 
 
@@ -354,3 +357,13 @@ CUDNN_PROVIDER = register(Provider(
 PROVIDER = register(Provider(
     name="attention", title="fused attention", kernel_prefix="nimble.attention.sdpa",
     matchers={"relax.matmul": attention_chain}, dtypes=_DTYPES, layouts=("row-major",)))
+
+#: the split-key attention kernel (a block's warps on separate key tiles, for head dimensions up to 64; larger
+#: heads run the row-per-warp kernel inside the same call). Written to cut the fp32 attention's latency (27 us
+#: per ViT-B layer with the row-per-warp kernel) but not yet checked or timed on a GPU
+#: (scripts/experiments/attention_check.py does both), so no build uses it unless it is named:
+#: providers=(..., "attention_split"); kernels="best" then measures it against the other providers
+SPLIT_PROVIDER = register(Provider(
+    name="attention_split", title="fused attention (split-key kernel)", kernel_prefix="nimble.attention.split_",
+    matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, split=True)},
+    dtypes=_DTYPES, layouts=("row-major",), by_default=False))

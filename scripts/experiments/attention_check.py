@@ -1,6 +1,7 @@
-"""Experiment: the fused attention kernel (nimble.attention.sdpa / sdpa_bias) against a float64 PyTorch
-reference, and timed against PyTorch's own fused attention (F.scaled_dot_product_attention) on the
-same operands, in fp32, fp16 and bf16 (16-bit with an fp32 padding mask at finfo(fp32).min, as the
+"""Experiment: the fused attention kernels (nimble.attention.sdpa / sdpa_bias, and the split-key
+split_sdpa / split_sdpa_bias, not yet run on a GPU) against a float64 PyTorch reference, and timed
+against PyTorch's own fused attention (F.scaled_dot_product_attention) on the same operands, in fp32,
+fp16 and bf16 (16-bit with an fp32 padding mask at finfo(fp32).min, as the
 precision policy leaves a transformers mask).
 
 Q, K and V are read the way the provider hands them over: as strided views of one packed QKV tensor
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
 
     sdpa = tvm_ffi.get_global_func("nimble.attention.sdpa")
     sdpa_bias = tvm_ffi.get_global_func("nimble.attention.sdpa_bias")
+    split = tvm_ffi.get_global_func("nimble.attention.split_sdpa")
+    split_bias = tvm_ffi.get_global_func("nimble.attention.split_sdpa_bias")
     cudnn_sdpa = tvm_ffi.get_global_func("nimble.attention.cudnn_sdpa")
     big_ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     dev = tvm_ffi.device("cuda", 0)
@@ -105,6 +108,19 @@ def main(argv=None) -> int:
             row = {"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
                    "nimble_us": gpu_args.back_to_back_us(ours, args.reps),
                    "torch_us": gpu_args.back_to_back_us(theirs, args.reps)}
+
+            def ours_split():  # the split-key kernel (provider attention_split), same operands and attrs
+                with tvm_ffi.use_raw_stream(dev, stream):
+                    if masked:
+                        split_bias(*targs, t(mask), shape, t(y), t(ws))
+                    else:
+                        split(*targs, shape, t(y), t(ws))
+
+            y.fill_(float("nan"))
+            ours_split()
+            torch.cuda.synchronize()
+            row["split_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
+            row["split_us"] = gpu_args.back_to_back_us(ours_split, args.reps)
             if dtype != torch.float32 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other 16-bit provider
 
                 def cudnn():
@@ -126,14 +142,15 @@ def main(argv=None) -> int:
     ok = True
     for r in rows:
         bound = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}[r["dtype"]]
-        ok &= r["rel_l2"] < bound
-        extra = ""
+        ok &= r["rel_l2"] < bound and r["split_rel_l2"] < bound
+        extra = (f"  split-key {r['split_rel_l2']:.2e} {r['split_us']:.2f} us "
+                 f"{'ok' if r['split_rel_l2'] < bound else 'FAIL'}")
         if "cudnn_us" in r:
             ok &= r["cudnn_rel_l2"] < bound
-            extra = f"  cuDNN SDPA {r['cudnn_rel_l2']:.2e} {r['cudnn_us']:.2f} us"
+            extra += f"  cuDNN SDPA {r['cudnn_rel_l2']:.2e} {r['cudnn_us']:.2f} us"
         elif "cudnn_error" in r:
             ok = False
-            extra = f"  cuDNN SDPA error: {r['cudnn_error']}"
+            extra += f"  cuDNN SDPA error: {r['cudnn_error']}"
         print(f"{r['case']:10} {r['dtype']:8} {r['rel_l2']:9.2e} {r['torch_rel_l2']:9.2e} {r['nimble_us']:10.2f} "
               f"{r['torch_us']:9.2f} {'ok' if r['rel_l2'] < bound else 'FAIL'}{extra}")
     return 0 if ok else 1

@@ -55,7 +55,12 @@ def _sizes(text: str) -> tuple[int, ...]:
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
     from tvm_nimble.compiler.options import KERNEL_CHOICES
+    from tvm_nimble.relay_passes import providers
     from tvm_nimble.relay_passes.precision import KEEP_FP32, PRECISIONS
+
+    every = [q for q in providers.registered() if q.name != providers.TVM]
+    by_default = ", ".join(q.name for q in every if q.by_default)
+    when_named = ", ".join(q.name for q in every if not q.by_default)
 
     p.add_argument("--max-streams", type=max_streams_arg, default="auto",
                    help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
@@ -69,7 +74,8 @@ def build_option_args(p) -> None:
                         "(the default): best on a CUDA machine, vendor when no GPU is here, tvm without the "
                         "cuDNN/cuBLAS wheels")
     p.add_argument("--providers", type=_names, metavar="NAME,...",
-                   help="the kernel providers besides TVM that may take operators (default: all: cudnn, cudnn_sdpa, attention, cublaslt)")
+                   help=f"the kernel providers besides TVM that may take operators (default: {by_default}; "
+                        f"used only when named: {when_named})")
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="fp32 (default), tf32 (fp32 with TF32 tensor cores), fp16 or bf16: convolutions and GEMMs "
                         f"in the reduced dtype, {', '.join(KEEP_FP32[:4])}, ... in float32, the rest following "

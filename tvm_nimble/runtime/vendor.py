@@ -28,6 +28,7 @@ ENV_SYSTEM = "NIMBLE_VENDOR_SYSTEM_LIBS"
 FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul", "nimble.cublas.matmul_add",
              "nimble.cublas.batched_matmul",
              "nimble.attention.sdpa", "nimble.attention.sdpa_bias", "nimble.attention.cudnn_sdpa",
+             "nimble.attention.split_sdpa", "nimble.attention.split_sdpa_bias",
              "nimble.norm.layer_norm",
              "nimble.cudnn.conv2d_algos",
              "nimble.cublas.matmul_timings", "nimble.cublas.matmul_add_timings", "nimble.cublas.batched_matmul_timings",

@@ -62,7 +62,7 @@ def test_bad_loss_or_optimizer_is_one_clear_error():
     with pytest.raises(NimbleError, match="loss must be one of"):
         training_step(model, "hinge")
     with pytest.raises(NimbleError, match="optimizer must be one of"):
-        training_step(model, "mse", "adam")
+        training_step(model, "mse", "lamb")
 
 
 def test_cli_train_runs_and_exports_the_trained_weights(tmp_path):

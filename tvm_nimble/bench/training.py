@@ -11,6 +11,7 @@ for PyTorch), fp32 with TF32 off.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -44,10 +45,12 @@ class TrainingCase:
     loss: str
     optimizer: str
     lr: float
+    weight_decay: float | None = None  # None: PyTorch's default for the optimizer
 
 
 def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", optimizer: str = "momentum",
-              lr: float | None = None, small: bool = False, seed: int = 0) -> TrainingCase:
+              lr: float | None = None, small: bool = False, seed: int = 0,
+              weight_decay: float | None = None) -> TrainingCase:
     """``lr`` defaults to 1e-3 / batch: cross-entropy is a sum over the batch, so that is a mean's 1e-3."""
     from tvm_nimble import zoo
     from tvm_nimble.compiler.training import training_step
@@ -55,7 +58,7 @@ def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", o
     builder, kw = TRAINING_MODELS[label]
     model = zoo.get_model(builder, batch=batch, **({} if small else kw))
     lr = 1e-3 / batch if lr is None else lr
-    step = training_step(model, loss, optimizer, lr)
+    step = training_step(model, loss, optimizer, lr, weight_decay=weight_decay)
     shape = tuple(zoo.input_shape(model).values())[0]
     rng = np.random.default_rng(seed)
     (label_shape, label_dtype), = step.labels
@@ -64,7 +67,7 @@ def make_case(label: str, batch: int, steps: int, loss: str = "cross_entropy", o
         ys = [rng.integers(0, zoo.NUM_CLASSES, size=label_shape).astype("int64") for _ in range(steps)]
     else:
         ys = [rng.standard_normal(label_shape).astype(label_dtype) for _ in range(steps)]
-    return TrainingCase(label, model, step, xs, ys, loss, optimizer, lr)
+    return TrainingCase(label, model, step, xs, ys, loss, optimizer, lr, weight_decay)
 
 
 # ---- PyTorch -------------------------------------------------------------------------------------
@@ -83,9 +86,22 @@ def torch_trainer(case: TrainingCase, device: str):
     from .torch_onnx import torch_module
 
     module = torch_module(case.onnx_model, trainable=case.step.params).to(device)
-    momentum = 0.9 if case.optimizer == "momentum" else 0.0
-    opt = torch.optim.SGD(module.parameters(), lr=case.lr, momentum=momentum)
-    return module, opt, _torch_loss(case.loss)
+    return module, torch_optimizer(case, module.parameters(), capturable=device == "cuda"), _torch_loss(case.loss)
+
+
+def torch_optimizer(case: TrainingCase, params, capturable: bool = False):
+    """PyTorch's optimizer of the case's name, learning rate and weight decay (``capturable``: Adam's step
+    count on the device, so that a CUDA graph can capture its update)."""
+    import torch
+
+    from tvm_nimble.compiler.optimizers import DEFAULT_WEIGHT_DECAY
+
+    wd = DEFAULT_WEIGHT_DECAY[case.optimizer] if case.weight_decay is None else case.weight_decay
+    if case.optimizer in ("sgd", "momentum"):
+        return torch.optim.SGD(params, lr=case.lr, momentum=0.9 if case.optimizer == "momentum" else 0.0,
+                               weight_decay=wd)
+    adam = torch.optim.AdamW if case.optimizer == "adamw" else torch.optim.Adam
+    return adam(params, lr=case.lr, weight_decay=wd, capturable=capturable)
 
 
 def torch_losses(case: TrainingCase, device: str) -> list[float]:
@@ -197,9 +213,9 @@ def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str
     batch = int(case.xs[0].shape[0])
     module = build(case.step.mod, target, max_streams=None, kernels="tvm")
     plan = module.plan
-    log(f"[train] {case.label} batch {batch}: {len(plan.launches)} kernels on {plan.num_streams} streams")
+    log(f"[train] {case.label} batch {batch} {case.optimizer}: {len(plan.launches)} kernels on {plan.num_streams} streams")
     losses = nimble_losses(NimbleTrainer(module, case.step, device), case)
-    record = {"model": case.label, "batch": batch, "nimble": losses}
+    record = {"model": case.label, "batch": batch, "optimizer": case.optimizer, "nimble": losses}
     diff = ""
     if torch_device is not None:
         record["pytorch"] = reference = torch_losses(case, torch_device)
@@ -244,9 +260,10 @@ def _torch_device(use_gpu: bool) -> str | None:
 
 
 def run_training_benchmark(models: list[str], batches: list[int], target=None, steps: int = 20, rounds: int = 5,
-                           iters: int = 20, out_dir: str = "bench-results", small: bool = False) -> list[dict]:
-    """Every model x batch of :data:`TRAINING_MODELS`: check, time, append to ``out_dir/training.csv``;
-    the loss trajectories go to ``out_dir/training_losses.json``."""
+                           iters: int = 20, out_dir: str = "bench-results", small: bool = False,
+                           optimizers: tuple[str, ...] = ("momentum",)) -> list[dict]:
+    """Every model x batch x optimizer of :data:`TRAINING_MODELS`: check, time, append to
+    ``out_dir/training.csv``; the loss trajectories go to ``out_dir/training_losses.json``."""
     import json
 
     import tvm
@@ -266,14 +283,13 @@ def run_training_benchmark(models: list[str], batches: list[int], target=None, s
     if torch_device is None:
         print("[train] note: PyTorch is not installed: no PyTorch rows and no loss check against it", flush=True)
     rows, records = [], []
-    for label in models:
-        for batch in batches:
-            case = make_case(label, batch, steps, small=small)
-            r, record = run_case(case, t, dev, use_gpu, device_name(use_gpu), rounds, iters, torch_device,
-                                 log=lambda m: print(m, flush=True))
-            append_rows(os.path.join(out_dir, "training.csv"), r, CSV_COLUMNS, defaults={})
-            rows += r
-            records.append(record)
+    for label, batch, optimizer in itertools.product(models, batches, optimizers):
+        case = make_case(label, batch, steps, optimizer=optimizer, small=small)
+        r, record = run_case(case, t, dev, use_gpu, device_name(use_gpu), rounds, iters, torch_device,
+                             log=lambda m: print(m, flush=True))
+        append_rows(os.path.join(out_dir, "training.csv"), r, CSV_COLUMNS, defaults={})
+        rows += r
+        records.append(record)
     path = os.path.join(out_dir, "training_losses.json")
     old = json.load(open(path)) if os.path.exists(path) else []
     with open(path, "w") as f:

@@ -158,8 +158,11 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
     timing_cache_arg(ap)
     ap.add_argument("--training", action="store_true",
-                    help="time training steps (forward, cross-entropy, backward, SGD with momentum) instead of "
+                    help="time training steps (forward, cross-entropy, backward, optimizer update) instead of "
                          "inference, after checking 20 losses against PyTorch: appends to training.csv in --out")
+    ap.add_argument("--optimizer", default="momentum", metavar="NAME,...",
+                    help="with --training: the optimizers, a comma list of sgd, momentum, adam, adamw "
+                         "(PyTorch's, default weight decays; default momentum)")
     ap.add_argument("--report-only", action="store_true",
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
     args = ap.parse_args(argv)
@@ -263,11 +266,21 @@ def _training(args):
 
         target = target_dict(resolve_target(args.target, args.arch))
     models = [m for m in (",".join(TRAINING_MODELS) if args.models is None else args.models).split(",") if m]
+    from tvm_nimble.compiler.optimizers import OPTIMIZERS
+
+    optimizers = tuple(o for o in args.optimizer.split(",") if o)
+    unknown = [o for o in optimizers if o not in OPTIMIZERS]
+    if unknown or not optimizers:
+        from tvm_nimble.errors import NimbleError
+
+        raise NimbleError(f"--optimizer {args.optimizer!r}: each must be one of {', '.join(OPTIMIZERS)}")
     rows = run_training_benchmark(models, [int(b) for b in args.batch.split(",")], target, rounds=args.rounds,
-                                  iters=min(args.iters, 20), out_dir=args.out, small=args.small)
-    print(f"{'model':16s} {'batch':>5s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
+                                  iters=min(args.iters, 20), out_dir=args.out, small=args.small,
+                                  optimizers=optimizers)
+    print(f"{'model':16s} {'batch':>5s} {'optimizer':16s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
     for r in rows:
-        print(f"{r['model']:16s} {r['batch']:>5} {r['system']:30s} {r['median_ms']:>10s} {r['p90_ms']:>8s}")
+        print(f"{r['model']:16s} {r['batch']:>5} {r['optimizer'].split()[0]:16s} {r['system']:30s} "
+              f"{r['median_ms']:>10s} {r['p90_ms']:>8s}")
     print(f"wrote {os.path.join(args.out, 'training.csv')}, training_losses.json")
 
 

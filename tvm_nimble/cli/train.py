@@ -23,7 +23,8 @@ def _usage(msg: str) -> SystemExit:
 
 def main(argv=None):
     from tvm_nimble.cli.options import target_args
-    from tvm_nimble.compiler.training import LOSSES, OPTIMIZERS
+    from tvm_nimble.compiler.optimizers import OPTIMIZERS
+    from tvm_nimble.compiler.training import LOSSES
 
     ap = argparse.ArgumentParser(prog="tvm-nimble train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,13 +34,19 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1, help="batch rows for zoo models (ONNX files keep their own)")
     ap.add_argument("--lr", type=float, default=0.01, help="learning rate, positive (default 0.01)")
     ap.add_argument("--loss", choices=LOSSES, default="mse")
-    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                    help="as PyTorch's: sgd, momentum (SGD with 0.9), adam, adamw (default sgd)")
+    ap.add_argument("--weight-decay", type=float, metavar="W",
+                    help="weight decay, >= 0 (default: PyTorch's for the optimizer: 0.01 for adamw, else 0); "
+                         "adamw decouples it from the gradient, the others add W * weight to it")
     ap.add_argument("-o", "--output", help="write the trained model here (ONNX)")
     args = ap.parse_args(argv)
     if args.steps < 1:
         raise _usage(f"--steps must be at least 1, got {args.steps}")
     if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss to inf, zero never moves
         raise _usage(f"--lr must be a positive number, got {args.lr:g}: e.g. --lr 0.01")
+    if args.weight_decay is not None and not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise _usage(f"--weight-decay must be a number >= 0, got {args.weight_decay:g}: e.g. --weight-decay 0.01")
 
     import numpy as np
 
@@ -50,7 +57,7 @@ def main(argv=None):
 
     model = zoo.get_model(args.model[4:], batch=args.batch) if args.model.startswith("zoo:") else args.model
     trainer = build_training(model, resolve_target(args.target, args.arch), loss=args.loss,
-                             optimizer=args.optimizer, lr=args.lr)
+                             optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay)
     plan = trainer.module.plan
     print(f"training step: {len(plan.launches)} kernels on {plan.num_streams} stream(s)", flush=True)
     x_shapes = [(plan.tensors[t].shape, plan.tensors[t].dtype) for t in plan.inputs[:trainer.num_inputs]]

@@ -25,8 +25,9 @@ from tvm import relax
 
 from tvm_nimble.errors import ModelError, NimbleError, TrainingDivergedError
 
+from .optimizers import make_optimizer
+
 LOSSES = ("mse", "cross_entropy")
-OPTIMIZERS = ("sgd", "momentum")  # TVM 0.27's Adam fails in its own init (a numpy dtype from a TVM dtype)
 
 
 def _loss(name: str):
@@ -49,16 +50,6 @@ def _check_lr(lr) -> float:
     if not (math.isfinite(value) and value > 0):
         raise NimbleError(f"the learning rate must be a positive number, got {lr!r}: pass e.g. lr=0.01")
     return value
-
-
-def _optimizer(name: str, lr: float):
-    from tvm.relax.training.optimizer import SGD, MomentumSGD
-
-    if name == "sgd":
-        return SGD(lr)
-    if name == "momentum":
-        return MomentumSGD(lr, momentum=0.9)
-    raise NimbleError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
 def _leaves(ty) -> list:
@@ -90,14 +81,15 @@ class TrainingStep:
 
 
 def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
-                  shape_dict=None) -> TrainingStep:
-    """Compose one training step of ``model`` (ONNX file or ModelProto) with TVM's training transforms."""
+                  shape_dict=None, weight_decay: float | None = None) -> TrainingStep:
+    """Compose one training step of ``model`` (ONNX file or ModelProto) with TVM's training transforms and
+    ``optimizer`` (see :mod:`.optimizers`; ``weight_decay`` None: PyTorch's default for it)."""
     from tvm.relax.training import SetupTrainer
 
     from .frontend.onnx_import import one_line, from_onnx_trainable
 
     lr = _check_lr(lr)
-    loss_fn, optim = _loss(loss), _optimizer(optimizer, lr)  # bad names and rates fail before the import
+    loss_fn, optim = _loss(loss), make_optimizer(optimizer, lr, weight_decay)  # bad values fail before the import
     from .frontend import load_onnx_model
 
     onnx_model = load_onnx_model(model)
@@ -362,16 +354,18 @@ class NimbleTrainer:
 
 
 def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
-                   max_streams="auto", shape_dict=None, device=None) -> NimbleTrainer:
+                   weight_decay: float | None = None, max_streams="auto", shape_dict=None,
+                   device=None) -> NimbleTrainer:
     """Build one training step of ``model`` with Nimble (see the module docstring) and return its trainer.
 
     ``loss``: "mse" (labels shaped like the output; the mean over every element, as PyTorch's
     MSELoss) or "cross_entropy" (int64 class indices, one per batch row; the sum over the batch);
-    ``optimizer``: "sgd" or "momentum" (0.9), with learning rate ``lr`` (positive). Kernels are TVM's
+    ``optimizer``: "sgd", "momentum" (0.9), "adam" or "adamw", as PyTorch's, with learning rate ``lr``
+    (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). Kernels are TVM's
     (vendor backward kernels are not offloaded yet). A model with operators TVM's gradient cannot
     differentiate is refused with a ModelError naming them."""
     from .build import build
 
-    step = training_step(model, loss, optimizer, lr, shape_dict)
+    step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay)
     module = build(step.mod, target, max_streams=max_streams, kernels="tvm")
     return NimbleTrainer(module, step, device)

@@ -93,6 +93,9 @@ def test_summary_counts_operators_and_totals():
     assert KernelTiming(**overruled.to_dict()) == overruled  # what explain reads back from the artifact
     info = {"kernel_choice": [overruled.to_dict()], "kernel_choice_check": ModelCheck(1.2, 1.0).to_dict()}
     assert from_info(info) == ([overruled], ModelCheck(1.2, 1.0)) and from_info({}) == ([], None)
+    # with the operators per provider (each operator once): every provider named, TVM last
+    line = summarize(timings, operators={"tvm": 2, "cublaslt": 1, "cudnn": 3})
+    assert line.endswith("in the plan: 3 on cudnn, 1 on cublaslt, 2 on tvm")
 
 
 def test_best_without_the_gpu_it_times_on_is_one_clear_error():
@@ -129,3 +132,38 @@ def test_allow_tf32_reaches_every_vendor_call_and_the_probe():
         assert flags and set(flags) == {int(allow)}
         probe = build_probe(from_onnx(model), allow_tf32=allow)
         assert all(s.endswith(f",{int(allow)}])") for s in probe.signatures if "cudnn" in s)
+
+
+def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it(tmp_path):
+    """The zoo ViT with kernels='best' (the timings from the plans, tests/test_timing_cache.py's timer): the
+    attention provider and cuBLASLt's batched GEMMs both offer each attention's Q·Kᵀ. The plan's operators
+    per provider count each offered operator once (against the offers found here independently), and every
+    timing names who runs its operators."""
+    from test_timing_cache import SM90, PlanCostTimer, _need_vendor
+
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.relay_passes import providers
+
+    _need_vendor()
+    model = zoo.get_model("vit")
+    opts = BuildOptions.create(SM90, kernels="best", timing_cache=None, max_streams=None)
+    result = build_with(model, opts, timer=PlanCostTimer())
+    operators = result.info["kernel_choice_operators"]
+    main = from_onnx(model)["main"]
+    offers: dict = {}
+    for p in opts.offload_providers():
+        for o in find_offloads(main, providers=[p]):
+            offers.setdefault(o.anchor, []).append(p.name)
+    assert sum(operators.values()) == len(offers)
+    timings, _ = from_info(result.info)
+    again = sum(len(names) - 1 for names in offers.values())  # the attentions' Q·Kᵀ: attention and cuBLASLt
+    assert again > 0 and operators.get("attention", 0) > 0
+    assert sum(t.count for t in timings) == len(offers) + again  # what the old line summed
+    ran = {l.kernel for l in result.plan.launches}
+    for t in timings:
+        assert t.taken_by in (t.provider, providers.TVM) or operators.get(t.taken_by)
+        if t.taken_by == "attention":
+            assert any(k.startswith("nimble.attention.") for k in ran)
+    line = summarize(timings, None, operators)
+    assert "on attention" in line and line.count(" on ") == len(operators)

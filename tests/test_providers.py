@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble import NimbleExecutor, zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
-from tvm_nimble.compiler.kernel_choice import KernelTiming, choose_providers
+from tvm_nimble.compiler.kernel_choice import KernelTiming, choose_providers, record_assignment
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import Provider, cudnn
@@ -118,6 +118,12 @@ def test_the_choice_between_providers_follows_the_largest_measured_saving():
         for anchor, offers in anchors.items():
             got = {chosen.get(s) for _, s in offers} - {None}
             assert got == ({expected[anchor]} if expected[anchor] else set()), (trial, offers)
+        # what the plan reports: each operator once, on the provider that took it (TVM: none did)
+        counts = record_assignment(mod, timings, pair, False, chosen)
+        winners = [expected[a] or providers.TVM for a in anchors]
+        assert counts == {w: winners.count(w) for w in set(winners)}
+        by_offer = {offer: expected[a] or providers.TVM for a, offers in anchors.items() for offer in offers}
+        assert all(t.taken_by == by_offer[(t.provider, t.signature)] for t in timings)
 
 
 def test_providers_claim_an_operator_in_registration_order():

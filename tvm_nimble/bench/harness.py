@@ -54,7 +54,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     selection = (model if isinstance(model, Selection) else
                  select_kernels(apply_precision(import_model(model), options), options))
     if selection.timings:
-        print(f"[bench] {summarize(selection.timings, selection.check)}", flush=True)
+        print(f"[bench] {summarize(selection.timings, selection.check, selection.operators)}", flush=True)
     if selection.algorithms:
         from tvm_nimble.compiler.gemm_algorithms import summarize as summarize_algorithms
 

@@ -132,6 +132,8 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
     result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
     if selection.timings:
         result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
+    if selection.operators:
+        result.info["kernel_choice_operators"] = selection.operators
     if selection.check is not None:
         result.info["kernel_choice_check"] = selection.check.to_dict()
     if selection.algorithms:

@@ -32,10 +32,10 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     lines.append(_kernels_by_provider(result))
     choice, check = kernel_choice_of(result.info)
     if choice:
-        lines.append(summarize_kernel_choice(choice, check))
-        lines.append(f"  {'ops':>4s} {'provider':>9s} {'its ms':>8s} {'tvm ms':>8s}  chosen    operators -> provider call")
+        lines.append(summarize_kernel_choice(choice, check, result.info.get("kernel_choice_operators")))
+        lines.append(f"  {'ops':>4s} {'provider':>9s} {'its ms':>8s} {'tvm ms':>8s}  ran on    operators -> provider call")
         for c in sorted(choice, key=lambda c: -c.count * max(c.vendor_ms, c.tvm_ms)):
-            chosen = (c.provider or "vendor") if c.kernel == "vendor" else "tvm"
+            chosen = c.taken_by or ((c.provider or "vendor") if c.kernel == "vendor" else "tvm")
             lines.append(f"  {c.count:4d} {c.provider or 'vendor':>9s} {c.vendor_ms:8.4f} {c.tvm_ms:8.4f}  "
                          f"{chosen:8s}  {c.signature}")
     if result.info.get("gemm_algorithms"):

@@ -51,6 +51,8 @@ class KernelTiming:
     tvm_ms: float
     kernel: str = ""
     provider: str = ""  # the provider whose call ``vendor_ms`` times (cudnn, cublaslt, ...)
+    #: who runs these operators in the plan: this provider, another that saved more, or "tvm" ("": not recorded)
+    taken_by: str = ""
 
     def __post_init__(self):
         self.kernel = self.kernel or ("vendor" if self.vendor_ms <= self.tvm_ms else "tvm")
@@ -173,6 +175,9 @@ class Selection:
     check: ModelCheck | None = None
     algorithms: list[dict] = field(default_factory=list)  # cuBLASLt's, per distinct GEMM (gemm_algorithms)
     not_taken: list[list] = field(default_factory=list)  # [operator, why no provider takes it, count]
+    #: provider (or "tvm") -> how many of the measured operators it runs in the plan (each operator once, however
+    #: many providers offered it)
+    operators: dict[str, int] = field(default_factory=dict)
     #: ``mod`` built one-stream with its kernels compiled, where the model check built it already (the
     #: build reschedules it instead of compiling the same kernels again); None otherwise
     built: object = field(default=None, repr=False, compare=False)
@@ -230,7 +235,9 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
                                                             providers=providers)}
     if all(chosen.get(s) == p for s, p in first.items()):
-        return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken), options, timer)
+        operators = record_assignment(mod, timings, providers, options.allow_tf32, first)
+        return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators),
+                                     options, timer)
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
     # module it keeps is the build's (no GEMM changes after it)
@@ -240,8 +247,31 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if kept:
         for t in timings:
             t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
-    return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken,
+    operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen)
+    return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken, operators,
                      built=built[kept] if built else None)
+
+
+def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,
+                      assignment: dict[str, str]) -> dict[str, int]:
+    """With ``assignment`` (signature -> the provider whose call of it the plan runs): set each timing's
+    ``taken_by`` (the provider that runs its operators, "tvm" when none does) and return how many operators
+    each provider runs. An operator two providers offered (a batched GEMM of an attention that the attention
+    provider also takes) counts once, for the one that took it."""
+    offers: dict = {}  # anchor var -> [(provider, signature)]
+    for p in providers:
+        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
+            offers.setdefault(o.anchor, []).append((p.name, o.signature))
+    taken_by: dict[tuple[str, str], str] = {}
+    counts: dict[str, int] = {}
+    for offered in offers.values():
+        winner = next((p for p, s in offered if assignment.get(s) == p), provider_registry.TVM)
+        counts[winner] = counts.get(winner, 0) + 1
+        for offer in offered:
+            taken_by.setdefault(offer, winner)
+    for t in timings:
+        t.taken_by = taken_by.get((t.provider, t.signature), provider_registry.TVM)
+    return counts
 
 
 def not_taken_by_providers(report: OffloadReport) -> list[list]:
@@ -290,9 +320,11 @@ def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:
             ModelCheck(check["best_ms"], check["vendor_ms"]) if check else None)
 
 
-def summarize(timings: list[KernelTiming], check: ModelCheck | None = None) -> str:
+def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,
+              operators: dict[str, int] | None = None) -> str:
     """One line: which kernel measured faster for how many operators, the kernel time of each choice,
-    the model check, and the kernels the plan got."""
+    the model check, and the kernels the plan got (per provider, from ``operators`` when given: see
+    :func:`record_assignment`; else from the timings, where an operator two providers offered counts twice)."""
     faster_tvm = sum(t.count for t in timings if t.tvm_ms < t.vendor_ms)
     n = sum(t.count for t in timings)
     total = {k: sum(t.count * getattr(t, f"{k}_ms") for t in timings) for k in ("vendor", "tvm")}
@@ -302,5 +334,8 @@ def summarize(timings: list[KernelTiming], check: ModelCheck | None = None) -> s
             f"all TVM {total['tvm']:.3f} ms)")
     if check is not None:
         line += (f"; whole model, one stream: that mix {check.best_ms:.3f} ms, all vendor {check.vendor_ms:.3f} ms")
+    if operators:
+        order = sorted(operators, key=lambda p: (p == provider_registry.TVM, -operators[p], p))
+        return line + "; in the plan: " + ", ".join(f"{operators[p]} on {p}" for p in order)
     on_tvm = sum(t.count for t in timings if t.kernel == "tvm")
     return line + f"; in the plan: {n - on_tvm} on cuDNN/cuBLAS, {on_tvm} on TVM"

@@ -134,7 +134,7 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
             selection = select_kernels(mod, opts, timer)
     result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
     if merge_record is not None:
-        result.info["merge"] = merge_record
+        result.info["merge_choice"] = merge_record
     if selection.timings:
         result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
     if selection.check is not None:

@@ -11,7 +11,7 @@ in the timing cache, keyed by the two modules' structural hashes.
 
 Without a GPU of the target's arch to measure on, ``auto`` keeps every group separate, with a one-line
 note, as the kernel choice falls back without one. ``on`` merges every group, ``off`` (default) none.
-Each group found, and why it was or was not merged, is recorded in the build's ``info["merge"]``.
+Each group found, and why it was or was not merged, is recorded in the build's ``info["merge_choice"]``.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _record(mode: str, groups: list, **more) -> dict:
 
 
 def choose_merges(mod: tvm.IRModule, options: BuildOptions, timer=None) -> tuple[tvm.IRModule, dict | None]:
-    """The merge stage: (the module to build, the record for ``info["merge"]``; None with ``merge="off"``)."""
+    """The merge stage: (the module to build, the record for ``info["merge_choice"]``; None with ``merge="off"``)."""
     if options.merge == "off":
         return mod, None
     if options.merge == "on":
@@ -51,10 +51,10 @@ def choose_merges(mod: tvm.IRModule, options: BuildOptions, timer=None) -> tuple
         return mod, _record("auto", groups)
     timer = timer or LocalGPU()
     if not options.is_cuda or not has_gpu_for(timer, options.target):
-        where = (f"a {options.target.kind.name} build" if not options.is_cuda
-                 else f"no {options.arch} GPU {'here' if isinstance(timer, LocalGPU) else 'at ' + timer.where}")
-        note_once(f"merge='auto' measures merged against separate sibling operators on a GPU, and there is {where} "
-                  "to measure on: keeping them separate (merge='on' merges them)")
+        where = (f"a {options.target.kind.name} build runs on no GPU" if not options.is_cuda else
+                 f"there is no {options.arch} GPU {'here' if isinstance(timer, LocalGPU) else 'at ' + timer.where}")
+        note_once(f"merge='auto' measures merged against separate sibling operators on a GPU, and {where}: keeping "
+                  "them separate (merge='on' merges them)")
         _, groups = merged(mod, select=lambda g: False)
         for g in groups:
             g.why = g.why or "auto: nothing to measure on, kept separate"

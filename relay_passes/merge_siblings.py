@@ -166,6 +166,24 @@ def _uses(func: relax.Function) -> dict:
     return uses
 
 
+#: why a sibling whose result a concatenation takes stays apart: kept apart, it writes its slice of the
+#: concatenation in place (``concat_in_place``); a part of a merged output cannot, so the concatenation
+#: would become a copy of every branch again
+_CONCATENATED = ("its result goes into a concatenation, which it writes in place when kept apart "
+                 "(merged, the concatenation would copy every branch)")
+
+
+def _concat_inputs(chains: Chains, block) -> set:
+    """The vars some ``concat`` of ``block`` takes (its tuple written inline or bound to a var)."""
+    out = set()
+    for b in block.bindings:
+        if operator_of(b.value) == "relax.concat":
+            fields = b.value.args[0]
+            fields = chains.value.get(fields, fields) if isinstance(fields, relax.Var) else fields
+            out.update(f for f in getattr(fields, "fields", []) if isinstance(f, relax.Var))
+    return out
+
+
 def _differences(key: tuple, other: tuple) -> str:
     """What sets two siblings' keys apart, e.g. ``strides (2, 2) vs (1, 1)``."""
     diffs = [f"{a[0]} {a[1]} vs {b[1]}" for a, b in zip(key, other)
@@ -182,6 +200,7 @@ def find_groups(func: relax.Function) -> list[tuple[int, MergeGroup]]:
         if not isinstance(block, relax.DataflowBlock):
             continue
         chains = Chains(block, uses)
+        concatenated = _concat_inputs(chains, block)
         by_input: dict = {}  # (kind, input var) -> [(key, member)] in program order
         for b in block.bindings:
             op = operator_of(b.value)
@@ -198,7 +217,12 @@ def find_groups(func: relax.Function) -> list[tuple[int, MergeGroup]]:
                 continue
             keyed: dict = {}
             for key, m in members:
-                keyed.setdefault(key, []).append(m)
+                if m.last in concatenated:
+                    found.append((bi, MergeGroup(kind, x.name, [m], key, why=_CONCATENATED)))
+                else:
+                    keyed.setdefault(key, []).append(m)
+            if not keyed:
+                continue
             largest = max(keyed, key=lambda k: (dict(k[3:]).get("groups", 1) == 1, len(keyed[k])))
             for key, ms in keyed.items():
                 groups = dict(key[3:]).get("groups", 1)

@@ -297,3 +297,33 @@ def test_auto_keeps_whichever_measured_faster_and_measures_it_once(vendor_ok, pe
     assert convs == (7 if kept == "merged" else 8)  # the two 1x1s feeding 3x3s merged, or apart
     again = LaunchCountTimer(per_launch)
     assert build_with(model, options, timer=again).info["merge_choice"] == record and again.replays == 0
+
+
+def test_the_cli_merges_on_compile_and_explain_shows_each_group(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    model = zoo.get_model("inception", blocks=1)
+    path = zoo.save(model, str(tmp_path / "incept.onnx"))
+    x = zoo.random_inputs(model)["input"]
+    np.save(tmp_path / "x.npy", x)
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=root), timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    text = cli("explain", path, "--merge", "on")
+    assert "merge (on): 2 sibling groups found, 1 merged" in text
+    assert "  merged: conv2d x2 of " in text and "separate: conv2d x1 of " in text and "concatenation" in text
+    assert "merge (" not in cli("explain", path)
+    cli("compile", path, "-o", str(tmp_path / "art"), "--target", "llvm", "--merge", "on")
+    cli("run", str(tmp_path / "art"), "--input", f"input={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"))
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"),
+                               ReferenceEvaluator(model).run(None, {"input": x})[0], rtol=1e-4, atol=1e-4)
+    bad = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "explain", path, "--merge", "yes"],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root), timeout=600)
+    assert bad.returncode == 2 and "--merge" in bad.stderr

@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 
 from .concat_in_place import ConcatInPlace, FlattenConcats
+from .merge_siblings import SplitViews
 from .precision import round_once_per_kernel, widen_elementwise
 from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks, tolerant_default_schedule
 
@@ -71,10 +72,13 @@ def fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
 
 
 def kernel_passes(target: tvm.target.Target, tuning_database=None,
-                  concat_in_place: bool = False) -> list[tvm.transform.Pass]:
+                  concat_in_place: bool = False, split_views: bool = False) -> list[tvm.transform.Pass]:
     """Passes that produce the kernels: legalize, fuse, schedule (tuned database or DLight), lower the
     dataflow to explicit calls; with ``concat_in_place``, nested concatenations are flattened first and
-    the kernels feeding a concatenation write into its slices (:mod:`.concat_in_place`)."""
+    the kernels feeding a concatenation write into its slices (:mod:`.concat_in_place`); with
+    ``split_views``, the contiguous parts of a split are read as slices of its input, no copy
+    (:func:`.merge_siblings.split_views`: only for Nimble's plan, whose memory planner sees the views;
+    TVM's VM planner does not, so the builds it runs keep their split kernels)."""
     passes, schedule = _legalize(target)
     if tuning_database is not None:
         # Tuned kernels replace the default schedule: apply the database right after fusion,
@@ -86,6 +90,8 @@ def kernel_passes(target: tvm.target.Target, tuning_database=None,
     passes += list(backend_for(target).dataflow_lower_passes(target))
     if concat_in_place:
         passes = [FlattenConcats()] + passes + [ConcatInPlace()]
+    if split_views:
+        passes = [SplitViews()] + passes
     return passes
 
 

@@ -130,6 +130,38 @@ def _contiguous(shape) -> list[int]:
     return strides[::-1]
 
 
+def reshape_strides(shape, strides, out) -> list[int] | None:
+    """The strides of ``out`` as a view of the same elements as the view (``shape``, ``strides``), or None
+    when no strides express it (NumPy's no-copy reshape). A merged Q/K/V GEMM's part is strided along its
+    last axis ([S, 3 * H * D] read as [S, H * D]); splitting that axis into heads keeps it a view."""
+    old = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    new = [int(d) for d in out]
+    res = [0] * len(new)
+    oi = ni = 0
+    while ni < len(new) and oi < len(old):
+        n_size, o_size, nj, oj = new[ni], old[oi][0], ni + 1, oi + 1
+        while n_size != o_size:
+            if n_size < o_size:
+                if nj >= len(new):
+                    return None
+                n_size, nj = n_size * new[nj], nj + 1
+            else:
+                if oj >= len(old):
+                    return None
+                o_size, oj = o_size * old[oj][0], oj + 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
+            return None  # the old axes this group merges are not contiguous with each other
+        res[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            res[k - 1] = res[k] * new[k]
+        ni, oi = nj, oj
+    if oi < len(old) or any(d != 1 for d in new[ni:]):
+        return None
+    for k in range(ni, len(new)):  # trailing axes of extent 1: any stride reads the same element
+        res[k] = 1
+    return res
+
+
 def _input_of(chains, value):
     """The tensor a traced step reads (a split's item: the split's input)."""
     if isinstance(value, relax.TupleGetItem):
@@ -170,9 +202,10 @@ def _compose(chains, base, steps: list):
         if out is None:
             raise _NotTaken("a view of the attention has no static shape")
         if op == "relax.reshape":
-            if strides != _contiguous(shape):
-                raise _NotTaken("a reshape of a strided view")
-            shape, strides = list(out), _contiguous(out)
+            reshaped = reshape_strides(shape, strides, out)
+            if reshaped is None:
+                raise _NotTaken("a reshape of a strided view that no strides express")
+            shape, strides = list(out), reshaped
         elif op == "relax.permute_dims":
             axes = list(range(len(shape)))[::-1] if value.attrs.axes is None else ints(value.attrs.axes)
             shape, strides = [shape[a] for a in axes], [strides[a] for a in axes]

@@ -51,8 +51,15 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     from tvm_nimble.compiler.tuning.database import open_tuning_database
     from tvm_nimble.runtime.executor import NimbleExecutor
 
-    selection = (model if isinstance(model, Selection) else
-                 select_kernels(apply_precision(import_model(model), options), options))
+    from tvm_nimble.compiler.merge_choice import choose_merges, summarize as summarize_merge
+
+    if isinstance(model, Selection):
+        selection = model
+    else:  # the same merged (or separate) module for stock TVM and Nimble: the same kernels
+        mod, merge_record = choose_merges(apply_precision(import_model(model), options), options)
+        for line in summarize_merge(merge_record)[:1]:
+            print(f"[bench] {line}", flush=True)
+        selection = select_kernels(mod, options)
     if selection.timings:
         print(f"[bench] {summarize(selection.timings, selection.check, selection.operators)}", flush=True)
     if selection.algorithms:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tvm_nimble.cli.options import timing_cache_arg, timing_cache_option
+from tvm_nimble.cli.options import merge_arg, timing_cache_arg, timing_cache_option
 
 
 def calibrate_batchnorm(model, size: int, batches: int = 4, batch: int = 8, seed: int = 1):
@@ -156,6 +156,7 @@ def main(argv=None):
                          "cuDNN / cuBLASLt (vendor; CUDA, needs the nvidia-cudnn-cu13 and nvidia-cublas wheels), "
                          "or each of them on whichever of the two measured faster on this GPU (best)")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
+    merge_arg(ap)
     timing_cache_arg(ap)
     ap.add_argument("--training", action="store_true",
                     help="time training steps (forward, cross-entropy, backward, optimizer update) instead of "
@@ -227,7 +228,7 @@ def main(argv=None):
                                  tuning_db=db, precision=precision, torch_models=torch_models, baseline_cache=baseline_cache,
                                  kernels=args.kernels if args.kernels != "tvm" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "",
-                                 build_extra=timing_cache_option(args))
+                                 build_extra={**timing_cache_option(args), "merge": args.merge})
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

@@ -54,7 +54,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
-    from tvm_nimble.compiler.options import KERNEL_CHOICES
+    from tvm_nimble.compiler.options import KERNEL_CHOICES, MERGE_CHOICES
     from tvm_nimble.relay_passes import providers
     from tvm_nimble.relay_passes.precision import KEEP_FP32, PRECISIONS
 
@@ -76,6 +76,7 @@ def build_option_args(p) -> None:
     p.add_argument("--providers", type=_names, metavar="NAME,...",
                    help=f"the kernel providers besides TVM that may take operators (default: {by_default}; "
                         f"used only when named: {when_named})")
+    merge_arg(p, MERGE_CHOICES)
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="fp32 (default), tf32 (fp32 with TF32 tensor cores), fp16 or bf16: convolutions and GEMMs "
                         f"in the reduced dtype, {', '.join(KEEP_FP32[:4])}, ... in float32, the rest following "
@@ -97,6 +98,16 @@ def build_option_args(p) -> None:
                         "takes any batch (the smallest bucket that holds it, padded; larger ones split)")
 
 
+def merge_arg(p, choices=None) -> None:
+    """--merge, for every command that builds (compile, explain, bench)."""
+    if choices is None:
+        from tvm_nimble.compiler.options import MERGE_CHOICES as choices
+    p.add_argument("--merge", choices=choices, default="off",
+                   help="sibling convolutions / GEMMs of one input (Inception's 1x1s, BERT's Q/K/V) as one operator "
+                        "each: off (default), on, or auto (merged where that measured faster than separate and "
+                        "concurrent on this GPU; separate without one)")
+
+
 def timing_cache_arg(p) -> None:
     """--timing-cache, for every command that builds (compile, explain, bench)."""
     p.add_argument("--timing-cache", metavar="DIR|off", help="keep what --kernels best and --max-streams auto "
@@ -116,4 +127,4 @@ def build_options(args) -> dict:
             "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
             "keep_fp32": args.keep_fp32, "max_error": args.max_error,
             "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key,
-            "batch_sizes": getattr(args, "batch_sizes", None), **timing_cache_option(args)}
+            "batch_sizes": getattr(args, "batch_sizes", None), "merge": args.merge, **timing_cache_option(args)}

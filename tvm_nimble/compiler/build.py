@@ -25,13 +25,14 @@ from tvm_nimble.errors import NimbleError
 
 from . import accuracy, buckets, stages
 from .kernel_choice import Selection, select_kernels
+from .merge_choice import choose_merges
 from .options import BuildOptions
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
 from .stream_choice import choose_streams, rescheduled
 from .timers import timer_for
 
 #: the phases of a build, in order (``info["phases"]`` holds those a build ran, in seconds)
-PHASES = ("import", "precision", "kernel choice", "lower", "schedule", "generate", "stream choice", "accuracy")
+PHASES = ("import", "precision", "merge", "kernel choice", "lower", "schedule", "generate", "stream choice", "accuracy")
 _phase_listeners: list = []
 
 
@@ -119,7 +120,7 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
         return request.module(built)
     timer = timer or timer_for(opts.rpc_tracker, opts.rpc_key)
     phases = Phases()
-    fp32_mod = None
+    fp32_mod, merge_record = None, None
     if isinstance(model, Selection):
         selection = model
     else:
@@ -127,9 +128,13 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
             fp32_mod = stages.import_model(model, params, shape_dict)
         with phases("precision"):
             mod = stages.apply_precision(fp32_mod, opts)
+        with phases("merge"):
+            mod, merge_record = choose_merges(mod, opts, timer)
         with phases("kernel choice"):
             selection = select_kernels(mod, opts, timer)
     result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
+    if merge_record is not None:
+        result.info["merge_choice"] = merge_record
     if selection.timings:
         result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
     if selection.operators:
@@ -168,10 +173,11 @@ def _build_selected(selection: Selection, options: BuildOptions, phases: Phases)
     cap = None if options.max_streams == "auto" else options.max_streams
     with phases("schedule"):
         result = rescheduled(built, cap, options.reuse)
-    return dataclasses.replace(result, info=stages.build_info(options, built.info["concats_in_place"]), options=options)
+    return dataclasses.replace(result, info=stages.build_info(options, built.info["concats_in_place"],
+                                                              built.info.get("splits_as_views")), options=options)
 
 
 def _same_kernels(a: BuildOptions, b: BuildOptions) -> bool:
     """Whether builds of one module with options ``a`` and ``b`` compile the same kernels and plan memory alike."""
-    return ((str(a.target), a.tuning_db, a.concat_in_place, a.reuse)
-            == (str(b.target), b.tuning_db, b.concat_in_place, b.reuse))
+    return ((str(a.target), a.tuning_db, a.concat_in_place, a.reuse, a.merge != "off")
+            == (str(b.target), b.tuning_db, b.concat_in_place, b.reuse, b.merge != "off"))

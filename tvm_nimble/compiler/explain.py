@@ -11,6 +11,7 @@ from tvm_nimble.relay_passes.providers import TVM, provider_of
 from . import accuracy
 from .build import BuildResult, build_with
 from .gemm_algorithms import summarize as summarize_gemm_algorithms
+from .merge_choice import summarize as summarize_merge
 from .options import BuildOptions
 from .profile_report import check_profilable, profile_build
 from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice, summarize_not_taken
@@ -30,6 +31,7 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     labels = [k.func for k in program.kernels]
     lines = [format_summary(summarize(len(program.kernels), edges, assignment, labels=labels))]
     lines.append(_kernels_by_provider(result))
+    lines.extend(summarize_merge(result.info.get("merge_choice")))
     choice, check = kernel_choice_of(result.info)
     if choice:
         lines.append(summarize_kernel_choice(choice, check, result.info.get("kernel_choice_operators")))

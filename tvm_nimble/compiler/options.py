@@ -24,6 +24,10 @@ from .timing_cache import default_directory, directory_option
 #: ``kernels``: the providers' kernels where they apply (``vendor``), TVM's only (``tvm``), each operator on
 #: whichever measured fastest (``best``), or ``auto`` (see :func:`.kernel_choice.resolve_kernels`)
 KERNEL_CHOICES = ("auto", "tvm", "vendor", "best")
+#: ``merge``: sibling convolutions / GEMMs of one input kept separate (``off``), merged into one operator each
+#: (``on``), or merged where that measured faster than separate and concurrent (``auto``, see
+#: :mod:`.merge_choice`)
+MERGE_CHOICES = ("off", "on", "auto")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class BuildOptions:
     - ``max_streams``: an integer cap, None (Nimble's widest schedule) or ``"auto"`` (the fastest cap,
       measured). ``memory_budget``: bytes the concurrency-safe pool may take. ``reuse``: the memory plan
       (``concurrent`` is the only safe one for several streams).
+    - ``merge``: see :data:`MERGE_CHOICES` (``relay_passes.merge_siblings``).
     - ``tuning_db``: a MetaSchedule database directory. ``concat_in_place``: branch kernels write into
       their slice of a concatenation. ``compile_kernels``: False stops before code generation.
     - ``rpc_tracker`` / ``rpc_key``: measure on a GPU behind TVM's RPC tracker instead of this machine's.
@@ -63,6 +68,7 @@ class BuildOptions:
     reuse: str = "concurrent"
     tuning_db: str | None = None
     concat_in_place: bool = True
+    merge: str = "off"
     compile_kernels: bool = True
     rpc_tracker: str | None = None
     rpc_key: str | None = None
@@ -82,6 +88,7 @@ class BuildOptions:
         if not isinstance(self.target, tvm.target.Target):
             object.__setattr__(self, "target", resolve_target(self.target))
         _check(self.kernels in KERNEL_CHOICES, "kernels", self.kernels, f"one of {KERNEL_CHOICES}")
+        _check(self.merge in MERGE_CHOICES, "merge", self.merge, f"one of {MERGE_CHOICES}")
         if self.providers is not None:
             given = (self.providers,) if isinstance(self.providers, str) else tuple(self.providers)
             others = tuple(n for n in provider_registry.names() if n != provider_registry.TVM)
@@ -147,7 +154,7 @@ class BuildOptions:
         return {"kernels": self.kernels, "providers": list(self.providers) if self.providers else None,
                 "precision": self.precision, "allow_tf32": self.allow_tf32,
                 "policy": self.policy.describe() if self.compute_dtype != "float32" else None,
-                "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None}
+                "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None, "merge": self.merge}
 
 
 def _batch_sizes(value) -> tuple[int, ...] | None:

@@ -20,6 +20,7 @@ from tvm_nimble.codegen.kernels import build_kernels
 from tvm_nimble.codegen.lower_plan import build_plan
 from tvm_nimble.relay_passes.annotate import annotate_function
 from tvm_nimble.relay_passes.concat_in_place import ATTR_CONCATS_IN_PLACE
+from tvm_nimble.relay_passes.merge_siblings import ATTR_SPLITS_AS_VIEWS
 from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_function
 from tvm_nimble.relay_passes.pipeline import kernel_passes, run_passes
 from tvm_nimble.relay_passes.precision import to_precision
@@ -87,10 +88,12 @@ def offload(mod: tvm.IRModule, options: BuildOptions, select=None, providers=Non
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
-          concat_in_place: bool = True) -> tvm.IRModule:
+          concat_in_place: bool = True, split_views: bool = False) -> tvm.IRModule:
     """TVM's kernel passes (legalize, fuse, tuned database or DLight schedules, CallTIRRewrite), with
-    concatenations built in place unless ``concat_in_place`` is off (``relay_passes.pipeline``)."""
-    return run_passes(kernel_passes(target, tuning_database, concat_in_place), mod, target, tuning_database)
+    concatenations built in place unless ``concat_in_place`` is off, and the contiguous parts of splits
+    read in place with ``split_views`` (``relay_passes.pipeline``)."""
+    return run_passes(kernel_passes(target, tuning_database, concat_in_place, split_views), mod, target,
+                      tuning_database)
 
 
 def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
@@ -160,11 +163,14 @@ def note_default_schedules(mod: tvm.IRModule, options: BuildOptions, database=No
                   "Tune this model with `tvm-nimble tune`", stacklevel=5)
 
 
-def build_info(options: BuildOptions, concats_in_place: int) -> dict:
-    """The info of a build with ``options``: the stream cap it was scheduled with, the options, and how many
-    concatenations were built in place."""
-    return {"max_streams": None if options.max_streams == "auto" else options.max_streams, **options.to_info(),
+def build_info(options: BuildOptions, concats_in_place: int, splits_as_views: int | None = None) -> dict:
+    """The info of a build with ``options``: the stream cap it was scheduled with, the options, how many
+    concatenations were built in place, and (merged builds) how many splits are read in place."""
+    info = {"max_streams": None if options.max_streams == "auto" else options.max_streams, **options.to_info(),
             "concats_in_place": concats_in_place}
+    if splits_as_views is not None:
+        info["splits_as_views"] = splits_as_views
+    return info
 
 
 def _untimed(_phase: str):
@@ -184,14 +190,17 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, ti
     if note:
         note_default_schedules(mod, options, database)
     with timed("lower"):
-        lowered = lower(mod, t, database, options.concat_in_place)
+        # a merged build's splits read in place: Nimble's memory plan sees the views (merge="off" keeps the
+        # lowering exactly as before, e.g. for the nimble TVM pipeline, whose module the Relax VM also runs)
+        lowered = lower(mod, t, database, options.concat_in_place, split_views=options.merge != "off")
     cap = None if options.max_streams == "auto" else options.max_streams
     with timed("schedule"):
         annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=cap, reuse=options.reuse)
         plan.index_bounds = index_bounds(mod)
     with timed("generate"):
         library = generate_kernels(annotated, t) if options.compile_kernels else None
-    info = build_info(options, int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0)
+    info = build_info(options, int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0,
+                      int(lowered["main"].attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None)
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)

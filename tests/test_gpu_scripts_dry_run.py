@@ -128,3 +128,13 @@ def test_remote_best_script_on_cpu(tmp_path):
     row, = json.load(open(tmp_path / "rb" / "remote_best.json"))
     assert row["model"] == "incept6" and row["chains"] == 0 and row["rel_err"] < 1e-6
     assert all(v > 0 for v in row["ms"].values()) and "remote-best incept6" in out
+
+
+def test_merge_choice_script_on_cpu(tmp_path):
+    """The merge_choice experiment (#32), dry-run on llvm: auto (nothing to measure on: kept separate),
+    then merge off and on built to the end; the merged build has fewer launches."""
+    out = script("experiments/merge_choice.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+                 "--out", str(tmp_path / "merge"), cwd=tmp_path)
+    row, = json.load(open(tmp_path / "merge" / "merge_choice.json"))
+    assert row["model"] == "incept6" and row["on_launches"] < row["off_launches"]
+    assert "nothing measured" in out

@@ -138,8 +138,10 @@ def _normalize_arch(arch: str) -> str:
     return f"sm_{m[1]}{m[2]}"
 
 
-def build_command(arch: str, out: str, nvcc: str | None = None, paths: dict[str, str] | None = None) -> list[str]:
-    """The nvcc command line that builds the extension for ``arch`` into ``out``."""
+def build_commands(arch: str, out: str, objdir: str, nvcc: str | None = None,
+                   paths: dict[str, str] | None = None) -> tuple[list[list[str]], list[str]]:
+    """The nvcc command lines that build the extension for ``arch`` into ``out``: one compile per
+    translation unit (objects in ``objdir``, independent of each other: they run in parallel) and the link."""
     import tvm_ffi.libinfo
 
     arch = _normalize_arch(arch)
@@ -147,21 +149,44 @@ def build_command(arch: str, out: str, nvcc: str | None = None, paths: dict[str,
     paths = paths or vendor_paths()
     num = arch[3:]
     ffi_lib = tvm_ffi.libinfo.find_libtvm_ffi()
-    cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
-           "-diag-suppress", "1444",  # cuDNN's legacy convolution API is marked deprecated in cuDNN 9
-           # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
-           # engines) instead of linking them: no libnvrtc needed where the extension runs
-           "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
-           "-gencode", f"arch=compute_{num},code=[{arch},compute_{num}]",
-           # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
-           "-I", paths["cudnn_include"], "-I", paths["cublas_include"], "-I", paths["cudnn_frontend_include"],
-           "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path(),
-           "-o", out, *_units(),
-           # by soname, without rpath: tvm_nimble.runtime.vendor preloads these before loading the extension
-           "-L", paths["cudnn_lib"], "-l:libcudnn.so.9",
-           "-L", paths["cublas_lib"], "-l:libcublasLt.so.13",
-           "-L", os.path.dirname(ffi_lib), "-ltvm_ffi"]
-    return cmd
+    flags = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
+             "-diag-suppress", "1444",  # cuDNN's legacy convolution API is marked deprecated in cuDNN 9
+             # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
+             # engines) instead of linking them: no libnvrtc needed where the extension runs
+             "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
+             "-gencode", f"arch=compute_{num},code=[{arch},compute_{num}]",
+             # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
+             "-I", paths["cudnn_include"], "-I", paths["cublas_include"], "-I", paths["cudnn_frontend_include"],
+             "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
+    objects = [os.path.join(objdir, os.path.basename(u)[:-3] + ".o") for u in _units()]
+    compiles = [flags + ["-c", unit, "-o", obj] for unit, obj in zip(_units(), objects)]
+    link = [nvcc, "-shared", "-o", out, *objects,
+            # by soname, without rpath: tvm_nimble.runtime.vendor preloads these before loading the extension
+            "-L", paths["cudnn_lib"], "-l:libcudnn.so.9",
+            "-L", paths["cublas_lib"], "-l:libcublasLt.so.13",
+            "-L", os.path.dirname(ffi_lib), "-ltvm_ffi"]
+    return compiles, link
+
+
+def _run_nvcc(cmd: list[str], arch: str) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = " | ".join(ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln.lower())[:600]
+        raise VendorBuildError(f"nvcc failed to build the vendor extension for {arch}: "
+                               f"{tail or (r.stderr or r.stdout).strip()[-600:]}")
+
+
+def _compile_and_link(arch: str, out: str, nvcc: str, paths: dict[str, str]) -> None:
+    """The units compiled side by side (one nvcc each, as many at once as this machine has cores: the
+    cuDNN frontend's unit alone takes minutes), then linked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with tempfile.TemporaryDirectory() as objdir:
+        compiles, link = build_commands(arch, out, objdir, nvcc, paths)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
+            for future in [pool.submit(_run_nvcc, cmd, arch) for cmd in compiles]:
+                future.result()
+        _run_nvcc(link, arch)
 
 
 def build_vendor_library(arch: str, out_path: str | None = None) -> str:
@@ -190,12 +215,7 @@ def build_vendor_library(arch: str, out_path: str | None = None) -> str:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(cached))
         os.close(fd)
         try:
-            cmd = build_command(arch, tmp, nvcc, paths)
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                tail = " | ".join(ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln.lower())[:600]
-                raise VendorBuildError(f"nvcc failed to build the vendor extension for {arch}: "
-                                       f"{tail or (r.stderr or r.stdout).strip()[-600:]}")
+            _compile_and_link(arch, tmp, nvcc, paths)
             os.replace(tmp, cached)
         finally:
             if os.path.exists(tmp):

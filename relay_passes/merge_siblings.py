@@ -38,7 +38,7 @@ from tvm import relax
 from tvm_nimble.runtime.executable import SLICE_VIEW
 from tvm_nimble.runtime.plan import SLICE_ALIGN
 
-from .providers.chains import Chains, activation, ints, known_shape, operator_of
+from .providers.chains import Chains, activation, ints, known_shape, operator_of, use_counts
 
 _ACT_NAMES = {1: "relu", 2: "relu6"}
 
@@ -152,20 +152,6 @@ def _epilogue(chains: Chains, var, out_shape, axis: int):
     return chain, last, bias, act
 
 
-def _uses(func: relax.Function) -> dict:
-    uses: dict = {}
-
-    def visit(e):
-        if isinstance(e, relax.Var):
-            uses[e] = uses.get(e, 0) + 1
-
-    for block in func.body.blocks:
-        for b in block.bindings:
-            relax.analysis.post_order_visit(b.value, visit)
-    relax.analysis.post_order_visit(func.body.body, visit)
-    return uses
-
-
 #: why a sibling whose result a concatenation takes stays apart: kept apart, it writes its slice of the
 #: concatenation in place (``concat_in_place``); a part of a merged output cannot, so the concatenation
 #: would become a copy of every branch again
@@ -194,7 +180,7 @@ def _differences(key: tuple, other: tuple) -> str:
 def find_groups(func: relax.Function) -> list[tuple[int, MergeGroup]]:
     """(block index, group) for every set of siblings of ``func``: groups of two or more that can merge,
     and, for each sibling that cannot join its input's largest group, a group of one saying why."""
-    uses = _uses(func)
+    uses = use_counts(func)
     found = []
     for bi, block in enumerate(func.body.blocks):
         if not isinstance(block, relax.DataflowBlock):

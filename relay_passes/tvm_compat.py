@@ -200,7 +200,8 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
     ``Fallback``) takes it. Here a rule is also skipped where
     - it raises a ScheduleError instead (``GeneralReduction`` on a max-pool gradient fused with the
       adds of the branch gradients it joins: "does not have compact dataflow"), which failed the
-      whole build of a training step;
+      whole build of a training step, or an InternalError (``Reduction``'s rfactor, "block_realize ==
+      old_block_realize_", on a weight gradient's reduction fused beside cuDNN's gradient calls);
     - its schedule folds an epilogue into a reduction block, so that the block's ``init`` reads a
       buffer: ``Fallback`` inlines ``momentum * v + a @ b`` into the matmul's reduction and then adds
       ``momentum * v`` in the init *and* in every update (``2 * momentum * v + a @ b`` for a
@@ -212,6 +213,7 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import max_threads_per_block
+    from tvm.error import InternalError
     from tvm.s_tir.schedule import ScheduleError
 
     inst = getattr(schedule_pass, "_inst", None)  # the pass object's Python instance
@@ -251,7 +253,7 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
         def apply(self, func, target, tunable):
             try:
                 sch = self.rule.apply(func, target, tunable)
-            except ScheduleError:
+            except (ScheduleError, InternalError):
                 sch = None
             if sch is not None and not isinstance(sch, list) and folds_epilogue(sch.mod):
                 logging.getLogger("tvm_nimble").debug("DLight %s folded an epilogue into a reduction: skipped",

@@ -24,23 +24,9 @@ from tvm import relax
 
 from . import providers as registry
 from .providers.chains import (ACT_NONE, ACT_RELU, ACT_RELU6, DEFAULT_WORKSPACE_BYTES,  # noqa: F401
-                               Chains, MatchContext, OffloadReport, operator_of)
+                               Chains, MatchContext, OffloadReport, operator_of, use_counts)
 from .providers.cublaslt import BATCHED_MATMUL, MATMUL, MATMUL_ADD  # noqa: F401  (the call names, as tests and references spell them)
 from .providers.cudnn import CONV2D, CONV2D_ADD  # noqa: F401
-
-
-def _use_counts(func: relax.Function) -> dict:
-    uses: dict = {}
-
-    def visit(e):
-        if isinstance(e, relax.Var):
-            uses[e] = uses.get(e, 0) + 1
-
-    for block in func.body.blocks:
-        for b in block.bindings:
-            relax.analysis.post_order_visit(b.value, visit)
-    relax.analysis.post_order_visit(func.body.body, visit)
-    return uses
 
 
 @dataclass
@@ -85,7 +71,7 @@ def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE
     report = report if report is not None else OffloadReport()
     ctx = MatchContext(workspace_bytes, allow_tf32, report)
     providers = registry.offloading("cuda") if providers is None else providers
-    uses = _use_counts(func)
+    uses = use_counts(func)
     found_all: list[Offload] = []
     for bi, block in enumerate(func.body.blocks):
         if not isinstance(block, relax.DataflowBlock):

@@ -9,6 +9,7 @@ import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.providers.attention import CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS
+from tvm_nimble.relay_passes.providers.cudnn import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
@@ -30,6 +31,30 @@ def np_conv2d(x, w, b, attrs):
     out = np.concatenate([np.einsum("nchwij,ocij->nohw", win[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og])
                           for g in range(groups)], axis=1)
     return out + b.reshape(1, -1, 1, 1), act
+
+
+def np_conv2d_bwd_filter(x, dy, w_shape, attrs):
+    """dL/dW of y = conv2d(x, W) for an upstream gradient dy (groups 1), from the forward's windows."""
+    sh, sw, ph, pw, dh, dw = attrs[:6]
+    _, _, kh, kw = w_shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    p, q = dy.shape[2:]
+    return np.einsum("nohw,nchwij->ocij", dy, win[:, :, :p, :q])
+
+
+def np_conv2d_bwd_data(dy, w, x_shape, attrs):
+    """dL/dx of y = conv2d(x, W) for an upstream gradient dy (groups 1): each kernel tap scatters back."""
+    sh, sw, ph, pw, dh, dw = attrs[:6]
+    n, c, h, wd = x_shape
+    _, _, kh, kw = w.shape
+    p, q = dy.shape[2:]
+    dxp = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            dxp[:, :, i * dh:i * dh + sh * (p - 1) + 1:sh, j * dw:j * dw + sw * (q - 1) + 1:sw] += \
+                np.einsum("nohw,oc->nchw", dy, w[:, :, i, j])
+    return dxp[:, :, ph:ph + h, pw:pw + wd]
 
 
 def _view(flat, offset, strides, shape):
@@ -71,6 +96,12 @@ def reference_functions():
         out, act = np_conv2d(x.numpy(), w.numpy(), b.numpy(), list(attrs))
         y.copyfrom(_act(out + z.numpy(), act).astype(y.dtype))
 
+    def conv_bwd_data(dy, w, attrs, dx, ws):
+        dx.copyfrom(np_conv2d_bwd_data(dy.numpy(), w.numpy(), dx.shape, list(attrs)).astype(dx.dtype))
+
+    def conv_bwd_filter(x, dy, attrs, dw, ws):
+        dw.copyfrom(np_conv2d_bwd_filter(x.numpy(), dy.numpy(), dw.shape, list(attrs)).astype(dw.dtype))
+
     def linear(a, w, bias, attrs):  # a @ op(w) + bias; attrs[2:] (allow_tf32, the algorithm) change no value
         return a.numpy() @ (w.numpy().T if int(attrs[0]) else w.numpy()) + bias.numpy()
 
@@ -98,7 +129,8 @@ def reference_functions():
         out = (xv - mean) / np.sqrt(var + eps) * gamma.numpy().astype(np.float64) + beta.numpy().astype(np.float64)
         y.copyfrom(out.astype(x.numpy().dtype))  # y has x's dtype (the parameters may be float32)
 
-    names = {CONV2D: conv, CONV2D_ADD: conv_add, MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
+    names = {CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
+             MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias, LAYER_NORM: layer_norm}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():

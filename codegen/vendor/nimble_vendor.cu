@@ -62,6 +62,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,8 @@ namespace {
 
 constexpr const char* kConv = "nimble.cudnn.conv2d";
 constexpr const char* kConvAdd = "nimble.cudnn.conv2d_add";
+constexpr const char* kConvBwdData = "nimble.cudnn.conv2d_bwd_data";
+constexpr const char* kConvBwdFilter = "nimble.cudnn.conv2d_bwd_filter";
 constexpr const char* kMatmul = "nimble.cublas.matmul";
 constexpr const char* kBatchedMatmul = "nimble.cublas.batched_matmul";
 constexpr const char* kMatmulAdd = "nimble.cublas.matmul_add";
@@ -425,6 +428,178 @@ void Conv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y,
 void Conv2dAdd(TensorView x, TensorView w, TensorView b, TensorView z, Shape attrs, TensorView y,
                TensorView workspace) {
   ConvImpl(kConvAdd, x, w, b, &z, attrs, y, workspace);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuDNN convolution gradients (a training step's backward pass)
+//
+//   nimble.cudnn.conv2d_bwd_data(dy, w, attrs, dx, workspace):    dx = dL/dx of y = conv2d(x, w)
+//   nimble.cudnn.conv2d_bwd_filter(x, dy, attrs, dw, workspace):  dw = dL/dw of y = conv2d(x, w)
+//
+// attrs: the forward convolution's (the 10 entries of nimble.cudnn.conv2d; activation must be 0). dx and dw
+// are the outputs; their shapes say which forward convolution is meant (with stride > 1 several input sizes
+// give one output size). The algorithm: cuDNN's heuristic order, deterministic algorithms first (a step gives
+// the same weights every time), the first whose workspace fits. Not yet run on a GPU.
+
+enum class BwdKind { kData, kFilter };
+
+struct BwdPlan {
+  ConvDescs d;  // x (dx), w (dw), y (dy), conv
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t ws_need = 0;
+  std::string desc;
+  std::mutex mu;
+};
+
+std::map<ConvKey, std::unique_ptr<BwdPlan>>& BwdPlans() {
+  static auto* m = new std::map<ConvKey, std::unique_ptr<BwdPlan>>();
+  return *m;
+}
+
+cudnnStatus_t BwdWorkspace(cudnnHandle_t h, BwdKind kind, const ConvDescs& d, int algo, size_t* need) {
+  if (kind == BwdKind::kData) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x,
+                                                        static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), need);
+  }
+  return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w,
+                                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), need);
+}
+
+// (algo, math type, determinism) in cuDNN's heuristic order, for the configuration's direction
+std::vector<std::tuple<int, cudnnMathType_t, bool>> BwdHeuristics(const char* op, cudnnHandle_t h, BwdKind kind,
+                                                                  const ConvDescs& d) {
+  std::vector<std::tuple<int, cudnnMathType_t, bool>> out;
+  int n = 0;
+  if (kind == BwdKind::kData) {
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+    CheckCudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, int(perf.size()), &n, perf.data()),
+               op, "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+    for (int i = 0; i < n; ++i) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+        out.emplace_back(int(perf[i].algo), perf[i].mathType, perf[i].determinism == CUDNN_DETERMINISTIC);
+      }
+    }
+  } else {
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+    CheckCudnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, int(perf.size()), &n,
+                                                             perf.data()),
+               op, "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+    for (int i = 0; i < n; ++i) {
+      if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+        out.emplace_back(int(perf[i].algo), perf[i].mathType, perf[i].determinism == CUDNN_DETERMINISTIC);
+      }
+    }
+  }
+  std::stable_partition(out.begin(), out.end(), [](const auto& c) { return std::get<2>(c); });
+  return out;
+}
+
+void ChooseBwdAlgo(const char* op, cudnnHandle_t h, BwdKind kind, BwdPlan* p, int dtype, const ConvAttrs& a,
+                   size_t ws_bytes) {
+  const bool tf32 = a.tf32 != 0;
+  CheckCudnn(cudnnSetConvolutionMathType(p->d.conv, BaseMath(dtype, tf32)), op, "cudnnSetConvolutionMathType");
+  size_t smallest = SIZE_MAX;
+  for (const auto& [algo, math, deterministic] : BwdHeuristics(op, h, kind, p->d)) {
+    (void)deterministic;
+    if (!MathAllowed(dtype, tf32, math)) continue;
+    cudnnMathType_t m = (dtype == kF32 && !tf32) ? CUDNN_FMA_MATH : math;
+    CheckCudnn(cudnnSetConvolutionMathType(p->d.conv, m), op, "cudnnSetConvolutionMathType");
+    size_t need = 0;
+    if (BwdWorkspace(h, kind, p->d, algo, &need) != CUDNN_STATUS_SUCCESS) continue;
+    smallest = std::min(smallest, need);
+    if (need <= ws_bytes) {
+      p->algo = algo;
+      p->math = m;
+      p->ws_need = need;
+      return;
+    }
+  }
+  FailValue(op, "no cuDNN algorithm for this convolution gradient fits the workspace of " + std::to_string(ws_bytes) +
+                    " bytes" + (smallest == SIZE_MAX ? std::string(" (cuDNN offered none)")
+                                                      : " (the smallest needs " + std::to_string(smallest) + ")"));
+}
+
+// x [N,C,H,W], w [K,C/g,KH,KW], dy [N,K,P,Q]: `in` is dy (kData) or x (kFilter), `out` is dx or dw.
+void ConvBwdImpl(const char* op, BwdKind kind, const TensorView& in0, const TensorView& in1, const Shape& attrs,
+                 const TensorView& out, const TensorView& workspace) {
+  ConvAttrs a = ParseConvAttrs(op, attrs);
+  if (a.act != 0) FailValue(op, "attrs: a convolution gradient takes no activation (entry 7 must be 0)");
+  if (a.algo != -1) FailValue(op, "attrs: a convolution gradient chooses its own algorithm (entry 8 must be -1)");
+  if (in0.device().device_type != kDLCUDA) {
+    FailValue(op, "inputs must be CUDA tensors, got device type " + std::to_string(in0.device().device_type));
+  }
+  const int dev = in0.device().device_id;
+  const int dtype = TensorDType(in0);
+  if (dtype < 0) FailValue(op, "the inputs have dtype " + DLTypeStr(in0.dtype()) + ": " + kDTypesTaken);
+  const bool data = kind == BwdKind::kData;
+  const TensorView& dy = data ? in0 : in1;
+  const TensorView& x = data ? out : in0;  // dx has x's shape
+  const TensorView& w = data ? in1 : out;  // dw has w's shape
+  for (auto [name, t] : {std::pair<const char*, const TensorView*>{"dy", &dy}, {data ? "dx" : "x", &x},
+                         {data ? "w" : "dw", &w}}) {
+    CheckCudaTensor(op, name, *t, dev);
+    CheckDType(op, name, *t, dtype);
+    CheckNdim(op, name, *t, 4);
+  }
+  Workspace ws = CheckWorkspace(op, workspace, dev);
+  const int64_t* xs = x.shape().data();
+  const int64_t* wsh = w.shape().data();
+  std::array<int64_t, 4> ys = ConvOutShape(op, xs, wsh, a);
+  for (int i = 0; i < 4; ++i) {
+    if (dy.shape()[i] != ys[i]) {
+      FailValue(op, "dy has shape " + ShapeStr(dy) + " but the forward convolution of x " + ShapeStr(x) + " and w " +
+                        ShapeStr(w) + " with attrs " + ShapeStr(attrs.data(), 10) + " gives " + ShapeStr(ys.data(), 4));
+    }
+  }
+  if (DataPtr(out) == DataPtr(in0) || DataPtr(out) == DataPtr(in1)) FailValue(op, "the output must not alias an input");
+  if (xs[0] * xs[1] * xs[2] * xs[3] == 0 || wsh[0] * wsh[1] * wsh[2] * wsh[3] == 0) return;
+
+  DeviceGuard guard(dev, op);
+  cudaStream_t stream = CurrentStream(dev);
+  cudnnHandle_t h = CudnnHandle(dev, stream, op);
+  ConvKey key{dev, dtype, data ? 1 : 2, xs[0], xs[1], xs[2], xs[3], wsh[0], wsh[1], wsh[2], wsh[3],
+              a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, 0, -1, a.tf32,
+              int64_t(ws.bytes)};
+  BwdPlan* p;
+  {
+    std::lock_guard<std::mutex> lock(ConvMutex());
+    auto& slot = BwdPlans()[key];
+    if (!slot) {
+      auto plan = std::make_unique<BwdPlan>();
+      MakeConvDescs(op, &plan->d, dtype, xs, wsh, ys, a);
+      ChooseBwdAlgo(op, h, kind, plan.get(), dtype, a, ws.bytes);
+      std::ostringstream os;
+      os << op << " cuda:" << dev << " " << DTypeName(dtype) << " x=" << ShapeStr(xs, 4) << " w=" << ShapeStr(wsh, 4)
+         << " attrs=" << ShapeStr(attrs.data(), 10) << " workspace=" << ws.bytes << " -> algo=" << plan->algo
+         << " math=" << MathName(plan->math) << " needs=" << plan->ws_need;
+      plan->desc = os.str();
+      slot = std::move(plan);
+    }
+    p = slot.get();
+  }
+  std::lock_guard<std::mutex> lock(p->mu);
+  const float one = 1.0f, zero = 0.0f;
+  std::string ctx = "x " + ShapeStr(x) + ", w " + ShapeStr(w) + ", algo " + std::to_string(p->algo);
+  if (data) {
+    CheckCudnn(cudnnConvolutionBackwardData(h, &one, p->d.w, DataPtr(w), p->d.y, DataPtr(dy), p->d.conv,
+                                            static_cast<cudnnConvolutionBwdDataAlgo_t>(p->algo), ws.ptr, ws.bytes,
+                                            &zero, p->d.x, DataPtr(out)),
+               op, "cudnnConvolutionBackwardData", ctx);
+  } else {
+    CheckCudnn(cudnnConvolutionBackwardFilter(h, &one, p->d.x, DataPtr(x), p->d.y, DataPtr(dy), p->d.conv,
+                                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(p->algo), ws.ptr, ws.bytes,
+                                              &zero, p->d.w, DataPtr(out)),
+               op, "cudnnConvolutionBackwardFilter", ctx);
+  }
+}
+
+void Conv2dBwdData(TensorView dy, TensorView w, Shape attrs, TensorView dx, TensorView workspace) {
+  ConvBwdImpl(kConvBwdData, BwdKind::kData, dy, w, attrs, dx, workspace);
+}
+
+void Conv2dBwdFilter(TensorView x, TensorView dy, Shape attrs, TensorView dw, TensorView workspace) {
+  ConvBwdImpl(kConvBwdFilter, BwdKind::kFilter, x, dy, attrs, dw, workspace);
 }
 
 // [[algo, status, workspace_bytes, math_type, determinism], ...] for a configuration, in cuDNN's
@@ -971,6 +1146,7 @@ Array<String> Plans() {
     for (auto& kv : ConvPlans()) {
       out.push_back(String(kv.second->desc + (kv.second->fused ? " fused" : " unfused")));
     }
+    for (auto& kv : BwdPlans()) out.push_back(String(kv.second->desc));
   }
   {
     std::lock_guard<std::mutex> lock(MatmulMutex());
@@ -984,6 +1160,8 @@ __attribute__((constructor)) void RegisterAll() {
   try {
     Register(kConv, Conv2d);
     Register(kConvAdd, Conv2dAdd);
+    Register(kConvBwdData, Conv2dBwdData);
+    Register(kConvBwdFilter, Conv2dBwdFilter);
     Register(kMatmul, Matmul);
     Register(kBatchedMatmul, BatchedMatmul);
     Register(kMatmulAdd, MatmulAdd);

@@ -65,6 +65,21 @@ def ints(arr) -> list[int]:
     return [int(v) for v in arr]
 
 
+def use_counts(func: relax.Function) -> dict:
+    """How often each var of ``func`` is used, in its bindings and its result."""
+    uses: dict = {}
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            uses[e] = uses.get(e, 0) + 1
+
+    for block in func.body.blocks:
+        for b in block.bindings:
+            relax.analysis.post_order_visit(b.value, visit)
+    relax.analysis.post_order_visit(func.body.body, visit)
+    return uses
+
+
 class Chains:
     """The bindings of one dataflow block, and how often each var is used in the whole function."""
 

@@ -9,7 +9,8 @@ TVM runtime (tvm_ffi; ``tvm.relax`` is not needed). Steps, all on cuda:0:
    ``codegen.vendor_build`` for this GPU's arch);
 2. correctness: every conv configuration x activation x dtype, conv2d_add, matmul (transpose_b 0/1,
    identity/relu/relu6/gelu, every algorithm candidate with and without the bias epilogue, batched,
-   misaligned, a classifier head) against a float64 PyTorch
+   misaligned, a classifier head), the convolution gradients (conv2d_bwd_data / _bwd_filter against
+   PyTorch's float64 autograd; not yet run) against a float64 PyTorch
    reference: relative L2 error, fp32 (TF32 off) tolerance 1e-5, fp16 1e-2; forced algorithms;
    the argument checks on real CUDA tensors (one-line errors);
 3. a CUDA graph: calls on two streams (each with its own workspace) captured in relaxed mode, the
@@ -209,6 +210,33 @@ class Check:
                         err = one_line(e)
                     self.record(op=f"conv2d algo={algo}", name="3x3_p1", dtype=dname, act=ACTS[act], rel_l2=rel,
                                 tol=TOL[dname], error=err)
+
+    def check_conv_gradients(self):
+        """nimble.cudnn.conv2d_bwd_data / _bwd_filter (a training step's convolution gradients, #34) against
+        PyTorch's float64 autograd of the same forward convolution (groups 1; an odd size leaves rows unread)."""
+        torch = self.torch
+        ws = self.workspace()
+        cfgs = {k: v for k, v in CONVS.items() if v[5] == 1}
+        cfgs["3x3_s2_odd"] = ((4, 32, 29, 29), (48, 32, 3, 3), (2, 2), (0, 0), (1, 1), 1)
+        for dname, dtype in (("float32", torch.float32), ("float16", torch.float16)):
+            for name, cfg in cfgs.items():
+                x, w, _ = self.conv_data(cfg, dtype)
+                xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+                y = self.F.conv2d(xd, wd, None, cfg[2], cfg[3], cfg[4])
+                dy = self.randn(y.shape, dtype)
+                y.backward(dy.double())
+                attrs = self.tvm_ffi.Shape(self.conv_attrs(cfg, 0))
+                for op, args, out, ref in (("conv2d_bwd_data", (dy, w), torch.empty_like(x), xd.grad),
+                                           ("conv2d_bwd_filter", (x, dy), torch.empty_like(w), wd.grad)):
+                    out.fill_(float("nan"))
+                    err, rel = None, float("inf")
+                    try:
+                        self.call(f"nimble.cudnn.{op}", *args, attrs, out, ws)
+                        torch.cuda.synchronize()
+                        rel = self.rel_l2(out, ref)
+                    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                        err = one_line(e)
+                    self.record(op=op, name=name, dtype=dname, act="identity", rel_l2=rel, tol=TOL[dname], error=err)
 
     def check_matmuls(self):
         torch = self.torch
@@ -478,7 +506,7 @@ def main(argv=None) -> int:
         with open(out_path, "w") as f:
             json.dump(log, f, indent=1, default=str)
 
-    sections = [("convs", chk.check_convs), ("matmuls", chk.check_matmuls), ("batched matmuls", chk.check_batched_matmuls), ("errors", chk.check_errors),
+    sections = [("convs", chk.check_convs), ("conv gradients", chk.check_conv_gradients), ("matmuls", chk.check_matmuls), ("batched matmuls", chk.check_batched_matmuls), ("errors", chk.check_errors),
                 ("graph", chk.check_graph)]
     if not args.skip_timing:
         sections.append(("timing", chk.timing))

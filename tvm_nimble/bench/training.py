@@ -201,7 +201,8 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
 
 
 def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str, rounds: int = 5,
-             iters: int = 20, torch_device: str | None = None, log=print) -> tuple[list[dict], dict]:
+             iters: int = 20, torch_device: str | None = None, log=print,
+             kernels: str = "tvm") -> tuple[list[dict], dict]:
     """Check the case's losses against PyTorch, then time every system. Returns (csv rows, loss record)."""
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.training import NimbleTrainer
@@ -211,7 +212,7 @@ def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str
     from .machine import describe
 
     batch = int(case.xs[0].shape[0])
-    module = build(case.step.mod, target, max_streams=None, kernels="tvm")
+    module = build(case.step.mod, target, max_streams=None, kernels=kernels)
     plan = module.plan
     log(f"[train] {case.label} batch {batch} {case.optimizer}: {len(plan.launches)} kernels on {plan.num_streams} streams")
     losses = nimble_losses(NimbleTrainer(module, case.step, device), case)
@@ -239,7 +240,8 @@ def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str
     versions = ";".join(f"{k}={machine[k]}" for k in ("tvm", "torch") if k in machine)
     rows = [{"date": datetime.date.today().isoformat(), "device": device_name, "model": case.label, "batch": batch,
              "dtype": "float32", "system": name, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",
-             "kernels": "pytorch" if name.startswith("pytorch") else "tvm-default", "optimizer":
+             "kernels": "pytorch" if name.startswith("pytorch") else
+             "tvm-default" if name.startswith("tvm") or kernels == "tvm" else kernels, "optimizer":
              f"{case.optimizer} lr={case.lr:.3g}", "loss_max_rel_diff": f"{diff:.2e}" if diff != "" else "",
              "versions": versions} for name, (med, p90) in times.items()]
     return rows, record
@@ -261,7 +263,7 @@ def _torch_device(use_gpu: bool) -> str | None:
 
 def run_training_benchmark(models: list[str], batches: list[int], target=None, steps: int = 20, rounds: int = 5,
                            iters: int = 20, out_dir: str = "bench-results", small: bool = False,
-                           optimizers: tuple[str, ...] = ("momentum",)) -> list[dict]:
+                           optimizers: tuple[str, ...] = ("momentum",), kernels: str = "tvm") -> list[dict]:
     """Every model x batch x optimizer of :data:`TRAINING_MODELS`: check, time, append to
     ``out_dir/training.csv``; the loss trajectories go to ``out_dir/training_losses.json``."""
     import json
@@ -286,7 +288,7 @@ def run_training_benchmark(models: list[str], batches: list[int], target=None, s
     for label, batch, optimizer in itertools.product(models, batches, optimizers):
         case = make_case(label, batch, steps, optimizer=optimizer, small=small)
         r, record = run_case(case, t, dev, use_gpu, device_name(use_gpu), rounds, iters, torch_device,
-                             log=lambda m: print(m, flush=True))
+                             log=lambda m: print(m, flush=True), kernels=kernels)
         append_rows(os.path.join(out_dir, "training.csv"), r, CSV_COLUMNS, defaults={})
         rows += r
         records.append(record)

@@ -39,6 +39,9 @@ def main(argv=None):
     ap.add_argument("--weight-decay", type=float, metavar="W",
                     help="weight decay, >= 0 (default: PyTorch's for the optimizer: 0.01 for adamw, else 0); "
                          "adamw decouples it from the gradient, the others add W * weight to it")
+    ap.add_argument("--kernels", choices=["tvm", "vendor", "best"], default="tvm",
+                    help="TVM's kernels (default); vendor: convolutions and their gradients on cuDNN (CUDA); best: "
+                         "each operator on whichever measured faster on this GPU")
     ap.add_argument("-o", "--output", help="write the trained model here (ONNX)")
     args = ap.parse_args(argv)
     if args.steps < 1:
@@ -57,7 +60,8 @@ def main(argv=None):
 
     model = zoo.get_model(args.model[4:], batch=args.batch) if args.model.startswith("zoo:") else args.model
     trainer = build_training(model, resolve_target(args.target, args.arch), loss=args.loss,
-                             optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay)
+                             optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
+                             kernels=args.kernels)
     plan = trainer.module.plan
     print(f"training step: {len(plan.launches)} kernels on {plan.num_streams} stream(s)", flush=True)
     x_shapes = [(plan.tensors[t].shape, plan.tensors[t].dtype) for t in plan.inputs[:trainer.num_inputs]]

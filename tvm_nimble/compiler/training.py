@@ -118,7 +118,9 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     if loss == "cross_entropy":  # class indices: (batch,)
         label_ty = relax.TensorType([out_ty.shape.values[0]], "int64")
     try:
-        train_mod = SetupTrainer(loss_fn, optim, [out_ty, label_ty])(mod)  # also initializes optim.state
+        # not legalized here: the step keeps Relax's operators (conv2d_transpose, ...) for the kernel providers,
+        # and the build legalizes what none takes
+        train_mod = SetupTrainer(loss_fn, optim, [out_ty, label_ty], legalize=False)(mod)  # also sets optim.state
     except Exception as err:  # noqa: BLE001  (what the check above does not foresee fails deep in TVM's passes)
         why = type(err).__name__ + (f": {one_line(err)}" if str(err).strip() else "")
         raise ModelError(f"TVM {tvm.__version__}'s training transforms (relax.training.SetupTrainer) failed on this "
@@ -354,18 +356,20 @@ class NimbleTrainer:
 
 
 def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
-                   weight_decay: float | None = None, max_streams="auto", shape_dict=None,
+                   weight_decay: float | None = None, max_streams="auto", kernels: str = "tvm", shape_dict=None,
                    device=None) -> NimbleTrainer:
     """Build one training step of ``model`` with Nimble (see the module docstring) and return its trainer.
 
     ``loss``: "mse" (labels shaped like the output; the mean over every element, as PyTorch's
     MSELoss) or "cross_entropy" (int64 class indices, one per batch row; the sum over the batch);
     ``optimizer``: "sgd", "momentum" (0.9), "adam" or "adamw", as PyTorch's, with learning rate ``lr``
-    (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). Kernels are TVM's
-    (vendor backward kernels are not offloaded yet). A model with operators TVM's gradient cannot
+    (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). ``kernels``: TVM's
+    by default; "vendor" puts the forward convolutions and the convolution gradients (conv2d_transpose for
+    dL/dx, the CNHW convolution for dL/dW) on cuDNN, "best" chooses per operator by measurement (as
+    ``build``; not yet measured on a GPU for training steps). A model with operators TVM's gradient cannot
     differentiate is refused with a ModelError naming them."""
     from .build import build
 
     step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay)
-    module = build(step.mod, target, max_streams=max_streams, kernels="tvm")
+    module = build(step.mod, target, max_streams=max_streams, kernels=kernels)
     return NimbleTrainer(module, step, device)

@@ -1,0 +1,97 @@
+"""Experiment: how long ``tvm_nimble.build()`` takes, cold and warm (issue #36: cold <= 60 s, warm <= 15 s).
+
+Each build runs in a fresh process (nothing measured or compiled in memory). Cold: a cache directory of its
+own (``XDG_CACHE_HOME``) with nothing in it but the vendor extension, so no timing-cache entry and no
+compiled kernel is there; warm: the same directory again, as the cold build left it. Both build the same
+exported ONNX model with ``--kernels`` (default best) and auto streams; the export is not timed.
+
+    bash scripts/gpu_session.sh "experiment build_times 580 --models tv:googlenet,tv:inception_v3,tv:densenet121"
+    python3 scripts/experiments/build_times.py --models zoo:inception --target llvm --kernels tvm --out DIR
+
+Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases, whether the two plans are
+the same) and prints a table.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
+
+
+def _one(onnx_path: str, target: str, kernels: str) -> dict:
+    """This process: one build of ``onnx_path``, its wall time, phases and plan digest."""
+    import tvm_nimble
+
+    t0 = time.perf_counter()
+    result = tvm_nimble.build(onnx_path, {"kind": target}, kernels=kernels)
+    seconds = time.perf_counter() - t0
+    plan = json.dumps(result.plan.to_json(), sort_keys=True)
+    return {"seconds": seconds, "phases": result.info.get("phases", {}), "streams": result.plan.num_streams,
+            "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12]}
+
+
+def _in_fresh_process(onnx_path: str, target: str, kernels: str, cache: str) -> dict:
+    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels], capture_output=True,
+                       text=True, env=env)
+    if r.returncode != 0:
+        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["exit %d" % r.returncode]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _vendor_cache() -> str | None:
+    """This user's cache of built vendor extensions (copied into each cold cache: building it is not build())."""
+    root = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "tvm-nimble", "vendor")
+    return root if glob.glob(os.path.join(root, "*", "*.so")) else None
+
+
+def main(argv=None):
+    if argv is None and sys.argv[1:2] == ["--one"]:
+        print(json.dumps(_one(*sys.argv[2:5])))
+        return
+    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True)
+    from tvm_nimble.cli.models import load_model
+
+    kind = target.kind.name
+    if kind == "cuda" and args.kernels == "best":
+        from codegen.vendor_build import build_vendor_library
+
+        build_vendor_library(str(target.attrs["arch"]))  # once, before any timed build
+    rows = []
+    for spec in args.models.split(","):
+        name, model = load_model(spec, batch=int(args.batch.split(",")[0]))
+        onnx_path = os.path.join(args.out, f"{name}.onnx")
+        import onnx
+
+        onnx.save(model, onnx_path)
+        cache = os.path.join(args.out, f"cache-{name}")
+        shutil.rmtree(cache, ignore_errors=True)
+        vendor = _vendor_cache()
+        if vendor:
+            shutil.copytree(vendor, os.path.join(cache, "tvm-nimble", "vendor"))
+        row = {"model": name, "kernels": args.kernels, "target": kind}
+        for run in ("cold", "warm"):
+            row[run] = _in_fresh_process(onnx_path, kind, args.kernels, cache)
+            print(f"{run} {name}: {row[run]}", flush=True)
+        row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
+        rows.append(row)
+        shutil.rmtree(cache, ignore_errors=True)
+        os.remove(onnx_path)
+        with open(os.path.join(args.out, "build_times.json"), "w") as f:  # after each model: a cut-off call keeps them
+            json.dump(rows, f, indent=1)
+    secs = lambda r: f"{r['seconds']:8.1f}" if "seconds" in r else f"{'error':>8s}"  # noqa: E731
+    print(f"\n{'model':16s} {'cold s':>8s} {'warm s':>8s}  same plan  cold phases")
+    for r in rows:
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in r["cold"].get("phases", {}).items())
+        print(f"{r['model']:16s} {secs(r['cold'])} {secs(r['warm'])}  {str(r['same_plan']):9s}  {phases}")
+
+
+if __name__ == "__main__":
+    main()

@@ -99,3 +99,37 @@ def test_cli_train_takes_adamw_and_refuses_a_negative_weight_decay():
     bad = subprocess.run(cmd + ["--weight-decay", "-1"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "--weight-decay must be a number >= 0" in bad.stderr
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_bf16_training_keeps_float32_master_weights_and_tracks_fp32():
+    """bf16: the convolutions and the GEMM compute in bfloat16 (the IR says so), the weights, their updates and the
+    optimizer state stay float32, and five AdamW steps stay within bfloat16's error of the fp32 steps."""
+    from tvm import relax as rx
+
+    model = zoo.get_model("inception")
+    steps = {p: training_step(model, "mse", "adamw", lr=0.01, precision=p) for p in ("fp32", "bf16")}
+    convs = [b.value for blk in steps["bf16"].mod["main"].body.blocks for b in blk.bindings
+             if isinstance(b.value, rx.Call) and getattr(b.value.op, "name", "") in ("relax.nn.conv2d",
+                                                                                    "relax.nn.conv2d_transpose")]
+    assert convs and all(str(c.args[0].ty.dtype) == "bfloat16" for c in convs)
+    assert all(str(w.dtype) == "float32" for w in steps["bf16"].params.values())
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 3, 16, 16)).astype("float32") for _ in range(STEPS)]
+    ys = [rng.standard_normal((1, 10)).astype("float32") for _ in range(STEPS)]
+    losses, params = {}, {}
+    for p, step in steps.items():
+        trainer = NimbleTrainer(build(step.mod, "llvm", max_streams=None), step)
+        losses[p] = np.array([trainer.step(x, y) for x, y in zip(xs, ys)])
+        params[p] = trainer.params
+    assert all(v.dtype == np.float32 for v in params["bf16"].values())
+    rel = np.abs(losses["bf16"] - losses["fp32"]) / np.abs(losses["fp32"])
+    assert rel.max() < 5e-2 and rel.max() > 1e-6  # bfloat16's error, and not fp32 under another name
+    moved = [np.abs(params["bf16"][k] - steps["bf16"].params[k]).max() for k in params["bf16"]]
+    assert min(moved) > 0  # every weight was updated in float32 (a bf16 round trip would lose small steps)
+
+
+def test_fp16_training_is_refused_with_the_reason():
+    with pytest.raises(NimbleError, match="fp16 training needs loss scaling.*use bf16"):
+        training_step(zoo.get_model("inception"), "mse", "adam", lr=0.01, precision="fp16")
+    with pytest.raises(NimbleError, match="precision must be one of fp32, tf32, bf16"):
+        training_step(zoo.get_model("inception"), "mse", "adam", lr=0.01, precision="int8")

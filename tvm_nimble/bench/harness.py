@@ -305,6 +305,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     from tvm_nimble.bench.onnxruntime_peer import onnxruntime_systems
     from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.target import default_kind, resolve_target
+    from tvm_nimble.relay_passes import providers as provider_registry
     from tvm_nimble.relay_passes.precision import precision_name
 
     precision = precision_name(precision)
@@ -356,7 +357,10 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
                 print(f"[bench] NOT TIMED: {failed[-1]}", flush=True)
                 continue
             timing = interleaved_timing(systems, rounds=rounds, iters=iters)
-            new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype, "kernels": kernels,
+            # providers named on top of the defaults (e.g. attention_split) are part of what a row measured
+            label = kernels + "".join(f"+{p}" for p in options.providers or ()
+                                      if kernels in ("vendor", "best") and not provider_registry.get(p).by_default)
+            new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype, "kernels": label,
                     "db_trials": db_trials, "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",
                     "rel_err": f"{errors[system]:.2e}" if system in errors else ""}
                    for system, (med, p90) in timing.items()]

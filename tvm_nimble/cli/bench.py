@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tvm_nimble.cli.options import merge_arg, timing_cache_arg, timing_cache_option
+from tvm_nimble.cli.options import merge_arg, providers_arg, timing_cache_arg, timing_cache_option
 
 
 def calibrate_batchnorm(model, size: int, batches: int = 4, batch: int = 8, seed: int = 1):
@@ -157,6 +157,7 @@ def main(argv=None):
                          "or each of them on whichever of the two measured faster on this GPU (best)")
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
     merge_arg(ap)
+    providers_arg(ap)
     timing_cache_arg(ap)
     ap.add_argument("--training", action="store_true",
                     help="time training steps (forward, cross-entropy, backward, optimizer update) instead of "
@@ -228,7 +229,8 @@ def main(argv=None):
                                  tuning_db=db, precision=precision, torch_models=torch_models, baseline_cache=baseline_cache,
                                  kernels=args.kernels if args.kernels != "tvm" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "",
-                                 build_extra={**timing_cache_option(args), "merge": args.merge})
+                                 build_extra={**timing_cache_option(args), "merge": args.merge,
+                                              **({"providers": args.providers} if args.providers else {})})
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

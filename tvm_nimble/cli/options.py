@@ -55,12 +55,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
     from tvm_nimble.compiler.options import KERNEL_CHOICES, MERGE_CHOICES
-    from tvm_nimble.relay_passes import providers
     from tvm_nimble.relay_passes.precision import KEEP_FP32, PRECISIONS
 
-    every = [q for q in providers.registered() if q.name != providers.TVM]
-    by_default = ", ".join(q.name for q in every if q.by_default)
-    when_named = ", ".join(q.name for q in every if not q.by_default)
 
     p.add_argument("--max-streams", type=max_streams_arg, default="auto",
                    help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
@@ -73,9 +69,7 @@ def build_option_args(p) -> None:
                         "kernels (tvm), each on whichever measured fastest on this machine's GPU (best), or auto "
                         "(the default): best on a CUDA machine, vendor when no GPU is here, tvm without the "
                         "cuDNN/cuBLAS wheels")
-    p.add_argument("--providers", type=_names, metavar="NAME,...",
-                   help=f"the kernel providers besides TVM that may take operators (default: {by_default}; "
-                        f"used only when named: {when_named})")
+    providers_arg(p)
     merge_arg(p, MERGE_CHOICES)
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="fp32 (default), tf32 (fp32 with TF32 tensor cores), fp16 or bf16: convolutions and GEMMs "
@@ -96,6 +90,18 @@ def build_option_args(p) -> None:
     p.add_argument("--batch-sizes", type=_sizes, metavar="N,...",
                    help="one plan per batch size, e.g. 1,2,4,8, in one artifact with the weights once; its executor "
                         "takes any batch (the smallest bucket that holds it, padded; larger ones split)")
+
+
+def providers_arg(p) -> None:
+    """--providers, for every command that builds (compile, explain, bench): the list read from the registry."""
+    from tvm_nimble.relay_passes import providers
+
+    every = [q for q in providers.registered() if q.name != providers.TVM]
+    by_default = ", ".join(q.name for q in every if q.by_default)
+    when_named = ", ".join(q.name for q in every if not q.by_default)
+    p.add_argument("--providers", type=_names, metavar="NAME,...",
+                   help=f"the kernel providers besides TVM that may take operators (default: {by_default}; "
+                        f"used only when named: {when_named})")
 
 
 def merge_arg(p, choices=None) -> None:

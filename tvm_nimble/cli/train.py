@@ -39,6 +39,9 @@ def main(argv=None):
     ap.add_argument("--weight-decay", type=float, metavar="W",
                     help="weight decay, >= 0 (default: PyTorch's for the optimizer: 0.01 for adamw, else 0); "
                          "adamw decouples it from the gradient, the others add W * weight to it")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32",
+                    help="fp32 (default), tf32 (TF32 tensor cores in the vendor kernels) or bf16 (forward and "
+                         "backward in bfloat16, float32 master weights and optimizer)")
     ap.add_argument("--kernels", choices=["tvm", "vendor", "best"], default="tvm",
                     help="TVM's kernels (default); vendor: convolutions and their gradients on cuDNN (CUDA); best: "
                          "each operator on whichever measured faster on this GPU")
@@ -61,7 +64,7 @@ def main(argv=None):
     model = zoo.get_model(args.model[4:], batch=args.batch) if args.model.startswith("zoo:") else args.model
     trainer = build_training(model, resolve_target(args.target, args.arch), loss=args.loss,
                              optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
-                             kernels=args.kernels)
+                             kernels=args.kernels, precision=args.precision)
     plan = trainer.module.plan
     print(f"training step: {len(plan.launches)} kernels on {plan.num_streams} stream(s)", flush=True)
     x_shapes = [(plan.tensors[t].shape, plan.tensors[t].dtype) for t in plan.inputs[:trainer.num_inputs]]

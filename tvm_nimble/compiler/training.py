@@ -28,6 +28,10 @@ from tvm_nimble.errors import ModelError, NimbleError, TrainingDivergedError
 from .optimizers import make_optimizer
 
 LOSSES = ("mse", "cross_entropy")
+#: the precisions a step computes in: bf16 runs the forward and backward convolutions and GEMMs in bfloat16
+#: under the inference policy (relay_passes.precision) with float32 master weights, gradients and optimizer
+#: state; fp16 would need loss scaling (its gradients underflow), which is not written
+TRAINING_PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 def _loss(name: str):
@@ -78,18 +82,35 @@ class TrainingStep:
     train_mod: tvm.IRModule = field(repr=False, default=None)  # SetupTrainer's output, for TVM's own Trainer
     onnx_model: object = field(repr=False, default=None)  # the model trained, for exporting its new weights
     lr: float | None = None  # the optimizer's learning rate (named when the loss diverges)
+    precision: str = "fp32"  # what the forward and backward passes compute in (see TRAINING_PRECISIONS)
+
+
+def _training_precision(precision: str) -> str:
+    from tvm_nimble.relay_passes.precision import precision_name
+
+    try:
+        name = precision_name(precision)
+    except ValueError:
+        name = None
+    if name not in TRAINING_PRECISIONS:
+        why = ("fp16 training needs loss scaling, which is not written: use bf16" if name == "fp16"
+               else f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {precision!r}")
+        raise NimbleError(f"a training step cannot compute in {precision!r}: {why}")
+    return name
 
 
 def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
-                  shape_dict=None, weight_decay: float | None = None) -> TrainingStep:
+                  shape_dict=None, weight_decay: float | None = None, precision: str = "fp32") -> TrainingStep:
     """Compose one training step of ``model`` (ONNX file or ModelProto) with TVM's training transforms and
-    ``optimizer`` (see :mod:`.optimizers`; ``weight_decay`` None: PyTorch's default for it)."""
+    ``optimizer`` (see :mod:`.optimizers`; ``weight_decay`` None: PyTorch's default for it), computing in
+    ``precision`` (:data:`TRAINING_PRECISIONS`; the weights, their gradients and the optimizer stay float32)."""
     from tvm.relax.training import SetupTrainer
 
     from .frontend.onnx_import import one_line, from_onnx_trainable
 
     lr = _check_lr(lr)
     loss_fn, optim = _loss(loss), make_optimizer(optimizer, lr, weight_decay)  # bad values fail before the import
+    precision = _training_precision(precision)
     from .frontend import load_onnx_model
 
     onnx_model = load_onnx_model(model)
@@ -103,6 +124,10 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
         params = [w for w in params if w.dtype.kind == "f"]
         if not params:
             raise ModelError("the model has no floating-point weights to train")
+    if precision == "bf16":  # the forward pass in bfloat16; the weights stay float32 inputs (the master copy)
+        from tvm_nimble.relay_passes.precision import to_precision
+
+        mod = to_precision(mod, "bfloat16")
     main = mod["main"]
     backbone = main.without_attr("params").with_attr("global_symbol", "backbone")
     # the kernels the importer made (call_tir of TE functions) stay beside the backbone that calls them
@@ -155,7 +180,7 @@ def training_step(model, loss: str = "mse", optimizer: str = "sgd", lr: float = 
     step = relax.transform.DeadCodeElimination(["main"])(step)
     return TrainingStep(step, [p.name for p in xs], dict(zip([p.name for p in ps], params)),
                         [(_shape(label.ty), str(label.ty.dtype))],
-                        [s.numpy() for s in _state_leaves(optim.state)], train_mod, onnx_model, lr)
+                        [s.numpy() for s in _state_leaves(optim.state)], train_mod, onnx_model, lr, precision)
 
 
 # ---- what TVM's gradient cannot train ------------------------------------------------------------
@@ -356,8 +381,8 @@ class NimbleTrainer:
 
 
 def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
-                   weight_decay: float | None = None, max_streams="auto", kernels: str = "tvm", shape_dict=None,
-                   device=None) -> NimbleTrainer:
+                   weight_decay: float | None = None, precision: str = "fp32", max_streams="auto",
+                   kernels: str = "tvm", shape_dict=None, device=None) -> NimbleTrainer:
     """Build one training step of ``model`` with Nimble (see the module docstring) and return its trainer.
 
     ``loss``: "mse" (labels shaped like the output; the mean over every element, as PyTorch's
@@ -366,10 +391,12 @@ def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = 
     (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). ``kernels``: TVM's
     by default; "vendor" puts the forward convolutions and the convolution gradients (conv2d_transpose for
     dL/dx, the CNHW convolution for dL/dW) on cuDNN, "best" chooses per operator by measurement (as
-    ``build``; not yet measured on a GPU for training steps). A model with operators TVM's gradient cannot
-    differentiate is refused with a ModelError naming them."""
+    ``build``; not yet measured on a GPU for training steps). ``precision``: "fp32", "tf32" (TF32 tensor
+    cores in the vendor kernels) or "bf16" (bfloat16 forward and backward, float32 master weights). A model
+    with operators TVM's gradient cannot differentiate is refused with a ModelError naming them."""
     from .build import build
 
-    step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay)
-    module = build(step.mod, target, max_streams=max_streams, kernels=kernels)
+    step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay, precision)
+    # the step is already in its precision: the build must not convert the optimizer's fp32 update too
+    module = build(step.mod, target, max_streams=max_streams, kernels=kernels, allow_tf32=step.precision == "tf32")
     return NimbleTrainer(module, step, device)

@@ -134,6 +134,19 @@ def test_training_benchmark_checks_then_times(tmp_path):
     assert len(record["nimble"]) == len(record["pytorch"]) == 6 and record["max_rel_diff"] < LOSS_RTOL
 
 
+def test_training_benchmark_in_bf16_with_adamw_checks_against_pytorch_autocast(tmp_path):
+    import json
+
+    pytest.importorskip("torch")
+    from tvm_nimble.bench.training import LOSS_RTOL_BF16, run_training_benchmark
+
+    rows = run_training_benchmark(["cifar_inception"], [2], "llvm", steps=4, rounds=1, iters=2, out_dir=str(tmp_path),
+                                  small=True, optimizers=("adamw",), precisions=("bf16",))
+    assert {r["dtype"] for r in rows} == {"bfloat16"} and {r["optimizer"].split()[0] for r in rows} == {"adamw"}
+    record, = json.load(open(tmp_path / "training_losses.json"))
+    assert record["optimizer"] == "adamw" and 0 < record["max_rel_diff"] < LOSS_RTOL_BF16
+
+
 def test_training_step_schedules_for_cuda_without_tvms_bugs():
     """Two TVM 0.27 DLight bugs meet a training step on CUDA: GeneralReduction raises on the max-pool
     gradient fused with the branch gradients' adds (the build failed), and Fallback folds the momentum

@@ -279,7 +279,8 @@ def _training(args):
         raise NimbleError(f"--optimizer {args.optimizer!r}: each must be one of {', '.join(OPTIMIZERS)}")
     rows = run_training_benchmark(models, [int(b) for b in args.batch.split(",")], target, rounds=args.rounds,
                                   iters=min(args.iters, 20), out_dir=args.out, small=args.small,
-                                  optimizers=optimizers, kernels=args.kernels)
+                                  optimizers=optimizers, kernels=args.kernels,
+                                  precisions=tuple(args.precision.split(",")))
     print(f"{'model':16s} {'batch':>5s} {'optimizer':16s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")
     for r in rows:
         print(f"{r['model']:16s} {r['batch']:>5} {r['optimizer'].split()[0]:16s} {r['system']:30s} "

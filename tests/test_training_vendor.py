@@ -1,6 +1,7 @@
 """A training step on vendor kernels (#34): the forward convolutions and both convolution gradients that TVM's
 Gradient pass writes (conv2d_transpose for dL/dx, a CNHW convolution for dL/dW, trimmed by a strided_slice after
-a strided convolution) become cuDNN calls; on llvm, with the calls run as their numpy contract
+a strided convolution) become cuDNN calls (the gradients: provider cudnn_grad, named by build_training when its
+kernels are vendor or best); on llvm, with the calls run as their numpy contract
 (tests/vendor_reference.py: the gradients brute-forced from the forward convolution's windows), the steps equal
 TVM's own trainer on TVM's kernels."""
 import numpy as np
@@ -11,8 +12,10 @@ from tvm.relax.training import Trainer
 
 from tvm_nimble import zoo
 from tvm_nimble.compiler.build import build
-from tvm_nimble.compiler.training import NimbleTrainer, training_step
-from tvm_nimble.relay_passes.providers.cudnn import CONV2D, CONV2D_BWD_DATA, CONV2D_BWD_FILTER
+from tvm_nimble.compiler.training import NimbleTrainer, build_step, training_step
+from tvm_nimble.relay_passes import providers
+from tvm_nimble.relay_passes.providers.cudnn import CONV2D
+from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 
 STEPS = 3
@@ -47,35 +50,43 @@ MODELS = {"resnet": lambda: zoo.get_model("resnet"), "inception": lambda: zoo.ge
 INPUT = {"resnet": (1, 3, 16, 16), "inception": (1, 3, 16, 16), "strided": (1, 3, 10, 10)}
 
 
+#: an inference build's providers and the gradients' (as build_training names them)
+TRAINING = providers.offloading("cuda") + [providers.get("cudnn_grad")]
+
+
 @pytest.fixture(scope="module", params=list(MODELS))
 def step(request):
     s = training_step(MODELS[request.param](), "mse", "momentum", lr=0.01)
-    s.input_shape = INPUT[request.param]
+    s.input_shape, s.label = INPUT[request.param], request.param
     return s
 
 
 def test_the_strided_net_has_the_trimmed_gradients_this_file_is_about():
     s = training_step(strided_net(), "mse", "momentum", lr=0.01)
     assert _ops(s.mod, "relax.strided_slice") == 2
-    assert _ops(OffloadToVendor()(s.mod), "relax.strided_slice") == 0  # each went into its gradient call
+    assert _ops(OffloadToVendor(providers=TRAINING)(s.mod), "relax.strided_slice") == 0  # into their calls
 
 
 def test_every_convolution_and_its_gradients_go_to_cudnn(step):
     convs, transposes = _ops(step.mod, "relax.nn.conv2d"), _ops(step.mod, "relax.nn.conv2d_transpose")
     assert transposes > 0 and convs == 2 * (transposes + 1)  # forward and dL/dW per layer; the first has no dL/dx
     report = OffloadReport()
-    offloaded = OffloadToVendor(report=report)(step.mod)
+    offloaded = OffloadToVendor(report=report, providers=TRAINING)(step.mod)
     assert _ops(offloaded, "relax.nn.conv2d") == _ops(offloaded, "relax.nn.conv2d_transpose") == 0
     assert not [r for r in report.kept if r[0] in ("conv2d", "conv2d_transpose")]
-    result = build(step.mod, {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", compile_kernels=False,
-                   max_streams=None)
+    # without it (an inference build's providers) the gradients stay on TVM
+    inference = OffloadToVendor()(step.mod)
+    assert _ops(inference, "relax.nn.conv2d") == transposes + 1 and _ops(inference, "relax.nn.conv2d_transpose") == transposes
+    result = build_step(step, {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", max_streams=None,
+                        compile_kernels=False)  # what build_training(kernels="vendor") builds
     kernels = [l.kernel for l in result.plan.launches]
     assert kernels.count(CONV2D_BWD_DATA) == transposes and kernels.count(CONV2D_BWD_FILTER) == transposes + 1
     assert kernels.count(CONV2D) + kernels.count(CONV2D + "_add") == transposes + 1
+    assert {providers.provider_of(k).name for k in kernels if k.startswith("nimble.")} == {"cudnn", "cudnn_grad"}
 
 
 def test_steps_on_the_gradient_calls_equal_tvms_trainer(step, vendor_reference):
-    module = build(OffloadToVendor()(step.mod), "llvm", max_streams=None)
+    module = build(OffloadToVendor(providers=TRAINING)(step.mod), "llvm", max_streams=None)
     assert any(l.kernel == CONV2D_BWD_FILTER for l in module.plan.launches)
     trainer = NimbleTrainer(module, step)
     rng = np.random.default_rng(0)

@@ -1,13 +1,10 @@
-"""cuDNN: convolutions (with bias, residual add, ReLU/ReLU6 fused), average pools, and the two gradients of
-a convolution that TVM's Gradient pass writes for a training step.
+"""cuDNN: convolutions (with bias, residual add, ReLU/ReLU6 fused) and average pools.
 
     conv2d(x, W) [+ bias] [+ residual] [-> relu | clip(0, 6)]     (NCHW / OIHW, symmetric padding)
     avg_pool2d(x)                                                  (as a depthwise convolution)
-    conv2d_transpose(dy, W)                  -> conv2d_bwd_data    (dL/dx: NCHW / IOHW, groups 1)
-    conv2d(x, dy) [-> strided_slice]         -> conv2d_bwd_filter  (dL/dW: CNHW / IOHW / CNHW, groups 1)
 
-W may be a computed tensor (a training step's weights are inputs); the gradients' calls are not yet run on
-a GPU, and a training step uses them only when built with vendor kernels (``build_training(kernels=...)``).
+W may be a computed tensor (a training step's weights are inputs). A convolution's gradients are the
+provider ``cudnn_grad`` (:mod:`.cudnn_grad`).
 """
 from __future__ import annotations
 
@@ -21,11 +18,9 @@ from .registry import Provider, register
 
 CONV2D = "nimble.cudnn.conv2d"
 CONV2D_ADD = "nimble.cudnn.conv2d_add"
-CONV2D_BWD_DATA = "nimble.cudnn.conv2d_bwd_data"
-CONV2D_BWD_FILTER = "nimble.cudnn.conv2d_bwd_filter"
 
 
-def _conv_reason(call, layouts=("NCHW", "OIHW", "NCHW"), groups: bool = True) -> str | None:
+def conv_reason(call, layouts=("NCHW", "OIHW", "NCHW"), groups: bool = True) -> str | None:
     """Why this conv2d (or a gradient's conv2d / conv2d_transpose, in its ``layouts``) cannot go to cuDNN, or
     None; ``groups``: whether grouped ones can."""
     a = call.attrs
@@ -48,8 +43,8 @@ def _conv_reason(call, layouts=("NCHW", "OIHW", "NCHW"), groups: bool = True) ->
 def conv_chain(ctx, chains, var, call):
     a = call.attrs
     if (a.data_layout, a.kernel_layout, a.out_layout) == ("CNHW", "IOHW", "CNHW"):
-        return filter_gradient(ctx, chains, var, call)
-    why = _conv_reason(call)
+        return None  # a convolution's gradient (dL/dW): provider cudnn_grad's, which reports on it
+    why = conv_reason(call)
     if why:
         ctx.report.kept.append(("conv2d", why))
         return None
@@ -111,67 +106,7 @@ def avg_pool(ctx, chains, var, call):
     return [], var, (ctx.call(CONV2D, args, out_shape, dtype), scale)
 
 
-def _forward_out(x, w, stride, pad, dil) -> list[int]:
-    """The output [N, K, P, Q] of the forward convolution of x [N, C, H, W] and w [K, C, KH, KW]."""
-    return [x[0], w[0]] + [(x[i] + 2 * pad[i - 2] - dil[i - 2] * (w[i] - 1) - 1) // stride[i - 2] + 1 for i in (2, 3)]
-
-
-def _tuple_ints(expr) -> list[int] | None:
-    """The integers of a tuple of constant PrimValues (a strided_slice's begin), else None."""
-    try:
-        return [int(f.value) for f in expr.fields]
-    except (AttributeError, TypeError):
-        return None
-
-
-def data_gradient(ctx, chains, var, call):
-    """``conv2d_transpose(dy, W)`` as TVM's Gradient pass writes dL/dx of ``conv2d(x, W)``: the transpose's
-    strides, padding and dilation are the forward convolution's, W its weights (read as IOHW)."""
-    why = _conv_reason(call, ("NCHW", "IOHW", "NCHW"), groups=False)
-    a = call.attrs
-    dy, w = call.args
-    if why is None:
-        stride, pad, dil = ints(a.strides), ints(a.padding)[:2], ints(a.dilation)
-        dx, ws, dys = known_shape(call), known_shape(w), known_shape(dy)
-        if _forward_out(dx, ws, stride, pad, dil) != list(dys):
-            why = f"dy {list(dys)} is not the forward convolution's output of dx {list(dx)} and W {list(ws)}"
-    if why:
-        ctx.report.kept.append(("conv2d_transpose", why))
-        return None
-    attrs = [stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 1, ACT_NONE, -1, ctx.tf32]
-    return [], var, (ctx.call(CONV2D_BWD_DATA, [dy, w, relax.ShapeExpr(attrs)], known_shape(call), dtype_of(call)),
-                     None)
-
-
-def filter_gradient(ctx, chains, var, call):
-    """``conv2d(x, dy)`` in layouts CNHW / IOHW / CNHW, as TVM's Gradient pass writes dL/dW of ``conv2d(x, W)``
-    (strides and dilation swapped: the gradient's strides are the forward dilation and its dilation the forward
-    strides), with the ``strided_slice`` that trims it to W's shape when the forward strides left input
-    rows unread (the call computes W's taps only)."""
-    why = _conv_reason(call, ("CNHW", "IOHW", "CNHW"), groups=False)
-    a = call.attrs
-    x, dy = call.args
-    removed, last, out = [], var, known_shape(call)
-    if why is None:
-        stride, pad, dil = ints(a.dilation), ints(a.padding)[:2], ints(a.strides)
-        xs, dys = known_shape(x), known_shape(dy)
-        nxt, val = chains.follow(var)
-        if operator_of(val) == "relax.strided_slice":  # the taps past W's own size are computed for nothing
-            sliced, begins = known_shape(val), _tuple_ints(val.args[2]) if len(val.args) > 2 else None
-            if (sliced is not None and begins is not None and not any(begins)
-                    and _forward_out(xs, sliced, stride, pad, dil) == list(dys)):
-                removed, last, out = [var], nxt, sliced
-        if _forward_out(xs, out, stride, pad, dil) != list(dys):
-            why = f"dy {list(dys)} is not the forward convolution's output of x {list(xs)} and a kernel {list(out)}"
-    if why:
-        ctx.report.kept.append(("conv2d", why))
-        return None
-    attrs = [stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 1, ACT_NONE, -1, ctx.tf32]
-    return removed, last, (ctx.call(CONV2D_BWD_FILTER, [x, dy, relax.ShapeExpr(attrs)], out, dtype_of(call)), None)
-
-
 PROVIDER = register(Provider(
     name="cudnn", title="cuDNN", kernel_prefix="nimble.cudnn.",
-    matchers={"relax.nn.conv2d": conv_chain, "relax.nn.avg_pool2d": avg_pool,
-              "relax.nn.conv2d_transpose": data_gradient},
+    matchers={"relax.nn.conv2d": conv_chain, "relax.nn.avg_pool2d": avg_pool},
     dtypes=DTYPES, layouts=("NCHW/OIHW",)))

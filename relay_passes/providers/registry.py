@@ -73,8 +73,7 @@ def offloading(target_kind: str, only: tuple[str, ...] | None = None) -> list[Pr
 
 
 def provider_of(kernel: str) -> Provider:
-    """The provider whose call a plan launch of ``kernel`` is (TVM for a TIR kernel)."""
-    for p in _REGISTRY.values():
-        if p.owns(kernel):
-            return p
-    return _REGISTRY[TVM]
+    """The provider whose call a plan launch of ``kernel`` is (TVM for a TIR kernel): of those whose prefix it
+    has, the one with the longest (cudnn_grad's "nimble.cudnn.conv2d_bwd_" within cudnn's "nimble.cudnn.")."""
+    owners = [p for p in _REGISTRY.values() if p.owns(kernel)]
+    return max(owners, key=lambda p: len(p.kernel_prefix)) if owners else _REGISTRY[TVM]

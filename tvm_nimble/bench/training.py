@@ -224,15 +224,14 @@ def run_case(case: TrainingCase, target, device, use_gpu: bool, device_name: str
              iters: int = 20, torch_device: str | None = None, log=print,
              kernels: str = "tvm") -> tuple[list[dict], dict]:
     """Check the case's losses against PyTorch, then time every system. Returns (csv rows, loss record)."""
-    from tvm_nimble.compiler.build import build
-    from tvm_nimble.compiler.training import NimbleTrainer
+    from tvm_nimble.compiler.training import NimbleTrainer, build_step
     from tvm_nimble.errors import NimbleError
 
     from .harness import interleaved_timing
     from .machine import describe
 
     batch = int(case.xs[0].shape[0])
-    module = build(case.step.mod, target, max_streams=None, kernels=kernels)
+    module = build_step(case.step, target, max_streams=None, kernels=kernels)
     plan = module.plan
     log(f"[train] {case.label} batch {batch} {case.optimizer}: {len(plan.launches)} kernels on {plan.num_streams} streams")
     losses = nimble_losses(NimbleTrainer(module, case.step, device), case)

@@ -397,6 +397,19 @@ def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = 
     from .build import build
 
     step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay, precision)
-    # the step is already in its precision: the build must not convert the optimizer's fp32 update too
-    module = build(step.mod, target, max_streams=max_streams, kernels=kernels, allow_tf32=step.precision == "tf32")
-    return NimbleTrainer(module, step, device)
+    return NimbleTrainer(build_step(step, target, kernels=kernels, max_streams=max_streams), step, device)
+
+
+def build_step(step: TrainingStep, target="llvm", *, kernels: str = "tvm", max_streams="auto", **options):
+    """The step's module (``build``'s result) with ``kernels``: for vendor kernels the providers of inference
+    and ``cudnn_grad``, the convolution gradients' provider (used only when named: see its module). The step is
+    already in its precision, so the build keeps fp32 (the optimizer's update must not be converted too); tf32
+    becomes the build's allow_tf32. ``options``: the rest of ``build``'s."""
+    from tvm_nimble.relay_passes import providers
+
+    from .build import build
+
+    if kernels != "tvm" and "providers" not in options:
+        options["providers"] = tuple(p.name for p in providers.offloading("cuda")) + ("cudnn_grad",)
+    return build(step.mod, target, max_streams=max_streams, kernels=kernels, allow_tf32=step.precision == "tf32",
+                 **options)

@@ -35,6 +35,17 @@ def _tuple_ints(expr) -> list[int] | None:
         return None
 
 
+def _gradient_call(ctx, op: str, why, name: str, args: list, out, dtype: str, forward, removed, last):
+    """The matcher's answer: ``why`` in the report (and None), or the call of ``name`` for the forward
+    convolution's (strides, pads, dilations)."""
+    if why:
+        ctx.report.kept.append((op, why))
+        return None
+    (stride, pad, dil) = forward
+    attrs = [stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 1, ACT_NONE, -1, ctx.tf32]
+    return removed, last, (ctx.call(name, args + [relax.ShapeExpr(attrs)], out, dtype), None)
+
+
 def data_gradient(ctx, chains, var, call):
     """``conv2d_transpose(dy, W)`` as TVM's Gradient pass writes dL/dx of ``conv2d(x, W)``: the transpose's
     strides, padding and dilation are the forward convolution's, W its weights (read as IOHW)."""
@@ -46,12 +57,8 @@ def data_gradient(ctx, chains, var, call):
         dx, ws, dys = known_shape(call), known_shape(w), known_shape(dy)
         if _forward_out(dx, ws, stride, pad, dil) != list(dys):
             why = f"dy {list(dys)} is not the forward convolution's output of dx {list(dx)} and W {list(ws)}"
-    if why:
-        ctx.report.kept.append(("conv2d_transpose", why))
-        return None
-    attrs = [stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 1, ACT_NONE, -1, ctx.tf32]
-    return [], var, (ctx.call(CONV2D_BWD_DATA, [dy, w, relax.ShapeExpr(attrs)], known_shape(call), dtype_of(call)),
-                     None)
+    return _gradient_call(ctx, "conv2d_transpose", why, CONV2D_BWD_DATA, [dy, w], known_shape(call), dtype_of(call),
+                          (stride, pad, dil) if why is None else None, [], var)
 
 
 def filter_gradient(ctx, chains, var, call):
@@ -76,11 +83,8 @@ def filter_gradient(ctx, chains, var, call):
                 removed, last, out = [var], nxt, sliced
         if _forward_out(xs, out, stride, pad, dil) != list(dys):
             why = f"dy {list(dys)} is not the forward convolution's output of x {list(xs)} and a kernel {list(out)}"
-    if why:
-        ctx.report.kept.append(("conv2d", why))
-        return None
-    attrs = [stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], 1, ACT_NONE, -1, ctx.tf32]
-    return removed, last, (ctx.call(CONV2D_BWD_FILTER, [x, dy, relax.ShapeExpr(attrs)], out, dtype_of(call)), None)
+    return _gradient_call(ctx, "conv2d", why, CONV2D_BWD_FILTER, [x, dy], out, dtype_of(call),
+                          (stride, pad, dil) if why is None else None, removed, last)
 
 
 PROVIDER = register(Provider(

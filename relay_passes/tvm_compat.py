@@ -262,3 +262,12 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
             return sch
 
     return dl.ApplyDefaultSchedule(*[Guarded(r, i == len(rules) - 1) for i, r in enumerate(rules)])
+
+
+def ptxas_options() -> list[str]:
+    """The ptxas options TVM's nvcc compile passes (private: ``tvm.support.nvcc._ptxas_option_flags``), for
+    the ptxas step of a fatbin made from PTX compiled in parts (``codegen.cuda_split``): the same options
+    give the same machine code as TVM's own one-step compile."""
+    from tvm.support import nvcc
+
+    return list(nvcc._ptxas_option_flags())

@@ -49,3 +49,24 @@ def test_every_foldconstant_of_the_pipeline_comes_after_the_batched_one():
     names = [p.info.name for p in kernel_passes(CUDA)]
     folds = [i for i, n in enumerate(names) if n == "FoldConstant"]
     assert folds and all(names[i - 1] == "nimble.BatchedFoldConstant" for i in folds)
+
+
+def test_a_kernel_is_scheduled_once_per_process_and_gets_the_same_schedule():
+    """The kernel choice lowers probes, both modules of its model check and the stock baselines: DLight
+    schedules each distinct kernel once, and a kernel met again gets the schedule DLight gave it."""
+    from tvm_nimble.compiler.stages import lower
+    from tvm_nimble.relay_passes import tvm_compat
+
+    mod = from_onnx(zoo.densenet())
+    tvm_compat._SCHEDULED.clear()
+    before = dict(tvm_compat.schedule_counts)
+    first = lower(mod, CUDA)
+    scheduled = tvm_compat.schedule_counts["scheduled"] - before["scheduled"]
+    kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for f in first.functions.values())
+    assert 0 < scheduled <= kernels
+    again = lower(mod, CUDA)
+    assert tvm_compat.schedule_counts["scheduled"] - before["scheduled"] == scheduled  # nothing scheduled again
+    assert tvm_compat.schedule_counts["reused"] - before["reused"] >= scheduled
+    tvm_compat._SCHEDULED.clear()
+    fresh = lower(mod, CUDA)  # DLight on every kernel again: the reference
+    assert tvm_ffi.structural_equal(again, fresh) and tvm_ffi.structural_equal(first, fresh)

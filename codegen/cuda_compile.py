@@ -5,7 +5,9 @@ with NVRTC when the module is loaded. An artifact should load with the TVM runti
 so at build time we (1) register TVM's real CUDA module factory by loading
 ``libtvm_runtime_cuda.so`` (on a machine without a driver, against a small stub
 ``libcuda.so.1`` that is only linked, never called), and (2) route TVM's compile callback to
-``nvcc -fatbin`` for the target's arch. The module TVM then serializes holds the fatbin.
+``nvcc -fatbin`` for the target's arch. The module TVM then serializes holds the fatbin. A large
+source is compiled in parts by parallel nvcc processes (``cuda_split``; ``$TVM_NIMBLE_JOBS`` at once,
+default: this machine's cores) into the same machine code.
 """
 from __future__ import annotations
 
@@ -22,6 +24,13 @@ import tvm
 import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes.tvm_compat import ptxas_options
+
+from .cuda_split import compile_ptx_units, fatbin_from_ptx, jobs, merge_ptx, split_units
+
+#: in the fatbin cache's key: a fatbin made from merged PTX holds other PTX text (the same machine code)
+#: than one nvcc run's, and a build reads back what this version makes
+_FATBIN_FORMAT = "units-1"
 
 # Driver symbols libtvm_runtime_cuda.so links against (checked with `nm -D` when available).
 _DRIVER_SYMBOLS = ["cuDeviceGetName", "cuFuncSetAttribute", "cuGetErrorName", "cuGetErrorString",
@@ -102,6 +111,24 @@ def _arch(target: tvm.target.Target, nvcc: str) -> str:
     return arch
 
 
+def _compile(code: str, target: tvm.target.Target, arch: str, nvcc: str, workers: int) -> bytearray:
+    """The fatbin of ``code``: its units' PTX made by parallel nvcc processes and merged where the source
+    splits (``cuda_split``), else one nvcc run, as TVM compiles it."""
+    from tvm.support import nvcc as tvm_nvcc
+
+    units = split_units(code)
+    if units is not None:
+        def ptx_of(unit: str) -> str:
+            with target:  # the target is thread-local: each worker enters it
+                return bytes(tvm_nvcc.compile_cuda(unit, target_format="ptx", arch=arch, compiler="nvcc")).decode()
+
+        merged = merge_ptx(compile_ptx_units(units, ptx_of, workers))
+        if merged is not None:
+            return bytearray(fatbin_from_ptx(merged, nvcc, arch, ptxas_options()))
+    with target:
+        return tvm_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc")
+
+
 @contextlib.contextmanager
 def fatbin_compilation(target: tvm.target.Target):
     """Within this context, TVM compiles CUDA kernels with nvcc to a fatbin for ``target``'s arch."""
@@ -116,19 +143,17 @@ def fatbin_compilation(target: tvm.target.Target):
         return
     arch = _arch(target, nvcc)
     load_cuda_runtime()
-    from tvm.support import nvcc as tvm_nvcc
-
+    workers = jobs()  # a bad $TVM_NIMBLE_JOBS is one line here, not an error inside TVM's callback
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
 
     def compile_fatbin(code, *_):
         # Stock VM, VM + CUDA graph and Nimble builds of one model share their kernels: compile once.
-        key = hashlib.sha256(f"{nvcc}\0{arch}\0{code}".encode()).hexdigest()
+        key = hashlib.sha256(f"{nvcc}\0{arch}\0{_FATBIN_FORMAT}\0{code}".encode()).hexdigest()
         cached = os.path.join(_CACHE, "fatbin", f"{key}.fatbin")
         if os.path.exists(cached):
             with open(cached, "rb") as f:
                 return bytearray(f.read())
-        with target:
-            fatbin = tvm_nvcc.compile_cuda(code, target_format="fatbin", arch=arch, compiler="nvcc")
+        fatbin = _compile(code, target, arch, nvcc, workers)
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         with open(cached + f".{os.getpid()}", "wb") as f:
             f.write(bytes(fatbin))

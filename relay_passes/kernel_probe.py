@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from .providers.chains import operands
+from .providers.chains import const_value, operands
 from .vendor_offload import Offload, find_offloads
 
 #: operators through which a chain reaches its constant weights (reshape of a bias, transpose of a
@@ -39,12 +40,26 @@ def _constant_view(value) -> bool:
 
 
 def _substitute(value, var_map: dict):
+    if isinstance(value, Constant):  # an index computed from constants, evaluated (see _inputs)
+        return value
     if isinstance(value, relax.TupleGetItem):  # an item of a split the chain reads through
         return relax.TupleGetItem(var_map.get(value.tuple_value, value.tuple_value), value.index)
     if not isinstance(value, relax.Call):
         raise TypeError(f"unexpected binding in an offload chain: {type(value).__name__}")
     args = [var_map.get(a, a) if isinstance(a, relax.Var) else a for a in value.args]
     return relax.Call(value.op, args, value.attrs, value.ty_args)
+
+
+def _constant_index(var, bound: dict):
+    """A small integer tensor computed from constants (the ONNX importer's Gather index that picks Q, K or V
+    out of a QKV tensor) as a constant, else None. As a parameter it would hide the index from a provider
+    that needs it (the attention kernel takes nothing in the probe, and its time would be TVM's, built
+    and measured twice)."""
+    ty = var.ty
+    if not (isinstance(ty, relax.TensorType) and str(ty.dtype).startswith("int") and ty.ndim in (0, 1)):
+        return None
+    value = const_value(bound, var)
+    return None if value is None else relax.const(np.asarray(value, dtype=str(ty.dtype)))
 
 
 def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
@@ -57,8 +72,11 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
                 continue
             seen.add(a)
             value = bound.get(a)
+            index = _constant_index(a, bound)
             if value is not None and _constant_view(value):
                 views.append(relax.VarBinding(a, value))
+            elif index is not None:
+                views.append(relax.VarBinding(a, index))
             else:
                 params.append(a)
     return params, views

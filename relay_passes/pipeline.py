@@ -21,6 +21,7 @@ from tvm import relax
 
 from .concat_in_place import ConcatInPlace, FlattenConcats
 from .merge_siblings import SplitViews
+from .fold_constants import BatchedFoldConstant
 from .precision import round_once_per_kernel, widen_elementwise
 from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks, tolerant_default_schedule
 
@@ -57,12 +58,15 @@ def backend_for(target: tvm.target.Target):
 def _legalize(target: tvm.target.Target) -> tuple[list, list]:
     """(library dispatch + legalize + fuse, default schedule) of TVM's backend pipeline for ``target``, after
     the mixed-precision policy's fp32 element-wise chains (``precision.widen_elementwise``, and
-    ``round_once_per_kernel`` after FuseOps: no-ops for a module ``to_precision`` did not mark)."""
+    ``round_once_per_kernel`` after FuseOps: no-ops for a module ``to_precision`` did not mark). Each
+    ``FoldConstant`` is preceded by :func:`.fold_constants.BatchedFoldConstant`, which evaluates the same
+    calls with one build per round instead of one per call (the module that comes out is the same)."""
     backend = backend_for(target)
     legalize = list(backend.legalize_passes(target))
     schedule = [tolerant_default_schedule(p) for p in legalize if p.info.name == DEFAULT_SCHEDULE]
     fuse = [p for p in legalize if p.info.name != DEFAULT_SCHEDULE]
-    fuse = [q for p in fuse for q in ([p, round_once_per_kernel] if p.info.name == "FuseOps" else [p])]
+    fuse = [q for p in fuse for q in ([p, round_once_per_kernel] if p.info.name == "FuseOps" else
+                                      [BatchedFoldConstant(), p] if p.info.name == "FoldConstant" else [p])]
     return [widen_elementwise] + list(backend.library_dispatch_passes(target)) + fuse, schedule
 
 

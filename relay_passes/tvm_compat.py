@@ -263,4 +263,62 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
                 return plain(func, target)
             return sch
 
-    return dl.ApplyDefaultSchedule(*[Guarded(r, i == len(rules) - 1) for i, r in enumerate(rules)])
+    return _schedule_once([Guarded(r, i == len(rules) - 1) for i, r in enumerate(rules)],
+                          tuple(type(r).__name__ for r in rules))
+
+
+#: PrimFuncs DLight scheduled in this process: (structural hash, target, rules) -> [(PrimFunc, its scheduled
+#: form or None)]. A build lowers the kernel choice's probes, both modules of its model check and the stock-TVM
+#: baselines: the same element-wise and fused kernels again and again, and DLight's rules (Python) cost about
+#: 20 ms a kernel (4 s of densenet121's lowering). Its schedule is a function of the PrimFunc and the target.
+_SCHEDULED: dict = {}
+_SCHEDULED_MAX = 8192
+#: kernels DLight scheduled, and kernels whose schedule was reused, in this process
+schedule_counts = {"scheduled": 0, "reused": 0}
+
+
+def _schedule_once(rules: list, rule_names: tuple) -> tvm.transform.Pass:
+    """DLight's ``ApplyDefaultSchedule`` with ``rules`` (its ``transform_module``, private helpers
+    ``_is_scheduled`` / ``_get_target`` / ``_apply_rules``), each PrimFunc scheduled once per process:
+    one structurally equal to a PrimFunc scheduled before, for the same target and rules, gets that schedule."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.s_tir.dlight.base.transform import _apply_rules, _get_target, _is_scheduled
+
+    def scheduled(func, target):
+        key = (tvm_ffi.structural_hash(func), str(target), rule_names)
+        for before, after in _SCHEDULED.get(key, ()):
+            if tvm_ffi.structural_equal(before, func):
+                schedule_counts["reused"] += 1
+                return after
+        sch = _apply_rules(func, target, rules, tunable=False)
+        after = None if sch is None else sch[0].mod["main"].with_attr("tirx.is_scheduled", True)
+        if len(_SCHEDULED) >= _SCHEDULED_MAX:
+            _SCHEDULED.clear()
+        _SCHEDULED.setdefault(key, []).append((func, after))
+        schedule_counts["scheduled"] += 1
+        return after
+
+    @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
+    def _pass(mod, _ctx):
+        updated = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and not _is_scheduled(func):
+                after = scheduled(func, _get_target(func))
+                if after is not None:
+                    updated[gv] = after
+        for gv, func in updated.items():
+            mod[gv] = func
+        return mod
+
+    return _pass
+
+
+def ptxas_options() -> list[str]:
+    """The ptxas options TVM's nvcc compile passes (private: ``tvm.support.nvcc._ptxas_option_flags``), for
+    the ptxas step of a fatbin made from PTX compiled in parts (``codegen.cuda_split``): the same options
+    give the same machine code as TVM's own one-step compile."""
+    from tvm.support import nvcc
+
+    return list(nvcc._ptxas_option_flags())

@@ -73,6 +73,7 @@ def test_bench_writes_results(model_file, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert sorted((r["dtype"], r["system"]) for r in rows) == sorted(
         (d, s) for d in ("float32", "float16") for s in ("tvm-vm", "nimble-aot-cpu"))
+    assert all(float(r["build_s"]) > 0 for r in rows)  # every system's build was timed
     assert {r["model"] for r in rows} == {"incept.onnx"} and {r["batch"] for r in rows} == {"1"}
     printed = {tuple(line.split()[2:4]): line.split()[4] for line in r.stdout.splitlines()
                if line.startswith("incept.onnx")}
@@ -80,6 +81,14 @@ def test_bench_writes_results(model_file, tmp_path):
     md = open(tmp_path / "RESULTS.md").read()
     for row in rows:
         assert f"| {row['system']} | {row['median_ms']} | {row['p90_ms']} |" in md
+    built = md[md.index("## Build time"):md.index("## All runs")]
+    for dtype in ("float32", "float16"):  # one table per dtype, the builds' seconds as results.csv has them
+        by = {r["system"]: float(r["build_s"]) for r in rows if r["dtype"] == dtype}
+        lines = built[built.index(f", {dtype}**"):].splitlines()
+        head = [c.strip() for c in next(l for l in lines if l.startswith("| model")).strip("|").split("|")]
+        cells = [c.strip() for c in next(l for l in lines if l.startswith("| incept.onnx")).strip("|").split("|")]
+        assert cells[head.index("TVM VM")] == f"{by['tvm-vm']:.1f}"
+        assert cells[head.index("nimble-aot-cpu")] == f"{by['nimble-aot-cpu']:.1f}"
         assert float(row["p90_ms"]) >= float(row["median_ms"]) > 0
     assert open(tmp_path / "results.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     # no TensorRT here (not installable on our machines): the report says so instead of a number
@@ -217,7 +226,7 @@ def test_zoo_writes_a_model_and_lists_names(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (("zoo", "alexnet"), 2, "valid names are inception, mobilenet, nasnet, random_dag, resnet, vit"),
+    (("zoo", "alexnet"), 2, "valid names are densenet, inception, mobilenet, nasnet, random_dag, resnet, vit"),
     (("zoo",), 2, "--list"),
     (("zoo", "vit", "--hw", "10"), 1, "multiple of patch"),
     (("zoo", "resnet", "--batch", "0"), 1, "batch must be"),

@@ -226,3 +226,18 @@ def test_slice_starts_read_off_the_scheduled_kernel_match_the_concat_order(targe
         assert starts == [expected[n.removesuffix("_vendor_0")] for n in names]
         out_of_order += starts != sorted(starts)
     assert out_of_order > 0
+
+
+def test_densenet_nested_concats_build_in_place_and_match_the_reference():
+    """DenseNet (zoo.densenet): each layer's concat takes the previous one; every concat but each block's
+    last (fused into the next BatchNormalization) becomes a slice of the next, on every executor path."""
+    model = zoo.densenet(blocks=(2, 3), growth=4, init_channels=8)
+    module = build(model, "llvm", max_streams=None)
+    assert module.info["concats_in_place"] == 5 - 2
+    fused = [l.kernel for l in module.plan.launches if "concatenate" in l.kernel]
+    assert len(fused) == 2 and all(k.startswith("fused_concatenate") and k != "fused_concatenate" for k in fused)
+    assert check_plan(module.plan) == []
+    inputs = zoo.random_inputs(model)
+    want = ReferenceEvaluator(model).run(None, inputs)
+    np.testing.assert_allclose(_run(module, inputs["input"]), want[0], rtol=1e-4, atol=1e-4)
+    assert check_races(module, inputs, want, seeds=range(5)) == []

@@ -1,7 +1,8 @@
 """The GPU report's tables, from synthetic rows: one headline table per dtype, ratios from the medians."""
 import random
 
-from tvm_nimble.bench.report import BASELINE_GPU, headline_table, tuning_table
+from tvm_nimble.bench.report import (BASELINE_GPU, CSV_COLUMNS, append_rows, build_time_table, headline_table,
+                                     read_rows, tuning_table)
 
 SYSTEMS = ["tvm-vm", BASELINE_GPU, "nimble-single-stream-graph", "nimble-multi-stream-graph", "torch-cudagraph"]
 
@@ -43,6 +44,26 @@ def test_tuning_table_pairs_runs_and_shows_the_torch_drift_check():
     c = cells_of(line)
     assert c[10] == f"{med(t, BASELINE_GPU) / med(t, 'nimble-multi-stream-graph'):.2f}x"
     assert c[12] == f"{med(u, 'torch-cudagraph'):.3f} / {med(t, 'torch-cudagraph'):.3f}"
+
+
+def test_rows_from_before_build_s_stay_readable_when_new_rows_are_appended(tmp_path):
+    """results.csv written before the build_s column: appending rewrites its header, old rows keep their values
+    with an empty build_s, and only the new rows are in the build-time table."""
+    rng = random.Random(4)
+    old, new = rows_for("old", "float32", rng, date="2026-11-20"), rows_for("new", "float32", rng)
+    for i, r in enumerate(new):
+        r["build_s"] = f"{10 + i}.000"
+    path = str(tmp_path / "results.csv")
+    append_rows(path, old, columns=[c for c in CSV_COLUMNS if c != "build_s"])
+    append_rows(path, new)
+    assert open(path).readline().strip() == ",".join(CSV_COLUMNS)
+    back = read_rows(path)
+    assert [(r["model"], r["system"], r["median_ms"], r["build_s"]) for r in back] == \
+        [(r["model"], r["system"], r["median_ms"], r.get("build_s", "")) for r in old + new]
+    table = build_time_table(back)
+    assert not any(l.startswith("| old") for l in table)
+    head, line = (cells_of(next(l for l in table if l.startswith(p))) for p in ("| model", "| new"))
+    assert line[head.index("Nimble")] == f"{float(new[SYSTEMS.index('nimble-multi-stream-graph')]['build_s']):.1f}"
 
 
 def test_headline_shows_tensorrt_only_when_a_run_has_it():

@@ -48,6 +48,7 @@ class PlanCostTimer:
     def __init__(self, gpu=GPU_A):
         self.gpu = dict(gpu)
         self.calls = {"launch_ms": 0, "replay_ms": 0, "gemm_us": 0}
+        self.launched: list[str] = []  # the digest of every plan launch_ms timed, in order
 
     @property
     def total(self) -> int:
@@ -67,6 +68,7 @@ class PlanCostTimer:
 
     def launch_ms(self, result, reps):
         self.calls["launch_ms"] += 1
+        self.launched.append(hashlib.sha256(result.plan.to_json().encode()).hexdigest())
         return [self._cost(l.kernel) for l in result.plan.launches]
 
     def replay_ms(self, results):
@@ -251,6 +253,29 @@ def test_the_model_checks_build_is_rescheduled_not_compiled_again(nasnet):
     # other kernels or memory plan: compiled again
     other = build_with(selection, opts.replace(concat_in_place=False), timer=timer)
     assert "generate" in other.info["phases"]
+
+
+def test_every_probe_is_compiled_and_timed_once_and_the_attention_probe_holds_the_attention_kernel():
+    """The ViT's attention chain picks Q, K and V with Gather indices computed from constants: in the probe they
+    stay constants, so the attention kernel takes the chain there (as a parameter the probe had TVM's kernels
+    only: built and timed twice, the provider's "time" being TVM's). No probe plan is timed twice."""
+    _need_vendor()
+    _new_process()
+    timer = PlanCostTimer()
+    result = _build(zoo.get_model("vit"), None, timer)
+    (attention,) = [t for t in result.info["kernel_choice"] if t["provider"] == "attention"]
+    assert attention["vendor_ms"] == 1.0 and attention["tvm_ms"] > 1.0  # one vendor launch; TVM's several
+    assert len(timer.launched) == len(set(timer.launched))
+
+
+def test_a_schedule_with_one_candidate_is_not_replayed():
+    """A chain (densenet's dense layers) has one schedule whatever the cap: nothing to choose or measure."""
+    _new_process()
+    timer = PlanCostTimer()
+    result = build_with(zoo.densenet(), BuildOptions.create(SM90, kernels="tvm", timing_cache=None), timer=timer)
+    record = result.info["streams_choice"]
+    assert result.plan.num_streams == 1 and [c["max_streams"] for c in record["candidates"]] == [1]
+    assert record["how"] == "the only candidate" and timer.total == 0
 
 
 def test_phases_are_timed_in_info_explain_and_compile(tmp_path, capsys):

@@ -197,15 +197,37 @@ def test_random_dag_matches_reference(seed, num_ops):
     assert_matches_reference(zoo.random_dag(num_ops=num_ops, seed=seed))
 
 
+def test_densenet_layers_concatenate_onto_all_earlier_features():
+    for concat in ("nested", "list"):
+        model = zoo.densenet(blocks=(2, 3), growth=4, init_channels=8, concat=concat)
+        ops = op_counts(model)
+        # per layer BN-Relu-Conv1x1-BN-Relu-Conv3x3; a transition BN-Relu-Conv1x1-AvgPool; stem and head BN
+        assert ops["Conv"] == 1 + 2 * 5 + 1 and ops["BatchNormalization"] == 1 + 2 * 5 + 1 + 1
+        assert ops["AveragePool"] == 1 and ops["Concat"] == 5
+        cats = [n for n in model.graph.node if n.op_type == "Concat"]
+        if concat == "nested":  # each concat's first input is the previous layer's concat (within a block)
+            assert all(len(c.input) == 2 for c in cats)
+            assert cats[1].input[0] == cats[0].output[0] and cats[3].input[0] == cats[2].output[0]
+        else:  # each concat takes the block's input and every layer output so far
+            assert [len(c.input) for c in cats] == [2, 3, 2, 3, 4]
+    # torchvision densenet121's shape: 120 convs, 58 dense layers, 7.98M weights, 1024 features at 7x7
+    label, big = zoo.get_bench_model("densenet121")
+    ops = op_counts(big)
+    assert label == "densenet121" and ops["Conv"] == 120 and ops["Concat"] == 58 and ops["AveragePool"] == 3
+    learned = ("w_", "bn_scale", "bn_shift", "fc_w", "fc_b")  # torchvision's parameters (running stats are buffers)
+    params = sum(int(np.prod(t.dims)) for t in big.graph.initializer if t.name.startswith(learned))
+    assert params == 7_978_856 - 1000 * 1025 + 10 * 1025  # torchvision densenet121's count, with a 10-class head
+
+
 # ---- helpers ---------------------------------------------------------------------------------
 def test_get_model_unknown_name_lists_valid_names():
     with pytest.raises(ValueError) as e:
         zoo.get_model("vgg")
     msg = str(e.value)
     assert "'vgg'" in msg
-    for name in ("inception", "nasnet", "resnet", "mobilenet", "random_dag", "vit"):
+    for name in ("inception", "nasnet", "resnet", "mobilenet", "densenet", "random_dag", "vit"):
         assert name in msg
-    assert set(zoo.ZOO) == {"inception", "nasnet", "resnet", "mobilenet", "random_dag", "vit"}
+    assert set(zoo.ZOO) == {"inception", "nasnet", "resnet", "mobilenet", "densenet", "random_dag", "vit"}
     assert zoo.ZOO["resnet"] is zoo.resnet_chain and zoo.ZOO["mobilenet"] is zoo.mobilenet_chain
 
 

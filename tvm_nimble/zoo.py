@@ -26,7 +26,7 @@ OUTPUT_NAME = "output"
 NUM_CLASSES = 10
 
 __all__ = ["ZOO", "get_model", "save", "input_shape", "random_inputs", "inception", "nasnet",
-           "resnet_chain", "mobilenet_chain", "random_dag", "vit", "bert", "bert_inputs", "OPSET"]
+           "resnet_chain", "mobilenet_chain", "densenet", "random_dag", "vit", "bert", "bert_inputs", "OPSET"]
 
 
 def _positive(name: str, value: int, minimum: int = 1) -> int:
@@ -72,17 +72,18 @@ class _GraphBuilder:
 
     # ---- ops --------------------------------------------------------------------------------
     def conv(self, x: str, cout: int, k: int = 1, group: int = 1, stride: int = 1, gain: float = 2.0,
-             relu: bool = False) -> str:
-        """Conv with 'same' padding. ``gain`` 2 suits a following Relu (He), 1 keeps the scale."""
+             relu: bool = False, bias: bool = True) -> str:
+        """Conv with 'same' padding. ``gain`` 2 suits a following Relu (He), 1 keeps the scale. ``bias``
+        off: no bias input (a conv followed by BatchNormalization, as torchvision's are)."""
         cin = self.channels[x]
         if cin % group or cout % group:
             raise ValueError(f"conv groups {group} must divide channels {cin} -> {cout}")
         fan_in = (cin // group) * k * k
         std = np.sqrt(gain / (fan_in * self.m2[x]))
         w = self.const("w", self.rng.normal(0.0, std, size=(cout, cin // group, k, k)))
-        b = self.const("b", self.rng.normal(0.0, 0.05, size=(cout,)))
+        b = [self.const("b", self.rng.normal(0.0, 0.05, size=(cout,)))] if bias else []
         p = k // 2
-        y = self._node("Conv", [x, w, b], cout, gain, kernel_shape=[k, k], pads=[p, p, p, p],
+        y = self._node("Conv", [x, w, *b], cout, gain, kernel_shape=[k, k], pads=[p, p, p, p],
                        strides=[stride, stride], group=group, dilations=[1, 1])
         return self.relu(y) if relu else y
 
@@ -104,15 +105,25 @@ class _GraphBuilder:
         m2 = sum(self.m2[x] * self.channels[x] for x in xs) / c
         return self._node("Concat", list(xs), c, m2, axis=1)
 
-    def maxpool(self, x: str, k: int = 3) -> str:
+    def maxpool(self, x: str, k: int = 3, stride: int = 1) -> str:
         p = k // 2
         return self._node("MaxPool", [x], self.channels[x], self.m2[x] * 1.5, kernel_shape=[k, k],
-                          pads=[p, p, p, p], strides=[1, 1])
+                          pads=[p, p, p, p], strides=[stride, stride])
 
-    def avgpool(self, x: str, k: int = 3) -> str:
-        p = k // 2
+    def avgpool(self, x: str, k: int = 3, stride: int = 1, pad: int | None = None) -> str:
+        p = k // 2 if pad is None else pad
         return self._node("AveragePool", [x], self.channels[x], self.m2[x] / 2, kernel_shape=[k, k],
-                          pads=[p, p, p, p], strides=[1, 1], count_include_pad=0)
+                          pads=[p, p, p, p], strides=[stride, stride], count_include_pad=0)
+
+    def batchnorm(self, x: str) -> str:
+        """Inference BatchNormalization whose running variance is the input's estimated mean square, so
+        the output stays O(1) whatever came before (a trained net's statistics do the same)."""
+        c = self.channels[x]
+        scale = self.const("bn_scale", 1.0 + self.rng.normal(0.0, 0.1, size=(c,)))
+        shift = self.const("bn_shift", self.rng.normal(0.0, 0.1, size=(c,)))
+        mean = self.const("bn_mean", self.rng.normal(0.0, 0.1 * np.sqrt(self.m2[x]), size=(c,)))
+        var = self.const("bn_var", self.m2[x] * self.rng.uniform(0.5, 1.5, size=(c,)))
+        return self._node("BatchNormalization", [x, scale, shift, mean, var], c, 1.0, epsilon=1e-5)
 
     def sep_conv(self, x: str, k: int) -> str:
         """Separable conv, NASNet style: Relu -> depthwise kxk (group = C) -> 1x1 conv."""
@@ -227,6 +238,43 @@ def mobilenet_chain(blocks: int = 4, batch: int = 1, seed: int = 0, *, hw: int =
         size = (size - 1) // stride + 1
         x = b.add(x, y) if (stride == 1 and cin == channels) else y
     return b.finish(x)
+
+
+def densenet(blocks: tuple[int, ...] = (2, 3), batch: int = 1, seed: int = 0, *, hw: int = 16, growth: int = 4,
+             init_channels: int = 8, bn_size: int = 4, in_channels: int = 3, concat: str = "nested",
+             stem: str = "small") -> onnx.ModelProto:
+    """DenseNet: a stem, then dense blocks of ``blocks[i]`` layers, each BN-Relu-Conv1x1 (``bn_size *
+    growth`` channels) -BN-Relu-Conv3x3 (``growth`` channels) whose output is concatenated onto all
+    earlier features of its block; between blocks a transition (BN-Relu-Conv1x1 to half the channels,
+    2x2 average pool, stride 2); a final BN-Relu before the head. ``concat="nested"``: each layer's
+    features are ``Concat(previous features, new)`` (the ONNX model zoo's densenet121, from Caffe2);
+    ``"list"``: each layer concatenates every earlier output afresh, as torchvision's ``_DenseLayer`` does
+    (``torch.cat(features, 1)``). ``stem="imagenet"`` is torchvision's (7x7 conv stride 2, 3x3 max pool
+    stride 2), ``"small"`` one 3x3 conv. ``densenet(blocks=(6, 12, 24, 16), growth=32, init_channels=64,
+    hw=224, stem="imagenet")`` has torchvision densenet121's shape (:data:`BENCH_MODELS` ``densenet121``)."""
+    blocks = tuple(_positive("blocks", n) for n in blocks)
+    growth = _positive("growth", growth)
+    bn_size = _positive("bn_size", bn_size)
+    if not blocks:
+        raise ValueError("densenet needs at least one block")
+    if concat not in ("nested", "list") or stem not in ("small", "imagenet"):
+        raise ValueError(f"concat must be 'nested' or 'list' and stem 'small' or 'imagenet', got {concat!r}, {stem!r}")
+    b = _GraphBuilder(f"densenet{sum(blocks) * 2 + len(blocks) + 1}", seed, batch, in_channels, hw)
+    if stem == "imagenet":
+        x = b.maxpool(b.relu(b.batchnorm(b.conv(INPUT_NAME, init_channels, k=7, stride=2, bias=False))), stride=2)
+    else:
+        x = b.relu(b.batchnorm(b.conv(INPUT_NAME, init_channels, k=3, bias=False)))
+    for i, layers in enumerate(blocks):
+        features = [x]
+        for _ in range(layers):
+            y = b.conv(b.relu(b.batchnorm(x)), bn_size * growth, k=1, bias=False)
+            y = b.conv(b.relu(b.batchnorm(y)), growth, k=3, bias=False)
+            features.append(y)
+            x = b.concat([x, y] if concat == "nested" else features)
+        if i + 1 < len(blocks):
+            x = b.conv(b.relu(b.batchnorm(x)), b.channels[x] // 2, k=1, bias=False)
+            x = b.avgpool(x, k=2, stride=2, pad=0)
+    return b.finish(b.relu(b.batchnorm(x)))
 
 
 def random_dag(num_ops: int = 12, seed: int = 0, batch: int = 1, *, hw: int = 8, channels: int = 8,
@@ -450,6 +498,7 @@ ZOO: dict[str, Callable[..., onnx.ModelProto]] = {
     "nasnet": nasnet,
     "resnet": resnet_chain,
     "mobilenet": mobilenet_chain,
+    "densenet": densenet,
     "random_dag": random_dag,
     "vit": vit,
 }
@@ -465,6 +514,9 @@ BENCH_MODELS: dict[str, tuple[str, dict]] = {
     "nasnet": ("nasnet", {"cells": 4, "hw": 32, "channels": 32}),
     "resnet": ("resnet", {"blocks": 8, "hw": 32, "channels": 64}),
     "mobilenet": ("mobilenet", {"blocks": 6, "hw": 32, "channels": 32}),
+    # torchvision densenet121's shape; its Concats nested as in the ONNX model zoo's export
+    "densenet121": ("densenet", {"blocks": (6, 12, 24, 16), "growth": 32, "init_channels": 64, "hw": 224,
+                                 "stem": "imagenet"}),
 }
 BENCH_ALIASES = {"inception": "incept6"}
 

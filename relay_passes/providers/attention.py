@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from .chains import dtype_of, ints, known_shape, operator_of, other_operand
+from .chains import const_value, dtype_of, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
 SDPA = "nimble.attention.sdpa"
@@ -41,33 +41,6 @@ _SCALES = ("relax.multiply", "relax.divide")
 
 class _NotTaken(Exception):
     """The chain is attention but not one the kernel takes; the message is the report's reason."""
-
-
-def _const_value(chains, expr, depth: int = 0):
-    """The value of a small constant integer expression (the ONNX importer computes a Gather's index
-    with shape_of / take / less / where / add), else None."""
-    if depth > 12:
-        return None
-    if isinstance(expr, Constant):
-        return expr.value.numpy()
-    if isinstance(expr, relax.ShapeExpr):
-        try:
-            return np.array([int(v) for v in expr.values], dtype=np.int64)
-        except TypeError:
-            return None
-    if isinstance(expr, relax.Var):
-        return _const_value(chains, chains.value[expr], depth + 1) if expr in chains.value else None
-    op = operator_of(expr)
-    if op == "relax.shape_of":
-        shape = known_shape(expr.args[0])
-        return None if shape is None else np.array(shape, dtype=np.int64)
-    fns = {"relax.shape_to_tensor": lambda x: x, "relax.add": np.add, "relax.subtract": np.subtract,
-           "relax.less": np.less, "relax.where": np.where,
-           "relax.take": lambda x, i: np.take(x, i, axis=int(expr.attrs.axis or 0), mode="wrap")}
-    if op not in fns:
-        return None
-    args = [_const_value(chains, a, depth + 1) for a in expr.args]
-    return None if any(a is None for a in args) else np.asarray(fns[op](*args))
 
 
 def _scalar(chains, expr) -> float | None:
@@ -210,7 +183,7 @@ def _compose(chains, base, steps: list):
             axes = list(range(len(shape)))[::-1] if value.attrs.axes is None else ints(value.attrs.axes)
             shape, strides = [shape[a] for a in axes], [strides[a] for a in axes]
         elif op == "relax.take":
-            idx = _const_value(chains, value.args[1])
+            idx = const_value(chains.value, value.args[1])
             if idx is None or idx.size != 1:
                 raise _NotTaken("a take whose index is not one constant")
             axis = int(value.attrs.axis or 0) % len(shape)

@@ -80,6 +80,34 @@ def use_counts(func: relax.Function) -> dict:
     return uses
 
 
+
+def const_value(bound: dict, expr, depth: int = 0):
+    """The value of a small constant integer expression (the ONNX importer computes a Gather's index
+    with shape_of / take / less / where / add), else None. ``bound``: variable -> the value bound to it."""
+    if depth > 12:
+        return None
+    if isinstance(expr, Constant):
+        return expr.value.numpy()
+    if isinstance(expr, relax.ShapeExpr):
+        try:
+            return np.array([int(v) for v in expr.values], dtype=np.int64)
+        except TypeError:
+            return None
+    if isinstance(expr, relax.Var):
+        return const_value(bound, bound[expr], depth + 1) if expr in bound else None
+    op = operator_of(expr)
+    if op == "relax.shape_of":
+        shape = known_shape(expr.args[0])
+        return None if shape is None else np.array(shape, dtype=np.int64)
+    fns = {"relax.shape_to_tensor": lambda x: x, "relax.add": np.add, "relax.subtract": np.subtract,
+           "relax.less": np.less, "relax.where": np.where,
+           "relax.take": lambda x, i: np.take(x, i, axis=int(expr.attrs.axis or 0), mode="wrap")}
+    if op not in fns:
+        return None
+    args = [const_value(bound, a, depth + 1) for a in expr.args]
+    return None if any(a is None for a in args) else np.asarray(fns[op](*args))
+
+
 class Chains:
     """The bindings of one dataflow block, and how often each var is used in the whole function."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import time
 
 import numpy as np
 
@@ -42,6 +43,8 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     ``model`` is an ONNX model or a Relax IRModule (computed in ``options.precision``), or a
     ``kernel_choice.Selection`` (precision and kernels chosen already); ``options`` the
     :class:`~tvm_nimble.compiler.options.BuildOptions` of every TVM/Nimble system; ``nimble`` a NimbleModule already built from ``model`` with them (built here if None).
+    Each system's ``build_s`` counts the import and the kernel choice they share (when done here), its own
+    build, and loading it to run (an executor, a CUDA graph's capture); None where a part was given already.
     """
     from tvm_nimble.compiler.build import build_with
     from tvm_nimble.compiler.kernel_choice import Selection, select_kernels, summarize
@@ -53,6 +56,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
 
     from tvm_nimble.compiler.merge_choice import choose_merges, summarize as summarize_merge
 
+    start = time.perf_counter()
     if isinstance(model, Selection):
         selection = model
     else:  # the same merged (or separate) module for stock TVM and Nimble: the same kernels
@@ -60,6 +64,10 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
         for line in summarize_merge(merge_record)[:1]:
             print(f"[bench] {line}", flush=True)
         selection = select_kernels(mod, options)
+    shared_s = None if isinstance(model, Selection) else time.perf_counter() - start
+
+    def since(t0, before):  # seconds of a build made of a shared part and its own since t0
+        return None if before is None else before + time.perf_counter() - t0
     if selection.timings:
         print(f"[bench] {summarize(selection.timings, selection.check, selection.operators)}", flush=True)
     if selection.algorithms:
@@ -69,19 +77,26 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     target = options.target
     db = open_tuning_database(options.tuning_db) if options.tuning_db else None
     systems = []
+    t0 = time.perf_counter()
     vm = StockVM(build_stock_vm(selection.mod, target, tuning_database=db), device, inputs)
-    systems.append(System("tvm-vm", vm, vm.sync, vm.outputs))
+    systems.append(System("tvm-vm", vm, vm.sync, vm.outputs, since(t0, shared_s)))
     if use_gpu:
+        t0 = time.perf_counter()
         g = StockVM(build_stock_vm(selection.mod, target, cuda_graph=True, tuning_database=db), device, inputs)
-        systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs))
+        systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs, since(t0, shared_s)))
     # Nimble's widest schedule, the one the paper's algorithm gives
+    t0 = time.perf_counter()
+    nimble_s = None if nimble is not None else shared_s
     nimble = nimble or build_with(selection, options.replace(max_streams=None))
-    variants = [(NIMBLE_SYSTEMS[mode], nimble, mode) for mode in (GPU_MODES if use_gpu else ("sequential",))]
+    nimble_s = since(t0, nimble_s)
+    variants = [(NIMBLE_SYSTEMS[mode], nimble, mode, nimble_s) for mode in (GPU_MODES if use_gpu else ("sequential",))]
     if use_gpu and getattr(nimble, "lowered", None) is not None:
+        t0 = time.perf_counter()
         auto, record = choose_streams(nimble)  # the same kernels, the stream cap measured here
         print(f"[bench] {summarize_streams(record)}", flush=True)
-        variants.append(("nimble-auto", auto, "cuda-graph"))
-    for name, module, mode in variants:
+        variants.append(("nimble-auto", auto, "cuda-graph", since(t0, nimble_s)))
+    for name, module, mode, built_s in variants:
+        t0 = time.perf_counter()
         # check_inputs stays on: the index check runs in set_input, once here, and the timed ex.run never checks
         ex = NimbleExecutor(module, device, mode=mode)
         for i, x in enumerate(inputs):
@@ -91,7 +106,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
             ex.run()
             return [ex.get_output(i).numpy() for i in range(ex.get_num_outputs())]
 
-        systems.append(System(name, ex.run, ex.sync, outs))
+        systems.append(System(name, ex.run, ex.sync, outs, since(t0, built_s)))
     return systems
 
 
@@ -127,6 +142,11 @@ def torch_reference(torch_model, input_sets: list[list[np.ndarray]]) -> list[lis
 ROW_DTYPE = {"fp32": "float32", "tf32": "tf32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+#: torch.compile(mode="reduce-overhead") compiles on the first call and records its CUDA graph in the next
+#: ones (its cudagraph trees warm up first): after these calls it is ready, and they count as its build
+TORCH_COMPILE_READY_CALLS = 3
+
+
 def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32") -> tuple[list[System], list[str]]:
     """PyTorch eager, CUDA graph and torch.compile(reduce-overhead) in ``precision`` (``.half()`` /
     ``.bfloat16()`` of the model and its float inputs, TF32 flags for tf32), when torch and a GPU exist."""
@@ -138,6 +158,7 @@ def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32"
         return [], ["no PyTorch definition of this model (zoo models are ONNX): torch rows skipped"]
     if not torch.cuda.is_available():
         return [], ["PyTorch has no CUDA device here: torch rows skipped"]
+    start = time.perf_counter()
     model = torch_model.eval().cuda()
     xs = [torch.from_numpy(x).cuda() for x in inputs]
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
@@ -153,7 +174,11 @@ def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32"
         with torch.no_grad():
             return model(*xs)
 
-    systems.append(System("torch-eager", eager, sync, lambda: [eager().float().cpu().numpy()]))
+    eager()
+    sync()
+    systems.append(System("torch-eager", eager, sync, lambda: [eager().float().cpu().numpy()],
+                          time.perf_counter() - start))  # to the GPU, and one call
+    t0 = time.perf_counter()
     static_out = [None]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -169,14 +194,20 @@ def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32"
         sync()
         return [static_out[0].float().cpu().numpy()]
 
-    systems.append(System("torch-cudagraph", graph.replay, sync, replayed))
+    sync()
+    systems.append(System("torch-cudagraph", graph.replay, sync, replayed, time.perf_counter() - t0))  # warm-up, capture
+    t0 = time.perf_counter()
     compiled = torch.compile(model, mode="reduce-overhead")
 
     def comp():
         with torch.no_grad():
             return compiled(*xs)
 
-    systems.append(System("torch-compile", comp, sync, lambda: [comp().clone().float().cpu().numpy()]))
+    for _ in range(TORCH_COMPILE_READY_CALLS):  # compile, then record its CUDA graphs
+        comp()
+    sync()
+    systems.append(System("torch-compile", comp, sync, lambda: [comp().clone().float().cpu().numpy()],
+                          time.perf_counter() - t0))
     return systems, []
 
 
@@ -193,17 +224,16 @@ def tensorrt_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str = 
 
     if precision not in ("fp32", "fp16"):
         return [], [f"the TensorRT row is fp32 or fp16 here: none for {precision}"]
+    t0 = time.perf_counter()
     try:
         engine = TensorRTEngine(onnx_model, feeds, ROW_DTYPE[precision])
     except TensorRTUnavailable as e:
         return [], [f"{e}: no TensorRT row"]
-    return [System("tensorrt", engine.run, engine.sync, engine.outputs)], []
+    return [System("tensorrt", engine.run, engine.sync, engine.outputs, time.perf_counter() - t0)], []
 
 
 def interleaved_timing(systems: list[System], rounds: int = 5, iters: int = 50, warmup: int = 10) -> dict:
     """Time each system ``iters`` times per round, rounds interleaved: name -> (median ms, p90 ms)."""
-    import time
-
     samples = {s.name: [] for s in systems}
     for s in systems:
         for _ in range(warmup):
@@ -360,9 +390,11 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             # providers named on top of the defaults (e.g. attention_split) are part of what a row measured
             label = kernels + "".join(f"+{p}" for p in options.providers or ()
                                       if kernels in ("vendor", "best") and not provider_registry.get(p).by_default)
+            built = {s.name: s.build_s for s in systems if s.build_s is not None}
             new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype, "kernels": label,
                     "db_trials": db_trials, "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",
-                    "rel_err": f"{errors[system]:.2e}" if system in errors else ""}
+                    "rel_err": f"{errors[system]:.2e}" if system in errors else "",
+                    "build_s": f"{built[system]:.3f}" if system in built else ""}
                    for system, (med, p90) in timing.items()]
             print(f"[bench] {name} batch {batch}: " + ", ".join(f"{r['system']} {r['median_ms']}" for r in new), flush=True)
             append_rows(csv_path, new)  # model by model: a run cut short keeps what it measured

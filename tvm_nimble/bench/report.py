@@ -5,7 +5,9 @@ and p90 ms. ``kernels`` says which kernels the TVM/Nimble systems ran (``tvm-def
 schedules; ``tvm-tuned``: a MetaSchedule database; ``vendor``/``best``: cuDNN/cuBLAS, all or chosen per
 operator); ``db_trials`` is the trial count of the tuning database a run was paired with (an untuned run
 timed as the companion of a tuned one carries it too), empty otherwise; ``rel_err`` is the relative L2
-error of the system's output against the reference, where measured.
+error of the system's output against the reference, where measured; ``build_s`` the seconds from the model
+to the system ready to run (a TVM or Nimble build, torch.compile's first calls, an ONNX Runtime session),
+where measured (empty in rows from before the column existed).
 ``RESULTS.md`` holds the headline tables (one per GPU and dtype), the tuned-vs-untuned table, the
 hand-written ``findings.md`` beside the CSV, and every run's own table; ``results.png`` the chart.
 """
@@ -16,9 +18,9 @@ import os
 import textwrap
 
 CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "kernels", "db_trials", "system", "median_ms", "p90_ms",
-               "rel_err"]
+               "rel_err", "build_s"]
 KERNELS = ("tvm-default", "tvm-tuned", "vendor", "best")
-_DEFAULTS = {"kernels": "tvm-default", "db_trials": "", "rel_err": ""}
+_DEFAULTS = {"kernels": "tvm-default", "db_trials": "", "rel_err": "", "build_s": ""}
 BASELINE_GPU = "tvm-vm-cudagraph"
 BASELINE_CPU = "tvm-vm"
 #: executor mode -> system name in results.csv
@@ -32,12 +34,36 @@ def append_rows(csv_path: str, rows: list[dict], columns: list[str] = CSV_COLUMN
     defaults = _DEFAULTS if defaults is None else defaults
     new = not os.path.exists(csv_path)
     os.makedirs(os.path.dirname(os.path.abspath(csv_path)), exist_ok=True)
+    if not new:
+        _widen(csv_path, columns, defaults)
     with open(csv_path, "a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
         if new:
             w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, defaults.get(k, "")) for k in columns})
+
+
+def _widen(csv_path: str, columns: list[str], defaults: dict) -> None:
+    """Rewrite a CSV whose header lacks some of ``columns`` (one written before a column was added) with the
+    full header, its rows keeping their values and taking the defaults of the new columns (atomically)."""
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        if header == columns:
+            return
+        rows = list(reader)
+    extra = [c for c in header if c not in columns]
+    if extra:
+        raise ValueError(f"{csv_path} has columns this version does not write ({', '.join(extra)}): "
+                         "append to another file")
+    tmp = f"{csv_path}.{os.getpid()}.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) if r.get(k) is not None else defaults.get(k, "") for k in columns})
+    os.replace(tmp, csv_path)
 
 
 def read_rows(csv_path: str) -> list[dict]:
@@ -130,6 +156,37 @@ def headline_table(rows: list[dict]) -> list[str]:
     return out[:-1]
 
 
+#: the systems of the build-time table, in its column order
+BUILD_SYSTEMS = [("nimble-multi-stream-graph", "Nimble"), ("nimble-auto", "Nimble, auto streams"),
+                 ("tvm-vm", "TVM VM"), (BASELINE_GPU, "TVM VM + CUDA graph"), ("torch-cudagraph", "PyTorch CUDA graph"),
+                 ("torch-compile", "torch.compile"), ("tensorrt", "TensorRT"), ("ort-cuda-graph", "ONNX Runtime + graph")]
+
+
+def build_time_table(rows: list[dict]) -> list[str]:
+    """Seconds from the model to each system ready to run (``build_s``), the newest run per device, dtype,
+    model and batch that recorded them; [] when no run did."""
+    latest: dict[tuple, dict[tuple, dict[str, float]]] = {}
+    for key, rs in _groups(rows).items():
+        device, _, _, batch, dtype = key[:5]
+        built = {r["system"]: float(r["build_s"]) for r in rs if r.get("build_s")}
+        if built:
+            latest.setdefault((device, dtype), {})[(run_label(key), batch)] = built
+    out = []
+    for (device, dtype), runs in sorted(latest.items(), key=lambda kv: (kv[0][0].startswith("CPU"), kv[0])):
+        systems = [(k, label) for k, label in BUILD_SYSTEMS if any(k in by for by in runs.values())]
+        systems += [(k, k) for k in dict.fromkeys(k for by in runs.values() for k in by) if k not in dict(BUILD_SYSTEMS)]
+        head = ["model", "batch"] + [label for _, label in systems]
+        out += [f"**{device}, {dtype}**: seconds from the ONNX model to a system ready to run: a TVM or Nimble "
+                "build (import, kernel choice, compile, stream choice; the CUDA kernels a build compiled are reused by "
+                "the next build of the same kernels), torch.compile's compile and first calls, a CUDA graph's capture, "
+                "an ONNX Runtime session's creation.", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for (model, batch), by in runs.items():
+            out.append("| " + " | ".join([model, batch] + [f"{by[k]:.1f}" if k in by else "-" for k, _ in systems]) + " |")
+        out.append("")
+    return out[:-1]
+
+
 def tuning_table(rows: list[dict]) -> list[str]:
     """Tuned runs next to their untuned companion runs (same device and day): what tuning gives stock TVM and
     Nimble, and Nimble's ratio once both use the tuned kernels. PyTorch's CUDA graph, timed in both runs and
@@ -196,6 +253,9 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
     headline = headline_table(rows)
     if headline:
         lines += ["## Headline (GPU)", ""] + headline + [""]
+    built = build_time_table(rows)
+    if built:
+        lines += ["## Build time", ""] + built + [""]
     tuning = tuning_table(rows)
     if tuning:
         lines += ["## Tuned kernels", ""] + tuning + [""]
@@ -210,14 +270,18 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
         by = _medians(rs)
         # a run without stock TVM (a side-by-side of Nimble variants) is compared with its slowest system
         base = next((b for b in (BASELINE_GPU, BASELINE_CPU) if b in by), max(by, key=by.get))
+        timed_build = any(r.get("build_s") for r in rs)
         lines += [f"### {run_label(key)}, batch {batch}, {dtype} — {device} ({date})", "",
-                  f"| system | median ms | p90 ms | speedup vs {base} |" + (" vs torch-eager |" if "torch-eager" in by else ""),
-                  "|---|---|---|---|" + ("---|" if "torch-eager" in by else "")]
+                  f"| system | median ms | p90 ms | speedup vs {base} |" + (" vs torch-eager |" if "torch-eager" in by else "")
+                  + (" build s |" if timed_build else ""),
+                  "|---|---|---|---|" + ("---|" if "torch-eager" in by else "") + ("---|" if timed_build else "")]
         for r in rs:
             m = float(r["median_ms"])
             line = f"| {r['system']} | {m:.4f} | {_p90(r)} | {by[base] / m:.2f}x |"
             if "torch-eager" in by:
                 line += f" {by['torch-eager'] / m:.2f}x |"
+            if timed_build:
+                line += f" {float(r['build_s']):.2f} |" if r.get("build_s") else " - |"
             lines.append(line)
         lines.append("")
     with open(md_path, "w") as f:

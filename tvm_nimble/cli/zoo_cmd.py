@@ -20,6 +20,7 @@ SUMMARY = {
     "nasnet": "NASNet-A-style cells: separable convs, pools and skip inputs summed pairwise (multi-branch)",
     "resnet": "ResNet basic blocks in a chain (conv-relu-conv, residual add)",
     "mobilenet": "MobileNetV2 inverted-residual blocks in a chain (expand, depthwise, project)",
+    "densenet": "DenseNet blocks: each layer's output concatenated onto all earlier features (nested concats)",
     "random_dag": "a seeded random DAG of convs, adds, relus and concats",
     "vit": "a small ViT: patch conv, pre-norm attention blocks, GELU MLP (hw a multiple of 4)",
 }

@@ -141,9 +141,12 @@ def check_measurable(target: tvm.target.Target, timer=None):
 
 
 def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: int = PROFILE_REPS,
-                    timer=None) -> list[KernelTiming]:
+                    timer=None, measured: dict | None = None) -> list[KernelTiming]:
     """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
-    ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker)."""
+    ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
+    ``measured``: the per-output times of the probe builds measured already, by the module's structural hash,
+    filled in here (one per ``select_kernels``): a module two measurements need (the same chains offered to
+    two providers, or a provider's probe it takes nothing of, which is TVM's) is compiled and timed once."""
     timer = check_measurable(options.target, timer)
     probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider])
     if probe is None:
@@ -153,11 +156,16 @@ def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: in
     keys = [[provider.name, s, options.precision, options.allow_tf32, db, reps] for s in probe.signatures]
     found = [cache.get("chain", k, valid=timing_cache.numbers(2)) for k in keys]
     if any(f is None for f in found):  # the probe holds every chain: measuring one costs the builds of all
-        probe_options = one_stream(options)
-        with_provider = stages.build_fixed(stages.offload(probe.mod, options, providers=[provider]), probe_options)
-        with_tvm = stages.build_fixed(probe.mod, probe_options)
-        times = [_per_output_ms(built, reps, timer) for built in (with_provider, with_tvm)]
-        found = [[v, t] for v, t in zip(*times)]
+        measured = {} if measured is None else measured
+
+        def per_output_ms(module):  # a module measured already (same structure) is not built again
+            key = (tvm_ffi.structural_hash(module), reps)
+            if key not in measured:
+                measured[key] = _per_output_ms(stages.build_fixed(module, one_stream(options)), reps, timer)
+            return measured[key]
+
+        with_provider = per_output_ms(stages.offload(probe.mod, options, providers=[provider]))
+        found = [[v, t] for v, t in zip(with_provider, per_output_ms(probe.mod))]
         for k, f in zip(keys, found):
             cache.put("chain", k, f)
     return [KernelTiming(s, n, *f, provider=provider.name)
@@ -228,7 +236,8 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if kernels == "vendor":
         return Selection(all_vendor, kernels, not_taken=not_taken)
     providers = options.offload_providers()
-    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer)]
+    measured: dict = {}
+    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured)]
     chosen = choose_providers(mod, timings, providers, options.allow_tf32)
     for t in timings:
         t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"

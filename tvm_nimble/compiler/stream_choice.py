@@ -137,6 +137,10 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
     candidates = _candidates(result, reuse, memory_budget)
     target = result.tvm_target
     record = {"memory_budget": memory_budget}
+    if len(candidates) == 1:  # a chain (densenet121): nothing to choose, so nothing to measure
+        (key, chosen), = candidates.items()
+        record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1], how="the only candidate")
+        return chosen, record
     if result.kernels is None or not has_gpu_for(timer, target):
         if target.kind.name == "cuda" and result.kernels is not None:
             note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "

@@ -1,0 +1,72 @@
+"""Batched constant folding (relay_passes/fold_constants.py): the module that comes out is the one TVM's
+FoldConstant makes alone, and FoldConstant is left nothing to build (it builds each call on its own)."""
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from tvm_nimble import zoo
+from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.relay_passes.fold_constants import BatchedFoldConstant
+from tvm_nimble.relay_passes.pipeline import kernel_passes
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+def legalized(model):
+    """What FoldConstant gets in TVM's pipelines: the model legalized to call_tir, op patterns annotated."""
+    mod = relax.transform.LegalizeOps()(from_onnx(model))
+    return relax.transform.AnnotateTIROpPattern()(mod)
+
+
+def constant_calls(mod) -> int:
+    """call_tir bindings of ``main`` whose arguments are all constants (or variables bound to one)."""
+    constants, count = set(), 0
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, Constant):
+                constants.add(b.var)
+            elif (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir"
+                  and all(isinstance(a, Constant) or a in constants for a in v.args[1].fields)):
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("name", ["densenet", "inception", "mobilenet", "vit"])
+def test_batched_folding_gives_foldconstants_module_and_leaves_it_nothing_to_build(name):
+    mod = legalized(zoo.get_model(name))
+    batched = BatchedFoldConstant()(mod)
+    if name == "densenet":  # its 13 BatchNormalizations expand their 4 statistics each (the first round)
+        assert constant_calls(mod) >= 4 * 13
+    assert constant_calls(batched) == 0
+    # structural equality compares the constants' bytes too
+    assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(batched), relax.transform.FoldConstant()(mod))
+
+
+def test_every_foldconstant_of_the_pipeline_comes_after_the_batched_one():
+    names = [p.info.name for p in kernel_passes(CUDA)]
+    folds = [i for i, n in enumerate(names) if n == "FoldConstant"]
+    assert folds and all(names[i - 1] == "nimble.BatchedFoldConstant" for i in folds)
+
+
+def test_a_kernel_is_scheduled_once_per_process_and_gets_the_same_schedule():
+    """The kernel choice lowers probes, both modules of its model check and the stock baselines: DLight
+    schedules each distinct kernel once, and a kernel met again gets the schedule DLight gave it."""
+    from tvm_nimble.compiler.stages import lower
+    from tvm_nimble.relay_passes import tvm_compat
+
+    mod = from_onnx(zoo.densenet())
+    tvm_compat._SCHEDULED.clear()
+    before = dict(tvm_compat.schedule_counts)
+    first = lower(mod, CUDA)
+    scheduled = tvm_compat.schedule_counts["scheduled"] - before["scheduled"]
+    kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for f in first.functions.values())
+    assert 0 < scheduled <= kernels
+    again = lower(mod, CUDA)
+    assert tvm_compat.schedule_counts["scheduled"] - before["scheduled"] == scheduled  # nothing scheduled again
+    assert tvm_compat.schedule_counts["reused"] - before["reused"] >= scheduled
+    tvm_compat._SCHEDULED.clear()
+    fresh = lower(mod, CUDA)  # DLight on every kernel again: the reference
+    assert tvm_ffi.structural_equal(again, fresh) and tvm_ffi.structural_equal(first, fresh)

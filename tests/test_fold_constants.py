@@ -22,17 +22,22 @@ def legalized(model):
     return relax.transform.AnnotateTIROpPattern()(mod)
 
 
-def constant_calls(mod) -> int:
-    """call_tir bindings of ``main`` whose arguments are all constants (or variables bound to one)."""
+def constant_calls(mod, kind: str = "call_tir") -> int:
+    """call_tir bindings of ``main`` whose arguments are all constants (or variables bound to one); with
+    ``kind="operators"``, the operator calls (before legalization) whose arguments are all constant."""
     constants, count = set(), 0
     for block in mod["main"].body.blocks:
         for b in block.bindings:
             v = b.value
             if isinstance(v, Constant):
                 constants.add(b.var)
-            elif (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir"
-                  and all(isinstance(a, Constant) or a in constants for a in v.args[1].fields)):
-                count += 1
+            elif not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+                continue
+            elif kind == "call_tir" and v.op.name == "relax.call_tir":
+                count += all(isinstance(a, Constant) or a in constants for a in v.args[1].fields)
+            elif kind == "operators" and v.op.name != "relax.call_tir":
+                count += bool(v.args) and all(isinstance(a, (Constant, relax.ShapeExpr)) or a in constants
+                                              for a in v.args)
     return count
 
 
@@ -45,6 +50,18 @@ def test_batched_folding_gives_foldconstants_module_and_leaves_it_nothing_to_bui
     assert constant_calls(batched) == 0
     # structural equality compares the constants' bytes too
     assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(batched), relax.transform.FoldConstant()(mod))
+
+
+@pytest.mark.parametrize("name, dtype", [("densenet", "float16"), ("vit", "bfloat16"), ("inception", "float16")])
+def test_a_reduced_precision_builds_casts_fold_as_foldconstant_folds_them(name, dtype):
+    """Before legalization (to_precision): the weights' casts and the BatchNormalization statistics are
+    operator calls on constants, which FoldConstant legalizes and builds one by one."""
+    from tvm_nimble.relay_passes.precision import to_precision
+
+    converted = to_precision(from_onnx(zoo.get_model(name)), dtype, fold=False)
+    batched = BatchedFoldConstant()(converted)
+    assert constant_calls(converted, "operators") > 0 and constant_calls(batched, "operators") == 0
+    assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(batched), relax.transform.FoldConstant()(converted))
 
 
 def test_every_foldconstant_of_the_pipeline_comes_after_the_batched_one():

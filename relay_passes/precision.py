@@ -31,6 +31,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from .fold_constants import BatchedFoldConstant
+
 #: the compute dtypes a build can ask for
 DTYPES = ("float32", "float16", "bfloat16")
 #: the reduced (16-bit) ones among them
@@ -160,10 +162,10 @@ def compute_dtype(call) -> str | None:
     return dtype
 
 
-def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None) -> tvm.IRModule:
+def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None, fold: bool = True) -> tvm.IRModule:
     """``mod`` computing in ``dtype`` under ``policy`` (default :class:`Policy`); inputs and outputs keep
     their dtypes. The casts of float32 weights are folded into constants here, once, instead of by the
-    ``FoldConstant`` of every later build (seconds each)."""
+    ``FoldConstant`` of every later build (seconds each); ``fold=False`` leaves them (what the folding gets)."""
     if dtype not in DTYPES:
         raise ValueError(f"precision must be one of {DTYPES}, got {dtype!r}")
     if dtype == "float32":
@@ -177,7 +179,9 @@ def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None) ->
 
     out = tvm.IRModule({gv: convert(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()},
                        attrs=mod.attrs)
-    return relax.transform.FoldConstant()(out)
+    if not fold:
+        return out
+    return relax.transform.FoldConstant()(BatchedFoldConstant()(out))  # one LLVM build per round, not per cast
 
 
 #: numpy's spelling of each compute dtype (bfloat16 from ml_dtypes, which TVM's tensors take)

@@ -267,10 +267,13 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
                           tuple(type(r).__name__ for r in rules))
 
 
-#: PrimFuncs DLight scheduled in this process: (structural hash, target, rules) -> [(PrimFunc, its scheduled
-#: form or None)]. A build lowers the kernel choice's probes, both modules of its model check and the stock-TVM
+#: PrimFuncs DLight scheduled in this process: (digest of the PrimFunc's JSON, target, rules) -> its scheduled
+#: form, or None. A build lowers the kernel choice's probes, both modules of its model check and the stock-TVM
 #: baselines: the same element-wise and fused kernels again and again, and DLight's rules (Python) cost about
 #: 20 ms a kernel (4 s of densenet121's lowering). Its schedule is a function of the PrimFunc and the target.
+#: The key is the JSON, names included: structural equality ignores names, and a schedule reused from a kernel
+#: named otherwise (a probe's parameters) would change the CUDA source, so a later build in a fresh process
+#: would miss the fatbin cache and compile again.
 _SCHEDULED: dict = {}
 _SCHEDULED_MAX = 8192
 #: kernels DLight scheduled, and kernels whose schedule was reused, in this process
@@ -280,23 +283,23 @@ schedule_counts = {"scheduled": 0, "reused": 0}
 def _schedule_once(rules: list, rule_names: tuple) -> tvm.transform.Pass:
     """DLight's ``ApplyDefaultSchedule`` with ``rules`` (its ``transform_module``, private helpers
     ``_is_scheduled`` / ``_get_target`` / ``_apply_rules``), each PrimFunc scheduled once per process:
-    one structurally equal to a PrimFunc scheduled before, for the same target and rules, gets that schedule."""
+    one identical to a PrimFunc scheduled before (names too), for the same target and rules, gets that schedule."""
+    import hashlib
+
     import tvm
-    import tvm_ffi
     from tvm import tirx
     from tvm.s_tir.dlight.base.transform import _apply_rules, _get_target, _is_scheduled
 
     def scheduled(func, target):
-        key = (tvm_ffi.structural_hash(func), str(target), rule_names)
-        for before, after in _SCHEDULED.get(key, ()):
-            if tvm_ffi.structural_equal(before, func):
-                schedule_counts["reused"] += 1
-                return after
+        key = (hashlib.sha256(tvm.ir.save_json(func).encode()).hexdigest(), str(target), rule_names)
+        if key in _SCHEDULED:
+            schedule_counts["reused"] += 1
+            return _SCHEDULED[key]
         sch = _apply_rules(func, target, rules, tunable=False)
         after = None if sch is None else sch[0].mod["main"].with_attr("tirx.is_scheduled", True)
         if len(_SCHEDULED) >= _SCHEDULED_MAX:
             _SCHEDULED.clear()
-        _SCHEDULED.setdefault(key, []).append((func, after))
+        _SCHEDULED[key] = after
         schedule_counts["scheduled"] += 1
         return after
 

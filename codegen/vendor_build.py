@@ -177,13 +177,15 @@ def _run_nvcc(cmd: list[str], arch: str) -> None:
 
 
 def _compile_and_link(arch: str, out: str, nvcc: str, paths: dict[str, str]) -> None:
-    """The units compiled side by side (one nvcc each, as many at once as this machine has cores: the
-    cuDNN frontend's unit alone takes minutes), then linked."""
+    """The units compiled side by side (one nvcc each, ``$TVM_NIMBLE_JOBS`` at once, default this machine's
+    cores, as for TVM's kernels: the cuDNN frontend's unit alone takes minutes), then linked."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from .cuda_split import jobs
 
     with tempfile.TemporaryDirectory() as objdir:
         compiles, link = build_commands(arch, out, objdir, nvcc, paths)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), jobs()))) as pool:
             for future in [pool.submit(_run_nvcc, cmd, arch) for cmd in compiles]:
                 future.result()
         _run_nvcc(link, arch)

@@ -210,10 +210,10 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
     Where ``Fallback`` itself is skipped, the kernel gets its plain form: every block's spatial loops
     bound to blocks and threads, nothing inlined. Any other pass is returned unchanged."""
     from tvm import s_tir
+    from tvm.error import InternalError
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.analysis import normalize_prim_func
     from tvm.s_tir.dlight.base import max_threads_per_block
-    from tvm.error import InternalError
     from tvm.s_tir.schedule import ScheduleError
 
     inst = getattr(schedule_pass, "_inst", None)  # the pass object's Python instance

@@ -80,7 +80,6 @@ def use_counts(func: relax.Function) -> dict:
     return uses
 
 
-
 def const_value(bound: dict, expr, depth: int = 0):
     """The value of a small constant integer expression (the ONNX importer computes a Gather's index
     with shape_of / take / less / where / add), else None. ``bound``: variable -> the value bound to it."""

@@ -54,9 +54,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
-    from tvm_nimble.compiler.options import KERNEL_CHOICES, MERGE_CHOICES
+    from tvm_nimble.compiler.options import KERNEL_CHOICES
     from tvm_nimble.relay_passes.precision import KEEP_FP32, PRECISIONS
-
 
     p.add_argument("--max-streams", type=max_streams_arg, default="auto",
                    help="cap the number of streams: N (1 = single stream), 'max' (Nimble's widest schedule) or "
@@ -70,7 +69,7 @@ def build_option_args(p) -> None:
                         "(the default): best on a CUDA machine, vendor when no GPU is here, tvm without the "
                         "cuDNN/cuBLAS wheels")
     providers_arg(p)
-    merge_arg(p, MERGE_CHOICES)
+    merge_arg(p)
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="fp32 (default), tf32 (fp32 with TF32 tensor cores), fp16 or bf16: convolutions and GEMMs "
                         f"in the reduced dtype, {', '.join(KEEP_FP32[:4])}, ... in float32, the rest following "
@@ -104,11 +103,11 @@ def providers_arg(p) -> None:
                         f"used only when named: {when_named})")
 
 
-def merge_arg(p, choices=None) -> None:
+def merge_arg(p) -> None:
     """--merge, for every command that builds (compile, explain, bench)."""
-    if choices is None:
-        from tvm_nimble.compiler.options import MERGE_CHOICES as choices
-    p.add_argument("--merge", choices=choices, default="off",
+    from tvm_nimble.compiler.options import MERGE_CHOICES
+
+    p.add_argument("--merge", choices=MERGE_CHOICES, default="off",
                    help="sibling convolutions / GEMMs of one input (Inception's 1x1s, BERT's Q/K/V) as one operator "
                         "each: off (default), on, or auto (merged where that measured faster than separate and "
                         "concurrent on this GPU; separate without one)")

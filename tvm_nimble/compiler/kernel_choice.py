@@ -267,13 +267,9 @@ def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers,
     ``taken_by`` (the provider that runs its operators, "tvm" when none does) and return how many operators
     each provider runs. An operator two providers offered (a batched GEMM of an attention that the attention
     provider also takes) counts once, for the one that took it."""
-    offers: dict = {}  # anchor var -> [(provider, signature)]
-    for p in providers:
-        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
-            offers.setdefault(o.anchor, []).append((p.name, o.signature))
     taken_by: dict[tuple[str, str], str] = {}
     counts: dict[str, int] = {}
-    for offered in offers.values():
+    for offered in offers_by_anchor(mod, providers, allow_tf32).values():
         winner = next((p for p, s in offered if assignment.get(s) == p), provider_registry.TVM)
         counts[winner] = counts.get(winner, 0) + 1
         for offer in offered:
@@ -309,17 +305,23 @@ def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, 
     """signature -> the provider that takes its chains: per operator, the provider saving the most time
     against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed)."""
     saving = {(t.provider, t.signature): t.tvm_ms - t.vendor_ms for t in timings}
-    candidates: dict = {}  # anchor var -> [(saving, order, provider, signature)]
-    for order, p in enumerate(providers):
-        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
-            if (p.name, o.signature) in saving:
-                candidates.setdefault(o.anchor, []).append((saving[(p.name, o.signature)], -order, p.name, o.signature))
     chosen: dict[str, str] = {}
-    for offers in candidates.values():
-        best = max(offers)
-        if best[0] >= 0:
+    for offered in offers_by_anchor(mod, providers, allow_tf32).values():
+        measured = [(saving[o], -order, *o) for order, o in enumerate(offered) if o in saving]
+        if measured and max(measured)[0] >= 0:
+            best = max(measured)
             chosen.setdefault(best[3], best[2])
     return chosen
+
+
+def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
+    """anchor var -> [(provider, signature)] of each of ``providers`` that takes the chain starting there, in
+    the providers' order (what the choice weighs, and what the plan's counts count once per anchor)."""
+    offers: dict = {}
+    for p in providers:
+        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
+            offers.setdefault(o.anchor, []).append((p.name, o.signature))
+    return offers
 
 
 def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:

@@ -394,8 +394,6 @@ def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = 
     ``build``; not yet measured on a GPU for training steps). ``precision``: "fp32", "tf32" (TF32 tensor
     cores in the vendor kernels) or "bf16" (bfloat16 forward and backward, float32 master weights). A model
     with operators TVM's gradient cannot differentiate is refused with a ModelError naming them."""
-    from .build import build
-
     step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay, precision)
     return NimbleTrainer(build_step(step, target, kernels=kernels, max_streams=max_streams), step, device)
 

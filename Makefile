@@ -45,6 +45,8 @@ clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
 
 # Wheels the GPU machine's image lacks, carried along with the `device` tool (scripts/gpu_session.sh
-# installs them): tornado, which TVM's RPC tracker needs (`gpu_session.sh "experiment rpc_tune ..."`).
+# installs them): tornado, which TVM's RPC tracker needs (`gpu_session.sh "experiment rpc_tune ..."`), and
+# onnxconverter-common, with which `bench --precision fp16` converts the ONNX file for ONNX Runtime's fp16 rows.
 .device-extra: | $(VENV)/bin/python
-	$(PY) -m pip download -q --no-deps --only-binary :all: --python-version 3.12 -d $@ "tornado>=6"
+	$(PY) -m pip download -q --no-deps --only-binary :all: --python-version 3.12 -d $@ "tornado>=6" \
+		"onnxconverter-common>=1.14"

@@ -75,6 +75,19 @@ def test_training_steps_match_pytorchs_optimizer(optimizer):
     assert len(set(np.round(losses, 5))) > 8  # the steps moved the weights
 
 
+def test_pytorchs_float64_losses_are_the_reference_both_fp32_trainings_approach():
+    """The float64 trajectory the bench's loss check falls back to for Adam: PyTorch's fp32 and Nimble's fp32
+    losses each lie near it, and it is a float64 run (not the fp32 one again)."""
+    pytest.importorskip("torch")
+    case = make_case("cifar_inception", batch=2, steps=8, optimizer="adam", lr=1e-3, small=True)
+    exact = torch_losses(case, "cpu", float64=True)
+    fp32 = torch_losses(case, "cpu")
+    ours = nimble_losses(NimbleTrainer(build(case.step.mod, "llvm", max_streams=None, kernels="tvm"), case.step), case)
+    assert 0 < max_rel_diff(fp32, exact) < 1e-4
+    assert max_rel_diff(ours, exact) < 1e-4
+    assert len(set(np.round(exact, 5))) > 5  # the steps moved the weights
+
+
 def test_sgd_weight_decay_is_pytorchs():
     pytest.importorskip("torch")
     case = make_case("cifar_inception", batch=2, steps=8, optimizer="sgd", lr=1e-2, small=True, weight_decay=0.5)

@@ -136,6 +136,8 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             rows.append(row)
+            print(f"{name} {row['dtype']}: rel L2 {row['rel_l2']:.2e}, split-key {row['split_rel_l2']:.2e}; "
+                  f"{row['nimble_us']:.1f} / {row['split_us']:.1f} us, PyTorch {row['torch_us']:.1f} us", flush=True)
     with open(os.path.join(args.out, "attention_check.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
     print(f"{'case':10} {'dtype':8} {'rel L2':>9} {'torch L2':>9} {'nimble us':>10} {'torch us':>9}")

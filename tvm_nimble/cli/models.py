@@ -1,4 +1,4 @@
-"""The models the command-line tools name: ``zoo:NAME``, ``tv:NAME``, ``timm:NAME`` or an ONNX file.
+"""The models the command-line tools name: ``zoo:NAME``, ``tv:NAME``, ``timm:NAME``, ``hf:NAME`` or an ONNX file.
 
 ``tvm-nimble tune`` and the scripts under scripts/ load them through :func:`load_model`, so that a name
 means the same model (same size, same seeded weights) wherever it is given.
@@ -9,7 +9,8 @@ import os
 
 
 def load_model(model_arg: str, batch: int = 1):
-    """(name, ONNX model) of ``zoo:NAME`` / ``tv:NAME`` / ``timm:NAME`` at ``batch`` (a file keeps its own)."""
+    """(name, ONNX model) of ``zoo:NAME`` / ``tv:NAME`` / ``timm:NAME`` / ``hf:NAME`` at ``batch`` (a file keeps
+    its own)."""
     if model_arg.startswith("zoo:"):
         from tvm_nimble import zoo
 
@@ -18,6 +19,11 @@ def load_model(model_arg: str, batch: int = 1):
         from tvm_nimble.cli.bench import model_builders
 
         label, onnx_builder, _ = model_builders(model_arg)
+        return label, onnx_builder(batch=batch)
+    if model_arg.startswith("hf:"):  # Hugging Face configurations with random weights, as `bench` builds them
+        from tvm_nimble.bench.hf_models import hf_builders
+
+        label, onnx_builder, _ = hf_builders(model_arg)
         return label, onnx_builder(batch=batch)
     from tvm_nimble.compiler.frontend import load_onnx_model
 

@@ -149,3 +149,14 @@ def test_build_times_script_on_cpu(tmp_path):
     assert row["model"] == "incept6" and row["same_plan"] is True
     assert all(row[run]["seconds"] > 0 and "lower" in row[run]["phases"] for run in ("cold", "warm"))
     assert sorted(os.listdir(tmp_path / "bt")) == ["build_times.json"]
+
+
+def test_training_profile_script_on_cpu(tmp_path):
+    """The training_profile experiment (#34), dry-run on llvm: the bench's step built one-stream and widest,
+    one step each, the same first loss from both schedules."""
+    out = script("experiments/training_profile.py", "--models", "cifar_inception", "--batch", "2", "--target", "llvm",
+                 "--kernels", "tvm", "--out", str(tmp_path / "tp"), cwd=tmp_path)
+    r = json.load(open(tmp_path / "tp" / "training_profile_cifar_inception_b2.json"))
+    assert r["single"]["streams"] == 1 < r["multi"]["streams"]
+    assert abs(r["single"]["first_loss"] - r["multi"]["first_loss"]) <= 1e-5 * abs(r["multi"]["first_loss"])
+    assert "built and ran one step" in out

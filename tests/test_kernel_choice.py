@@ -18,6 +18,7 @@ from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, from_inf
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
+from tvm_nimble.runtime.plan import VENDOR_PREFIXES
 
 MODELS = ["inception", "nasnet", "resnet"]
 
@@ -167,3 +168,8 @@ def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it
             assert any(k.startswith("nimble.attention.") for k in ran)
     line = summarize(timings, None, operators)
     assert "on attention" in line and line.count(" on ") == len(operators)
+    # an operator counted on TVM runs in a TVM kernel: every anchor is a matmul or a convolution, so there are at
+    # least as many TVM launches of one (an attention's P·V, absorbed by the attention call, is not on TVM)
+    tvm_anchor_kernels = [k for k in (l.kernel for l in result.plan.launches)
+                          if not k.startswith(VENDOR_PREFIXES) and ("matmul" in k or "conv" in k)]
+    assert operators.get(providers.TVM, 0) <= len(tvm_anchor_kernels), (operators, tvm_anchor_kernels)

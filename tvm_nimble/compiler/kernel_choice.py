@@ -266,14 +266,21 @@ def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers,
     """With ``assignment`` (signature -> the provider whose call of it the plan runs): set each timing's
     ``taken_by`` (the provider that runs its operators, "tvm" when none does) and return how many operators
     each provider runs. An operator two providers offered (a batched GEMM of an attention that the attention
-    provider also takes) counts once, for the one that took it."""
+    provider also takes) counts once, for the one that took it; so does an operator inside a chain another
+    operator's winner runs (an attention's P·V, which cuBLASLt offers alone but the attention call absorbs)."""
+    chains = chains_by_anchor(mod, providers, allow_tf32)
+    runs = {anchor: next((o for o in offered if assignment.get(o.signature) == o.provider), None)
+            for anchor, offered in chains.items()}
+    absorbed = {b.var: o.provider for anchor, o in runs.items() if o is not None
+                for b in o.bindings if not b.var.same_as(anchor)}
     taken_by: dict[tuple[str, str], str] = {}
     counts: dict[str, int] = {}
-    for offered in offers_by_anchor(mod, providers, allow_tf32).values():
-        winner = next((p for p, s in offered if assignment.get(s) == p), provider_registry.TVM)
+    for anchor, offered in chains.items():
+        o = runs[anchor]
+        winner = absorbed.get(anchor) or (o.provider if o is not None else provider_registry.TVM)
         counts[winner] = counts.get(winner, 0) + 1
         for offer in offered:
-            taken_by.setdefault(offer, winner)
+            taken_by.setdefault((offer.provider, offer.signature), winner)
     for t in timings:
         t.taken_by = taken_by.get((t.provider, t.signature), provider_registry.TVM)
     return counts
@@ -314,14 +321,21 @@ def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, 
     return chosen
 
 
-def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
-    """anchor var -> [(provider, signature)] of each of ``providers`` that takes the chain starting there, in
-    the providers' order (what the choice weighs, and what the plan's counts count once per anchor)."""
-    offers: dict = {}
+def chains_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
+    """anchor var -> the Offload of each of ``providers`` that takes the chain starting there, in the
+    providers' order."""
+    chains: dict = {}
     for p in providers:
         for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
-            offers.setdefault(o.anchor, []).append((p.name, o.signature))
-    return offers
+            chains.setdefault(o.anchor, []).append(o)
+    return chains
+
+
+def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
+    """anchor var -> [(provider, signature)] of each of ``providers`` that takes the chain starting there, in
+    the providers' order (what the choice weighs)."""
+    return {anchor: [(o.provider, o.signature) for o in offered]
+            for anchor, offered in chains_by_anchor(mod, providers, allow_tf32).items()}
 
 
 def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:

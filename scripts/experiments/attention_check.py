@@ -1,5 +1,5 @@
 """Experiment: the fused attention kernels (nimble.attention.sdpa / sdpa_bias, and the split-key
-split_sdpa / split_sdpa_bias, not yet run on a GPU) against a float64 PyTorch reference, and timed
+split_sdpa / split_sdpa_bias, first run in the fifteenth session) against a float64 PyTorch reference, and timed
 against PyTorch's own fused attention (F.scaled_dot_product_attention) on the same operands, in fp32,
 fp16 and bf16 (16-bit with an fp32 padding mask at finfo(fp32).min, as the
 precision policy leaves a transformers mask).

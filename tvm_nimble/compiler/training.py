@@ -391,7 +391,7 @@ def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = 
     (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). ``kernels``: TVM's
     by default; "vendor" puts the forward convolutions and the convolution gradients (conv2d_transpose for
     dL/dx, the CNHW convolution for dL/dW) on cuDNN, "best" chooses per operator by measurement (as
-    ``build``; not yet measured on a GPU for training steps). ``precision``: "fp32", "tf32" (TF32 tensor
+    ``build``). ``precision``: "fp32", "tf32" (TF32 tensor
     cores in the vendor kernels) or "bf16" (bfloat16 forward and backward, float32 master weights). A model
     with operators TVM's gradient cannot differentiate is refused with a ModelError naming them."""
     step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay, precision)

@@ -11,7 +11,9 @@ them as one batch (:class:`~tvm_nimble.runtime.buckets.BucketedExecutor`: the sm
 holds it, padded). Each caller gets exactly its own rows of every output, in order. A request never
 straddles two runs: one that would overflow the batch waits for the next, and one larger than the
 largest bucket runs alone, split. Over a :class:`~tvm_nimble.runtime.pool.NimblePool` there is one
-worker per replica, so batches run side by side; over one executor, one at a time.
+worker per replica, so batches run side by side; over one executor, one at a time. A worker gathers as
+soon as its executor is free, so a backlog (requests whose delay is over) leaves at once in runs of the
+largest bucket. Before the first request every bucket of every executor has run once (``warm``).
 
 A model built for one batch size works too (a one-bucket model: every batch padded to it), which is
 the fixed-batch baseline of a latency comparison. So does any function of stacked numpy inputs that

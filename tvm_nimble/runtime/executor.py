@@ -506,7 +506,8 @@ class BucketedExecutor(NimbleExecutor):
     ``ex(*inputs, split=False)`` refuses a batch over the largest bucket instead of splitting it;
     ``copy=False`` returns views of the bucket's output buffers (valid until the next run) when one run
     serves the batch. ``set_input`` / ``run`` / ``get_output`` work as on any executor (the inputs are kept
-    until the run, which splits and pads like a call). ``stats`` counts runs, rows and padded rows.
+    until the run, which splits and pads like a call). ``stats`` counts runs, rows and padded rows (and
+    :meth:`warm` 's runs apart).
     """
 
     def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = True,
@@ -536,7 +537,7 @@ class BucketedExecutor(NimbleExecutor):
         self._results = None
         self._result_by = None
         self._local = threading.local()
-        self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0}
+        self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0, "warm_runs": 0}
         self._pad_zeros: list = []  # per input: max_padding() zero rows on the device, what padding copies
         try:
             names, weights = module.shared_weights()
@@ -712,8 +713,9 @@ class BucketedExecutor(NimbleExecutor):
 
     def warm(self) -> None:
         """Run every bucket once on zero rows (padded as a request's rows would be) and read its outputs back,
-        so that no request pays a first use (a graph's first launch, a copy path's set-up); ``stats`` do not
-        count these runs. A :class:`~tvm_nimble.runtime.batcher.Batcher` warms its executors when it starts."""
+        so that no request pays a first use (a graph's first launch, a copy path's set-up); ``stats`` count
+        these runs as ``warm_runs`` only. A :class:`~tvm_nimble.runtime.batcher.Batcher` warms its executors
+        when it starts."""
         self._check_open()
         inputs = [np.zeros((self.max_batch, *self.plan.tensors[t].shape[1:]), self.plan.tensors[t].dtype)
                   for t in self.plan.inputs]
@@ -725,6 +727,7 @@ class BucketedExecutor(NimbleExecutor):
                         out.numpy()
             finally:
                 self.stats.update(saved)
+            self.stats["warm_runs"] += len(self.batch_sizes)
 
     # ---- graph-executor API --------------------------------------------------------------------------------
     def set_input(self, key, value) -> None:

@@ -1,12 +1,13 @@
 """Experiment: serving under Poisson load (issue #35): bucketed Nimble behind the dynamic batcher, against one
 fixed-batch Nimble artifact and PyTorch's CUDA graphs behind the same batcher.
 
-First run on an H200 (--seconds 5): every engine showed p99s of 190-300 ms at some load. They were
-Python's full (generation-2) garbage collections, each holding the GIL for as long as it takes to walk
-every object of the process (torch, TVM, the plans: 100-150 ms over the 0.3 M objects of the CPU dry run,
-more with torch on CUDA), so no batch is gathered, launched or handed back meanwhile; requests kept
-alive while queued trigger more of them, so near capacity one stall made a backlog that lasted the
-window. A serving process does what is done here before measuring (``--gc``), for every engine alike.
+First run on an H200 (--seconds 5): every engine showed p99s of 190-300 ms at some load. On the CPU dry
+run the same stalls are Python's full (generation-2) garbage collections, each holding the GIL while it
+walks every object of the process (torch, TVM, the plans: 100-150 ms over its 0.3 M objects; more with
+torch on CUDA), so that no batch is gathered, launched or handed back meanwhile; objects kept alive while
+requests queue (and, then, every future the harness kept) bring more of them, so near capacity one stall
+leaves a backlog for the rest of the window, whichever engine it hits. A serving process does what is
+done here before measuring (``--gc``), for every engine alike; each row records the collections seen.
 
     bash scripts/gpu_session.sh "experiment batcher_load 1200 --models tv:googlenet,tv:resnet50 --kernels best"
     python3 scripts/experiments/batcher_load.py --models zoo:inception --target llvm --buckets 1,2,4 --seconds 0.5 --out DIR   # CPU dry run

@@ -180,11 +180,11 @@ class NimbleExecutor:
         if self.mode != "streams":
             self._graphs = [cg.CapturedGraph(lambda p=p: self._issue(parity=p), self._streams)
                             for p in range(len(self._arg_sets))]
-            # each graph launched once now: its first launch uploads it to the device (milliseconds for a
-            # large graph), which no request should pay
-            for g in self._graphs:
-                g.launch()
-            cg.synchronize(self._streams)
+            if len(self._graphs) == 1:  # (not with carried state: a launch would advance it)
+                # launched once now: a graph's first launch uploads it to the device (milliseconds for a
+                # large graph), which no request should pay; it reads what the live run above read
+                self._graphs[0].launch()
+                cg.synchronize(self._streams)
 
     def _issue(self, timing_events=None, in_capture=False, parity=None):
         from . import cuda_graph as cg

@@ -117,6 +117,14 @@ def test_padded_rows_are_zeros_and_never_reach_the_caller(resnet):
     assert ex.stats["padded_rows"] == 0 + 3 + 1  # 5 rows on bucket 8, 3 rows on bucket 4
 
 
+def test_warm_runs_every_bucket_once_and_serves_no_request(resnet):
+    ex = NimbleExecutor(resnet.path)
+    ex.warm()
+    assert ex.stats == {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0, "warm_runs": len(ex.batch_sizes)}
+    np.testing.assert_allclose(ex(resnet.x[:3])[0].numpy(), resnet.ref[:3], rtol=1e-4, atol=1e-4)
+    assert ex.stats["runs"] == 1 and ex.stats["padded_rows"] == 1
+
+
 def test_a_batch_over_the_limit_with_split_false_is_one_line(resnet):
     ex = NimbleExecutor(resnet.path)
     with pytest.raises(InputError) as err:

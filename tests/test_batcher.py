@@ -86,6 +86,33 @@ def test_a_full_batch_does_not_wait_for_the_delay(served):
         np.testing.assert_allclose(out, y[:8], rtol=1e-4, atol=1e-4)
 
 
+def test_every_bucket_of_every_replica_runs_before_the_first_request(served):
+    _, path, x, y = served
+    with tvm_nimble.NimblePool(path, replicas=2) as pool, Batcher(pool, max_delay_ms=1) as batcher:
+        with pool.executor() as a, pool.executor() as b:
+            for ex in (a, b):
+                assert ex.stats["warm_runs"] == len(SIZES)  # one run per bucket, at the batcher's start
+                assert ex.stats["runs"] == ex.stats["calls"] == ex.stats["padded_rows"] == 0  # (not a request's)
+        assert batcher.stats["runs"] == 0
+        np.testing.assert_allclose(batcher(x[:3])[0].numpy(), y[:3], rtol=1e-4, atol=1e-4)
+    with tvm_nimble.NimblePool(path, replicas=1) as pool, Batcher(pool, warm=False):
+        with pool.executor() as ex:
+            assert ex.stats["warm_runs"] == 0
+
+
+def test_a_backlog_leaves_in_runs_of_the_largest_bucket(served):
+    """Requests queued while the only replica is busy leave as soon as it is free, each run as full as the
+    largest bucket allows (none waits for the delay again), in arrival order."""
+    _, path, x, y = served
+    with tvm_nimble.NimblePool(path, replicas=1) as pool, Batcher(pool, max_delay_ms=300) as batcher:
+        with pool.executor():  # the replica busy: the first full batch waits for it, the rest queue
+            futures = [batcher.submit(x[i:i + 1]) for i in range(20)]
+            time.sleep(0.4)  # (every queued request's delay is over before the replica is free)
+        outs = [f.result(10)[0].numpy() for f in futures]
+        assert batcher.stats["batches"] == [8, 8, 4]
+    np.testing.assert_allclose(np.concatenate(outs), y[:20], rtol=1e-4, atol=1e-4)
+
+
 def test_a_lone_request_runs_once_its_delay_is_over(served):
     _, path, x, y = served
     with Batcher(path, max_delay_ms=150) as batcher:
@@ -186,3 +213,8 @@ def test_the_gpu_load_experiment_dry_runs_on_cpu(tmp_path):
     assert [row["engine"] for row in res["rows"]] == ["nimble-buckets", "nimble-fixed", "torch-cudagraph"]
     assert all(v < 1e-3 for v in res["max_rel_error_vs_alone"].values())
     assert all(row["requests"] == 10 and row["p99_ms"] >= row["p50_ms"] > 0 for row in res["rows"])
+    for row in res["rows"]:  # what shows a stall: the tail, requests over 50 ms, the longest wait with none done
+        assert row["max_ms"] >= row["p999_ms"] >= row["p99_ms"]
+        assert row["max_stall_ms"] > 0 and row["over_50ms"] >= 0 and row["max_submit_lag_ms"] >= 0
+        assert row["gc_collections"] == 0  # --gc off (default): none during a measured window
+    assert res["gc"] == "off"

@@ -1,7 +1,13 @@
 """Experiment: serving under Poisson load (issue #35): bucketed Nimble behind the dynamic batcher, against one
 fixed-batch Nimble artifact and PyTorch's CUDA graphs behind the same batcher.
 
-Not yet run on a GPU (written with the CPU part of #35; dry-run on llvm by tests/test_batcher.py).
+First run on an H200 (--seconds 5): every engine showed p99s of 190-300 ms at some load. On the CPU dry
+run the same stalls are Python's full (generation-2) garbage collections, each holding the GIL while it
+walks every object of the process (torch, TVM, the plans: 100-150 ms over its 0.3 M objects; more with
+torch on CUDA), so that no batch is gathered, launched or handed back meanwhile; objects kept alive while
+requests queue (and, then, every future the harness kept) bring more of them, so near capacity one stall
+leaves a backlog for the rest of the window, whichever engine it hits. A serving process does what is
+done here before measuring (``--gc``), for every engine alike; each row records the collections seen.
 
     bash scripts/gpu_session.sh "experiment batcher_load 1200 --models tv:googlenet,tv:resnet50 --kernels best"
     python3 scripts/experiments/batcher_load.py --models zoo:inception --target llvm --buckets 1,2,4 --seconds 0.5 --out DIR   # CPU dry run
@@ -16,18 +22,34 @@ request its rows as numpy (one copy of the run's outputs to the host per batch, 
   PyTorch mirror), one CUDA graph captured per bucket, padded and split as Nimble does; TF32 off.
 
 First every engine's rows for a batch of 11 requests are checked against each row run alone on the
-bucketed executor (and PyTorch's against Nimble's). Then the bucketed engine's capacity is measured
-closed-loop (--capacity-requests requests queued at once), and for each load (``--loads``, fractions of
-that capacity, default 0.25,0.5,0.85; or ``--rates`` in requests/s) every engine serves open-loop Poisson
-arrivals of one-row requests for ``--seconds``: latency from each request's scheduled arrival to its
-result, p50/p99, throughput (completed requests / seconds until the last completion), mean rows per run.
-Writes DIR/batcher_load_<model>.json and prints a table.
+bucketed executor (and PyTorch's against Nimble's). Then every engine serves one request of each bucket's
+size through its batcher (the Nimble executors also ran every bucket when their batchers started, and
+each PyTorch graph was replayed once after its capture), so no measured request pays a first use.
+
+Garbage collection (``--gc``, the same for every engine): ``off`` (default) collects and freezes
+(``gc.freeze()``) everything set up (models, engines, torch, TVM) once the engines are warm, so no later
+collection walks it, and disables the collector during each measured window (it collects between
+windows, unmeasured): what a serving process does after loading, where a collection is a pause no
+engine causes. ``freeze``: frozen, the collector on during windows (collections then walk only what the
+window allocated). ``on``: Python's defaults (the first H200 run; shows the stalls). Each row records the
+collections seen in its window and the longest.
+
+Then the bucketed engine's capacity is measured closed-loop (--capacity-requests requests queued at once),
+and for each load (``--loads``, fractions of that capacity, default 0.25,0.5,0.85; or ``--rates`` in
+requests/s) every engine serves open-loop Poisson arrivals of one-row requests for ``--seconds``: latency
+from each request's scheduled arrival to its result, p50/p99/p99.9, requests over 50 ms, the longest time
+during which requests waited and none completed (``max_stall_ms``: a run's own duration, or a stall), how
+late the generator submitted (``max_submit_lag_ms``: it falling behind), throughput (completed requests /
+seconds until the last completion), mean rows per run. Writes DIR/batcher_load_<model>.json and prints a
+table.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -72,6 +94,9 @@ class TorchBuckets:
                 self.graphs[b] = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(self.graphs[b]):
                     self.out[b] = self.model(self.inp[b])
+                self.graphs[b].replay()  # the first replay uploads the graph: not a request's
+            if cuda:
+                torch.cuda.synchronize()
 
     def __call__(self, x):
         torch = self.torch
@@ -100,28 +125,90 @@ def capacity(batcher, x, requests: int) -> float:
     return requests / (time.perf_counter() - t0)
 
 
-def poisson_run(batcher, x, rate: float, seconds: float, seed: int = 0) -> dict:
-    """Open-loop Poisson arrivals of one-row requests at ``rate`` per second for ``seconds``."""
+def warm_up(batcher, x, buckets) -> None:
+    """One request of each bucket's size through ``batcher`` (each waited for: it runs alone, on that bucket)."""
+    for b in buckets:
+        batcher.submit(np.resize(x, (b, *x.shape[1:]))).result(600)
+
+
+class GcWatch:
+    """The garbage collections (generation, pause) seen while ``watching``."""
+
+    def __init__(self):
+        self.watching, self.seen, self._start = False, [], None
+        gc.callbacks.append(self)
+
+    def __call__(self, phase, info):
+        if not self.watching:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seen.append((info["generation"], (time.perf_counter() - self._start) * 1e3))
+
+    def close(self):
+        gc.callbacks.remove(self)
+
+
+def max_stall_ms(arrivals, done) -> float:
+    """The longest time during which some request had arrived and none completed (seconds in, ms out)."""
+    order = np.argsort(done)
+    c, a = done[order], arrivals[order]
+    waiting_since = np.minimum.accumulate(a[::-1])[::-1]  # after the k-th completion: the oldest still waiting
+    starts = np.maximum(np.concatenate([[-np.inf], c[:-1]]), waiting_since)
+    return float(np.max(c - starts) * 1e3)
+
+
+def poisson_run(batcher, x, rate: float, seconds: float, seed: int = 0, gc_mode: str = "off",
+                watch: GcWatch | None = None) -> dict:
+    """Open-loop Poisson arrivals of one-row requests at ``rate`` per second for ``seconds``. No future is
+    kept past its completion (the harness adds no long-lived objects of its own)."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=max(int(rate * seconds), 1)))
-    done = np.full(len(arrivals), np.nan)
+    n = len(arrivals)
+    done = np.full(n, np.nan)
+    lag = np.zeros(n)
+    left = [n]
+    lock, finished = threading.Lock(), threading.Event()
+
+    def complete(i, t0):
+        done[i] = time.perf_counter() - t0
+        with lock:
+            left[0] -= 1
+            if not left[0]:
+                finished.set()
+
     runs0, rows0 = batcher.stats["runs"], sum(batcher.stats["batches"])
-    t0 = time.perf_counter()
-    futures = []
-    for i, a in enumerate(arrivals):
-        wait = t0 + a - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        f = batcher.submit(x[i % len(x)][None])
-        f.add_done_callback(lambda _, i=i: done.__setitem__(i, time.perf_counter() - t0))
-        futures.append(f)
-    for f in futures:
-        f.result(600)
+    if gc_mode == "off":
+        gc.collect()  # (unmeasured) then none during the window
+        gc.disable()
+    if watch is not None:
+        watch.seen, watch.watching = [], True
+    try:
+        t0 = time.perf_counter()
+        for i, a in enumerate(arrivals):
+            wait = t0 + a - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            lag[i] = time.perf_counter() - t0 - a
+            batcher.submit(x[i % len(x)][None]).add_done_callback(lambda _, i=i: complete(i, t0))
+        if not finished.wait(600):
+            raise TimeoutError(f"{left[0]} of {n} requests not done after 600 s")
+    finally:
+        if watch is not None:
+            watch.watching = False
+        if gc_mode == "off":
+            gc.enable()
     lat = (done - arrivals) * 1e3
     runs = batcher.stats["runs"] - runs0
-    return {"rate": rate, "requests": len(arrivals), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "throughput": len(arrivals) / float(np.nanmax(done)),
-            "mean_rows_per_run": (sum(batcher.stats["batches"]) - rows0) / max(runs, 1)}
+    pauses = [ms for _, ms in (watch.seen if watch is not None else [])]
+    return {"rate": rate, "requests": n, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "p999_ms": float(np.percentile(lat, 99.9)),
+            "max_ms": float(lat.max()), "over_50ms": int((lat > 50).sum()),
+            "max_stall_ms": max_stall_ms(arrivals, done), "max_submit_lag_ms": float(lag.max() * 1e3),
+            "throughput": n / float(np.nanmax(done)),
+            "mean_rows_per_run": (sum(batcher.stats["batches"]) - rows0) / max(runs, 1),
+            "gc_collections": len(pauses), "gc_max_pause_ms": max(pauses, default=0.0)}
 
 
 def main(argv=None):
@@ -136,6 +223,8 @@ def main(argv=None):
     ap.add_argument("--rates", help="requests per second instead of --loads, e.g. 500,2000,5000")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--capacity-requests", type=int, default=4000)
+    ap.add_argument("--gc", default="off", choices=["off", "freeze", "on"],
+                    help="garbage collection during the measurement, the same for every engine (see the docstring)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -151,6 +240,7 @@ def main(argv=None):
     buckets = [int(b) for b in args.buckets.split(",")]
     kernels = args.kernels if cuda else "tvm"
     table = []
+    watch = GcWatch()
     for spec in args.models.split(","):
         name, model, torch_model = load_models(spec)
         t0 = time.perf_counter()
@@ -159,7 +249,7 @@ def main(argv=None):
         build_s = time.perf_counter() - t0
         plan = bucketed.plan
         row = plan.tensors[plan.inputs[0]].shape[1:]
-        x = np.random.default_rng(0).standard_normal((64, *row)).astype("float32")
+        x = np.random.default_rng(0).standard_normal((max(64, buckets[-1]), *row)).astype("float32")
         engines = {
             "nimble-buckets": Batcher(tvm_nimble.NimblePool(bucketed, replicas=args.replicas), max_delay_ms=args.delay_ms,
                                       to_numpy=True),
@@ -175,29 +265,47 @@ def main(argv=None):
             got = np.concatenate([batcher.submit(x[i:i + 1]).result(600)[0] for i in range(11)])
             check[engine] = float(np.abs(got - alone).max() / max(np.abs(alone).max(), 1e-12))
             assert check[engine] < 1e-3, f"{name} {engine}: rows differ from each row alone by {check[engine]:.2e}"
-        cap = capacity(engines["nimble-buckets"], x, args.capacity_requests)
+        for batcher in engines.values():
+            warm_up(batcher, x, buckets)
+        if args.gc != "on":
+            gc.collect()
+            gc.freeze()  # what is set up now is never walked again
+        if args.gc == "off":
+            gc.collect()
+            gc.disable()
+        try:
+            cap = capacity(engines["nimble-buckets"], x, args.capacity_requests)
+        finally:
+            gc.enable()
         rates = ([float(r) for r in args.rates.split(",")] if args.rates else
                  [round(cap * float(f), 1) for f in args.loads.split(",")])
         res = {"model": name, "kernels": kernels, "buckets": buckets, "fixed_batch": buckets[-1],
-               "replicas": args.replicas, "delay_ms": args.delay_ms, "build_s": build_s,
+               "replicas": args.replicas, "delay_ms": args.delay_ms, "gc": args.gc, "build_s": build_s,
                "max_rel_error_vs_alone": check, "capacity_per_s": cap, "rows": []}
         for rate in rates:
             for engine, batcher in engines.items():
-                r = {"engine": engine, **poisson_run(batcher, x, rate, args.seconds)}
+                r = {"engine": engine, **poisson_run(batcher, x, rate, args.seconds, gc_mode=args.gc, watch=watch)}
                 res["rows"].append(r)
                 table.append((name, r))
                 print(f"{name:12s} {engine:16s} {rate:9.1f}/s  p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms  "
-                      f"{r['throughput']:9.1f}/s  {r['mean_rows_per_run']:5.1f} rows/run", flush=True)
+                      f"p99.9 {r['p999_ms']:8.3f} ms  stall {r['max_stall_ms']:7.1f} ms  {r['throughput']:9.1f}/s  "
+                      f"{r['mean_rows_per_run']:5.1f} rows/run  gc {r['gc_collections']} "
+                      f"(max {r['gc_max_pause_ms']:.1f} ms)", flush=True)
         for batcher in engines.values():
             batcher.close()
             if getattr(batcher, "_target", None) is not None:
                 batcher._target.close()  # the pools made here
+        if args.gc != "on":
+            gc.unfreeze()  # this model's objects may go now
         with open(os.path.join(args.out, f"batcher_load_{name}.json"), "w") as f:
             json.dump(res, f, indent=1)
-    print(f"\n{'model':12s} {'engine':16s} {'load/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'done/s':>9s} {'rows/run':>8s}")
+    watch.close()
+    print(f"\n{'model':12s} {'engine':16s} {'load/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'p99.9 ms':>8s} "
+          f"{'stall ms':>8s} {'>50ms':>6s} {'done/s':>9s} {'rows/run':>8s} {'gc':>3s}")
     for name, r in table:
-        print(f"{name:12s} {r['engine']:16s} {r['rate']:9.1f} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} "
-              f"{r['throughput']:9.1f} {r['mean_rows_per_run']:8.1f}")
+        print(f"{name:12s} {r['engine']:16s} {r['rate']:9.1f} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['p999_ms']:8.3f} "
+              f"{r['max_stall_ms']:8.1f} {r['over_50ms']:6d} {r['throughput']:9.1f} {r['mean_rows_per_run']:8.1f} "
+              f"{r['gc_collections']:3d}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ them as one batch (:class:`~tvm_nimble.runtime.buckets.BucketedExecutor`: the sm
 holds it, padded). Each caller gets exactly its own rows of every output, in order. A request never
 straddles two runs: one that would overflow the batch waits for the next, and one larger than the
 largest bucket runs alone, split. Over a :class:`~tvm_nimble.runtime.pool.NimblePool` there is one
-worker per replica, so batches run side by side; over one executor, one at a time.
+worker per replica, so batches run side by side; over one executor, one at a time. A worker gathers as
+soon as its executor is free, so a backlog (requests whose delay is over) leaves at once in runs of the
+largest bucket. Before the first request every bucket of every executor has run once (``warm``).
 
 A model built for one batch size works too (a one-bucket model: every batch padded to it), which is
 the fixed-batch baseline of a latency comparison. So does any function of stacked numpy inputs that
@@ -55,11 +57,13 @@ class Batcher:
     arrived). ``max_batch``: the most rows gathered into one run (default: the largest bucket).
     ``to_numpy``: each request's outputs as numpy arrays (one copy of the run's outputs to the host, then
     a slice per request) instead of TVM tensors on the model's device.
+    ``warm``: before taking requests, run every bucket of every executor once (:meth:`BucketedExecutor.warm`),
+    so that no request pays a bucket's first use (a function is the caller's to warm).
     ``stats`` counts requests, rows and runs (``batches`` lists each run's rows).
     """
 
     def __init__(self, model, max_delay_ms: float = 2.0, max_batch: int | None = None, replicas: int | None = None,
-                 check_inputs: bool = True, to_numpy: bool = False):
+                 check_inputs: bool = True, to_numpy: bool = False, warm: bool = True):
         if not isinstance(max_delay_ms, (int, float)) or isinstance(max_delay_ms, bool) or max_delay_ms < 0:
             raise ValueError(f"max_delay_ms must be a number >= 0, got {max_delay_ms!r}")
         self._owned = None
@@ -101,10 +105,14 @@ class Batcher:
             (self.plan.tensors[t].shape[1:], self.plan.tensors[t].dtype, self.plan.tensors[t].name)
             for t in self.plan.inputs]
         self._queue: collections.deque[_Request] = collections.deque()
+        self._queued = 0  # rows in the queue
         self._cv = threading.Condition()
         self._gather = threading.Lock()  # one worker gathers at a time
         self._closed = False
         self.stats = {"requests": 0, "rows": 0, "runs": 0, "batches": []}
+        if warm and self._fn is None:
+            for ex in (self._target._executors if isinstance(self._target, NimblePool) else [self._target]):
+                ex.warm()
         self._workers = [threading.Thread(target=self._work, name=f"nimble-batcher-{i}", daemon=True)
                          for i in range(workers)]
         for w in self._workers:
@@ -156,9 +164,12 @@ class Batcher:
             if self._closed:
                 raise NimbleError("this Batcher is closed; create a new one")
             self._queue.append(req)
+            before, self._queued = self._queued, self._queued + rows
             self.stats["requests"] += 1
             self.stats["rows"] += rows
-            self._cv.notify_all()
+            # the one gathering worker waits for a first request, then for a full batch (or its delay)
+            if before == 0 or (before < self.max_batch <= self._queued):
+                self._cv.notify()
         return req.future
 
     def __call__(self, *inputs, timeout: float | None = None, **named) -> list:
@@ -166,21 +177,20 @@ class Batcher:
         return self.submit(*inputs, **named).result(timeout)
 
     # ---- workers -------------------------------------------------------------------------------------
-    def _queued_rows(self) -> int:
-        return sum(r.rows for r in self._queue)
-
     def _next_batch(self) -> list[_Request] | None:
         """The oldest request and those behind it that fit, once the batch is full or its delay is over;
-        None when the batcher is closed and nothing is left."""
+        None when the batcher is closed and nothing is left. The worker calls it as soon as its executor is
+        free: a backlog (the oldest request's delay over, or a full batch queued) leaves at once, in runs of
+        ``max_batch`` rows."""
         with self._cv:
             while not self._queue:
                 if self._closed:
                     return None
                 self._cv.wait()
             deadline = self._queue[0].arrival + self.max_delay
-            while not self._closed:
+            while not self._closed and self._queued < self.max_batch:
                 left = deadline - time.perf_counter()
-                if left <= 0 or self._queued_rows() >= self.max_batch:
+                if left <= 0:
                     break
                 self._cv.wait(left)
             batch = [self._queue.popleft()]
@@ -188,29 +198,49 @@ class Batcher:
             while self._queue and rows + self._queue[0].rows <= self.max_batch:
                 rows += self._queue[0].rows
                 batch.append(self._queue.popleft())
+            self._queued -= rows
             return batch
 
     def _work(self) -> None:
+        staging: dict = {}  # this worker's host buffers for gathered inputs (max_batch rows each), made once
         while True:
             with self._gather:
                 batch = self._next_batch()
             if batch is None:
                 return
             try:
-                self._run(batch)
+                self._run(batch, staging)
             except BaseException as err:  # noqa: BLE001  (each caller gets the error)
                 for r in batch:
                     if not r.future.done():
                         r.future.set_exception(err)
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _gathered(self, batch: list[_Request], rows: int, staging: dict) -> list[np.ndarray]:
+        """The batch's inputs stacked: one request's as they are; several copied into the worker's staging
+        buffers (no allocation per run), which the executor copies to the device before the next run. A
+        function gets fresh arrays (it may keep them)."""
+        if len(batch) == 1:
+            return batch[0].inputs
+        out = []
+        for i in range(len(batch[0].inputs)):
+            parts = [r.inputs[i] for r in batch]
+            if self._fn is not None:
+                out.append(np.concatenate(parts))
+                continue
+            buf = staging.get(i)
+            if buf is None:
+                rest, dtype, _ = self._slots[i]
+                buf = staging[i] = np.empty((self.max_batch, *rest), dtype)
+            out.append(np.concatenate(parts, out=buf[:rows]))
+        return out
+
+    def _run(self, batch: list[_Request], staging: dict) -> None:
         import tvm
 
         from .buckets import row_view
 
-        inputs = (batch[0].inputs if len(batch) == 1 else
-                  [np.concatenate([r.inputs[i] for r in batch]) for i in range(len(batch[0].inputs))])
         rows = sum(r.rows for r in batch)
+        inputs = self._gathered(batch, rows, staging)
         if self._fn is not None:
             outs = list(self._fn(*inputs))
             results = [[] for _ in batch]

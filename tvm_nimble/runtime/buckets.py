@@ -6,8 +6,9 @@ of the weights (:class:`BucketedModule`; the artifact's ``params.npz`` stores ea
 constant once, by content). :class:`BucketedExecutor` takes any batch:
 
 - ``n`` rows up to the largest bucket run on the smallest bucket that holds them: the inputs are
-  copied into that bucket's input buffers, the rows past ``n`` set to zeros, and only the first ``n``
-  rows of every output come back (the padded rows never reach the caller);
+  copied into that bucket's input buffers, the rows past ``n`` set to zeros (copied on the device from
+  zero rows kept there, :func:`padding_bytes`), and only the first ``n`` rows of every output come back
+  (the padded rows never reach the caller);
 - more rows than the largest bucket are split into runs of the largest bucket plus one run of the
   smallest bucket holding the rest, and the outputs are concatenated in order (``split=False``
   refuses such a batch with one line instead).
@@ -51,6 +52,20 @@ def arena_layout(plan) -> tuple[dict[int, int], int]:
             offsets[s.id] = total
             total += _align(max(s.nbytes, 1))
     return offsets, total
+
+
+def max_padding(batch_sizes) -> int:
+    """The most zero rows a run pads: ``n`` rows run on the smallest bucket holding them, so a bucket
+    pads at most its size less the next smaller bucket's, less one."""
+    sizes = sorted(batch_sizes)
+    return max(b - a - 1 for a, b in zip([0, *sizes], sizes))
+
+
+def padding_bytes(plan, batch_sizes) -> int:
+    """Device bytes of the zero rows the padding is copied from (:func:`max_padding` rows of every input
+    of ``plan``, a bucket's plan), kept on the device so that padding is a device-to-device copy."""
+    rows = max_padding(batch_sizes)
+    return sum(_align(plan.tensors[t].nbytes // plan.tensors[t].shape[0] * rows) for t in plan.inputs) if rows else 0
 
 
 def shared_constant_storages(plan, names: dict[str, str]) -> dict[int, str]:

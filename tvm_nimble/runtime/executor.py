@@ -28,7 +28,7 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError, ShapeError
 
-from .buckets import SharedWorkspace, arena_layout, row_view, shared_constant_storages
+from .buckets import SharedWorkspace, arena_layout, max_padding, row_view, shared_constant_storages
 from .device import Workspace, device_for, tensor_at
 
 MODES = ("cuda-graph", "single-stream", "streams", "sequential")
@@ -180,6 +180,11 @@ class NimbleExecutor:
         if self.mode != "streams":
             self._graphs = [cg.CapturedGraph(lambda p=p: self._issue(parity=p), self._streams)
                             for p in range(len(self._arg_sets))]
+            if len(self._graphs) == 1:  # (not with carried state: a launch would advance it)
+                # launched once now: a graph's first launch uploads it to the device (milliseconds for a
+                # large graph), which no request should pay; it reads what the live run above read
+                self._graphs[0].launch()
+                cg.synchronize(self._streams)
 
     def _issue(self, timing_events=None, in_capture=False, parity=None):
         from . import cuda_graph as cg
@@ -501,7 +506,8 @@ class BucketedExecutor(NimbleExecutor):
     ``ex(*inputs, split=False)`` refuses a batch over the largest bucket instead of splitting it;
     ``copy=False`` returns views of the bucket's output buffers (valid until the next run) when one run
     serves the batch. ``set_input`` / ``run`` / ``get_output`` work as on any executor (the inputs are kept
-    until the run, which splits and pads like a call). ``stats`` counts runs, rows and padded rows.
+    until the run, which splits and pads like a call). ``stats`` counts runs, rows and padded rows (and
+    :meth:`warm` 's runs apart).
     """
 
     def __init__(self, module_or_artifact, device=None, mode: str | None = None, check_inputs: bool = True,
@@ -531,8 +537,8 @@ class BucketedExecutor(NimbleExecutor):
         self._results = None
         self._result_by = None
         self._local = threading.local()
-        self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0}
-        self._zeros: dict[tuple, np.ndarray] = {}
+        self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0, "warm_runs": 0}
+        self._pad_zeros: list = []  # per input: max_padding() zero rows on the device, what padding copies
         try:
             names, weights = module.shared_weights()
             layouts = {b: arena_layout(m.plan) for b, m in module.buckets.items()}
@@ -541,6 +547,16 @@ class BucketedExecutor(NimbleExecutor):
             for b, bucket in module.buckets.items():
                 self._runners[b] = self._runner(bucket, layouts[b][0], names[b], weights, mode)
             self.mode = self._runners[self.max_batch].mode
+            # per bucket: each input's and output's bytes per row (what row views and padding need)
+            self._row_bytes = {b: ([r.plan.tensors[t].nbytes // b for t in r.plan.inputs],
+                                   [r.plan.tensors[t].nbytes // b for t in r.plan.outputs])
+                               for b, r in self._runners.items()}
+            pad = max_padding(self.batch_sizes)
+            for t in self.plan.inputs if pad else ():
+                slot = self.plan.tensors[t]
+                zeros = tvm.runtime.empty((pad, *slot.shape[1:]), slot.dtype, self.device)
+                zeros.copyfrom(np.zeros((pad, *slot.shape[1:]), dtype=slot.dtype))
+                self._pad_zeros.append(zeros)
         except BaseException:
             self.close()
             raise
@@ -639,26 +655,19 @@ class BucketedExecutor(NimbleExecutor):
         out.append((start, rest, min(b for b in self.batch_sizes if b >= rest)))
         return out
 
-    def _zeros_for(self, slot, rows: int) -> np.ndarray:
-        key = (slot.id, rows)
-        z = self._zeros.get(key)
-        if z is None:
-            z = self._zeros[key] = np.zeros((rows, *slot.shape[1:]), dtype=slot.dtype)
-        return z
-
     def _copy_rows(self, runner: _BucketRunner, prepared: list, start: int, rows: int, batch: int) -> None:
         plan = runner.plan
-        for i, src in enumerate(prepared):
-            slot = plan.tensors[plan.inputs[i]]
-            row_bytes = slot.nbytes // batch
-            dst = runner._views[runner._parity][plan.inputs[i]]
+        views = runner._views[runner._parity]
+        for i, (src, row_bytes) in enumerate(zip(prepared, self._row_bytes[batch][0])):
+            dst = views[plan.inputs[i]]
             head = row_view(dst, 0, rows, row_bytes)
             if isinstance(src, np.ndarray):
                 head.copyfrom(src[start:start + rows])
             else:
                 row_view(src, start, rows, row_bytes).copyto(head)
-            if rows < batch:  # the padded rows: zeros, whatever an earlier run left there
-                row_view(dst, rows, batch - rows, row_bytes).copyfrom(self._zeros_for(slot, batch - rows))
+            if rows < batch:  # the padded rows: zeros (a device-to-device copy), whatever an earlier run left there
+                row_view(self._pad_zeros[i], 0, batch - rows, row_bytes).copyto(
+                    row_view(dst, rows, batch - rows, row_bytes))
 
     def _run_rows(self, prepared: list, n: int, copy: bool, split: bool) -> list:
         """Serve ``n`` rows of ``prepared`` inputs (under the lock): the outputs' first ``n`` rows."""
@@ -676,9 +685,9 @@ class BucketedExecutor(NimbleExecutor):
             runner.sync()
             self.stats["runs"] += 1
             self.stats["padded_rows"] += batch - rows
-            plan = runner.plan
-            views = [runner._views[runner._last_parity][t] for t in plan.outputs]
-            row_bytes = [plan.tensors[t].nbytes // batch for t in plan.outputs]
+            last = runner._views[runner._last_parity]
+            views = [last[t] for t in runner.plan.outputs]
+            row_bytes = self._row_bytes[batch][1]
             if len(chunks) == 1:
                 heads = [row_view(v, 0, rows, rb) for v, rb in zip(views, row_bytes)]
                 return [_owned_copy(h, self.device) for h in heads] if copy else heads
@@ -701,6 +710,24 @@ class BucketedExecutor(NimbleExecutor):
             if self._owner is me:
                 self._owner = None
             return out
+
+    def warm(self) -> None:
+        """Run every bucket once on zero rows (padded as a request's rows would be) and read its outputs back,
+        so that no request pays a first use (a graph's first launch, a copy path's set-up); ``stats`` count
+        these runs as ``warm_runs`` only. A :class:`~tvm_nimble.runtime.batcher.Batcher` warms its executors
+        when it starts."""
+        self._check_open()
+        inputs = [np.zeros((self.max_batch, *self.plan.tensors[t].shape[1:]), self.plan.tensors[t].dtype)
+                  for t in self.plan.inputs]
+        with self._lock:
+            saved = dict(self.stats)
+            try:
+                for smaller, b in zip([0, *self.batch_sizes], self.batch_sizes):
+                    for out in self._run_rows([x[:smaller + 1] for x in inputs], smaller + 1, copy=False, split=False):
+                        out.numpy()
+            finally:
+                self.stats.update(saved)
+            self.stats["warm_runs"] += len(self.batch_sizes)
 
     # ---- graph-executor API --------------------------------------------------------------------------------
     def set_input(self, key, value) -> None:
@@ -769,6 +796,7 @@ class BucketedExecutor(NimbleExecutor):
         self._runners = {}
         self._arena = None
         self._weights_dev = {}
+        self._pad_zeros = []
         self._results = None
         self._pending = {}
 

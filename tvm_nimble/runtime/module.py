@@ -10,7 +10,7 @@ from tvm_nimble.errors import NimbleError
 
 from .artifact import (VENDOR_FILE, ArtifactError, load_artifact_files, load_bucketed_files, read_manifest,
                        save_artifact, save_bucketed_artifact)
-from .buckets import arena_layout, check_buckets, dedupe_weights
+from .buckets import arena_layout, check_buckets, dedupe_weights, padding_bytes
 from .plan import VENDOR_PREFIXES, Plan
 
 
@@ -150,9 +150,11 @@ class BucketedModule(NimbleModule):
         return max(arena_layout(m.plan)[1] for m in self.buckets.values())
 
     def device_bytes(self) -> int:
-        """Device bytes one executor allocates: the weights once plus the shared allocation."""
+        """Device bytes one executor allocates: the weights once, the shared allocation and the zero rows
+        padding is copied from."""
         _, weights = self.shared_weights()
-        return sum(max(np.asarray(w).nbytes, 1) for w in weights.values()) + self.pool_bytes()
+        return (sum(max(np.asarray(w).nbytes, 1) for w in weights.values()) + self.pool_bytes()
+                + padding_bytes(self.plan, self.batch_sizes))
 
     def export(self, path: str, overwrite: bool = False) -> str:
         """Write one artifact directory: a plan and kernel library per bucket, the weights once."""

@@ -73,6 +73,10 @@ class MergeGroup:
     key: tuple
     merged: bool = False
     why: str = ""
+    #: the concatenation the members are a consecutive run of (in member order, along the channels, used by
+    #: nothing else): merged, the run becomes the merged output itself, and no split is needed
+    into: relax.Var | None = None
+    result: relax.Var | None = field(default=None, repr=False)  # the merged output's var, once built
 
     @property
     def name(self) -> str:
@@ -159,15 +163,29 @@ _CONCATENATED = ("its result goes into a concatenation, which it writes in place
                  "(merged, the concatenation would copy every branch)")
 
 
-def _concat_inputs(chains: Chains, block) -> set:
-    """The vars some ``concat`` of ``block`` takes (its tuple written inline or bound to a var)."""
-    out = set()
+def _concats(chains: Chains, block) -> dict:
+    """concat var -> (its fields, its axis) for every ``concat`` of ``block`` (its tuple written inline or
+    bound to a var)."""
+    out = {}
     for b in block.bindings:
         if operator_of(b.value) == "relax.concat":
             fields = b.value.args[0]
             fields = chains.value.get(fields, fields) if isinstance(fields, relax.Var) else fields
-            out.update(f for f in getattr(fields, "fields", []) if isinstance(f, relax.Var))
+            out[b.var] = (list(getattr(fields, "fields", [])), int(b.value.attrs.axis))
     return out
+
+
+def _run_of(concat_fields, members: list, uses: dict):
+    """(the concat var, the members in its order) when ``members`` are a consecutive run of one channel
+    concatenation's fields, each used by it alone; else None."""
+    lasts = {m.last: m for m in members}
+    for var, (fields, axis) in concat_fields.items():
+        at = [i for i, f in enumerate(fields) if isinstance(f, relax.Var) and f in lasts]
+        if len(at) != len(members) or axis != 1 or at != list(range(at[0], at[0] + len(at))):
+            continue
+        if all(uses.get(m.last, 0) == 1 for m in members):
+            return var, [lasts[fields[i]] for i in at]
+    return None
 
 
 def _differences(key: tuple, other: tuple) -> str:
@@ -186,7 +204,8 @@ def find_groups(func: relax.Function) -> list[tuple[int, MergeGroup]]:
         if not isinstance(block, relax.DataflowBlock):
             continue
         chains = Chains(block, uses)
-        concatenated = _concat_inputs(chains, block)
+        concat_fields = _concats(chains, block)
+        concatenated = {f for fields, _ in concat_fields.values() for f in fields if isinstance(f, relax.Var)}
         by_input: dict = {}  # (kind, input var) -> [(key, member)] in program order
         for b in block.bindings:
             op = operator_of(b.value)
@@ -202,11 +221,15 @@ def find_groups(func: relax.Function) -> list[tuple[int, MergeGroup]]:
             if len(members) < 2:
                 continue
             keyed: dict = {}
+            into: dict = {}  # key -> siblings of that key that a concatenation takes
             for key, m in members:
-                if m.last in concatenated:
-                    found.append((bi, MergeGroup(kind, x.name, [m], key, why=_CONCATENATED)))
+                (into if m.last in concatenated else keyed).setdefault(key, []).append(m)
+            for key, ms in into.items():  # a run of one concatenation merges into it; the others stay apart
+                run = _run_of(concat_fields, ms, uses) if len(ms) >= 2 and kind == "conv2d" else None
+                if run is not None and dict(key[3:]).get("groups", 1) == 1:
+                    found.append((bi, MergeGroup(kind, x.name, run[1], key, into=run[0])))
                 else:
-                    keyed.setdefault(key, []).append(m)
+                    found += [(bi, MergeGroup(kind, x.name, [m], key, why=_CONCATENATED)) for m in ms]
             if not keyed:
                 continue
             largest = max(keyed, key=lambda k: (dict(k[3:]).get("groups", 1) == 1, len(keyed[k])))
@@ -285,6 +308,9 @@ def merged_bindings(group: MergeGroup, anchor_call, name: str) -> list:
         call = relax.op.matmul(x, w, out_dtype=out_dtype if str(out_dtype) not in ("", "void") else None)
     bindings.append(relax.VarBinding(y, call))
     y = _rebuild_epilogue(group, y, out_ty, axis, bindings, name)
+    if group.into is not None:  # the merged output is the run of the concatenation: merge_siblings puts it there
+        group.result = y
+        return bindings
     bounds = list(np.cumsum([m.channels for m in members])[:-1])
     parts = []
     for m in members:
@@ -298,6 +324,19 @@ def merged_bindings(group: MergeGroup, anchor_call, name: str) -> list:
     return bindings
 
 
+def _concat_with_run(binding, group: MergeGroup, value: dict):
+    """The concatenation ``binding`` with the group's run of fields replaced by its merged output (the
+    merged output itself when the run was every field)."""
+    tup = binding.value.args[0]
+    fields = list((value.get(tup, tup) if isinstance(tup, relax.Var) else tup).fields)
+    lasts = [m.last for m in group.members]
+    start = next(i for i, f in enumerate(fields) if isinstance(f, relax.Var) and f.same_as(lasts[0]))
+    fields[start:start + len(lasts)] = [group.result]
+    if len(fields) == 1:
+        return relax.VarBinding(binding.var, group.result)
+    return relax.VarBinding(binding.var, relax.op.concat(relax.Tuple(fields), axis=int(binding.value.attrs.axis)))
+
+
 def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, list[MergeGroup]]:
     """(``func`` with the sibling groups that ``select(group) -> bool`` keeps merged (default: every one),
     every group found, each marked ``merged`` or not, with why)."""
@@ -306,7 +345,7 @@ def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, l
         if len(g.members) >= 2 and not g.why:
             g.merged = True if select is None else bool(select(g))
             if g.merged and not g.why:
-                g.why = "merged"
+                g.why = "merged" if g.into is None else "merged into its concatenation (the run's channels, no copy)"
     chosen = [(bi, g) for bi, g in found if g.merged]
     if not chosen:
         return func, [g for _, g in found]
@@ -320,12 +359,16 @@ def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, l
         value = {b.var: b.value for b in block.bindings}
         drop = {v for g in mine for m in g.members for v in m.chain}
         at = {g.members[0].anchor: g for g in mine}  # the merged chain goes where its first sibling was
+        runs = {g.into: g for g in mine if g.into is not None}
+        drop |= {value[c].args[0] for c in runs if isinstance(value[c].args[0], relax.Var)}  # a tuple bound apart
         bindings = []
         for b in block.bindings:
             if b.var in at:
                 g = at[b.var]
                 bindings += merged_bindings(g, value[b.var], f"merged{count}")
                 count += 1
+            elif b.var in runs:
+                bindings.append(_concat_with_run(b, runs[b.var], value))
             elif b.var not in drop:
                 bindings.append(b)
         blocks.append(relax.DataflowBlock(bindings))

@@ -119,6 +119,58 @@ def test_zero_padded_kernels_match_a_brute_force_convolution():
     np.testing.assert_allclose(ReferenceEvaluator(model).run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
 
 
+def _fire_model(concat: list[str], extra_output: str | None = None, cin=8, sq=4, e=6, hw=8):
+    """A SqueezeNet fire module: squeeze 1x1 + ReLU, then expand 1x1 + ReLU ("e1") and expand 3x3 + ReLU ("e3"),
+    the tensors named in ``concat`` concatenated on the channels ("s": the squeezed input itself);
+    ``extra_output``: one of them is also a model output."""
+    rng = np.random.default_rng(3)
+    inits = []
+
+    def w(name, shape):
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name))
+        return name
+
+    channels = {"s": sq, "e1": e, "e3": e + 2}
+    nodes = [helper.make_node("Conv", ["x", w("ws", [sq, cin, 1, 1]), w("bs", [sq])], ["s0"]),
+             helper.make_node("Relu", ["s0"], ["s"]),
+             helper.make_node("Conv", ["s", w("w1", [e, sq, 1, 1]), w("b1", [e])], ["e1_0"]),
+             helper.make_node("Relu", ["e1_0"], ["e1"]),
+             helper.make_node("Conv", ["s", w("w3", [e + 2, sq, 3, 3]), w("b3", [e + 2])], ["e3_0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["e3_0"], ["e3"]),
+             helper.make_node("Concat", concat, ["y"], axis=1)]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, sum(channels[c] for c in concat), hw, hw])]
+    if extra_output:
+        outs.append(helper.make_tensor_value_info(extra_output, TensorProto.FLOAT, [1, channels[extra_output], hw, hw]))
+    graph = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw])],
+                              outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("concat,launches", [(["e1", "e3"], 2), (["e3", "e1"], 2), (["s", "e1", "e3"], 2)])
+def test_a_fire_modules_expands_merge_into_their_concatenation(concat, launches):
+    """SqueezeNet's expand 1x1 and 3x3 (IOS's example): a consecutive run of one concatenation, in either order,
+    merges into one 3x3 convolution whose output is that run (no split; the concatenation disappears, or keeps
+    its other fields and takes the merged output in place)."""
+    model = _fire_model(concat)
+    x = np.random.default_rng(4).standard_normal((1, 8, 8, 8)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    module = build(model, "llvm", merge="on", max_streams=None)
+    group, = [g for g in module.info["merge_choice"]["groups"] if g["merged"]]
+    assert "into its concatenation" in group["why"] and "1x1/3x3" in group["group"]
+    assert len(module.plan.launches) == launches and not [l for l in module.plan.launches if "split" in l.kernel]
+    np.testing.assert_allclose(_run(module, {"x": x}), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(module, {"x": x}), _run(build(model, "llvm", max_streams=None), {"x": x}),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_expands_that_are_not_a_private_run_of_the_concatenation_stay_apart():
+    """An expand that is also a model output, or a run split by another field, keeps writing its own slice."""
+    for model in (_fire_model(["e1", "e3"], extra_output="e1"), _fire_model(["e1", "s", "e3"])):
+        groups = build(model, "llvm", merge="on", compile_kernels=False).info["merge_choice"]["groups"]
+        assert not any(g["merged"] for g in groups)
+        assert sum("goes into a concatenation" in g["why"] for g in groups) == 2
+
+
 def test_siblings_that_differ_in_stride_or_epilogue_are_not_merged():
     """Of four 1x1 siblings, the two alike merge; the one with stride 2 and the one without a ReLU stay
     convolutions of their own, and the record names what differs."""

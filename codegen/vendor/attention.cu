@@ -32,6 +32,7 @@
 //   attention_check) it matches float64 as closely as ours, but is faster only for ViT-S-sized and long
 //   sequences, so its provider (attention_split) is used only when named; the kernel choice then measures
 //   it against ours per operator (ViT-S fp32 took it).
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -208,6 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
 
 // ---- the split-key kernel (D, Dv <= 64) ----
 constexpr int kSplitWarps = 8;
+constexpr int kSplitValueRows = 8;  // value rows of a tile loaded at once in P·V
 
 // 4 consecutive elements of a row as floats, zero past n (vector loads when the caller knows the row
 // and d are 16-byte (fp32) / 8-byte (16-bit) aligned and d + 4 <= n)
@@ -296,21 +298,30 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
       P[lane * PS + r] = e;
     }
     __syncwarp();
+    // P·V over the tile's keys, eight value rows loaded before they are used: a row at a time, each load's
+    // latency (an L2 round trip) was paid 32 times in a row. Keys past Sk have P = 0 and load zeros.
     const int keys = p.Sk - t * 32 < 32 ? int(p.Sk - t * 32) : 32;
-    for (int j = 0; j < keys; ++j) {
-      const T* vr = vb + (t * 32 + j) * p.v_ss;
-      float vv[DC];
+#pragma unroll 1
+    for (int j0 = 0; j0 < 32; j0 += kSplitValueRows) {
+      float vv[kSplitValueRows][DC];
 #pragma unroll
-      for (int c = 0; c < DC; ++c) vv[c] = lane + 32 * c < Dv ? ToF(vr[lane + 32 * c]) : 0.0f;
+      for (int jj = 0; jj < kSplitValueRows; ++jj) {
+        const T* vr = vb + (t * 32 + j0 + jj) * p.v_ss;
 #pragma unroll
-      for (int r = 0; r < R; r += 4) {
-        const float4 pj = *reinterpret_cast<const float4*>(&P[j * PS + r]);
+        for (int c = 0; c < DC; ++c) vv[jj][c] = j0 + jj < keys && lane + 32 * c < Dv ? ToF(vr[lane + 32 * c]) : 0.0f;
+      }
 #pragma unroll
-        for (int c = 0; c < DC; ++c) {
-          acc[r][c] = fmaf(pj.x, vv[c], acc[r][c]);
-          acc[r + 1][c] = fmaf(pj.y, vv[c], acc[r + 1][c]);
-          acc[r + 2][c] = fmaf(pj.z, vv[c], acc[r + 2][c]);
-          acc[r + 3][c] = fmaf(pj.w, vv[c], acc[r + 3][c]);
+      for (int jj = 0; jj < kSplitValueRows; ++jj) {
+#pragma unroll
+        for (int r = 0; r < R; r += 4) {
+          const float4 pj = *reinterpret_cast<const float4*>(&P[(j0 + jj) * PS + r]);
+#pragma unroll
+          for (int c = 0; c < DC; ++c) {
+            acc[r][c] = fmaf(pj.x, vv[jj][c], acc[r][c]);
+            acc[r + 1][c] = fmaf(pj.y, vv[jj][c], acc[r + 1][c]);
+            acc[r + 2][c] = fmaf(pj.z, vv[jj][c], acc[r + 2][c]);
+            acc[r + 3][c] = fmaf(pj.w, vv[jj][c], acc[r + 3][c]);
+          }
         }
       }
     }
@@ -361,10 +372,16 @@ template <typename T, typename M, int DC, int R>
 struct SplitLaunch {  // one instantiation of the split-key kernel: its grid and how many of its blocks an SM holds
   static int Warps(const SdpaParams& p) { return int(std::min<int64_t>(kSplitWarps, (p.Sk + 31) / 32)); }
   static int64_t Blocks(const SdpaParams& p) { return (p.Sq + R - 1) / R * p.H * p.B; }
-  static int PerSm(const SdpaParams& p) {
-    int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SdpaSplitKernel<T, M, DC, R>, Warps(p) * 32, 0);
-    return n > 0 ? n : 1;
+  static int PerSm(const SdpaParams& p) {  // asked once per block size (an occupancy query costs microseconds)
+    static std::atomic<int> known[kSplitWarps + 1] = {};
+    const int warps = Warps(p);
+    int n = known[warps].load(std::memory_order_relaxed);
+    if (n == 0) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SdpaSplitKernel<T, M, DC, R>, warps * 32, 0);
+      n = n > 0 ? n : 1;
+      known[warps].store(n, std::memory_order_relaxed);
+    }
+    return n;
   }
   static void Launch(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
     dim3 grid(unsigned((p.Sq + R - 1) / R), unsigned(p.H), unsigned(p.B));

@@ -189,6 +189,9 @@ class Selection:
     #: ``mod`` built one-stream with its kernels compiled, where the model check built it already (the
     #: build reschedules it instead of compiling the same kernels again); None otherwise
     built: object = field(default=None, repr=False, compare=False)
+    #: the structural hash of ``mod`` before ``built`` was made from it (lowering fills in parts of the module in
+    #: place, which changes its hash): what the compiled-kernel cache keys ``built``'s kernels by
+    mod_hash: int | None = field(default=None, repr=False, compare=False)
 
 
 def resolve_kernels(options: BuildOptions, timer=None) -> str:
@@ -251,6 +254,7 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
     # module it keeps is the build's (no GEMM changes after it)
     both = [choose_gemm_algorithms(m, options.target, timer, options) for m in (picked, all_vendor)]
+    hashes = [tvm_ffi.structural_hash(m) for m, _ in both]  # before the check's builds lower them
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
     kept = 0 if check.kept == "best" else 1
     if kept:
@@ -258,7 +262,7 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
             t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
     operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen)
     return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken, operators,
-                     built=built[kept] if built else None)
+                     built=built[kept] if built else None, mod_hash=hashes[kept])
 
 
 def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,

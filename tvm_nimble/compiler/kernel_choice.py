@@ -141,14 +141,15 @@ def check_measurable(target: tvm.target.Target, timer=None):
 
 
 def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: int = PROFILE_REPS,
-                    timer=None, measured: dict | None = None) -> list[KernelTiming]:
+                    timer=None, measured: dict | None = None, offloads=None) -> list[KernelTiming]:
     """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
     ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
     ``measured``: the per-output times of the probe builds measured already, by the module's structural hash,
     filled in here (one per ``select_kernels``): a module two measurements need (the same chains offered to
-    two providers, or a provider's probe it takes nothing of, which is TVM's) is compiled and timed once."""
+    two providers, or a provider's probe it takes nothing of, which is TVM's) is compiled and timed once.
+    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them."""
     timer = check_measurable(options.target, timer)
-    probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider])
+    probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider], offloads=offloads)
     if probe is None:
         return []
     cache = timing_cache.for_build(options, timer)
@@ -239,15 +240,19 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if kernels == "vendor":
         return Selection(all_vendor, kernels, not_taken=not_taken)
     providers = options.offload_providers()
+    # each provider's chains, found once: the probes, the choice and the plan's counts all read them
+    found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
+    offers = offers_by_anchor(mod, providers, options.allow_tf32, found)
     measured: dict = {}
-    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured)]
-    chosen = choose_providers(mod, timings, providers, options.allow_tf32)
+    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured,
+                                                             offloads=found[p.name])]
+    chosen = choose_providers(mod, timings, providers, options.allow_tf32, offers)
     for t in timings:
         t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"
     first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
                                                             providers=providers)}
     if all(chosen.get(s) == p for s, p in first.items()):
-        operators = record_assignment(mod, timings, providers, options.allow_tf32, first)
+        operators = record_assignment(mod, timings, providers, options.allow_tf32, first, offers)
         return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators),
                                      options, timer)
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
@@ -260,20 +265,22 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if kept:
         for t in timings:
             t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
-    operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen)
+    operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen, offers)
     return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken, operators,
                      built=built[kept] if built else None, mod_hash=hashes[kept])
 
 
 def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,
-                      assignment: dict[str, str]) -> dict[str, int]:
+                      assignment: dict[str, str], offers: dict | None = None) -> dict[str, int]:
     """With ``assignment`` (signature -> the provider whose call of it the plan runs): set each timing's
     ``taken_by`` (the provider that runs its operators, "tvm" when none does) and return how many operators
     each provider runs. An operator two providers offered (a batched GEMM of an attention that the attention
-    provider also takes) counts once, for the one that took it."""
+    provider also takes) counts once, for the one that took it. ``offers``: :func:`offers_by_anchor`'s, where
+    the caller has them."""
     taken_by: dict[tuple[str, str], str] = {}
     counts: dict[str, int] = {}
-    for offered in offers_by_anchor(mod, providers, allow_tf32).values():
+    offers = offers_by_anchor(mod, providers, allow_tf32) if offers is None else offers
+    for offered in offers.values():
         winner = next((p for p, s in offered if assignment.get(s) == p), provider_registry.TVM)
         counts[winner] = counts.get(winner, 0) + 1
         for offer in offered:
@@ -305,12 +312,15 @@ def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) ->
     return selection
 
 
-def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool) -> dict[str, str]:
+def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,
+                     offers: dict | None = None) -> dict[str, str]:
     """signature -> the provider that takes its chains: per operator, the provider saving the most time
-    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed)."""
+    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed).
+    ``offers``: :func:`offers_by_anchor`'s, where the caller has them."""
     saving = {(t.provider, t.signature): t.tvm_ms - t.vendor_ms for t in timings}
     chosen: dict[str, str] = {}
-    for offered in offers_by_anchor(mod, providers, allow_tf32).values():
+    offers = offers_by_anchor(mod, providers, allow_tf32) if offers is None else offers
+    for offered in offers.values():
         measured = [(saving[o], -order, *o) for order, o in enumerate(offered) if o in saving]
         if measured and max(measured)[0] >= 0:
             best = max(measured)
@@ -318,12 +328,14 @@ def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, 
     return chosen
 
 
-def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
+def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool, found: dict | None = None) -> dict:
     """anchor var -> [(provider, signature)] of each of ``providers`` that takes the chain starting there, in
-    the providers' order (what the choice weighs, and what the plan's counts count once per anchor)."""
+    the providers' order (what the choice weighs, and what the plan's counts count once per anchor).
+    ``found``: provider name -> its ``find_offloads`` in ``mod``, where the caller has them."""
     offers: dict = {}
     for p in providers:
-        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
+        mine = found[p.name] if found is not None else find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p])
+        for o in mine:
             offers.setdefault(o.anchor, []).append((p.name, o.signature))
     return offers
 

@@ -97,12 +97,13 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
 
 
 def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
-             reuse: str = "concurrent", costs=None):
+             reuse: str = "concurrent", costs=None, program: LoweredProgram | None = None):
     """Stream assignment, annotation and the launch plan of a lowered module; ``costs`` (one per kernel
-    of the lowered program) make a stream cap cost-aware.
+    of the lowered program) make a stream cap cost-aware; ``program``: ``lowered`` read already (another
+    schedule of it; nothing changes it).
 
     Returns (annotated module, program, assignment, plan, params)."""
-    program = read_lowered_function(lowered)
+    program = program if program is not None else read_lowered_function(lowered)
     func, assignment = annotate_function(lowered, max_streams=max_streams, program=program, costs=costs)
     annotated = lowered.clone()
     annotated["main"] = func

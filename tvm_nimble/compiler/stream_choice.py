@@ -47,7 +47,8 @@ def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
     defaults to the memory plan ``result`` was built with."""
     reuse = reuse or _reuse_of(result)
     annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target,
-                                                            max_streams=max_streams, reuse=reuse, costs=costs)
+                                                            max_streams=max_streams, reuse=reuse, costs=costs,
+                                                            program=getattr(result, "program", None))
     plan.index_bounds = result.plan.index_bounds
     return dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
                                assignment=assignment, info={**result.info, "max_streams": max_streams,

@@ -63,7 +63,8 @@ def test_a_first_build_compiles_and_keeps_its_kernels(cold):
     directory, result, counts = cold
     assert result.info["kernel_cache"] == "stored" and counts["stored"] == 1 and counts["hit"] == 0
     (folder,) = _folders(directory)
-    assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json"]
+    assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json", "weights.bin"]
+    assert os.path.getsize(os.path.join(folder, "weights.bin")) > kernel_cache.WEIGHT_BYTES  # not base64 in the JSON
     assert result.kernels_file is None  # its own library: exported as usual
 
 
@@ -99,14 +100,14 @@ def test_another_model_or_lowering_option_is_another_entry(inception, cold, tmp_
     assert len(_folders(copy)) == 3
 
 
-@pytest.mark.parametrize("damage", ["library", "lowered", "entry", "truncated library"])
+@pytest.mark.parametrize("damage", ["library", "lowered", "entry", "truncated library", "weights"])
 def test_a_damaged_entry_is_one_note_and_a_correct_rebuild(inception, cold, tmp_path, damage):
     directory, first, _ = cold
     copy = str(tmp_path / "cache")
     _copy(directory, copy)
     (folder,) = _folders(copy)
     name = {"library": "kernels.so", "truncated library": "kernels.so", "lowered": "lowered.json",
-            "entry": "entry.json"}[damage]
+            "entry": "entry.json", "weights": "weights.bin"}[damage]
     path = os.path.join(folder, name)
     with open(path, "rb") as f:
         data = f.read()

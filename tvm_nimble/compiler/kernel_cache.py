@@ -10,7 +10,11 @@ chosen, providers' calls and weights in it), the tuning database's contents, the
 a digest of tvm-nimble's sources, the target). The kernels do not depend on the GPU, so an entry serves
 every GPU of the target's arch. An entry is a folder beside the timing cache's GPUs:
 
-    <timing cache>/kernels/<key digest>/lowered.json   the lowered module (tvm.ir.save_json, weights too)
+    <timing cache>/kernels/<key digest>/lowered.json   the lowered module (tvm.ir.save_json), its weights
+                                                       as placeholders
+                                       /weights.bin    the weights (tvm.runtime.save_param_dict): as JSON,
+                                                       base64 in a node graph, nasnetalarge's 356 MB would
+                                                       take seconds to write and read
                                        /kernels.so     the kernel library (export_library)
                                        /entry.json     {"format", "key", "files": {name: sha256}}
 
@@ -46,7 +50,10 @@ from .timing_cache import KERNELS_FOLDER, context_of, tuning_db_digest
 FORMAT = 1
 #: the folder is kept under this many bytes (least recently used entries go first)
 MAX_BYTES = 4 << 30
-_LOWERED, _LIBRARY, _ENTRY = "lowered.json", "kernels.so", "entry.json"
+_LOWERED, _WEIGHTS, _LIBRARY, _ENTRY = "lowered.json", "weights.bin", "kernels.so", "entry.json"
+#: tensor constants of at least this many bytes are kept in weights.bin, under placeholder variables of this name
+WEIGHT_BYTES = 1024
+_PLACEHOLDER = "__nimble_cached_weight_"
 
 #: this process's counts: entries loaded ("hit"), builds that found none ("miss"), entries written ("stored"),
 #: entries ignored as unreadable or foreign ("rejected")
@@ -105,7 +112,7 @@ class KernelCache:
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != json.loads(json.dumps(key)):
             return self._rejected()
         files = entry.get("files")
-        if not isinstance(files, dict) or set(files) != {_LOWERED, _LIBRARY}:
+        if not isinstance(files, dict) or set(files) != {_LOWERED, _WEIGHTS, _LIBRARY}:
             return self._rejected()
         try:
             for name, digest in files.items():
@@ -113,6 +120,8 @@ class KernelCache:
                     return self._rejected()
             with open(os.path.join(folder, _LOWERED), encoding="utf-8") as f:
                 lowered = tvm.ir.load_json(f.read())
+            with open(os.path.join(folder, _WEIGHTS), "rb") as f:
+                lowered = _with_weights(lowered, tvm.runtime.load_param_dict(bytearray(f.read())))
             if target.kind.name == "cuda":
                 from tvm_nimble.codegen.cuda_compile import load_cuda_runtime
 
@@ -148,10 +157,13 @@ class KernelCache:
         except OSError as err:
             return self._unwritable(err)
         try:
+            placeheld, weights = _without_weights(lowered)
             with open(os.path.join(staging, _LOWERED), "w", encoding="utf-8") as f:
-                f.write(tvm.ir.save_json(lowered))
+                f.write(tvm.ir.save_json(placeheld))
+            with open(os.path.join(staging, _WEIGHTS), "wb") as f:
+                f.write(bytes(tvm.runtime.save_param_dict(weights)))
             library.export_library(os.path.join(staging, _LIBRARY))
-            files = {name: _sha256(os.path.join(staging, name)) for name in (_LOWERED, _LIBRARY)}
+            files = {name: _sha256(os.path.join(staging, name)) for name in (_LOWERED, _WEIGHTS, _LIBRARY)}
             with open(os.path.join(staging, _ENTRY), "w", encoding="utf-8") as f:
                 json.dump({"format": FORMAT, "key": key, "files": files}, f, sort_keys=True)
             if os.path.exists(folder):  # an unusable entry (a usable one was loaded instead): out of the way
@@ -204,6 +216,54 @@ class KernelCache:
             if folder != keep:
                 shutil.rmtree(folder, ignore_errors=True)
                 total -= size
+
+
+def _relax_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    from tvm import relax
+
+    out = mod.clone()
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = mutator.visit_expr(func)
+    return out
+
+
+def _without_weights(lowered: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
+    """``lowered`` with each tensor constant of :data:`WEIGHT_BYTES` or more replaced by a variable of its type
+    named :data:`_PLACEHOLDER` and its index, and those tensors by name."""
+    import math
+
+    from tvm import relax
+
+    weights: dict = {}
+
+    @relax.expr_functor.mutator
+    class Out(relax.PyExprMutator):
+        def visit_generic_const_(self, op):
+            value = op.value
+            if not isinstance(value, tvm.runtime.Tensor):
+                return op
+            if math.prod(value.shape) * tvm.runtime.DataType(str(value.dtype)).bits // 8 < WEIGHT_BYTES:
+                return op
+            name = f"{_PLACEHOLDER}{len(weights)}"
+            weights[name] = value
+            return relax.Var(name, op.ty)
+
+    return _relax_functions(lowered, Out()), weights
+
+
+def _with_weights(placeheld: tvm.IRModule, weights) -> tvm.IRModule:
+    """:func:`_without_weights` undone: each placeholder back to its tensor, as a constant."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class In(relax.PyExprMutator):
+        def visit_var_(self, op):
+            if op.name.startswith(_PLACEHOLDER):
+                return relax.const(weights[op.name])
+            return op
+
+    return _relax_functions(placeheld, In())
 
 
 def _sha256(path: str) -> str:

@@ -235,11 +235,13 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
         timer = check_measurable(options.target, timer)  # before building anything for a GPU that is not there
     stages.vendor_library(options.target)
     report = OffloadReport()
-    all_vendor = stages.offload(mod, options, report=report)
+    providers = options.offload_providers()
+    # what every provider takes, first come first served: the all-vendor module's chains, found once
+    found_first = find_offloads(mod["main"], allow_tf32=options.allow_tf32, report=report, providers=providers)
+    all_vendor = stages.offload(mod, options, report=report, found_in_main=found_first)
     not_taken = not_taken_by_providers(report)
     if kernels == "vendor":
         return Selection(all_vendor, kernels, not_taken=not_taken)
-    providers = options.offload_providers()
     # each provider's chains, found once: the probes, the choice and the plan's counts all read them
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
     offers = offers_by_anchor(mod, providers, options.allow_tf32, found)
@@ -249,8 +251,7 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     chosen = choose_providers(mod, timings, providers, options.allow_tf32, offers)
     for t in timings:
         t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"
-    first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
-                                                            providers=providers)}
+    first = {o.signature: o.provider for o in found_first}
     if all(chosen.get(s) == p for s, p in first.items()):
         operators = record_assignment(mod, timings, providers, options.allow_tf32, first, offers)
         return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators),

@@ -79,12 +79,14 @@ def _vendor_library(arch: str) -> str:
 
 
 def offload(mod: tvm.IRModule, options: BuildOptions, select=None, providers=None,
-            report: OffloadReport | None = None) -> tvm.IRModule:
+            report: OffloadReport | None = None, found_in_main=None) -> tvm.IRModule:
     """``mod`` with the chains that ``providers`` (default: the options' providers) take replaced by their
     calls; ``select(offload) -> bool`` keeps only some (see ``relay_passes.vendor_offload``); ``report``
-    collects the operators no provider takes, with the reason."""
+    collects the operators no provider takes, with the reason. ``found_in_main``: ``find_offloads`` of
+    ``mod["main"]`` with these arguments (and ``report``), where the caller has it."""
     providers = options.offload_providers() if providers is None else providers
-    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers, report=report)(mod)
+    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers, report=report,
+                           found_in_main=found_in_main)(mod)
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,

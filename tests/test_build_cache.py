@@ -151,6 +151,23 @@ def test_the_least_recently_used_entries_go_over_the_size_limit(inception, cold,
     assert _folders(copy) == [kept] and new.info["kernel_cache"] == "stored"
 
 
+def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_path):
+    model = zoo.get_model("resnet")
+    directory = str(tmp_path / "cache")
+    _new_process()
+    first = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
+    before = _counts()
+    again = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
+    assert _delta(before)["hit"] == 2 and all(m.kernels_file for m in again.buckets.values())
+    x = zoo.random_inputs(model, seed=0)
+    name, arr = next(iter(x.items()))
+    batch = np.concatenate([arr, arr])
+    cold = NimbleExecutor(load(first.export(str(tmp_path / "cold.nimble"))))(**{name: batch})
+    warm = NimbleExecutor(load(again.export(str(tmp_path / "warm.nimble"))))(**{name: batch})
+    for a, b in zip(warm, cold):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 # ---- sm_90, kernels="best", max_streams="auto" (the GPU build's path; nothing runs here) -------------------
 @pytest.fixture(scope="module")
 def nasnet():

@@ -13,7 +13,9 @@ by measurement are :func:`.kernel_choice.select_kernels` and :func:`.stream_choi
 Every consumer of a build reuses the result instead of re-running a stage: the executor and
 ``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module). Where the
 kernel choice's model check compiled the selected module already, ``build`` reschedules that build
-instead of compiling the same kernels again. The seconds each phase took are in ``info["phases"]``.
+instead of compiling the same kernels again. The lowered module and kernel library of a build are kept in
+the compiled-kernel cache (:mod:`.kernel_cache`, beside the timing cache), so the next build of the same
+module loads them instead of lowering and compiling. The seconds each phase took are in ``info["phases"]``.
 """
 from __future__ import annotations
 

@@ -115,13 +115,14 @@ class KernelCache:
         if not isinstance(files, dict) or set(files) != {_LOWERED, _WEIGHTS, _LIBRARY}:
             return self._rejected()
         try:
+            blobs = {}
             for name, digest in files.items():
-                if _sha256(os.path.join(folder, name)) != digest:
+                with open(os.path.join(folder, name), "rb") as f:
+                    blobs[name] = f.read()
+                if hashlib.sha256(blobs[name]).hexdigest() != digest:
                     return self._rejected()
-            with open(os.path.join(folder, _LOWERED), encoding="utf-8") as f:
-                lowered = tvm.ir.load_json(f.read())
-            with open(os.path.join(folder, _WEIGHTS), "rb") as f:
-                lowered = _with_weights(lowered, tvm.runtime.load_param_dict(bytearray(f.read())))
+            lowered = _with_weights(tvm.ir.load_json(blobs.pop(_LOWERED).decode()),
+                                    tvm.runtime.load_param_dict(bytearray(blobs.pop(_WEIGHTS))))
             if target.kind.name == "cuda":
                 from tvm_nimble.codegen.cuda_compile import load_cuda_runtime
 
@@ -158,12 +159,15 @@ class KernelCache:
             return self._unwritable(err)
         try:
             placeheld, weights = _without_weights(lowered)
-            with open(os.path.join(staging, _LOWERED), "w", encoding="utf-8") as f:
-                f.write(tvm.ir.save_json(placeheld))
-            with open(os.path.join(staging, _WEIGHTS), "wb") as f:
-                f.write(bytes(tvm.runtime.save_param_dict(weights)))
+            data = {_LOWERED: tvm.ir.save_json(placeheld).encode(),
+                    _WEIGHTS: bytes(tvm.runtime.save_param_dict(weights))}
+            for name, blob in data.items():
+                with open(os.path.join(staging, name), "wb") as f:
+                    f.write(blob)
+            files = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+            del data
             library.export_library(os.path.join(staging, _LIBRARY))
-            files = {name: _sha256(os.path.join(staging, name)) for name in (_LOWERED, _WEIGHTS, _LIBRARY)}
+            files[_LIBRARY] = _sha256(os.path.join(staging, _LIBRARY))
             with open(os.path.join(staging, _ENTRY), "w", encoding="utf-8") as f:
                 json.dump({"format": FORMAT, "key": key, "files": files}, f, sort_keys=True)
             if os.path.exists(folder):  # an unusable entry (a usable one was loaded instead): out of the way

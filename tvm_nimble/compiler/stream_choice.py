@@ -129,7 +129,18 @@ class _Measured:
 
 
 def _plan_digest(built) -> str:
-    return hashlib.sha256(built.plan.to_json(indent=None).encode()).hexdigest()[:32]
+    """A digest of ``built``'s plan: of its fields as JSON, as ``Plan.to_json`` writes them but without its
+    deep copy of every list (``dataclasses.asdict``), which took seconds over nasnetalarge's candidates."""
+    plan = built.plan
+    data = _fields(plan)
+    for name in ("tensors", "storages", "launches"):
+        data[name] = [_fields(x) for x in data[name]]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _fields(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def choose_streams(result, reuse: str | None = None, memory_budget: int | None = None, timer=None):

@@ -83,11 +83,13 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
 
 
 def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = False,
-                providers=None) -> Probe | None:
+                providers=None, offloads=None) -> Probe | None:
     """The probe of ``mod[func_name]`` for the chains ``providers`` (default: all registered) would take,
-    or None when there are none (``allow_tf32`` as the offload will use it: it is part of the signatures)."""
+    or None when there are none (``allow_tf32`` as the offload will use it: it is part of the signatures).
+    ``offloads``: what ``find_offloads`` gives for them, where the caller has it already."""
     func = mod[func_name]
-    offloads = find_offloads(func, allow_tf32=allow_tf32, providers=providers)
+    if offloads is None:
+        offloads = find_offloads(func, allow_tf32=allow_tf32, providers=providers)
     if not offloads:
         return None
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}

@@ -114,11 +114,13 @@ def _claim(members: set, taken: set, chains: Chains) -> None:
 
 def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
                      allow_tf32: bool = False, report: OffloadReport | None = None,
-                     select=None, providers=None) -> relax.Function:
+                     select=None, providers=None, found: list[Offload] | None = None) -> relax.Function:
     """``func`` with its offloadable chains replaced by the providers' calls; ``select(offload) -> bool``
-    (default: all) picks which ones, e.g. by measured kernel times."""
+    (default: all) picks which ones, e.g. by measured kernel times. ``found``: what :func:`find_offloads`
+    gives for these arguments (its report filled already), where the caller has it."""
     report = report if report is not None else OffloadReport()
-    chosen = find_offloads(func, workspace_bytes, allow_tf32, report, providers, select)
+    chosen = found if found is not None else find_offloads(func, workspace_bytes, allow_tf32, report, providers,
+                                                           select)
     for o in chosen:
         name = str(o.value[0].args[0].global_symbol)
         report.offloaded[name] = report.offloaded.get(name, 0) + 1
@@ -152,16 +154,19 @@ def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSP
 
 
 def OffloadToVendor(workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, allow_tf32: bool = False,
-                    report: OffloadReport | None = None, select=None, providers=None) -> tvm.transform.Pass:
+                    report: OffloadReport | None = None, select=None, providers=None,
+                    found_in_main: list[Offload] | None = None) -> tvm.transform.Pass:
     """Module pass: the chains of every Relax function to the calls of ``providers`` (default: every
-    registered one for CUDA), those ``select(offload)`` accepts when given."""
+    registered one for CUDA), those ``select(offload)`` accepts when given. ``found_in_main``: what
+    :func:`find_offloads` gives for ``main`` with these arguments, where the caller has it."""
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.OffloadToVendor")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod = mod.clone()
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
-                mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report, select, providers)
+                found = found_in_main if gv.name_hint == "main" else None
+                mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report, select, providers, found)
         return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
 
     return _pass

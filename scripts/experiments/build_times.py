@@ -8,8 +8,8 @@ exported ONNX model with ``--kernels`` (default best) and auto streams; the expo
     bash scripts/gpu_session.sh "experiment build_times 580 --models tv:googlenet,tv:inception_v3,tv:densenet121"
     python3 scripts/experiments/build_times.py --models zoo:inception --target llvm --kernels tvm --out DIR
 
-Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases, whether the two plans are
-the same) and prints a table.
+Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases and what it did with the
+compiled-kernel cache, whether the two plans are the same) and prints a table, then each warm build's phases.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _one(onnx_path: str, target: str, kernels: str) -> dict:
     seconds = time.perf_counter() - t0
     plan = json.dumps(result.plan.to_json(), sort_keys=True)
     return {"seconds": seconds, "phases": result.info.get("phases", {}), "streams": result.plan.num_streams,
-            "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12]}
+            "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12],
+            "kernel_cache": result.info.get("kernel_cache")}  # hit: a warm build loaded its compiled kernels
 
 
 def _in_fresh_process(onnx_path: str, target: str, kernels: str, cache: str) -> dict:
@@ -91,6 +92,9 @@ def main(argv=None):
     for r in rows:
         phases = ", ".join(f"{k} {v:.1f}" for k, v in r["cold"].get("phases", {}).items())
         print(f"{r['model']:16s} {secs(r['cold'])} {secs(r['warm'])}  {str(r['same_plan']):9s}  {phases}")
+    for r in rows:
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in r["warm"].get("phases", {}).items())
+        print(f"warm {r['model']}: {phases}; kernel cache {r['warm'].get('kernel_cache')}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ by measurement are :func:`.kernel_choice.select_kernels` and :func:`.stream_choi
 Every consumer of a build reuses the result instead of re-running a stage: the executor and
 ``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module). Where the
 kernel choice's model check compiled the selected module already, ``build`` reschedules that build
-instead of compiling the same kernels again. The seconds each phase took are in ``info["phases"]``.
+instead of compiling the same kernels again. The lowered module and kernel library of a build are kept in
+the compiled-kernel cache (:mod:`.kernel_cache`, beside the timing cache), so the next build of the same
+module loads them instead of lowering and compiling. The seconds each phase took are in ``info["phases"]``.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import time
 
 from tvm_nimble.errors import NimbleError
 
-from . import accuracy, buckets, stages
+from . import accuracy, buckets, kernel_cache, stages
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
 from .options import BuildOptions
@@ -168,13 +170,20 @@ def _build_selected(selection: Selection, options: BuildOptions, phases: Phases)
     and compiling a large model's kernels again costs as much as the first time."""
     built = selection.built
     if built is None or not options.compile_kernels or not _same_kernels(built.options, options):
-        return stages.build_fixed(selection.mod, options, note=True, timed=phases)
+        return stages.build_fixed(selection.mod, options, note=True, timed=phases,
+                                  cache=kernel_cache.for_options(options))
     stages.note_default_schedules(selection.mod, options)
     cap = None if options.max_streams == "auto" else options.max_streams
     with phases("schedule"):
         result = rescheduled(built, cap, options.reuse)
-    return dataclasses.replace(result, info=stages.build_info(options, built.info["concats_in_place"],
-                                                              built.info.get("splits_as_views")), options=options)
+    info = stages.build_info(options, built.info["concats_in_place"], built.info.get("splits_as_views"))
+    cache = kernel_cache.for_options(options)
+    if cache is not None:  # kept for the next build, which finds the model check in the timing cache
+        with phases("generate"):
+            key = cache.key(selection.mod, options, selection.mod_hash)
+            info["kernel_cache"] = "present" if cache.has(key) else (
+                "stored" if cache.store(key, built.lowered, built.kernels) else "miss")
+    return dataclasses.replace(result, info=info, options=options)
 
 
 def _same_kernels(a: BuildOptions, b: BuildOptions) -> bool:

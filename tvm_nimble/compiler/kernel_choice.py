@@ -141,14 +141,15 @@ def check_measurable(target: tvm.target.Target, timer=None):
 
 
 def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: int = PROFILE_REPS,
-                    timer=None, measured: dict | None = None) -> list[KernelTiming]:
+                    timer=None, measured: dict | None = None, offloads=None) -> list[KernelTiming]:
     """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
     ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
     ``measured``: the per-output times of the probe builds measured already, by the module's structural hash,
     filled in here (one per ``select_kernels``): a module two measurements need (the same chains offered to
-    two providers, or a provider's probe it takes nothing of, which is TVM's) is compiled and timed once."""
+    two providers, or a provider's probe it takes nothing of, which is TVM's) is compiled and timed once.
+    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them."""
     timer = check_measurable(options.target, timer)
-    probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider])
+    probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider], offloads=offloads)
     if probe is None:
         return []
     cache = timing_cache.for_build(options, timer)
@@ -189,6 +190,9 @@ class Selection:
     #: ``mod`` built one-stream with its kernels compiled, where the model check built it already (the
     #: build reschedules it instead of compiling the same kernels again); None otherwise
     built: object = field(default=None, repr=False, compare=False)
+    #: the structural hash of ``mod`` before ``built`` was made from it (lowering fills in parts of the module in
+    #: place, which changes its hash): what the compiled-kernel cache keys ``built``'s kernels by
+    mod_hash: int | None = field(default=None, repr=False, compare=False)
 
 
 def resolve_kernels(options: BuildOptions, timer=None) -> str:
@@ -231,44 +235,52 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
         timer = check_measurable(options.target, timer)  # before building anything for a GPU that is not there
     stages.vendor_library(options.target)
     report = OffloadReport()
-    all_vendor = stages.offload(mod, options, report=report)
+    providers = options.offload_providers()
+    # what every provider takes, first come first served: the all-vendor module's chains, found once
+    found_first = find_offloads(mod["main"], allow_tf32=options.allow_tf32, report=report, providers=providers)
+    all_vendor = stages.offload(mod, options, report=report, found_in_main=found_first)
     not_taken = not_taken_by_providers(report)
     if kernels == "vendor":
         return Selection(all_vendor, kernels, not_taken=not_taken)
-    providers = options.offload_providers()
+    # each provider's chains, found once: the probes, the choice and the plan's counts all read them
+    found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
+    offers = offers_by_anchor(mod, providers, options.allow_tf32, found)
     measured: dict = {}
-    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured)]
-    chosen = choose_providers(mod, timings, providers, options.allow_tf32)
+    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured,
+                                                             offloads=found[p.name])]
+    chosen = choose_providers(mod, timings, providers, options.allow_tf32, offers)
     for t in timings:
         t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"
-    first = {o.signature: o.provider for o in find_offloads(mod["main"], allow_tf32=options.allow_tf32,
-                                                            providers=providers)}
+    first = {o.signature: o.provider for o in found_first}
     if all(chosen.get(s) == p for s, p in first.items()):
-        operators = record_assignment(mod, timings, providers, options.allow_tf32, first)
+        operators = record_assignment(mod, timings, providers, options.allow_tf32, first, found)
         return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators),
                                      options, timer)
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
     # module it keeps is the build's (no GEMM changes after it)
     both = [choose_gemm_algorithms(m, options.target, timer, options) for m in (picked, all_vendor)]
+    hashes = [tvm_ffi.structural_hash(m) for m, _ in both]  # before the check's builds lower them
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
     kept = 0 if check.kept == "best" else 1
     if kept:
         for t in timings:
             t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
-    operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen)
+    operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen,
+                                  found)
     return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken, operators,
-                     built=built[kept] if built else None)
+                     built=built[kept] if built else None, mod_hash=hashes[kept])
 
 
 def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,
-                      assignment: dict[str, str]) -> dict[str, int]:
+                      assignment: dict[str, str], found: dict | None = None) -> dict[str, int]:
     """With ``assignment`` (signature -> the provider whose call of it the plan runs): set each timing's
     ``taken_by`` (the provider that runs its operators, "tvm" when none does) and return how many operators
     each provider runs. An operator two providers offered (a batched GEMM of an attention that the attention
     provider also takes) counts once, for the one that took it; so does an operator inside a chain another
-    operator's winner runs (an attention's P·V, which cuBLASLt offers alone but the attention call absorbs)."""
-    chains = chains_by_anchor(mod, providers, allow_tf32)
+    operator's winner runs (an attention's P·V, which cuBLASLt offers alone but the attention call absorbs).
+    ``found``: provider name -> its ``find_offloads`` in ``mod``, where the caller has them."""
+    chains = chains_by_anchor(mod, providers, allow_tf32, found)
     runs = {anchor: next((o for o in offered if assignment.get(o.signature) == o.provider), None)
             for anchor, offered in chains.items()}
     absorbed = {b.var: o.provider for anchor, o in runs.items() if o is not None
@@ -308,12 +320,15 @@ def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) ->
     return selection
 
 
-def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool) -> dict[str, str]:
+def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,
+                     offers: dict | None = None) -> dict[str, str]:
     """signature -> the provider that takes its chains: per operator, the provider saving the most time
-    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed)."""
+    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed).
+    ``offers``: :func:`offers_by_anchor`'s, where the caller has them."""
     saving = {(t.provider, t.signature): t.tvm_ms - t.vendor_ms for t in timings}
     chosen: dict[str, str] = {}
-    for offered in offers_by_anchor(mod, providers, allow_tf32).values():
+    offers = offers_by_anchor(mod, providers, allow_tf32) if offers is None else offers
+    for offered in offers.values():
         measured = [(saving[o], -order, *o) for order, o in enumerate(offered) if o in saving]
         if measured and max(measured)[0] >= 0:
             best = max(measured)
@@ -321,21 +336,22 @@ def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, 
     return chosen
 
 
-def chains_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
-    """anchor var -> the Offload of each of ``providers`` that takes the chain starting there, in the
-    providers' order."""
+def chains_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool, found: dict | None = None) -> dict:
+    """anchor var -> the Offload of each of ``providers`` that takes the chain starting there, in the providers'
+    order. ``found``: provider name -> its ``find_offloads`` in ``mod``, where the caller has them."""
     chains: dict = {}
     for p in providers:
-        for o in find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p]):
+        mine = found[p.name] if found is not None else find_offloads(mod["main"], allow_tf32=allow_tf32, providers=[p])
+        for o in mine:
             chains.setdefault(o.anchor, []).append(o)
     return chains
 
 
-def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool) -> dict:
+def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool, found: dict | None = None) -> dict:
     """anchor var -> [(provider, signature)] of each of ``providers`` that takes the chain starting there, in
     the providers' order (what the choice weighs)."""
     return {anchor: [(o.provider, o.signature) for o in offered]
-            for anchor, offered in chains_by_anchor(mod, providers, allow_tf32).items()}
+            for anchor, offered in chains_by_anchor(mod, providers, allow_tf32, found).items()}
 
 
 def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:

@@ -51,7 +51,9 @@ class BuildOptions:
     - ``rpc_tracker`` / ``rpc_key``: measure on a GPU behind TVM's RPC tracker instead of this machine's.
     - ``timing_cache``: the directory where what ``best`` and ``auto`` measure is kept for later builds on
       the same GPU (see :mod:`.timing_cache`; default under the user's cache directory), None or ``"off"``
-      to keep nothing.
+      to keep nothing. ``kernel_cache``: also keep the build's lowered module and compiled kernels there, so a
+      second build of the same model loads them instead of lowering and compiling again (see
+      :mod:`.kernel_cache`; on by default, nothing without a timing-cache directory).
     - ``batch_sizes``: build one plan per batch size (a bucket) into one module that serves any batch
       (see :mod:`.buckets`); None: the model's own batch.
     """
@@ -74,6 +76,7 @@ class BuildOptions:
     rpc_key: str | None = None
     batch_sizes: tuple[int, ...] | None = None
     timing_cache: str | None = dataclasses.field(default_factory=default_directory)
+    kernel_cache: bool = True
 
     @classmethod
     def create(cls, target="llvm", **options) -> "BuildOptions":
@@ -120,6 +123,7 @@ class BuildOptions:
         _check(self.reuse in REUSE_MODES, "reuse", self.reuse, f"one of {REUSE_MODES}")
         object.__setattr__(self, "batch_sizes", _batch_sizes(self.batch_sizes))
         object.__setattr__(self, "timing_cache", directory_option(self.timing_cache))
+        _check(isinstance(self.kernel_cache, bool), "kernel_cache", self.kernel_cache, "True or False")
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
                               "its servers registered under (--rpc-tracker and --rpc-key)")

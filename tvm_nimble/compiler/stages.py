@@ -79,12 +79,14 @@ def _vendor_library(arch: str) -> str:
 
 
 def offload(mod: tvm.IRModule, options: BuildOptions, select=None, providers=None,
-            report: OffloadReport | None = None) -> tvm.IRModule:
+            report: OffloadReport | None = None, found_in_main=None) -> tvm.IRModule:
     """``mod`` with the chains that ``providers`` (default: the options' providers) take replaced by their
     calls; ``select(offload) -> bool`` keeps only some (see ``relay_passes.vendor_offload``); ``report``
-    collects the operators no provider takes, with the reason."""
+    collects the operators no provider takes, with the reason. ``found_in_main``: ``find_offloads`` of
+    ``mod["main"]`` with these arguments (and ``report``), where the caller has it."""
     providers = options.offload_providers() if providers is None else providers
-    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers, report=report)(mod)
+    return OffloadToVendor(allow_tf32=options.allow_tf32, select=select, providers=providers, report=report,
+                           found_in_main=found_in_main)(mod)
 
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
@@ -97,12 +99,13 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
 
 
 def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
-             reuse: str = "concurrent", costs=None):
+             reuse: str = "concurrent", costs=None, program: LoweredProgram | None = None):
     """Stream assignment, annotation and the launch plan of a lowered module; ``costs`` (one per kernel
-    of the lowered program) make a stream cap cost-aware.
+    of the lowered program) make a stream cap cost-aware; ``program``: ``lowered`` read already (another
+    schedule of it; nothing changes it).
 
     Returns (annotated module, program, assignment, plan, params)."""
-    program = read_lowered_function(lowered)
+    program = program if program is not None else read_lowered_function(lowered)
     func, assignment = annotate_function(lowered, max_streams=max_streams, program=program, costs=costs)
     annotated = lowered.clone()
     annotated["main"] = func
@@ -177,30 +180,40 @@ def _untimed(_phase: str):
     return contextlib.nullcontext()
 
 
-def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, timed=None) -> BuildResult:
+def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, timed=None,
+                cache=None) -> BuildResult:
     """Lower, schedule and (unless ``options.compile_kernels`` is off) generate ``mod`` as it is: its
     kernels are chosen already (vendor calls in it stay, everything else gets TVM's kernels). A
     ``max_streams`` of ``"auto"`` schedules the widest here; choosing a cap is ``stream_choice``'s.
     ``note``: say once when CUDA kernels get TVM's default schedules (the user's build, not a probe).
     ``timed(phase)``: a context manager around each of "lower", "schedule" and "generate" (the build's
-    phase timer)."""
+    phase timer). ``cache``: a :class:`~.kernel_cache.KernelCache` to load the lowered module and the
+    kernel library from (the time to load them counted as "lower" and "generate"), or to keep them in."""
     t = options.target
     timed = timed or _untimed
     database = open_tuning_database(options.tuning_db) if options.tuning_db else None
     if note:
         note_default_schedules(mod, options, database)
     with timed("lower"):
+        key = cache.key(mod, options) if cache is not None else None
+        hit = cache.load(key, t) if cache is not None else None
         # a merged build's splits read in place: Nimble's memory plan sees the views (merge="off" keeps the
         # lowering exactly as before, e.g. for the nimble TVM pipeline, whose module the Relax VM also runs)
-        lowered = lower(mod, t, database, options.concat_in_place, split_views=options.merge != "off")
+        lowered = hit.lowered if hit else lower(mod, t, database, options.concat_in_place,
+                                                split_views=options.merge != "off")
     cap = None if options.max_streams == "auto" else options.max_streams
     with timed("schedule"):
         annotated, program, assignment, plan, consts = schedule(lowered, t, max_streams=cap, reuse=options.reuse)
         plan.index_bounds = index_bounds(mod)
     with timed("generate"):
-        library = generate_kernels(annotated, t) if options.compile_kernels else None
+        # the kernels do not depend on the schedule: the cached library is the one this module's would be
+        library = hit.library if hit else generate_kernels(annotated, t) if options.compile_kernels else None
+        stored = cache is not None and hit is None and library is not None and cache.store(key, lowered, library)
     info = build_info(options, int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0,
                       int(lowered["main"].attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None)
+    if cache is not None:
+        info["kernel_cache"] = "hit" if hit else "stored" if stored else "miss"
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
+                       kernels_file=hit.library_file if hit else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)

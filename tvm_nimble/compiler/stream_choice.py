@@ -17,12 +17,15 @@ Without a GPU of the target's arch here, the largest cap that fits the budget is
 schedule), with a one-line note. Every measurement (the one-stream kernel times, the side-by-side
 replays, the priority trial) is kept in the timing cache (:mod:`.timing_cache`), keyed by the lowered
 module's structural hash and the digests of the plans replayed, so a second build of the same model on
-the same GPU replays nothing.
+the same GPU replays nothing; so is the choice itself (``stream_choice``: the chosen cap, order and
+priorities, with the kernel times the cost-aware order used), so that the second build makes only the
+chosen schedule, not every candidate's.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 
 import tvm_ffi
 
@@ -44,7 +47,8 @@ def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
     defaults to the memory plan ``result`` was built with."""
     reuse = reuse or _reuse_of(result)
     annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target,
-                                                            max_streams=max_streams, reuse=reuse, costs=costs)
+                                                            max_streams=max_streams, reuse=reuse, costs=costs,
+                                                            program=getattr(result, "program", None))
     plan.index_bounds = result.plan.index_bounds
     return dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
                                assignment=assignment, info={**result.info, "max_streams": max_streams,
@@ -125,7 +129,18 @@ class _Measured:
 
 
 def _plan_digest(built) -> str:
-    return hashlib.sha256(built.plan.to_json(indent=None).encode()).hexdigest()[:32]
+    """A digest of ``built``'s plan: of its fields as JSON, as ``Plan.to_json`` writes them but without its
+    deep copy of every list (``dataclasses.asdict``), which took seconds over nasnetalarge's candidates."""
+    plan = built.plan
+    data = _fields(plan)
+    for name in ("tensors", "storages", "launches"):
+        data[name] = [_fields(x) for x in data[name]]
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _fields(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def choose_streams(result, reuse: str | None = None, memory_budget: int | None = None, timer=None):
@@ -134,14 +149,21 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
     timing cache that ``result.options`` names."""
     timer = timer or LocalGPU()
     reuse = reuse or _reuse_of(result)
-    candidates = _candidates(result, reuse, memory_budget)
     target = result.tvm_target
+    measuring = result.kernels is not None and has_gpu_for(timer, target)
+    if measuring:
+        measured = _Measured(result, timer)
+        decision_key = [measured.kernels, _plan_digest(result), reuse, memory_budget]
+        known = _decided(result, reuse, measured, decision_key)
+        if known is not None:
+            return known
+    candidates = _candidates(result, reuse, memory_budget)
     record = {"memory_budget": memory_budget}
     if len(candidates) == 1:  # a chain (densenet121): nothing to choose, so nothing to measure
         (key, chosen), = candidates.items()
         record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1], how="the only candidate")
         return chosen, record
-    if result.kernels is None or not has_gpu_for(timer, target):
+    if not measuring:
         if target.kind.name == "cuda" and result.kernels is not None:
             note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
                       "none: keeping Nimble's widest schedule that fits")
@@ -149,7 +171,6 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
         record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1],
                       how="widest that fits (nothing measured)")
         return candidates[key], record
-    measured = _Measured(result, timer)
     costs = None
     if (1, "program") in candidates and len(candidates) > 2:
         costs = kernel_costs(candidates[(1, "program")], measured.launch_ms(candidates[(1, "program")], 5))
@@ -164,7 +185,43 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
     chosen = candidates[best]
     if best[0] != 1 and costs is not None:
         chosen = _try_priorities(chosen, costs, record, measured)
+    record = json.loads(json.dumps(record))  # as the timing cache gives it back (and an artifact keeps it)
+    measured.cache.put("stream_choice", decision_key, {
+        "chosen": list(best), "costs": costs, "prioritized": bool(record.get("priority", {}).get("kept")),
+        "plan": _plan_digest(chosen), "record": record})
     return chosen, record
+
+
+def _valid_decision(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("chosen"), list) and len(value["chosen"]) == 2
+            and isinstance(value["chosen"][0], int) and value["chosen"][1] in ("program", "slack")
+            and (value.get("costs") is None or timing_cache.numbers()(value["costs"]))
+            and isinstance(value.get("prioritized"), bool) and isinstance(value.get("plan"), str)
+            and isinstance(value.get("record"), dict))
+
+
+def _decided(result, reuse: str, measured: "_Measured", key):
+    """(chosen, record) as an earlier build measured and chose them (the timing cache's ``stream_choice``
+    entry of this lowered module, widest plan, memory plan and budget), with only the chosen schedule
+    built: every candidate's plan and replay are what decided it, and would be the same. None when there
+    is no such entry, or the schedule built from it is not the plan chosen then."""
+    known = measured.cache.get("stream_choice", key, valid=_valid_decision)
+    if known is None:
+        return None
+    (cap, order), costs = known["chosen"], known["costs"]
+    if (order == "slack" or known["prioritized"]) and (costs is None or len(costs) != len(result.assignment.order)):
+        return None
+    if cap == result.plan.num_streams and order == "program":
+        chosen = result
+    elif 1 <= cap < result.plan.num_streams:
+        chosen = rescheduled(result, cap, reuse, costs if order == "slack" else None)
+    else:
+        return None
+    if known["prioritized"]:
+        chosen = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
+    if _plan_digest(chosen) != known["plan"]:
+        return None
+    return chosen, known["record"]
 
 
 def _describe(candidates: dict, times: dict | None = None) -> list[dict]:

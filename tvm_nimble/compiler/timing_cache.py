@@ -9,6 +9,7 @@ same GPU, so each measurement is kept here, in a directory (``BuildOptions.timin
 
     <directory>/<gpu id>/gpu.json                 the GPU's fingerprint, for people
     <directory>/<gpu id>/<kind>/<key digest>.json {"gpu", "context", "kind", "key", "value"}
+    <directory>/kernels/...                       compiled kernels, for any GPU (:mod:`.kernel_cache`)
 
 An entry counts only for the GPU that measured it: the gpu id is a digest of the measuring timer's
 fingerprint (name, arch, SMs, memory, clock, kernel driver, CUDA driver API, cuDNN / cuBLAS / CUDA
@@ -42,6 +43,9 @@ FORMAT = 1
 #: the subpackages whose code decides what a measurement measures
 _CODE_FOLDERS = ("compiler", "runtime", "relay_passes", "codegen")
 _CODE_SUFFIXES = (".py", ".cu", ".cuh", ".h")
+
+#: the compiled-kernel cache's folder inside the directory (see :mod:`.kernel_cache`), not a GPU's
+KERNELS_FOLDER = "kernels"
 
 _memory: dict[tuple, object] = {}  # (gpu id, context digest, kind, key) -> value, for this process
 
@@ -236,8 +240,8 @@ class TimingCache:
             return
         self._looked_around = True
         try:
-            others = [d for d in os.listdir(self.directory)
-                      if d != self.gpu_id and os.path.isdir(os.path.join(self.directory, d))]
+            others = [d for d in os.listdir(self.directory) if d not in (self.gpu_id, KERNELS_FOLDER)
+                      and not d.startswith(".") and os.path.isdir(os.path.join(self.directory, d))]
         except OSError:
             return
         if others and not os.path.isdir(os.path.join(self.directory, self.gpu_id)):

@@ -1,0 +1,235 @@
+"""The compiled-kernel cache (compiler/kernel_cache.py) and the stream choice kept in the timing cache: a second
+build of a model loads its lowered module and kernel library instead of lowering and compiling again, makes
+only the chosen schedule, and gives the same plan, outputs and artifact; a damaged entry is one note and a
+correct rebuild. No GPU: llvm builds run here; the sm_90 builds (nvcc compiles, nothing runs) measure with
+test_timing_cache's deterministic PlanCostTimer."""
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_nimble import load, zoo
+from tvm_nimble.compiler import kernel_cache, notes, stream_choice, timing_cache
+from tvm_nimble.compiler.build import build, build_with
+from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime.executor import NimbleExecutor
+
+from test_timing_cache import SM90, PlanCostTimer, _need_vendor
+
+
+def _new_process():
+    timing_cache.forget_in_memory()
+    notes._given.clear()
+
+
+def _outputs(module, model) -> list[np.ndarray]:
+    out = NimbleExecutor(module, tvm.cpu())(**zoo.random_inputs(model, seed=0))
+    return [o.numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def _folders(directory) -> list[str]:
+    root = os.path.join(directory, timing_cache.KERNELS_FOLDER)
+    return sorted(os.path.join(root, d) for d in os.listdir(root) if not d.startswith(".")) if os.path.isdir(root) else []
+
+
+def _counts() -> dict:
+    return dict(kernel_cache.stats)
+
+
+def _delta(before: dict) -> dict:
+    return {k: v - before[k] for k, v in kernel_cache.stats.items()}
+
+
+@pytest.fixture(scope="module")
+def inception():
+    return zoo.get_model("inception")
+
+
+@pytest.fixture(scope="module")
+def cold(inception, tmp_path_factory):
+    """A first llvm build into an empty cache: (directory, result, the counts it changed)."""
+    directory = str(tmp_path_factory.mktemp("cache"))
+    _new_process()
+    before = _counts()
+    result = build(inception, "llvm", timing_cache=directory)
+    return directory, result, _delta(before)
+
+
+def test_a_first_build_compiles_and_keeps_its_kernels(cold):
+    directory, result, counts = cold
+    assert result.info["kernel_cache"] == "stored" and counts["stored"] == 1 and counts["hit"] == 0
+    (folder,) = _folders(directory)
+    assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json", "weights.bin"]
+    assert os.path.getsize(os.path.join(folder, "weights.bin")) > kernel_cache.WEIGHT_BYTES  # not base64 in the JSON
+    assert result.kernels_file is None  # its own library: exported as usual
+
+
+def test_a_second_build_loads_them_and_gives_the_same_plan_outputs_and_artifact(inception, cold, tmp_path):
+    directory, first, _ = cold
+    _new_process()
+    before = _counts()
+    again = build(inception, "llvm", timing_cache=directory)
+    assert again.info["kernel_cache"] == "hit" and _delta(before)["hit"] == 1 and _delta(before)["stored"] == 0
+    assert again.plan.to_json() == first.plan.to_json()
+    assert again.kernels_file is not None and again.kernels_file.startswith(directory)
+    # the phases are those of a build; lowering and generating are now loading
+    assert {"lower", "schedule", "generate"} <= set(again.info["phases"])
+    for a, b in zip(_outputs(again, inception), _outputs(first, inception)):
+        np.testing.assert_array_equal(a, b)
+    # the artifact of the loaded library (copied: TVM cannot export a library it loaded) loads and runs alike
+    loaded = load(again.export(str(tmp_path / "warm.nimble")))
+    fresh = load(first.export(str(tmp_path / "cold.nimble")))
+    for a, b in zip(_outputs(loaded, inception), _outputs(fresh, inception)):
+        np.testing.assert_array_equal(a, b)
+    drop = lambda info: {k: v for k, v in info.items() if k not in ("phases", "kernel_cache")}  # noqa: E731
+    assert drop(again.info) == drop(first.info)
+
+
+def test_another_model_or_lowering_option_is_another_entry(inception, cold, tmp_path):
+    directory, _, _ = cold
+    copy = str(tmp_path / "cache")
+    _copy(directory, copy)
+    _new_process()
+    other_weights = build(zoo.get_model("inception", seed=1), "llvm", timing_cache=copy)
+    no_concat = build(inception, "llvm", timing_cache=copy, concat_in_place=False)
+    assert other_weights.info["kernel_cache"] == "stored" and no_concat.info["kernel_cache"] == "stored"
+    assert len(_folders(copy)) == 3
+
+
+@pytest.mark.parametrize("damage", ["library", "lowered", "entry", "truncated library", "weights"])
+def test_a_damaged_entry_is_one_note_and_a_correct_rebuild(inception, cold, tmp_path, damage):
+    directory, first, _ = cold
+    copy = str(tmp_path / "cache")
+    _copy(directory, copy)
+    (folder,) = _folders(copy)
+    name = {"library": "kernels.so", "truncated library": "kernels.so", "lowered": "lowered.json",
+            "entry": "entry.json", "weights": "weights.bin"}[damage]
+    path = os.path.join(folder, name)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2] if damage == "truncated library" else b"\x7fELF not a library {")
+    _new_process()
+    before = _counts()
+    with pytest.warns(UserWarning, match="ignoring unreadable compiled-kernel cache entries") as caught:
+        again = build(inception, "llvm", timing_cache=copy)
+    assert sum("compiled-kernel cache" in str(w.message) for w in caught) == 1
+    assert again.info["kernel_cache"] == "stored" and _delta(before)["rejected"] == 1
+    assert again.plan.to_json() == first.plan.to_json()
+    for a, b in zip(_outputs(again, inception), _outputs(first, inception)):
+        np.testing.assert_array_equal(a, b)
+    _new_process()
+    third = build(inception, "llvm", timing_cache=copy)  # the entry was rewritten whole
+    assert third.info["kernel_cache"] == "hit"
+
+
+def test_the_cache_is_off_without_a_timing_cache_or_with_kernel_cache_false(inception, tmp_path):
+    before = _counts()
+    off = build(inception, "llvm", timing_cache="off")
+    assert "kernel_cache" not in off.info and _delta(before) == {k: 0 for k in before}
+    no = build(inception, "llvm", timing_cache=str(tmp_path), kernel_cache=False)
+    assert "kernel_cache" not in no.info and _folders(str(tmp_path)) == []
+    with pytest.raises(NimbleError, match="kernel_cache must be True or False"):
+        BuildOptions.create("llvm", kernel_cache="yes")
+
+
+def test_the_least_recently_used_entries_go_over_the_size_limit(inception, cold, tmp_path):
+    directory, _, _ = cold
+    copy = str(tmp_path / "cache")
+    _copy(directory, copy)
+    (old,) = _folders(copy)
+    os.utime(os.path.join(old, "entry.json"), (1, 1))  # long unused
+    _new_process()
+    new = build(zoo.get_model("inception", seed=2), "llvm", timing_cache=copy)
+    (kept,) = [f for f in _folders(copy) if f != old]
+    cache = kernel_cache.KernelCache(os.path.join(copy, timing_cache.KERNELS_FOLDER))
+    cache._prune(keep=kept, max_bytes=1)
+    assert _folders(copy) == [kept] and new.info["kernel_cache"] == "stored"
+
+
+def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_path):
+    model = zoo.get_model("resnet")
+    directory = str(tmp_path / "cache")
+    _new_process()
+    first = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
+    before = _counts()
+    again = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
+    assert _delta(before)["hit"] == 2 and all(m.kernels_file for m in again.buckets.values())
+    x = zoo.random_inputs(model, seed=0)
+    name, arr = next(iter(x.items()))
+    batch = np.concatenate([arr, arr])
+    cold = NimbleExecutor(load(first.export(str(tmp_path / "cold.nimble"))))(**{name: batch})
+    warm = NimbleExecutor(load(again.export(str(tmp_path / "warm.nimble"))))(**{name: batch})
+    for a, b in zip(warm, cold):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+# ---- sm_90, kernels="best", max_streams="auto" (the GPU build's path; nothing runs here) -------------------
+@pytest.fixture(scope="module")
+def nasnet():
+    return zoo.get_model("nasnet")
+
+
+def _best(model, directory, timer):
+    return build_with(model, BuildOptions.create(SM90, kernels="best", timing_cache=directory), timer=timer)
+
+
+def _plan_digest(result) -> str:
+    return hashlib.sha256(result.plan.to_json().encode()).hexdigest()
+
+
+def test_a_warm_gpu_build_measures_nothing_loads_its_kernels_and_schedules_once(nasnet, tmp_path, monkeypatch):
+    """Cold: the model check compiles the kept module, and the build keeps that compile; warm: no measurement,
+    the kernels loaded, and only the chosen stream schedule made (not every candidate's), with the cold plan."""
+    _need_vendor()
+    directory = str(tmp_path / "cache")
+    _new_process()
+    cold_timer = PlanCostTimer()
+    first = _best(nasnet, directory, cold_timer)
+    assert first.info["kernel_choice_check"]["kept"] == "best"  # the model check's compile was reused
+    assert first.info["kernel_cache"] == "stored" and "lower" not in first.info["phases"]
+    assert first.plan.num_streams > 1 and len(first.info["streams_choice"]["candidates"]) > 2
+
+    made = []
+    real = stream_choice.rescheduled
+    monkeypatch.setattr(stream_choice, "rescheduled", lambda *a, **k: made.append(a[1]) or real(*a, **k))
+    _new_process()
+    before = _counts()
+    timer = PlanCostTimer()
+    again = _best(nasnet, directory, timer)
+    assert timer.total == 0 and again.info["kernel_cache"] == "hit" and _delta(before)["hit"] == 1
+    assert len(made) <= 1  # the chosen cap's schedule (none when the widest won)
+    assert _plan_digest(again) == _plan_digest(first)
+    keys = ("kernel_choice", "kernel_choice_check", "gemm_algorithms", "streams_choice")
+    assert {k: again.info.get(k) for k in keys} == {k: first.info.get(k) for k in keys}
+
+
+def test_a_stream_choice_entry_that_no_longer_gives_its_plan_is_not_used(nasnet, tmp_path):
+    """The entry records the digest of the plan chosen: a schedule that comes out otherwise (the entry edited,
+    or damaged in a way that still parses) makes the build choose again from the cached replays."""
+    _need_vendor()
+    directory = str(tmp_path / "cache")
+    _new_process()
+    first = _best(nasnet, directory, PlanCostTimer())
+    (path,) = [os.path.join(d, f) for d, _, files in os.walk(directory) for f in files
+               if os.path.basename(d) == "stream_choice"]
+    with open(path) as f:
+        entry = json.load(f)
+    entry["value"]["plan"] = "0" * 32
+    with open(path, "w") as f:
+        json.dump(entry, f)
+    _new_process()
+    timer = PlanCostTimer()
+    again = _best(nasnet, directory, timer)
+    assert timer.total == 0 and _plan_digest(again) == _plan_digest(first)
+    assert again.info["streams_choice"] == first.info["streams_choice"]
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)

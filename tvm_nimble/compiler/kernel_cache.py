@@ -1,0 +1,278 @@
+"""The compiled-kernel cache: a warm build loads its lowered module and kernel library instead of making them.
+
+With every measurement in the timing cache (:mod:`.timing_cache`), what a second build of a model still
+spent its time on was TVM's lowering (legalization, fusion, DLight or tuned schedules: the "lower" phase)
+and code generation (TIR passes, CUDA and host code, nvcc: "generate"): 7 s each for densenet121 on an
+H200, the same work every time. Like torch.compile's FX-graph cache, the build keeps both, keyed by what
+decides them: the structural hash of the Relax module that goes into lowering (its kernels already
+chosen, providers' calls and weights in it), the tuning database's contents, the lowering options
+(concatenations in place, split views), and the context of the timing cache (this format, TVM's version,
+a digest of tvm-nimble's sources, the target). The kernels do not depend on the GPU, so an entry serves
+every GPU of the target's arch. An entry is a folder beside the timing cache's GPUs:
+
+    <timing cache>/kernels/<key digest>/lowered.json   the lowered module (tvm.ir.save_json), its weights
+                                                       as placeholders
+                                       /weights.bin    the weights (tvm.runtime.save_param_dict): as JSON,
+                                                       base64 in a node graph, nasnetalarge's 356 MB would
+                                                       take seconds to write and read
+                                       /kernels.so     the kernel library (export_library)
+                                       /entry.json     {"format", "key", "files": {name: sha256}}
+
+It is written into a temporary folder beside its place and renamed there, so a build running at once sees
+a whole entry or none. An entry whose files do not match the sha256 recorded, that does not parse or load,
+or whose key is not the one asked for, is one note and a rebuild (which replaces it), never a failed build.
+Only the user's build (``build``'s last one, also where it reuses the model check's compile) is kept, not
+the kernel choice's probes, and the folder is kept under :data:`MAX_BYTES` by dropping the least recently
+used entries.
+
+``info["kernel_cache"]`` says what the build did: "hit" (loaded from here), "stored" (compiled and kept),
+"present" (compiled by the model check, and an entry was there already) or "miss" (compiled, not kept);
+:data:`stats` counts loads, misses and writes in this process. ``kernel_cache=False`` (or
+``timing_cache="off"``) turns it off.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+
+from .notes import note_once
+from .timing_cache import KERNELS_FOLDER, context_of, tuning_db_digest
+
+#: bumped when an entry's layout or meaning changes
+FORMAT = 1
+#: the folder is kept under this many bytes (least recently used entries go first)
+MAX_BYTES = 4 << 30
+_LOWERED, _WEIGHTS, _LIBRARY, _ENTRY = "lowered.json", "weights.bin", "kernels.so", "entry.json"
+#: tensor constants of at least this many bytes are kept in weights.bin, under placeholder variables of this name
+WEIGHT_BYTES = 1024
+_PLACEHOLDER = "__nimble_cached_weight_"
+
+#: this process's counts: entries loaded ("hit"), builds that found none ("miss"), entries written ("stored"),
+#: entries ignored as unreadable or foreign ("rejected")
+stats = {"hit": 0, "miss": 0, "stored": 0, "rejected": 0}
+
+
+@dataclass
+class Hit:
+    lowered: tvm.IRModule
+    library: object  # tvm.runtime.Module, loaded from ``library_file``
+    library_file: str
+
+
+def for_options(options) -> "KernelCache | None":
+    """The compiled-kernel cache of a build with ``options``, or None when it keeps none (no timing-cache
+    directory, ``kernel_cache`` off, or no kernels compiled)."""
+    if not options.timing_cache or not options.kernel_cache or not options.compile_kernels:
+        return None
+    return KernelCache(os.path.join(options.timing_cache, KERNELS_FOLDER))
+
+
+class KernelCache:
+    """Lowered modules and kernel libraries under ``directory``: :meth:`key`, :meth:`load`, :meth:`store`."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    @staticmethod
+    def key(mod: tvm.IRModule, options, mod_hash: int | None = None) -> list:
+        """What the lowered module and the library of ``mod`` built with ``options`` depend on; ``mod_hash``:
+        ``mod``'s structural hash taken before it was lowered (lowering changes it in place)."""
+        mod_hash = tvm_ffi.structural_hash(mod) if mod_hash is None else mod_hash
+        return [FORMAT, context_of(options.target), str(mod_hash),
+                tuning_db_digest(options.tuning_db), bool(options.concat_in_place), options.merge != "off"]
+
+    def path(self, key) -> str:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return os.path.join(self.directory, digest[:40])
+
+    def has(self, key) -> bool:
+        """Whether an entry of ``key`` is there (not whether it is usable)."""
+        return os.path.exists(os.path.join(self.path(key), _ENTRY))
+
+    # ---- read --------------------------------------------------------------------------
+    def load(self, key, target: tvm.target.Target) -> Hit | None:
+        """The entry of ``key``, loaded, or None (counted a miss; an unusable entry is also one note)."""
+        folder = self.path(key)
+        try:
+            with open(os.path.join(folder, _ENTRY), encoding="utf-8") as f:
+                entry = json.load(f)
+        except FileNotFoundError:
+            stats["miss"] += 1
+            return None
+        except (OSError, ValueError):
+            return self._rejected()
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != json.loads(json.dumps(key)):
+            return self._rejected()
+        files = entry.get("files")
+        if not isinstance(files, dict) or set(files) != {_LOWERED, _WEIGHTS, _LIBRARY}:
+            return self._rejected()
+        try:
+            blobs = {}
+            for name, digest in files.items():
+                with open(os.path.join(folder, name), "rb") as f:
+                    blobs[name] = f.read()
+                if hashlib.sha256(blobs[name]).hexdigest() != digest:
+                    return self._rejected()
+            lowered = _with_weights(tvm.ir.load_json(blobs.pop(_LOWERED).decode()),
+                                    tvm.runtime.load_param_dict(bytearray(blobs.pop(_WEIGHTS))))
+            if target.kind.name == "cuda":
+                from tvm_nimble.codegen.cuda_compile import load_cuda_runtime
+
+                load_cuda_runtime()  # the library's CUDA module needs TVM's CUDA runtime registered
+            library = tvm.runtime.load_module(os.path.join(folder, _LIBRARY))
+        except Exception:  # noqa: BLE001  (anything TVM raises on a damaged file: rebuild instead)
+            return self._rejected()
+        if not isinstance(lowered, tvm.IRModule) or "main" not in [gv.name_hint for gv in lowered.functions]:
+            return self._rejected()
+        try:
+            os.utime(os.path.join(folder, _ENTRY))  # recently used: the last to be dropped
+        except OSError:
+            pass
+        stats["hit"] += 1
+        return Hit(lowered, library, os.path.join(folder, _LIBRARY))
+
+    def _rejected(self):
+        stats["rejected"] += 1
+        stats["miss"] += 1
+        note_once(f"ignoring unreadable compiled-kernel cache entries under {self.directory}: the kernels are "
+                  "compiled again and the entries rewritten (delete the folder, or pass kernel_cache=False, if "
+                  "this repeats)", stacklevel=5)
+        return None
+
+    # ---- write -------------------------------------------------------------------------
+    def store(self, key, lowered: tvm.IRModule, library) -> bool:
+        """Keep ``lowered`` and ``library`` for ``key`` (replacing an unusable entry); False, with one note,
+        when the folder cannot be written."""
+        folder = self.path(key)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            staging = tempfile.mkdtemp(dir=self.directory, prefix=".tmp-")
+        except OSError as err:
+            return self._unwritable(err)
+        try:
+            placeheld, weights = _without_weights(lowered)
+            data = {_LOWERED: tvm.ir.save_json(placeheld).encode(),
+                    _WEIGHTS: bytes(tvm.runtime.save_param_dict(weights))}
+            for name, blob in data.items():
+                with open(os.path.join(staging, name), "wb") as f:
+                    f.write(blob)
+            files = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+            del data
+            library.export_library(os.path.join(staging, _LIBRARY))
+            files[_LIBRARY] = _sha256(os.path.join(staging, _LIBRARY))
+            with open(os.path.join(staging, _ENTRY), "w", encoding="utf-8") as f:
+                json.dump({"format": FORMAT, "key": key, "files": files}, f, sort_keys=True)
+            if os.path.exists(folder):  # an unusable entry (a usable one was loaded instead): out of the way
+                old = os.path.join(self.directory, f".old-{uuid.uuid4().hex[:12]}")
+                try:
+                    os.rename(folder, old)
+                    shutil.rmtree(old, ignore_errors=True)
+                except OSError:
+                    pass
+            try:
+                os.rename(staging, folder)
+            except OSError:  # another build put its entry there first: the same kernels
+                return False
+        except OSError as err:
+            return self._unwritable(err)
+        finally:
+            if os.path.isdir(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+        stats["stored"] += 1
+        self._prune(keep=folder)
+        return True
+
+    def _unwritable(self, err: OSError) -> bool:
+        note_once(f"cannot write the compiled-kernel cache under {self.directory} ({err.strerror or err}): this "
+                  "build's kernels are not kept; give timing_cache a writable directory, or pass kernel_cache=False",
+                  stacklevel=5)
+        return False
+
+    def _prune(self, keep: str, max_bytes: int | None = None) -> None:
+        """Drop the least recently used entries (never ``keep``) while the folder holds over ``max_bytes``."""
+        max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+        entries = []
+        try:
+            for name in os.listdir(self.directory):
+                folder = os.path.join(self.directory, name)
+                if name.startswith(".") or not os.path.isdir(folder):
+                    continue
+                size = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
+                try:
+                    used = os.stat(os.path.join(folder, _ENTRY)).st_mtime
+                except OSError:
+                    used = 0.0
+                entries.append((used, size, folder))
+        except OSError:
+            return
+        total = sum(size for _, size, _ in entries)
+        for _, size, folder in sorted(entries):
+            if total <= max_bytes:
+                break
+            if folder != keep:
+                shutil.rmtree(folder, ignore_errors=True)
+                total -= size
+
+
+def _relax_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+    from tvm import relax
+
+    out = mod.clone()
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = mutator.visit_expr(func)
+    return out
+
+
+def _without_weights(lowered: tvm.IRModule) -> tuple[tvm.IRModule, dict]:
+    """``lowered`` with each tensor constant of :data:`WEIGHT_BYTES` or more replaced by a variable of its type
+    named :data:`_PLACEHOLDER` and its index, and those tensors by name."""
+    import math
+
+    from tvm import relax
+
+    weights: dict = {}
+
+    @relax.expr_functor.mutator
+    class Out(relax.PyExprMutator):
+        def visit_generic_const_(self, op):
+            value = op.value
+            if not isinstance(value, tvm.runtime.Tensor):
+                return op
+            if math.prod(value.shape) * tvm.runtime.DataType(str(value.dtype)).bits // 8 < WEIGHT_BYTES:
+                return op
+            name = f"{_PLACEHOLDER}{len(weights)}"
+            weights[name] = value
+            return relax.Var(name, op.ty)
+
+    return _relax_functions(lowered, Out()), weights
+
+
+def _with_weights(placeheld: tvm.IRModule, weights) -> tvm.IRModule:
+    """:func:`_without_weights` undone: each placeholder back to its tensor, as a constant."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class In(relax.PyExprMutator):
+        def visit_var_(self, op):
+            if op.name.startswith(_PLACEHOLDER):
+                return relax.const(weights[op.name])
+            return op
+
+    return _relax_functions(placeheld, In())
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -324,16 +324,17 @@ def merged_bindings(group: MergeGroup, anchor_call, name: str) -> list:
     return bindings
 
 
-def _concat_with_run(binding, group: MergeGroup, value: dict):
-    """The concatenation ``binding`` with the group's run of fields replaced by its merged output (the
-    merged output itself when the run was every field)."""
+def _concat_with_runs(binding, groups: list[MergeGroup], value: dict):
+    """The concatenation ``binding`` with each group's run of fields replaced by its merged output (the
+    merged output itself when one run was every field)."""
     tup = binding.value.args[0]
     fields = list((value.get(tup, tup) if isinstance(tup, relax.Var) else tup).fields)
-    lasts = [m.last for m in group.members]
-    start = next(i for i, f in enumerate(fields) if isinstance(f, relax.Var) and f.same_as(lasts[0]))
-    fields[start:start + len(lasts)] = [group.result]
+    for group in groups:
+        lasts = [m.last for m in group.members]
+        start = next(i for i, f in enumerate(fields) if isinstance(f, relax.Var) and f.same_as(lasts[0]))
+        fields[start:start + len(lasts)] = [group.result]
     if len(fields) == 1:
-        return relax.VarBinding(binding.var, group.result)
+        return relax.VarBinding(binding.var, groups[0].result)
     return relax.VarBinding(binding.var, relax.op.concat(relax.Tuple(fields), axis=int(binding.value.attrs.axis)))
 
 
@@ -359,7 +360,10 @@ def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, l
         value = {b.var: b.value for b in block.bindings}
         drop = {v for g in mine for m in g.members for v in m.chain}
         at = {g.members[0].anchor: g for g in mine}  # the merged chain goes where its first sibling was
-        runs = {g.into: g for g in mine if g.into is not None}
+        runs: dict = {}  # concat var -> the groups merging into it (Inception-v3's block concatenation takes two)
+        for g in mine:
+            if g.into is not None:
+                runs.setdefault(g.into, []).append(g)
         drop |= {value[c].args[0] for c in runs if isinstance(value[c].args[0], relax.Var)}  # a tuple bound apart
         bindings = []
         for b in block.bindings:
@@ -368,7 +372,7 @@ def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, l
                 bindings += merged_bindings(g, value[b.var], f"merged{count}")
                 count += 1
             elif b.var in runs:
-                bindings.append(_concat_with_run(b, runs[b.var], value))
+                bindings.append(_concat_with_runs(b, runs[b.var], value))
             elif b.var not in drop:
                 bindings.append(b)
         blocks.append(relax.DataflowBlock(bindings))

@@ -163,6 +163,28 @@ def test_a_fire_modules_expands_merge_into_their_concatenation(concat, launches)
                                rtol=1e-5, atol=1e-5)
 
 
+def test_two_runs_of_one_concatenation_each_merge_into_it():
+    """Inception-v3's InceptionE block: one concatenation takes two sibling pairs (1x3/3x1 of two inputs); both
+    runs merge into it (on the H200 the second run's members were dropped and left the concatenation reading a
+    var no binding defined)."""
+    model = _fire_model(["e1", "e3"])
+    g = model.graph
+    for name, src, k, pads in (("f1", "s", [1, 3], [0, 1, 0, 1]), ("f3", "s", [3, 1], [1, 0, 1, 0])):
+        g.initializer.append(numpy_helper.from_array(
+            np.random.default_rng(len(name) + k[0]).standard_normal([5, 4, *k]).astype(np.float32) * 0.5, "w" + name))
+        g.node.insert(len(g.node) - 1, helper.make_node("Conv", [src, "w" + name], [name], kernel_shape=k, pads=pads))
+    concat = g.node[-1]
+    del concat.input[:]
+    concat.input.extend(["s", "e1", "e3", "f1", "f3"])
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4 + 14 + 10, 8, 8]))
+    x = np.random.default_rng(5).standard_normal((1, 8, 8, 8)).astype(np.float32)
+    module = build(model, "llvm", merge="on", max_streams=None)
+    assert sum(g["merged"] for g in module.info["merge_choice"]["groups"]) == 2
+    np.testing.assert_allclose(_run(module, {"x": x}), ReferenceEvaluator(model).run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_expands_that_are_not_a_private_run_of_the_concatenation_stay_apart():
     """An expand that is also a model output, or a run split by another field, keeps writing its own slice."""
     for model in (_fire_model(["e1", "e3"], extra_output="e1"), _fire_model(["e1", "s", "e3"])):

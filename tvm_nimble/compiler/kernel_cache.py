@@ -25,6 +25,11 @@ Only the user's build (``build``'s last one, also where it reuses the model chec
 the kernel choice's probes, and the folder is kept under :data:`MAX_BYTES` by dropping the least recently
 used entries.
 
+TVM cannot export a shared library it loaded, so the library a build loads from here exports by copying
+``kernels.so`` (its ``export_library``), wherever the build's kernels go (an artifact, a module of the
+caller's). Storing costs the library's export (LLVM's code generation of the host code: seconds for
+densenet121), once per model.
+
 ``info["kernel_cache"]`` says what the build did: "hit" (loaded from here), "stored" (compiled and kept),
 "present" (compiled by the model check, and an entry was there already) or "miss" (compiled, not kept);
 :data:`stats` counts loads, misses and writes in this process. ``kernel_cache=False`` (or

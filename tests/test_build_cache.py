@@ -17,6 +17,7 @@ from tvm_nimble.compiler.build import build, build_with
 from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.executor import NimbleExecutor
+from tvm_nimble.runtime.module import NimbleModule
 
 from test_timing_cache import SM90, PlanCostTimer, _need_vendor
 
@@ -65,7 +66,7 @@ def test_a_first_build_compiles_and_keeps_its_kernels(cold):
     (folder,) = _folders(directory)
     assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json", "weights.bin"]
     assert os.path.getsize(os.path.join(folder, "weights.bin")) > kernel_cache.WEIGHT_BYTES  # not base64 in the JSON
-    assert result.kernels_file is None  # its own library: exported as usual
+    assert "export_library" not in vars(result.kernels)  # its own library: TVM exports it
 
 
 def test_a_second_build_loads_them_and_gives_the_same_plan_outputs_and_artifact(inception, cold, tmp_path):
@@ -75,16 +76,20 @@ def test_a_second_build_loads_them_and_gives_the_same_plan_outputs_and_artifact(
     again = build(inception, "llvm", timing_cache=directory)
     assert again.info["kernel_cache"] == "hit" and _delta(before)["hit"] == 1 and _delta(before)["stored"] == 0
     assert again.plan.to_json() == first.plan.to_json()
-    assert again.kernels_file is not None and again.kernels_file.startswith(directory)
     # the phases are those of a build; lowering and generating are now loading
     assert {"lower", "schedule", "generate"} <= set(again.info["phases"])
     for a, b in zip(_outputs(again, inception), _outputs(first, inception)):
         np.testing.assert_array_equal(a, b)
-    # the artifact of the loaded library (copied: TVM cannot export a library it loaded) loads and runs alike
+    # the artifact of the loaded library (copied: TVM cannot export a library it loaded) loads and runs alike,
+    # also where the kernels went into a module of the caller's
     loaded = load(again.export(str(tmp_path / "warm.nimble")))
     fresh = load(first.export(str(tmp_path / "cold.nimble")))
-    for a, b in zip(_outputs(loaded, inception), _outputs(fresh, inception)):
+    theirs = load(NimbleModule(again.plan, again.kernels, again.params).export(str(tmp_path / "theirs.nimble")))
+    for a, b, c in zip(_outputs(loaded, inception), _outputs(fresh, inception), _outputs(theirs, inception)):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, b)
+    again.kernels.export_library(str(tmp_path / "k.so"))
+    assert tvm.runtime.load_module(str(tmp_path / "k.so")).implements_function(again.plan.launches[0].kernel)
     drop = lambda info: {k: v for k, v in info.items() if k not in ("phases", "kernel_cache")}  # noqa: E731
     assert drop(again.info) == drop(first.info)
 
@@ -158,7 +163,7 @@ def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_p
     first = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
     before = _counts()
     again = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
-    assert _delta(before)["hit"] == 2 and all(m.kernels_file for m in again.buckets.values())
+    assert _delta(before)["hit"] == 2 and all(m.info["kernel_cache"] == "hit" for m in again.buckets.values())
     x = zoo.random_inputs(model, seed=0)
     name, arr = next(iter(x.items()))
     batch = np.concatenate([arr, arr])

@@ -25,6 +25,11 @@ Only the user's build (``build``'s last one, also where it reuses the model chec
 the kernel choice's probes, and the folder is kept under :data:`MAX_BYTES` by dropping the least recently
 used entries.
 
+TVM cannot export a shared library it loaded, so the library a build loads from here exports by copying
+``kernels.so`` (its ``export_library``), wherever the build's kernels go (an artifact, a module of the
+caller's). Storing costs the library's export (LLVM's code generation of the host code: seconds for
+densenet121), once per model.
+
 ``info["kernel_cache"]`` says what the build did: "hit" (loaded from here), "stored" (compiled and kept),
 "present" (compiled by the model check, and an entry was there already) or "miss" (compiled, not kept);
 :data:`stats` counts loads, misses and writes in this process. ``kernel_cache=False`` (or
@@ -42,6 +47,8 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
+
+from tvm_nimble.errors import NimbleError
 
 from .notes import note_once
 from .timing_cache import KERNELS_FOLDER, context_of, tuning_db_digest
@@ -63,8 +70,7 @@ stats = {"hit": 0, "miss": 0, "stored": 0, "rejected": 0}
 @dataclass
 class Hit:
     lowered: tvm.IRModule
-    library: object  # tvm.runtime.Module, loaded from ``library_file``
-    library_file: str
+    library: object  # tvm.runtime.Module, loaded from the entry; its export_library copies the entry's file
 
 
 def for_options(options) -> "KernelCache | None":
@@ -127,7 +133,8 @@ class KernelCache:
                 from tvm_nimble.codegen.cuda_compile import load_cuda_runtime
 
                 load_cuda_runtime()  # the library's CUDA module needs TVM's CUDA runtime registered
-            library = tvm.runtime.load_module(os.path.join(folder, _LIBRARY))
+            library = _exportable(tvm.runtime.load_module(os.path.join(folder, _LIBRARY)),
+                                  os.path.join(folder, _LIBRARY))
         except Exception:  # noqa: BLE001  (anything TVM raises on a damaged file: rebuild instead)
             return self._rejected()
         if not isinstance(lowered, tvm.IRModule) or "main" not in [gv.name_hint for gv in lowered.functions]:
@@ -137,7 +144,7 @@ class KernelCache:
         except OSError:
             pass
         stats["hit"] += 1
-        return Hit(lowered, library, os.path.join(folder, _LIBRARY))
+        return Hit(lowered, library)
 
     def _rejected(self):
         stats["rejected"] += 1
@@ -220,6 +227,20 @@ class KernelCache:
             if folder != keep:
                 shutil.rmtree(folder, ignore_errors=True)
                 total -= size
+
+
+def _exportable(library, path: str):
+    """``library`` (loaded from ``path``) whose ``export_library`` copies ``path``: TVM cannot export a shared
+    library it loaded, and an artifact (or a user) exports the kernels of a build with it."""
+    def export_library(file_name, *_args, **_kwargs):
+        try:
+            shutil.copyfile(path, os.fspath(file_name))
+        except OSError as err:
+            raise NimbleError(f"the kernel library {path}, loaded from the compiled-kernel cache, is gone "
+                              f"({err.strerror or err}); build again (kernel_cache=False to compile) and export") from None
+
+    library.export_library = export_library  # this object's: every holder of the build's kernels exports them
+    return library
 
 
 def _relax_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:

@@ -215,5 +215,4 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, ti
         info["kernel_cache"] = "hit" if hit else "stored" if stored else "miss"
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
-                       kernels_file=hit.library_file if hit else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)

@@ -94,26 +94,11 @@ def _unwritable(path: str, err: OSError) -> ArtifactError:
 
 
 def save_artifact(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None = None,
-                  vendor_library: str | None = None, overwrite: bool = False, kernels_file: str | None = None) -> str:
+                  vendor_library: str | None = None, overwrite: bool = False) -> str:
     """Write the artifact directory ``path``. An existing artifact there is replaced only with ``overwrite``
-    (and only once the new one is complete); anything else in the way is refused (:func:`check_output_path`).
-    ``kernels_file``: the library file ``kernels`` was loaded from (a build's compiled-kernel cache), copied
-    instead of exported (TVM cannot export a library it loaded)."""
+    (and only once the new one is complete); anything else in the way is refused (:func:`check_output_path`)."""
     return _write_staged(path, overwrite, lambda staging: _write_files(staging, plan, kernels, params, extra,
-                                                                       vendor_library, kernels_file))
-
-
-def export_kernels(kernels, path: str, kernels_file: str | None = None) -> None:
-    """Write the kernel library ``kernels`` to ``path``: exported, or copied from ``kernels_file`` where it was
-    loaded from one (a shared library TVM loaded cannot be exported again)."""
-    if kernels_file is None:
-        kernels.export_library(path)
-        return
-    try:
-        shutil.copyfile(kernels_file, path)
-    except OSError as err:
-        raise ArtifactError(f"the kernel library {kernels_file} this build loaded from its compiled-kernel cache is "
-                            f"gone ({err.strerror or err}); build again (or with kernel_cache=False) and export") from None
+                                                                       vendor_library))
 
 
 def _write_staged(path: str, overwrite: bool, write) -> str:
@@ -141,12 +126,12 @@ def _write_staged(path: str, overwrite: bool, write) -> str:
 
 
 def _write_files(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], extra: dict | None,
-                 vendor_library: str | None, kernels_file: str | None = None) -> None:
+                 vendor_library: str | None) -> None:
     import tvm
 
     with open(os.path.join(path, "plan.json"), "w") as f:
         f.write(plan.to_json())
-    export_kernels(kernels, os.path.join(path, "kernels.so"), kernels_file)
+    kernels.export_library(os.path.join(path, "kernels.so"))
     np.savez(os.path.join(path, "params.npz"), **params)
     files = list(FILES)
     if plan.uses_vendor_kernels:
@@ -269,23 +254,23 @@ def bucket_files(batch: int) -> tuple[str, str]:
 def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarray], extra: dict | None = None,
                            vendor_library: str | None = None, overwrite: bool = False) -> str:
     """Write an artifact of several batch buckets: ``buckets`` is a list of (batch, plan, kernels,
-    constant names[, the file the kernels were loaded from]) where the names map each constant ``c<id>`` of
-    that plan to its entry in ``weights``, which params.npz stores once for every bucket."""
+    constant names) where the names map each constant ``c<id>`` of that plan to its entry in ``weights``,
+    which params.npz stores once for every bucket."""
     def write(staging):
         import tvm
 
         files, entries = [], []
-        for batch, plan, kernels, names, *loaded_from in buckets:
+        for batch, plan, kernels, names in buckets:
             plan_file, kernels_file = bucket_files(batch)
             with open(os.path.join(staging, plan_file), "w") as f:
                 f.write(plan.to_json())
-            export_kernels(kernels, os.path.join(staging, kernels_file), *loaded_from)
+            kernels.export_library(os.path.join(staging, kernels_file))
             files += [plan_file, kernels_file]
             entries.append({"batch": int(batch), "plan": plan_file, "kernels": kernels_file,
                             "constants": {k: names[k] for k in sorted(names)}})
         np.savez(os.path.join(staging, "params.npz"), **weights)
         files.append("params.npz")
-        if any(plan.uses_vendor_kernels for _, plan, *_ in buckets):
+        if any(plan.uses_vendor_kernels for _, plan, _, _ in buckets):
             if not vendor_library:
                 raise ArtifactError("the plans launch cuDNN/cuBLAS kernels but no vendor extension was given to "
                                     "package; export the module returned by tvm_nimble.build")

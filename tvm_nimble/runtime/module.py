@@ -26,8 +26,6 @@ class NimbleModule:
     annotated_mod: object | None = None  # the stage-1 IRModule, when built in this process
     info: dict = field(default_factory=dict)
     vendor_library: str | None = None  # the cuDNN/cuBLASLt extension, when the plan launches vendor kernels
-    #: the shared library ``kernels`` was loaded from by the build (its compiled-kernel cache): exporting copies it
-    kernels_file: str | None = field(default=None, repr=False)
 
     @property
     def target(self) -> dict:
@@ -37,7 +35,7 @@ class NimbleModule:
         """Write the deployable artifact directory ``path`` (see ``runtime.artifact``). An artifact already
         there is replaced only with ``overwrite=True``; a path that cannot hold one raises ``ArtifactError``."""
         return save_artifact(path, self.plan, self.kernels, self.params, extra={"info": self.info},
-                             vendor_library=self.vendor_library, overwrite=overwrite, kernels_file=self.kernels_file)
+                             vendor_library=self.vendor_library, overwrite=overwrite)
 
     export_library = export  # the TVM spelling
 
@@ -161,8 +159,7 @@ class BucketedModule(NimbleModule):
     def export(self, path: str, overwrite: bool = False) -> str:
         """Write one artifact directory: a plan and kernel library per bucket, the weights once."""
         names, weights = self.shared_weights()
-        return save_bucketed_artifact(path, [(b, m.plan, m.kernels, names[b], m.kernels_file)
-                                             for b, m in self.buckets.items()],
+        return save_bucketed_artifact(path, [(b, m.plan, m.kernels, names[b]) for b, m in self.buckets.items()],
                                       weights, extra={"info": self.info}, vendor_library=self.vendor_library,
                                       overwrite=overwrite)
 

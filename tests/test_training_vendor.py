@@ -83,6 +83,13 @@ def test_every_convolution_and_its_gradients_go_to_cudnn(step):
     assert kernels.count(CONV2D_BWD_DATA) == transposes and kernels.count(CONV2D_BWD_FILTER) == transposes + 1
     assert kernels.count(CONV2D) + kernels.count(CONV2D + "_add") == transposes + 1
     assert {providers.provider_of(k).name for k in kernels if k.startswith("nimble.")} == {"cudnn", "cudnn_grad"}
+    # the default (kernels="auto"), as for inference: with no GPU here to measure on, vendor where the extension
+    # can be built (the same plan as above), else TVM's kernels
+    from tvm_nimble.codegen.vendor_build import vendor_available
+
+    default = [l.kernel for l in build_step(step, {"kind": "cuda", "arch": "sm_90"}, max_streams=None,
+                                            compile_kernels=False).plan.launches]
+    assert default == kernels if vendor_available()[0] else not [k for k in default if k.startswith("nimble.")]
 
 
 def test_steps_on_the_gradient_calls_equal_tvms_trainer(step, vendor_reference):

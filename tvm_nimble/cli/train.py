@@ -42,8 +42,9 @@ def main(argv=None):
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32",
                     help="fp32 (default), tf32 (TF32 tensor cores in the vendor kernels) or bf16 (forward and "
                          "backward in bfloat16, float32 master weights and optimizer)")
-    ap.add_argument("--kernels", choices=["tvm", "vendor", "best"], default="tvm",
-                    help="TVM's kernels (default); vendor: convolutions and their gradients on cuDNN (CUDA); best: "
+    ap.add_argument("--kernels", choices=["auto", "tvm", "vendor", "best"], default="auto",
+                    help="auto (default): best on a CUDA machine with the vendor wheels, TVM's kernels on a CPU; "
+                         "tvm: TVM's kernels; vendor: convolutions and their gradients on cuDNN (CUDA); best: "
                          "each operator on whichever measured faster on this GPU")
     ap.add_argument("-o", "--output", help="write the trained model here (ONNX)")
     args = ap.parse_args(argv)

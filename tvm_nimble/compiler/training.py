@@ -382,23 +382,24 @@ class NimbleTrainer:
 
 def build_training(model, target="llvm", *, loss: str = "mse", optimizer: str = "sgd", lr: float = 0.01,
                    weight_decay: float | None = None, precision: str = "fp32", max_streams="auto",
-                   kernels: str = "tvm", shape_dict=None, device=None) -> NimbleTrainer:
+                   kernels: str = "auto", shape_dict=None, device=None) -> NimbleTrainer:
     """Build one training step of ``model`` with Nimble (see the module docstring) and return its trainer.
 
     ``loss``: "mse" (labels shaped like the output; the mean over every element, as PyTorch's
     MSELoss) or "cross_entropy" (int64 class indices, one per batch row; the sum over the batch);
     ``optimizer``: "sgd", "momentum" (0.9), "adam" or "adamw", as PyTorch's, with learning rate ``lr``
-    (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). ``kernels``: TVM's
-    by default; "vendor" puts the forward convolutions and the convolution gradients (conv2d_transpose for
-    dL/dx, the CNHW convolution for dL/dW) on cuDNN, "best" chooses per operator by measurement (as
-    ``build``). ``precision``: "fp32", "tf32" (TF32 tensor
+    (positive) and ``weight_decay`` (>= 0; None: PyTorch's default, 0.01 for adamw, else 0). ``kernels``: as
+    ``build``'s: "auto" (default) is "best" on a CUDA machine with the vendor wheels, TVM's kernels on a CPU
+    target; "vendor" puts the forward convolutions and the convolution gradients (conv2d_transpose for
+    dL/dx, the CNHW convolution for dL/dW) on cuDNN, "best" chooses per operator by measurement, "tvm" keeps
+    TVM's. ``precision``: "fp32", "tf32" (TF32 tensor
     cores in the vendor kernels) or "bf16" (bfloat16 forward and backward, float32 master weights). A model
     with operators TVM's gradient cannot differentiate is refused with a ModelError naming them."""
     step = training_step(model, loss, optimizer, lr, shape_dict, weight_decay, precision)
     return NimbleTrainer(build_step(step, target, kernels=kernels, max_streams=max_streams), step, device)
 
 
-def build_step(step: TrainingStep, target="llvm", *, kernels: str = "tvm", max_streams="auto", **options):
+def build_step(step: TrainingStep, target="llvm", *, kernels: str = "auto", max_streams="auto", **options):
     """The step's module (``build``'s result) with ``kernels``: for vendor kernels the providers of inference
     and ``cudnn_grad``, the convolution gradients' provider (used only when named: see its module). The step is
     already in its precision, so the build keeps fp32 (the optimizer's update must not be converted too); tf32

@@ -13,13 +13,14 @@ import tvm
 
 from tvm_nimble import load, zoo
 from tvm_nimble.compiler import kernel_cache, notes, stream_choice, timing_cache
-from tvm_nimble.compiler.build import build, build_with
+from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.executor import NimbleExecutor
 from tvm_nimble.runtime.module import NimbleModule
 
-from test_timing_cache import SM90, PlanCostTimer, _need_vendor
+from test_timing_cache import SM90, PlanCostTimer, _need_vendor, nasnet  # noqa: F401 (nasnet: a fixture)
+from test_timing_cache import _build as _best
 
 
 def _new_process():
@@ -174,15 +175,6 @@ def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_p
 
 
 # ---- sm_90, kernels="best", max_streams="auto" (the GPU build's path; nothing runs here) -------------------
-@pytest.fixture(scope="module")
-def nasnet():
-    return zoo.get_model("nasnet")
-
-
-def _best(model, directory, timer):
-    return build_with(model, BuildOptions.create(SM90, kernels="best", timing_cache=directory), timer=timer)
-
-
 def _plan_digest(result) -> str:
     return hashlib.sha256(result.plan.to_json().encode()).hexdigest()
 

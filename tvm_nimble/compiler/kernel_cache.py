@@ -49,6 +49,7 @@ import tvm
 import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime.artifact import file_sha256
 
 from .notes import note_once
 from .timing_cache import KERNELS_FOLDER, context_of, tuning_db_digest
@@ -174,7 +175,7 @@ class KernelCache:
             files = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
             del data
             library.export_library(os.path.join(staging, _LIBRARY))
-            files[_LIBRARY] = _sha256(os.path.join(staging, _LIBRARY))
+            files[_LIBRARY] = file_sha256(os.path.join(staging, _LIBRARY))
             with open(os.path.join(staging, _ENTRY), "w", encoding="utf-8") as f:
                 json.dump({"format": FORMAT, "key": key, "files": files}, f, sort_keys=True)
             if os.path.exists(folder):  # an unusable entry (a usable one was loaded instead): out of the way
@@ -291,9 +292,3 @@ def _with_weights(placeheld: tvm.IRModule, weights) -> tvm.IRModule:
     return _relax_functions(placeheld, In())
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

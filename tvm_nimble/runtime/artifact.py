@@ -41,7 +41,8 @@ class TVMVersionWarning(UserWarning):
     """The artifact was built with another TVM version than the one loading it."""
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """The file's sha256, hex (read a MiB at a time)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -145,7 +146,7 @@ def _write_files(path: str, plan: Plan, kernels, params: dict[str, np.ndarray], 
         "version": ARTIFACT_VERSION,
         "target": plan.target,
         "tvm_version": tvm.__version__,
-        "sha256": {name: _sha256(os.path.join(path, name)) for name in files},
+        "sha256": {name: file_sha256(os.path.join(path, name)) for name in files},
         **(extra or {}),
     }
     with open(os.path.join(path, "manifest.json"), "w") as f:
@@ -221,7 +222,7 @@ def _check_sums(path: str, manifest: dict, files) -> None:
         fpath = os.path.join(path, name)
         if not os.path.isfile(fpath):
             raise ArtifactError(f"{path} is incomplete: {name} is missing; rebuild the artifact")
-        if _sha256(fpath) != sums.get(name):
+        if file_sha256(fpath) != sums.get(name):
             raise ArtifactError(f"{path}/{name} does not match its checksum (corrupted or edited); rebuild the artifact")
 
 
@@ -278,7 +279,7 @@ def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarr
             files.append(VENDOR_FILE)
         manifest = {"format": ARTIFACT_FORMAT, "version": BUCKETED_VERSION, "target": buckets[0][1].target,
                     "tvm_version": tvm.__version__, "buckets": entries,
-                    "sha256": {name: _sha256(os.path.join(staging, name)) for name in files}, **(extra or {})}
+                    "sha256": {name: file_sha256(os.path.join(staging, name)) for name in files}, **(extra or {})}
         with open(os.path.join(staging, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
 

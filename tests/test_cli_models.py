@@ -13,3 +13,10 @@ def test_hf_names_reach_the_hugging_face_builders():
 def test_a_zoo_name_builds_the_benchmark_sized_net():
     name, model = load_model("zoo:inception")
     assert name and model.graph.node
+
+
+def test_a_bare_zoo_name_is_one_line_naming_the_prefixes():
+    from tvm_nimble.errors import NimbleError
+
+    with pytest.raises(NimbleError, match="zoo:incept6"):
+        load_model("incept6")

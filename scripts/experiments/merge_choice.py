@@ -3,9 +3,10 @@
 replays side by side), then each of merge off and on built to the end with the stream choice, so the
 latency each would ship with is measured too.
 
-Findings: none yet (issue #32; run on an H100 to get them).
+Findings: fifteenth session (H200), benchmarks/findings.md; raw outputs in
+benchmarks/raw/2026-11-26-h200-s15/merge_choice_*.json.
 
-    bash scripts/gpu_session.sh "experiment merge_choice 500 --models incept6,nasnet,tv:inception_v3,hf:bert-base --kernels best"
+    bash scripts/gpu_session.sh "experiment merge_choice 500 --models zoo:incept6,zoo:nasnet,tv:inception_v3,tv:squeezenet1_1,hf:bert-base --kernels best"
     python3 scripts/experiments/merge_choice.py --models zoo:inception --target llvm --kernels tvm --out DIR
 
 Writes DIR/merge_choice.json (each model's groups, the auto measurement, and the stream choice's measured

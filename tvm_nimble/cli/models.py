@@ -26,5 +26,9 @@ def load_model(model_arg: str, batch: int = 1):
         label, onnx_builder, _ = hf_builders(model_arg)
         return label, onnx_builder(batch=batch)
     from tvm_nimble.compiler.frontend import load_onnx_model
+    from tvm_nimble.compiler.frontend.onnx_import import OnnxFileNotFoundError
 
+    if not os.path.exists(model_arg) and ":" not in model_arg and not model_arg.endswith(".onnx"):
+        raise OnnxFileNotFoundError(f"model {model_arg!r}: no such ONNX file; name a built-in model as zoo:NAME, "
+                                    f"tv:NAME, timm:NAME or hf:NAME (e.g. zoo:{model_arg})")
     return os.path.splitext(os.path.basename(model_arg))[0], load_onnx_model(model_arg)

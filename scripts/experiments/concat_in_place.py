@@ -49,7 +49,6 @@ def main(argv=None):
     import tvm
 
     from tvm_nimble.bench.harness import rel_l2, torch_reference
-    from tvm_nimble.cli.models import load_model
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.stream_choice import rescheduled
     from tvm_nimble.runtime.timing import replay_ms
@@ -57,38 +56,36 @@ def main(argv=None):
     gpu = target.kind.name == "cuda"
     device = tvm.cuda(0) if gpu else tvm.cpu(0)
     rows = []
-    for spec in args.models.split(","):
-        for batch in [int(b) for b in args.batch.split(",")]:
-            name, model = load_model(spec, batch=batch)
-            kernels = args.kernels if gpu else "tvm"
-            builds = {"in-place": build(model, target, max_streams=None, kernels=kernels),
-                      "concat-kernels": build(model, target, max_streams=None, kernels=kernels, concat_in_place=False)}
-            for key in list(builds):
-                builds[f"{key} 1-stream"] = rescheduled(builds[key], 1)
-            shape = builds["in-place"].plan.tensors[builds["in-place"].plan.inputs[0]].shape
-            x = np.random.default_rng(0).standard_normal(shape).astype("float32")
-            outs = {k: _outputs(b, x, device, "cuda-graph" if gpu else "sequential") for k, b in builds.items()}
-            errs = {k: rel_l2(o, outs["concat-kernels"]) for k, o in outs.items()}
-            if spec.startswith(("tv:", "timm:")) and gpu:
-                from tvm_nimble.cli.bench import model_builders
+    for spec, batch, name, model in gpu_args.models_and_batches(args):
+        kernels = args.kernels if gpu else "tvm"
+        builds = {"in-place": build(model, target, max_streams=None, kernels=kernels),
+                  "concat-kernels": build(model, target, max_streams=None, kernels=kernels, concat_in_place=False)}
+        for key in list(builds):
+            builds[f"{key} 1-stream"] = rescheduled(builds[key], 1)
+        shape = builds["in-place"].plan.tensors[builds["in-place"].plan.inputs[0]].shape
+        x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+        outs = {k: _outputs(b, x, device, "cuda-graph" if gpu else "sequential") for k, b in builds.items()}
+        errs = {k: rel_l2(o, outs["concat-kernels"]) for k, o in outs.items()}
+        if spec.startswith(("tv:", "timm:")) and gpu:
+            from tvm_nimble.cli.bench import model_builders
 
-                ref = torch_reference(model_builders(spec)[2](batch=batch), [[x]])[0]
-                errs = {k: rel_l2(o, ref) for k, o in outs.items()}
-            bad = {k: e for k, e in errs.items() if not e < 1e-3}
-            if bad:
-                raise SystemExit(f"{name} batch {batch}: outputs disagree ({bad}); not timing")
-            times = dict(zip(builds, replay_ms(list(builds.values())))) if gpu else {}
-            row = {"model": name, "batch": batch, "kernels": kernels, "rel_err": errs, "ms": times,
-                   "concats_in_place": builds["in-place"].info["concats_in_place"],
-                   "launches": {k: len(b.plan.launches) for k, b in builds.items()},
-                   "streams": {k: b.plan.num_streams for k, b in builds.items()}}
-            rows.append(row)
-            print(f"concat {name} batch {batch}: {row['concats_in_place']} concats in place, launches "
-                  f"{row['launches']['concat-kernels']} -> {row['launches']['in-place']}, max rel err "
-                  f"{max(errs.values()):.1e}", flush=True)
-            print(HEADER + "\n" + _table_line(row), flush=True)  # now, in case a later model runs out of time
-            with open(os.path.join(args.out, "concat_in_place.json"), "w") as f:
-                json.dump(rows, f, indent=1)
+            ref = torch_reference(model_builders(spec)[2](batch=batch), [[x]])[0]
+            errs = {k: rel_l2(o, ref) for k, o in outs.items()}
+        bad = {k: e for k, e in errs.items() if not e < 1e-3}
+        if bad:
+            raise SystemExit(f"{name} batch {batch}: outputs disagree ({bad}); not timing")
+        times = dict(zip(builds, replay_ms(list(builds.values())))) if gpu else {}
+        row = {"model": name, "batch": batch, "kernels": kernels, "rel_err": errs, "ms": times,
+               "concats_in_place": builds["in-place"].info["concats_in_place"],
+               "launches": {k: len(b.plan.launches) for k, b in builds.items()},
+               "streams": {k: b.plan.num_streams for k, b in builds.items()}}
+        rows.append(row)
+        print(f"concat {name} batch {batch}: {row['concats_in_place']} concats in place, launches "
+              f"{row['launches']['concat-kernels']} -> {row['launches']['in-place']}, max rel err "
+              f"{max(errs.values()):.1e}", flush=True)
+        print(HEADER + "\n" + _table_line(row), flush=True)  # now, in case a later model runs out of time
+        with open(os.path.join(args.out, "concat_in_place.json"), "w") as f:
+            json.dump(rows, f, indent=1)
     print(HEADER)
     for r in rows:
         print(_table_line(r))

@@ -24,6 +24,16 @@ def parse(doc: str, argv, models: str, batches_and_kernels: bool = False):
     return args, resolve_target(args.target)
 
 
+def models_and_batches(args):
+    """(spec, batch, name, ONNX model) for every --models spec at every --batch, each loaded (built from code for
+    tv:/timm:/hf: names) when its turn comes."""
+    from tvm_nimble.cli.models import load_model
+
+    for spec in args.models.split(","):
+        for batch in [int(b) for b in args.batch.split(",")]:
+            yield (spec, batch, *load_model(spec, batch=batch))
+
+
 def parse_kernel_bench(doc: str, argv, out: str):
     """The command line of the experiments that time vendor functions alone (attention_check, gemm_algos):
     --out (created) and --reps. Then builds (cached) and loads the vendor extension for this machine's GPU

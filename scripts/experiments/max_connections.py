@@ -50,35 +50,32 @@ def main(argv=None):
     known, rest = extra.parse_known_args(argv)
     args, target = gpu_args.parse(__doc__, rest, "timm:nasnetalarge", batches_and_kernels=True)
     settings = [int(c) for c in known.connections.split(",")]
-    from tvm_nimble.cli.models import load_model
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.stream_choice import rescheduled
 
     rows = []
-    for spec in args.models.split(","):
-        for batch in [int(b) for b in args.batch.split(",")]:
-            name, model = load_model(spec, batch=batch)
-            widest = build(model, target, max_streams=None, kernels=args.kernels)
-            single = rescheduled(widest, 1)
-            art = tempfile.mkdtemp(prefix=f"{name}-b{batch}-")  # not under --out: large, and rebuilt at will
-            paths = [b.export(os.path.join(art, kind, "model.nimble")) for kind, b in (("multi", widest), ("single", single))]
-            samples: dict[int, list[list[float]]] = {c: [] for c in settings}
-            for _ in range(ROUNDS):
-                for c in settings:
-                    env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": str(c)}
-                    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--time", *paths], env=env,
-                                         capture_output=True, text=True, check=True)
-                    samples[c].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            row = {"model": name, "batch": batch, "kernels": args.kernels, "streams": widest.plan.num_streams,
-                   "by_connections": {str(c): {"multi_ms": statistics.median(s[0] for s in samples[c]),
-                                               "single_ms": statistics.median(s[1] for s in samples[c]),
-                                               "rounds": samples[c]} for c in settings}}
-            rows.append(row)
-            with open(os.path.join(args.out, "max_connections.json"), "w") as f:
-                json.dump(rows, f, indent=1)
-            print(f"{name} batch {batch}: " + ", ".join(
-                f"{c} queues {v['multi_ms']:.3f} / {v['single_ms']:.3f} ms" for c, v in row["by_connections"].items()),
-                flush=True)
+    for _, batch, name, model in gpu_args.models_and_batches(args):
+        widest = build(model, target, max_streams=None, kernels=args.kernels)
+        single = rescheduled(widest, 1)
+        art = tempfile.mkdtemp(prefix=f"{name}-b{batch}-")  # not under --out: large, and rebuilt at will
+        paths = [b.export(os.path.join(art, kind, "model.nimble")) for kind, b in (("multi", widest), ("single", single))]
+        samples: dict[int, list[list[float]]] = {c: [] for c in settings}
+        for _ in range(ROUNDS):
+            for c in settings:
+                env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": str(c)}
+                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--time", *paths], env=env,
+                                     capture_output=True, text=True, check=True)
+                samples[c].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        row = {"model": name, "batch": batch, "kernels": args.kernels, "streams": widest.plan.num_streams,
+               "by_connections": {str(c): {"multi_ms": statistics.median(s[0] for s in samples[c]),
+                                           "single_ms": statistics.median(s[1] for s in samples[c]),
+                                           "rounds": samples[c]} for c in settings}}
+        rows.append(row)
+        with open(os.path.join(args.out, "max_connections.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        print(f"{name} batch {batch}: " + ", ".join(
+            f"{c} queues {v['multi_ms']:.3f} / {v['single_ms']:.3f} ms" for c, v in row["by_connections"].items()),
+            flush=True)
     print(f"{'model':16s} {'batch':>5s} {'streams':>7s} " + " ".join(f"{f'multi@{c}':>10s} {f'1-str@{c}':>10s}" for c in settings))
     for r in rows:
         cells = " ".join(f"{r['by_connections'][str(c)]['multi_ms']:10.3f} {r['by_connections'][str(c)]['single_ms']:10.3f}"

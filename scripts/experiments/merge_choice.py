@@ -28,26 +28,23 @@ def _chosen_ms(result):
 
 
 def main(argv=None):
-    args, target = gpu_args.parse(__doc__, argv, "incept6", batches_and_kernels=True)
-    from tvm_nimble.cli.models import load_model
+    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True)
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.merge_choice import summarize
 
     rows = []
-    for spec in args.models.split(","):
-        for batch in [int(b) for b in args.batch.split(",")]:
-            name, model = load_model(spec, batch=batch)
-            auto = build(model, target, kernels=args.kernels, merge="auto", max_streams=1)
-            print(f"{name} batch {batch}:", *summarize(auto.info.get("merge_choice")), sep="\n  ", flush=True)
-            row = {"model": name, "batch": batch, "kernels": args.kernels, "merge_choice": auto.info.get("merge_choice")}
-            for mode in ("off", "on"):
-                built = build(model, target, kernels=args.kernels, merge=mode)
-                row[f"{mode}_ms"] = _chosen_ms(built)
-                row[f"{mode}_launches"] = len(built.plan.launches)
-                row[f"{mode}_streams"] = built.plan.num_streams
-            rows.append(row)
-            with open(os.path.join(args.out, "merge_choice.json"), "w") as f:  # after each row: a cut-off call keeps them
-                json.dump(rows, f, indent=1)
+    for _, batch, name, model in gpu_args.models_and_batches(args):
+        auto = build(model, target, kernels=args.kernels, merge="auto", max_streams=1)
+        print(f"{name} batch {batch}:", *summarize(auto.info.get("merge_choice")), sep="\n  ", flush=True)
+        row = {"model": name, "batch": batch, "kernels": args.kernels, "merge_choice": auto.info.get("merge_choice")}
+        for mode in ("off", "on"):
+            built = build(model, target, kernels=args.kernels, merge=mode)
+            row[f"{mode}_ms"] = _chosen_ms(built)
+            row[f"{mode}_launches"] = len(built.plan.launches)
+            row[f"{mode}_streams"] = built.plan.num_streams
+        rows.append(row)
+        with open(os.path.join(args.out, "merge_choice.json"), "w") as f:  # after each row: a cut-off call keeps them
+            json.dump(rows, f, indent=1)
     ms = lambda v: f"{v:9.3f}" if v is not None else f"{'-':>9s}"  # noqa: E731
     print(f"{'model':16s} {'batch':>5s} {'off ms':>9s} {'on ms':>9s} {'launches':>9s}  auto kept")
     for r in rows:

@@ -457,6 +457,32 @@ __global__ void SpinKernel(unsigned long long ns) {
   } while (now - start < ns);
 }
 
+// Microseconds per call of `call` (it enqueues one call on `stream` and returns false if that failed): two
+// warm-up calls, then `reps` back to back queued behind a spin kernel; -1 if a call or the timing failed.
+// It synchronizes, so it must not run inside a graph capture.
+template <typename F>
+double GpuUsPerCall(cudaStream_t stream, int64_t reps, F&& call) {
+  for (int w = 0; w < 2; ++w) {
+    if (!call()) return -1.0;
+  }
+  cudaEvent_t start, stop;
+  if (cudaEventCreate(&start) != cudaSuccess) return -1.0;
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start);
+    return -1.0;
+  }
+  SpinKernel<<<1, 1, 0, stream>>>(50000ull + 20000ull * uint64_t(reps));
+  bool ok = cudaGetLastError() == cudaSuccess && cudaEventRecord(start, stream) == cudaSuccess;
+  for (int64_t r = 0; r < reps && ok; ++r) ok = call();
+  ok = cudaEventRecord(stop, stream) == cudaSuccess && ok;
+  float ms = 0;
+  ok = ok && cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGetLastError();
+  return ok ? double(ms) * 1000.0 / double(reps) : -1.0;
+}
+
 struct BwdPlan {
   ConvDescs d;  // x (dx), w (dw), y (dy), conv
   int algo = 0;
@@ -521,32 +547,6 @@ cudnnStatus_t RunBwd(cudnnHandle_t h, BwdKind kind, const BwdPlan& p, const void
                                         &zero, p.d.w, out);
 }
 
-// Microseconds per call of the plan's current algorithm on these operands (out is overwritten), or -1 if a
-// call fails: two warm-up calls, then `reps` back to back behind a spin kernel, on `stream`.
-double TimeBwd(cudnnHandle_t h, BwdKind kind, BwdPlan* p, const void* in0, const void* in1, void* out,
-               const Workspace& ws, cudaStream_t stream, int reps) {
-  for (int w = 0; w < 2; ++w) {
-    if (RunBwd(h, kind, *p, in0, in1, out, ws) != CUDNN_STATUS_SUCCESS) return -1.0;
-  }
-  cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess) return -1.0;
-  if (cudaEventCreate(&stop) != cudaSuccess) {
-    cudaEventDestroy(start);
-    return -1.0;
-  }
-  SpinKernel<<<1, 1, 0, stream>>>(50000ull + 20000ull * uint64_t(reps));
-  cudaEventRecord(start, stream);
-  bool ok = true;
-  for (int r = 0; r < reps && ok; ++r) ok = RunBwd(h, kind, *p, in0, in1, out, ws) == CUDNN_STATUS_SUCCESS;
-  cudaEventRecord(stop, stream);
-  float ms = 0;
-  ok = ok && cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGetLastError();
-  return ok ? double(ms) * 1000.0 / reps : -1.0;
-}
-
 // The algorithm of a new plan: the fastest measured candidate (outside a capture), else the heuristic's first
 // whose workspace fits. `timed` gets "algo:us" per candidate timed.
 void ChooseBwdAlgo(const char* op, cudnnHandle_t h, BwdKind kind, BwdPlan* p, int dtype, const ConvAttrs& a,
@@ -582,7 +582,7 @@ void ChooseBwdAlgo(const char* op, cudnnHandle_t h, BwdKind kind, BwdPlan* p, in
       p->algo = std::get<0>(fits[i]);
       p->math = std::get<1>(fits[i]);
       CheckCudnn(cudnnSetConvolutionMathType(p->d.conv, p->math), op, "cudnnSetConvolutionMathType");
-      const double us = TimeBwd(h, kind, p, in0, in1, out, ws, stream, 3);
+      const double us = GpuUsPerCall(stream, 3, [&] { return RunBwd(h, kind, *p, in0, in1, out, ws) == CUDNN_STATUS_SUCCESS; });
       *timed += (timed->empty() ? "" : ",") + std::to_string(p->algo) + ":" +
                 (us < 0 ? std::string("failed") : std::to_string(int(us + 0.5)) + "us");
       if (us >= 0 && (best_us < 0 || us < best_us)) {
@@ -1146,24 +1146,16 @@ Array<double> TimeGemm(const GemmCall& g, int64_t reps) {
   if (capturing != cudaStreamCaptureStatusNone) FailValue(g.op, "timings cannot be taken inside a CUDA graph capture");
   cublasLtHandle_t lt = LtHandle(g.dev, stream, g.op);
   std::unique_ptr<MatmulPlan> plan = MakeGemmPlan(g, lt);
-  cudaEvent_t start, stop;
-  CheckCuda(cudaEventCreate(&start), g.op, "cudaEventCreate");
-  CheckCuda(cudaEventCreate(&stop), g.op, "cudaEventCreate");
   for (size_t i = 0; i < plan->candidates.size(); ++i) {
     plan->Select(int(i));
-    for (int w = 0; w < 2; ++w) EnqueueGemm(g, plan.get(), lt, stream);
-    SpinKernel<<<1, 1, 0, stream>>>(50000ull + 20000ull * uint64_t(reps));
-    CheckCuda(cudaGetLastError(), g.op, "spin kernel launch");
-    CheckCuda(cudaEventRecord(start, stream), g.op, "cudaEventRecord");
-    for (int64_t r = 0; r < reps; ++r) EnqueueGemm(g, plan.get(), lt, stream);
-    CheckCuda(cudaEventRecord(stop, stream), g.op, "cudaEventRecord");
-    CheckCuda(cudaEventSynchronize(stop), g.op, "cudaEventSynchronize");
-    float ms = 0;
-    CheckCuda(cudaEventElapsedTime(&ms, start, stop), g.op, "cudaEventElapsedTime");
-    out.push_back(double(ms) * 1000.0 / double(reps));
+    // EnqueueGemm raises on a failed call; a negative time is a failed CUDA event or the spin kernel's launch
+    const double us = GpuUsPerCall(stream, reps, [&] {
+      EnqueueGemm(g, plan.get(), lt, stream);
+      return true;
+    });
+    if (us < 0) FailValue(g.op, "timing candidate " + std::to_string(i) + " failed (CUDA events or the spin kernel)");
+    out.push_back(us);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return out;
 }
 

@@ -76,7 +76,6 @@ class MergeGroup:
     #: the concatenation the members are a consecutive run of (in member order, along the channels, used by
     #: nothing else): merged, the run becomes the merged output itself, and no split is needed
     into: relax.Var | None = None
-    result: relax.Var | None = field(default=None, repr=False)  # the merged output's var, once built
 
     @property
     def name(self) -> str:
@@ -284,7 +283,8 @@ def _rebuild_epilogue(group: MergeGroup, y, out_ty, axis: int, bindings: list, n
 
 def merged_bindings(group: MergeGroup, anchor_call, name: str) -> list:
     """The bindings that replace the group's chains: the merged operator, its epilogue, the split, and each
-    member's result var bound to its part."""
+    member's result var bound to its part (for a group merging into a concatenation: up to the merged output,
+    the last binding)."""
     members = group.members
     out_shape = list(known_shape(anchor_call))
     dtype = str(anchor_call.ty.dtype)
@@ -309,7 +309,6 @@ def merged_bindings(group: MergeGroup, anchor_call, name: str) -> list:
     bindings.append(relax.VarBinding(y, call))
     y = _rebuild_epilogue(group, y, out_ty, axis, bindings, name)
     if group.into is not None:  # the merged output is the run of the concatenation: merge_siblings puts it there
-        group.result = y
         return bindings
     bounds = list(np.cumsum([m.channels for m in members])[:-1])
     parts = []
@@ -324,17 +323,17 @@ def merged_bindings(group: MergeGroup, anchor_call, name: str) -> list:
     return bindings
 
 
-def _concat_with_runs(binding, groups: list[MergeGroup], value: dict):
-    """The concatenation ``binding`` with each group's run of fields replaced by its merged output (the
-    merged output itself when one run was every field)."""
+def _concat_with_runs(binding, groups: list[MergeGroup], value: dict, merged_output: dict):
+    """The concatenation ``binding`` with each group's run of fields replaced by its merged output
+    (``merged_output[id(group)]``; the merged output itself when one run was every field)."""
     tup = binding.value.args[0]
     fields = list((value.get(tup, tup) if isinstance(tup, relax.Var) else tup).fields)
     for group in groups:
         lasts = [m.last for m in group.members]
         start = next(i for i, f in enumerate(fields) if isinstance(f, relax.Var) and f.same_as(lasts[0]))
-        fields[start:start + len(lasts)] = [group.result]
+        fields[start:start + len(lasts)] = [merged_output[id(group)]]
     if len(fields) == 1:
-        return relax.VarBinding(binding.var, groups[0].result)
+        return relax.VarBinding(binding.var, merged_output[id(groups[0])])
     return relax.VarBinding(binding.var, relax.op.concat(relax.Tuple(fields), axis=int(binding.value.attrs.axis)))
 
 
@@ -365,14 +364,17 @@ def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, l
             if g.into is not None:
                 runs.setdefault(g.into, []).append(g)
         drop |= {value[c].args[0] for c in runs if isinstance(value[c].args[0], relax.Var)}  # a tuple bound apart
+        merged_output: dict = {}  # id(group) -> the var of its merged output
         bindings = []
         for b in block.bindings:
             if b.var in at:
                 g = at[b.var]
-                bindings += merged_bindings(g, value[b.var], f"merged{count}")
+                merged = merged_bindings(g, value[b.var], f"merged{count}")
+                merged_output[id(g)] = merged[-1].var
+                bindings += merged
                 count += 1
-            elif b.var in runs:
-                bindings.append(_concat_with_runs(b, runs[b.var], value))
+            elif b.var in runs:  # after every sibling of its runs (it takes their results)
+                bindings.append(_concat_with_runs(b, runs[b.var], value, merged_output))
             elif b.var not in drop:
                 bindings.append(b)
         blocks.append(relax.DataflowBlock(bindings))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass
 class PoolPlan:
@@ -62,33 +64,50 @@ def plan_pool(tensors: list[int], nbytes: dict[int, int], first_write: dict[int,
     return PoolPlan(block_of, block_sizes)
 
 
+def _bit_rows(masks: list[int], width: int) -> np.ndarray:
+    """The launch bitsets ``masks`` as rows of a 0/1 float32 matrix ``width`` launches wide."""
+    nbytes = (width + 7) // 8
+    raw = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m in masks), dtype=np.uint8)
+    return np.unpackbits(raw.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :width].astype(np.float32)
+
+
+def ordered_pairs(tensors: list[int], accesses: dict[int, int], ready_of) -> np.ndarray:
+    """[i, j]: ``tensors[i]`` and ``tensors[j]`` are happens-before ordered, either way (every access of one
+    happens before the other's first write), for all pairs at once: the count of i's accesses that are not
+    ready for j is a product of two 0/1 matrices (a pair at a time was most of a nasnetalarge schedule)."""
+    masks = [accesses[t] for t in tensors]
+    ready = [ready_of(t) for t in tensors]
+    width = max(1, max(m.bit_length() for m in masks + ready))
+    a, r = _bit_rows(masks, width), _bit_rows(ready, width)
+    i_then_j = (a @ (1.0 - r).T) == 0  # exact: counts far below 2**24
+    return i_then_j | i_then_j.T
+
+
 def plan_pool_by_size(tensors: list[int], nbytes: dict[int, int], first_write: dict[int, int],
                       accesses: dict[int, int], before: list[int], ready: dict[int, int] | None = None) -> PoolPlan:
     """Largest tensors first; a tensor joins the block that grows least among those whose every
     occupant is happens-before ordered with it (either way). Packs better when sizes vary."""
-    ready_of = _ready(first_write, before, ready)
-
-    def ordered(a: int, b: int) -> bool:
-        return accesses[a] & ~ready_of(b) == 0 or accesses[b] & ~ready_of(a) == 0
-
+    order = sorted(tensors, key=lambda t: (-nbytes[t], first_write[t], t))
+    if not order:
+        return PoolPlan({}, [])
+    ordered = ordered_pairs(order, accesses, _ready(first_write, before, ready))
+    # blocked[b, j]: some occupant of block b is not ordered with tensor j (rows grow with the blocks)
+    blocked = np.zeros((len(order), len(order)), dtype=bool)
     block_sizes: list[int] = []
-    occupants: list[list[int]] = []
     block_of: dict[int, int] = {}
-    for t in sorted(tensors, key=lambda t: (-nbytes[t], first_write[t], t)):
+    for j, t in enumerate(order):
         best = None
-        for b, occ in enumerate(occupants):
-            if all(ordered(t, o) for o in occ):
-                key = (max(block_sizes[b], nbytes[t]) - block_sizes[b], abs(block_sizes[b] - nbytes[t]), b)
-                best = key if best is None or key < best else best
+        for b in np.flatnonzero(~blocked[:len(block_sizes), j]).tolist():
+            key = (max(block_sizes[b], nbytes[t]) - block_sizes[b], abs(block_sizes[b] - nbytes[t]), b)
+            best = key if best is None or key < best else best
         if best is None:
+            b = len(block_sizes)
             block_sizes.append(nbytes[t])
-            occupants.append([t])
-            block_of[t] = len(block_sizes) - 1
         else:
             b = best[2]
             block_sizes[b] = max(block_sizes[b], nbytes[t])
-            occupants[b].append(t)
-            block_of[t] = b
+        blocked[b] |= ~ordered[j]
+        block_of[t] = b
     return PoolPlan(block_of, block_sizes)
 
 

@@ -10,6 +10,8 @@ exported ONNX model with ``--kernels`` (default best) and auto streams; the expo
 
 Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases and what it did with the
 compiled-kernel cache, whether the two plans are the same) and prints a table, then each warm build's phases.
+With BUILD_PROFILE=1 in the environment each build runs under cProfile and writes the 40 functions of most
+cumulative time to DIR/profile-{cold,warm}-MODEL.txt (the profiler slows Python-heavy phases: time without it).
 """
 from __future__ import annotations
 
@@ -25,23 +27,36 @@ import time
 import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 
-def _one(onnx_path: str, target: str, kernels: str) -> dict:
-    """This process: one build of ``onnx_path``, its wall time, phases and plan digest."""
+def _one(onnx_path: str, target: str, kernels: str, profile_to: str = "") -> dict:
+    """This process: one build of ``onnx_path``, its wall time, phases and plan digest; ``profile_to``: a file
+    for the build's cProfile summary."""
     import tvm_nimble
 
+    profiler = None
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     result = tvm_nimble.build(onnx_path, {"kind": target}, kernels=kernels)
     seconds = time.perf_counter() - t0
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        with open(profile_to, "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
     plan = json.dumps(result.plan.to_json(), sort_keys=True)
     return {"seconds": seconds, "phases": result.info.get("phases", {}), "streams": result.plan.num_streams,
             "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12],
             "kernel_cache": result.info.get("kernel_cache")}  # hit: a warm build loaded its compiled kernels
 
 
-def _in_fresh_process(onnx_path: str, target: str, kernels: str, cache: str) -> dict:
+def _in_fresh_process(onnx_path: str, target: str, kernels: str, cache: str, profile_to: str = "") -> dict:
     env = dict(os.environ, XDG_CACHE_HOME=cache)
-    r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels], capture_output=True,
-                       text=True, env=env)
+    r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels, profile_to],
+                       capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["exit %d" % r.returncode]}
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -55,7 +70,7 @@ def _vendor_cache() -> str | None:
 
 def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--one"]:
-        print(json.dumps(_one(*sys.argv[2:5])))
+        print(json.dumps(_one(*sys.argv[2:6])))
         return
     args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True)
     from tvm_nimble.cli.models import load_model
@@ -79,7 +94,8 @@ def main(argv=None):
             shutil.copytree(vendor, os.path.join(cache, "tvm-nimble", "vendor"))
         row = {"model": name, "kernels": args.kernels, "target": kind}
         for run in ("cold", "warm"):
-            row[run] = _in_fresh_process(onnx_path, kind, args.kernels, cache)
+            profile_to = os.path.join(args.out, f"profile-{run}-{name}.txt") if os.environ.get("BUILD_PROFILE") else ""
+            row[run] = _in_fresh_process(onnx_path, kind, args.kernels, cache, profile_to)
             print(f"{run} {name}: {row[run]}", flush=True)
         row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
         rows.append(row)

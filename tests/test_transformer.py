@@ -12,7 +12,8 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes import providers
-from tvm_nimble.relay_passes.providers.attention import CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS
+from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
+                                                          TILE_SDPA, TILE_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.vendor_offload import (BATCHED_MATMUL, MATMUL, MATMUL_ADD, OffloadReport, OffloadToVendor,
                                                     find_offloads)
@@ -245,6 +246,25 @@ def test_the_split_key_kernel_is_used_only_when_named_and_takes_the_same_chains(
         assert named == [s.replace(SDPA, SPLIT_SDPA) for s in ours]
         result = _run_offloaded(mod, inputs, ref, providers=[split])
         assert sum(l.kernel == call for l in result.plan.launches) == 2
+
+
+def test_the_tile_kernel_is_used_only_when_named_and_takes_the_same_chains(vit, bert, vendor_reference):
+    """The tile attention kernel (provider attention_tile) is not among the default providers (not yet run on
+    a GPU); named, it takes the same chains as our row-per-warp kernel, with the same attrs, and the plan it
+    gives reproduces the ONNX reference."""
+    assert "attention_tile" not in [p.name for p in providers.offloading("cuda")]
+    tile = providers.get("attention_tile")
+    cases = [(vit, TILE_SDPA)] + ([(bert[1:], TILE_SDPA_BIAS)] if bert[0] == "additive" else [])
+    for (model, inputs, ref), call in cases:
+        mod = from_onnx(model)
+        ours = [o.signature for o in find_offloads(mod["main"]) if o.provider == "attention"]
+        named = [o.signature for o in find_offloads(mod["main"], providers=[tile])]
+        assert len(named) == len(ours) == 2
+        assert named == [s.replace(SDPA, TILE_SDPA) for s in ours]
+        result = _run_offloaded(mod, inputs, ref, providers=[tile])
+        assert sum(l.kernel == call for l in result.plan.launches) == 2
+        assert {providers.provider_of(l.kernel).name for l in result.plan.launches if "attention" in l.kernel} == {
+            "attention_tile"}
 
 
 def test_a_head_split_the_model_also_uses_elsewhere_stays_and_the_call_reads_it(vendor_reference):

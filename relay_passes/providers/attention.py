@@ -31,6 +31,10 @@ CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``, only when named
 SPLIT_SDPA = "nimble.attention.split_sdpa"
 SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
+#: the tile kernel (register-tiled Q·Kᵀ and P·V, the head's K and V in shared memory), same attrs; provider
+#: ``attention_tile``, only when named
+TILE_SDPA = "nimble.attention.tile_sdpa"
+TILE_SDPA_BIAS = "nimble.attention.tile_sdpa_bias"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
 _DTYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
@@ -243,11 +247,12 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
-def attention_chain(ctx, chains, var, call, cudnn: bool = False, split: bool = False):
+def attention_chain(ctx, chains, var, call, cudnn: bool = False, split: bool = False, tile: bool = False):
     """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
     ``cudnn``: the call for cuDNN's SDPA, for the chains it documents (else None, silently: the reasons
-    are reported once, by our kernel's provider). ``split``: the call of our split-key kernel."""
-    report = ctx.report.kept if not (cudnn or split) else []
+    are reported once, by our kernel's provider). ``split``: the call of our split-key kernel; ``tile``:
+    of our tile kernel."""
+    report = ctx.report.kept if not (cudnn or split or tile) else []
     scores_shape = known_shape(call)
     if scores_shape is None or len(scores_shape) not in (3, 4):
         return None
@@ -281,13 +286,13 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False, split: bool = F
     if operator_of(pv) != "relax.matmul" or not pv.args[0].same_as(probs):
         return None
     try:
-        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, split)
+        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, split, tile)
     except _NotTaken as why:
         report.append(("attention", str(why)))
         return None
 
 
-def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, split: bool):
+def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, split: bool, tile: bool = False):
     dtype = dtype_of(qk)
     if dtype not in _DTYPES or dtype_of(pv) != dtype:
         raise _NotTaken(f"dtype {dtype}; the kernel takes {'/'.join(_DTYPES)}")
@@ -349,7 +354,8 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, split: b
         if dtype not in _HALF or bias is not None or any(x % 8 for x in aligned):
             return None  # cuDNN's SDPA: fp16/bf16, no mask here, 16-byte aligned rows and heads
         return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
-    name = (SPLIT_SDPA_BIAS if bias is not None else SPLIT_SDPA) if split else (SDPA_BIAS if bias is not None else SDPA)
+    plain, masked = (SPLIT_SDPA, SPLIT_SDPA_BIAS) if split else (TILE_SDPA, TILE_SDPA_BIAS) if tile else (SDPA, SDPA_BIAS)
+    name = masked if bias is not None else plain
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
 
 
@@ -372,4 +378,14 @@ PROVIDER = register(Provider(
 SPLIT_PROVIDER = register(Provider(
     name="attention_split", title="fused attention (split-key kernel)", kernel_prefix="nimble.attention.split_",
     matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, split=True)},
+    dtypes=_DTYPES, layouts=("row-major",), by_default=False))
+
+#: the tile attention kernel (one block per (batch, head) and R query rows, the head's K and then V in shared
+#: memory, Q·Kᵀ and P·V register-tiled like a small SIMT GEMM; a head whose K does not fit shared memory runs
+#: the row-per-warp kernel inside the same call). Written to cut the fp32 attention's latency (issue #30) but
+#: not yet checked or timed on a GPU (scripts/experiments/attention_check.py does both), so no build uses it
+#: unless it is named: providers=(..., "attention_tile")
+TILE_PROVIDER = register(Provider(
+    name="attention_tile", title="fused attention (tile kernel)", kernel_prefix="nimble.attention.tile_",
+    matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, tile=True)},
     dtypes=_DTYPES, layouts=("row-major",), by_default=False))

@@ -1,8 +1,13 @@
-"""Experiment: the fused attention kernels (nimble.attention.sdpa / sdpa_bias, and the split-key
-split_sdpa / split_sdpa_bias, first run in the fifteenth session) against a float64 PyTorch reference, and timed
-against PyTorch's own fused attention (F.scaled_dot_product_attention) on the same operands, in fp32,
-fp16 and bf16 (16-bit with an fp32 padding mask at finfo(fp32).min, as the
-precision policy leaves a transformers mask).
+"""Experiment: the fused attention kernels (nimble.attention.sdpa / sdpa_bias, the split-key
+split_sdpa / split_sdpa_bias, first run in the fifteenth session, and the tile kernel tile_sdpa / tile_sdpa_bias,
+not yet run) against a float64 PyTorch reference, and timed against PyTorch's own fused attention
+(F.scaled_dot_product_attention) on the same operands, in fp32, fp16 and bf16 (16-bit with an fp32 padding
+mask at finfo(fp32).min, as the precision policy leaves a transformers mask).
+
+The tile kernel is checked and timed with the rows per block it chooses, then with each R it can take
+(NIMBLE_ATTENTION_TILE_ROWS=8, 16, 32; an R whose shared memory does not fit is skipped). A case whose
+head does not fit shared memory at all (long_tiled) runs the row-per-warp kernel inside the tile call:
+the table says "fallback".
 
 Q, K and V are read the way the provider hands them over: as strided views of one packed QKV tensor
 [B, S, 3, H, D] (timm) or of three [B, S, H, D] tensors (Hugging Face), the output written as
@@ -31,6 +36,20 @@ CASES = [
 ]
 
 
+TILE_ROWS = (8, 16, 32)
+TILE_ENV = "NIMBLE_ATTENTION_TILE_ROWS"
+
+
+def tile_bytes(rows: int, sk: int, d: int, dv: int) -> int:
+    """The tile kernel's shared memory for R = rows (codegen/vendor/attention.cu, MakeTileLayout)."""
+    def odd_quads(n):
+        return n if (n // 4) % 2 else n + 4
+
+    dp, vdp, skp = -(-d // 4) * 4, -(-dv // 4) * 4, -(-sk // 4) * 4
+    kp, sp = odd_quads(dp), odd_quads(skp)
+    return 4 * (rows * kp + skp * max(kp, vdp) + rows * sp + -(-rows // 4) * 4)
+
+
 def main(argv=None) -> int:
     args = gpu_args.parse_kernel_bench(__doc__, argv, "out/attention_check")
     import torch
@@ -42,6 +61,10 @@ def main(argv=None) -> int:
     split = tvm_ffi.get_global_func("nimble.attention.split_sdpa")
     split_bias = tvm_ffi.get_global_func("nimble.attention.split_sdpa_bias")
     cudnn_sdpa = tvm_ffi.get_global_func("nimble.attention.cudnn_sdpa")
+    tile = tvm_ffi.get_global_func("nimble.attention.tile_sdpa")
+    tile_bias = tvm_ffi.get_global_func("nimble.attention.tile_sdpa_bias")
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    os.environ.pop(TILE_ENV, None)
     big_ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     dev = tvm_ffi.device("cuda", 0)
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")
@@ -121,6 +144,29 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             row["split_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
             row["split_us"] = gpu_args.back_to_back_us(ours_split, args.reps)
+
+            def ours_tile():  # the tile kernel (provider attention_tile), same operands and attrs
+                with tvm_ffi.use_raw_stream(dev, stream):
+                    if masked:
+                        tile_bias(*targs, t(mask), shape, t(y), t(ws))
+                    else:
+                        tile(*targs, shape, t(y), t(ws))
+
+            def check_tile():
+                y.fill_(float("nan"))
+                ours_tile()
+                torch.cuda.synchronize()
+                return ((y.double() - ref).norm() / ref.norm()).item(), gpu_args.back_to_back_us(ours_tile, args.reps)
+
+            fits = [r for r in TILE_ROWS if tile_bytes(r, Sk, D, D) <= optin]
+            row["tile_fallback"] = not fits  # the row-per-warp kernel, inside the tile call
+            row["tile_rel_l2"], row["tile_us"] = check_tile()  # the R the launch chooses
+            for r in fits:
+                os.environ[TILE_ENV] = str(r)
+                try:
+                    row[f"tile_r{r}_rel_l2"], row[f"tile_r{r}_us"] = check_tile()
+                finally:
+                    os.environ.pop(TILE_ENV, None)
             if dtype != torch.float32 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other 16-bit provider
 
                 def cudnn():
@@ -136,8 +182,9 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             rows.append(row)
-            print(f"{name} {row['dtype']}: rel L2 {row['rel_l2']:.2e}, split-key {row['split_rel_l2']:.2e}; "
-                  f"{row['nimble_us']:.1f} / {row['split_us']:.1f} us, PyTorch {row['torch_us']:.1f} us", flush=True)
+            print(f"{name} {row['dtype']}: rel L2 {row['rel_l2']:.2e}, split-key {row['split_rel_l2']:.2e}, "
+                  f"tile {row['tile_rel_l2']:.2e}; {row['nimble_us']:.1f} / {row['split_us']:.1f} / "
+                  f"{row['tile_us']:.1f} us, PyTorch {row['torch_us']:.1f} us", flush=True)
     with open(os.path.join(args.out, "attention_check.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
     print(f"{'case':10} {'dtype':8} {'rel L2':>9} {'torch L2':>9} {'nimble us':>10} {'torch us':>9}")
@@ -147,6 +194,12 @@ def main(argv=None) -> int:
         ok &= r["rel_l2"] < bound and r["split_rel_l2"] < bound
         extra = (f"  split-key {r['split_rel_l2']:.2e} {r['split_us']:.2f} us "
                  f"{'ok' if r['split_rel_l2'] < bound else 'FAIL'}")
+        tile_errs = [r["tile_rel_l2"]] + [r[f"tile_r{n}_rel_l2"] for n in TILE_ROWS if f"tile_r{n}_rel_l2" in r]
+        ok &= all(e < bound for e in tile_errs)
+        per_r = " / ".join(f"R{n} {r[f'tile_r{n}_us']:.2f}" for n in TILE_ROWS if f"tile_r{n}_us" in r)
+        extra += (f"  tile {r['tile_rel_l2']:.2e} {r['tile_us']:.2f} us "
+                  f"({'fallback' if r['tile_fallback'] else per_r}; worst L2 {max(tile_errs):.2e}) "
+                  f"{'ok' if all(e < bound for e in tile_errs) else 'FAIL'}")
         if "cudnn_us" in r:
             ok &= r["cudnn_rel_l2"] < bound
             extra += f"  cuDNN SDPA {r['cudnn_rel_l2']:.2e} {r['cudnn_us']:.2f} us"

@@ -167,3 +167,32 @@ def test_a_cost_aware_capped_model_matches_the_reference_in_every_order(nasnet_b
         np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
     assert any(not np.allclose(o, p) for o, p in zip(out, other))
     assert check_races(aware, b.inputs, b.reference, seeds=range(20)) == []
+
+
+def test_a_kept_merge_sequence_gives_every_cap_what_a_fresh_greedy_gives():
+    """cost_capped keeps each graph's greedy merge sequence so that smaller caps continue it: on random
+    wide DAGs, every cap asked in a shuffled order (some continuing the kept sequence, some replaying a
+    prefix of it) gives the streams and order the greedy gives with nothing kept."""
+    from tvm_nimble.relay_passes import cost_schedule
+
+    rng = random.Random(3)
+    tried = 0
+    while tried < 25:
+        n = rng.randint(8, 14)
+        edges = [(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < 0.15]
+        widest = assign_streams(n, edges)
+        if widest.num_streams < 4:
+            continue
+        tried += 1
+        costs = [rng.choice([1, 2, 5, 10]) for _ in range(n)]
+        caps = list(range(1, widest.num_streams))
+        fresh = {}
+        for cap in caps:
+            cost_schedule._MERGES.clear()
+            a = assign_streams(n, edges, max_streams=cap, costs=costs)
+            fresh[cap] = (a.stream_of, a.order)
+        cost_schedule._MERGES.clear()
+        rng.shuffle(caps)
+        for cap in caps:
+            a = assign_streams(n, edges, max_streams=cap, costs=costs)
+            assert (a.stream_of, a.order) == fresh[cap], (n, edges, costs, cap)

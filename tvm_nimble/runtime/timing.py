@@ -39,8 +39,10 @@ def _executor(module):
     return NimbleExecutor(module, mode="cuda-graph" if module.plan.target.get("kind") == "cuda" else None)
 
 
-#: a round of one module runs about this long at most (fewer iterations for slow runs, at least MIN_ITERS)
-ROUND_MS = 200.0
+#: a round of one module runs about this long at most (fewer iterations for slow runs, at least MIN_ITERS):
+#: 50 ms keeps 40 replays a round up to 1.25 ms a run; nasnetalarge's dozen candidates (~5 ms a run) took 12 s
+#: of replays at 200 ms, a fifth of its cold build
+ROUND_MS = 50.0
 MIN_ITERS = 5
 
 

@@ -231,11 +231,12 @@ def test_berts_padding_mask_goes_into_the_fused_call_and_a_where_mask_stays_with
     assert sum(l.kernel == SDPA_BIAS for l in result.plan.launches) == (2 if form == "additive" else 0)
 
 
-def test_the_split_key_kernel_is_used_only_when_named_and_takes_the_same_chains(vit, bert, vendor_reference):
-    """The split-key attention kernel (provider attention_split) is not among the default providers (not yet
-    run on a GPU); named, it takes the same chains as our row-per-warp kernel, with the same attrs, and the
-    plan it gives reproduces the ONNX reference."""
-    assert "attention_split" not in [p.name for p in providers.offloading("cuda")]
+def test_the_split_key_kernel_is_a_default_candidate_and_takes_the_same_chains(vit, bert, vendor_reference):
+    """The split-key attention kernel (provider attention_split) is among the default providers, after ours (so
+    kernels="vendor", which measures nothing, keeps ours); alone, it takes the same chains as our row-per-warp
+    kernel, with the same attrs, and the plan it gives reproduces the ONNX reference."""
+    names = [p.name for p in providers.offloading("cuda")]
+    assert names.index("attention") < names.index("attention_split")
     split = providers.get("attention_split")
     cases = [(vit, SPLIT_SDPA)] + ([(bert[1:], SPLIT_SDPA_BIAS)] if bert[0] == "additive" else [])
     for (model, inputs, ref), call in cases:
@@ -248,11 +249,12 @@ def test_the_split_key_kernel_is_used_only_when_named_and_takes_the_same_chains(
         assert sum(l.kernel == call for l in result.plan.launches) == 2
 
 
-def test_the_tile_kernel_is_used_only_when_named_and_takes_the_same_chains(vit, bert, vendor_reference):
-    """The tile attention kernel (provider attention_tile) is not among the default providers (not yet run on
-    a GPU); named, it takes the same chains as our row-per-warp kernel, with the same attrs, and the plan it
-    gives reproduces the ONNX reference."""
-    assert "attention_tile" not in [p.name for p in providers.offloading("cuda")]
+def test_the_tile_kernel_is_a_default_candidate_and_takes_the_same_chains(vit, bert, vendor_reference):
+    """The tile attention kernel (provider attention_tile) is among the default providers, after ours; alone, it
+    takes the same chains as our row-per-warp kernel, with the same attrs, and the plan it gives reproduces the
+    ONNX reference."""
+    names = [p.name for p in providers.offloading("cuda")]
+    assert names.index("attention") < names.index("attention_tile")
     tile = providers.get("attention_tile")
     cases = [(vit, TILE_SDPA)] + ([(bert[1:], TILE_SDPA_BIAS)] if bert[0] == "additive" else [])
     for (model, inputs, ref), call in cases:

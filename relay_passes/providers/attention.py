@@ -371,21 +371,19 @@ PROVIDER = register(Provider(
     matchers={"relax.matmul": attention_chain}, dtypes=_DTYPES, layouts=("row-major",)))
 
 #: the split-key attention kernel (a block's warps on separate key tiles, for head dimensions up to 64; larger
-#: heads run the row-per-warp kernel inside the same call). Written to cut the fp32 attention's latency (27 us
-#: per ViT-B layer with the row-per-warp kernel) but not yet checked or timed on a GPU
-#: (scripts/experiments/attention_check.py does both), so no build uses it unless it is named:
-#: providers=(..., "attention_split"); kernels="best" then measures it against the other providers
+#: heads run the row-per-warp kernel inside the same call). Checked against float64 and timed on an H200 and an
+#: H100 (scripts/experiments/attention_check.py): faster than ours on ViT-S's shape (15.5 vs 17.7 us) and long
+#: sequences, slower on ViT-B's, so it is one more candidate the kernel choice measures per operator
 SPLIT_PROVIDER = register(Provider(
     name="attention_split", title="fused attention (split-key kernel)", kernel_prefix="nimble.attention.split_",
     matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, split=True)},
-    dtypes=_DTYPES, layouts=("row-major",), by_default=False))
+    dtypes=_DTYPES, layouts=("row-major",)))
 
 #: the tile attention kernel (one block per (batch, head) and R query rows, the head's K and then V in shared
 #: memory, Q·Kᵀ and P·V register-tiled like a small SIMT GEMM; a head whose K does not fit shared memory runs
-#: the row-per-warp kernel inside the same call). Written to cut the fp32 attention's latency (issue #30) but
-#: not yet checked or timed on a GPU (scripts/experiments/attention_check.py does both), so no build uses it
-#: unless it is named: providers=(..., "attention_tile")
+#: the row-per-warp kernel inside the same call). Checked and timed on an H100 (attention_check, sixteenth
+#: session): ViT-B's shape 21.4 us against ours 26.4 (fp32), slower on small heads; measured per operator
 TILE_PROVIDER = register(Provider(
     name="attention_tile", title="fused attention (tile kernel)", kernel_prefix="nimble.attention.tile_",
     matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, tile=True)},
-    dtypes=_DTYPES, layouts=("row-major",), by_default=False))
+    dtypes=_DTYPES, layouts=("row-major",)))

@@ -230,3 +230,34 @@ def _copy(src, dst):
     import shutil
 
     shutil.copytree(src, dst, dirs_exist_ok=True)
+
+
+class _CappedSlackTimer(PlanCostTimer):
+    """PlanCostTimer whose replays favour two streams, the least-slack order and stream priorities, so that the
+    stream choice keeps a capped, reordered, prioritized plan: the decision a warm build must rebuild exactly."""
+
+    def replay_ms(self, results):
+        self.calls["replay_ms"] += 1
+        out = []
+        for r in results:
+            factor = {1: 1.0, 2: 0.6, 3: 0.7}.get(r.plan.num_streams, 0.8)
+            factor -= 0.05 * (r.info.get("stream_order") == "slack") + 0.05 * bool(r.plan.stream_priority)
+            out.append(sum(self._cost(l.kernel) for l in r.plan.launches) * factor)
+        return out
+
+
+def test_a_warm_build_finds_a_capped_prioritized_stream_choice_of_an_inception_net(inception, tmp_path):
+    """The stream choice's measurements are keyed by the compiled-kernel cache's key: a warm build loads the lowered
+    module from that cache, and that module's structural hash is not the one it had when built (keyed by it, a warm
+    googlenet build on an H100 measured its streams again and chose another plan)."""
+    _need_vendor()
+    directory = str(tmp_path / "cache")
+    _new_process()
+    first = _best(inception, directory, _CappedSlackTimer())
+    choice = first.info["streams_choice"]
+    assert (choice["chosen"], choice["chosen_order"], choice["priority"]["kept"]) == (2, "slack", True)
+    _new_process()
+    timer = _CappedSlackTimer()
+    again = _best(inception, directory, timer)
+    assert again.info["kernel_cache"] == "hit" and timer.total == 0
+    assert _plan_digest(again) == _plan_digest(first)

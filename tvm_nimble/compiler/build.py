@@ -183,6 +183,7 @@ def _build_selected(selection: Selection, options: BuildOptions, phases: Phases)
             key = cache.key(selection.mod, options, selection.mod_hash)
             info["kernel_cache"] = "present" if cache.has(key) else (
                 "stored" if cache.store(key, built.lowered, built.kernels) else "miss")
+            info["kernels_key"] = cache.digest(key)
     return dataclasses.replace(result, info=info, options=options)
 
 

@@ -96,9 +96,15 @@ class KernelCache:
         return [FORMAT, context_of(options.target), str(mod_hash),
                 tuning_db_digest(options.tuning_db), bool(options.concat_in_place), options.merge != "off"]
 
+    @staticmethod
+    def digest(key) -> str:
+        """``key`` (see :meth:`key`) as the name of its entry: what identifies a build's kernels across processes
+        (the stream choice's measurements are kept under it; a loaded lowered module's structural hash is not
+        the one it had when it was built)."""
+        return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:40]
+
     def path(self, key) -> str:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-        return os.path.join(self.directory, digest[:40])
+        return os.path.join(self.directory, self.digest(key))
 
     def has(self, key) -> bool:
         """Whether an entry of ``key`` is there (not whether it is usable)."""

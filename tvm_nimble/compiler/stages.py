@@ -213,6 +213,7 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, ti
                       int(lowered["main"].attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None)
     if cache is not None:
         info["kernel_cache"] = "hit" if hit else "stored" if stored else "miss"
+        info["kernels_key"] = cache.digest(key)
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)

@@ -109,7 +109,10 @@ class _Measured:
     def __init__(self, result, timer):
         self.timer = timer
         self.cache = timing_cache.for_build(getattr(result, "options", None), timer)
-        self.kernels = tvm_ffi.structural_hash(result.lowered)
+        # the compiled-kernel cache's key where the build has one: the same in a warm build as in the cold one that
+        # measured (the structural hash of a lowered module loaded from that cache differs from the one it had when
+        # built, so a warm build of googlenet measured its stream choice again, and could choose another plan)
+        self.kernels = result.info.get("kernels_key") or tvm_ffi.structural_hash(result.lowered)
 
     def launch_ms(self, built, reps: int) -> list[float]:
         key = [self.kernels, _plan_digest(built), reps]

@@ -19,6 +19,9 @@
 # PYTHON (default python3) runs the steps; TARGET=llvm makes tune and bench a CPU dry run.
 # DEADLINE (seconds, default 570) bounds the whole call: steps are cut to what is left of it.
 # Wheels the GPU image lacks (tornado, for TVM's RPC tracker): `make .device-extra` here, carry it along.
+# The vendor extension built there (~100 s of a fresh machine) comes back as $OUT/vendor-KEY.so; put it in
+# .device-vendor/KEY/libnimble_vendor.so here and carry .device-vendor: a later machine with the same sources,
+# nvcc and cuDNN/cuBLAS headers (KEY says which) then loads it instead of building it again.
 if (( $# == 0 )) || [[ $1 == --list || $1 == -h || $1 == --help ]]; then
     sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
     (( $# == 0 )) && exit 2
@@ -41,6 +44,11 @@ if compgen -G ".device-extra/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/nimble-device/site .device-extra/*.whl 2>>"$LOG"
 fi
 export PYTHONUNBUFFERED=1
+VENDOR_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/tvm-nimble/vendor"
+if [[ -d .device-vendor ]]; then  # extensions built on an earlier machine (see the header)
+    mkdir -p "$VENDOR_CACHE" && cp -rnp .device-vendor/. "$VENDOR_CACHE/"
+fi
+touch "$WORK/.session-start"
 
 left() { echo $(( DEADLINE - ($(date +%s) - START) - 15 )); }
 
@@ -102,6 +110,10 @@ for logs in "$WORK"/tuning/*/logs; do
     for f in "$logs"/*task_scheduler*.log; do [[ -f $f ]] && tail -n 300 "$f" >"$WORK/diag/$name-task_scheduler.log"; done
     last=$(ls -t "$logs"/*task_[0-9]*.log 2>/dev/null | head -1)
     [[ -n $last ]] && tail -n 300 "$last" >"$WORK/diag/$name-last_task.log"
+done
+# the extensions this call built, for the next machine (see the header)
+find "$VENDOR_CACHE" -name libnimble_vendor.so -newer "$WORK/.session-start" 2>/dev/null | while read -r lib; do
+    cp "$lib" "$OUT/vendor-$(basename "$(dirname "$lib")").so"
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"

@@ -231,42 +231,26 @@ def test_berts_padding_mask_goes_into_the_fused_call_and_a_where_mask_stays_with
     assert sum(l.kernel == SDPA_BIAS for l in result.plan.launches) == (2 if form == "additive" else 0)
 
 
-def test_the_split_key_kernel_is_a_default_candidate_and_takes_the_same_chains(vit, bert, vendor_reference):
-    """The split-key attention kernel (provider attention_split) is among the default providers, after ours (so
-    kernels="vendor", which measures nothing, keeps ours); alone, it takes the same chains as our row-per-warp
+@pytest.mark.parametrize("name, call, call_bias", [("attention_split", SPLIT_SDPA, SPLIT_SDPA_BIAS),
+                                                     ("attention_tile", TILE_SDPA, TILE_SDPA_BIAS)])
+def test_our_other_attention_kernels_are_default_candidates_and_take_the_same_chains(name, call, call_bias, vit, bert,
+                                                                                     vendor_reference):
+    """The split-key and the tile attention kernels are among the default providers, after ours (so
+    kernels="vendor", which measures nothing, keeps ours); alone, each takes the same chains as our row-per-warp
     kernel, with the same attrs, and the plan it gives reproduces the ONNX reference."""
     names = [p.name for p in providers.offloading("cuda")]
-    assert names.index("attention") < names.index("attention_split")
-    split = providers.get("attention_split")
-    cases = [(vit, SPLIT_SDPA)] + ([(bert[1:], SPLIT_SDPA_BIAS)] if bert[0] == "additive" else [])
-    for (model, inputs, ref), call in cases:
+    assert names.index("attention") < names.index(name)
+    provider = providers.get(name)
+    cases = [(vit, call)] + ([(bert[1:], call_bias)] if bert[0] == "additive" else [])
+    for (model, inputs, ref), kernel in cases:
         mod = from_onnx(model)
         ours = [o.signature for o in find_offloads(mod["main"]) if o.provider == "attention"]
-        named = [o.signature for o in find_offloads(mod["main"], providers=[split])]
+        named = [o.signature for o in find_offloads(mod["main"], providers=[provider])]
         assert len(named) == len(ours) == 2
-        assert named == [s.replace(SDPA, SPLIT_SDPA) for s in ours]
-        result = _run_offloaded(mod, inputs, ref, providers=[split])
-        assert sum(l.kernel == call for l in result.plan.launches) == 2
-
-
-def test_the_tile_kernel_is_a_default_candidate_and_takes_the_same_chains(vit, bert, vendor_reference):
-    """The tile attention kernel (provider attention_tile) is among the default providers, after ours; alone, it
-    takes the same chains as our row-per-warp kernel, with the same attrs, and the plan it gives reproduces the
-    ONNX reference."""
-    names = [p.name for p in providers.offloading("cuda")]
-    assert names.index("attention") < names.index("attention_tile")
-    tile = providers.get("attention_tile")
-    cases = [(vit, TILE_SDPA)] + ([(bert[1:], TILE_SDPA_BIAS)] if bert[0] == "additive" else [])
-    for (model, inputs, ref), call in cases:
-        mod = from_onnx(model)
-        ours = [o.signature for o in find_offloads(mod["main"]) if o.provider == "attention"]
-        named = [o.signature for o in find_offloads(mod["main"], providers=[tile])]
-        assert len(named) == len(ours) == 2
-        assert named == [s.replace(SDPA, TILE_SDPA) for s in ours]
-        result = _run_offloaded(mod, inputs, ref, providers=[tile])
-        assert sum(l.kernel == call for l in result.plan.launches) == 2
-        assert {providers.provider_of(l.kernel).name for l in result.plan.launches if "attention" in l.kernel} == {
-            "attention_tile"}
+        assert named == [s.replace(SDPA, call) for s in ours]
+        result = _run_offloaded(mod, inputs, ref, providers=[provider])
+        assert sum(l.kernel == kernel for l in result.plan.launches) == 2
+        assert {providers.provider_of(l.kernel).name for l in result.plan.launches if "attention" in l.kernel} == {name}
 
 
 def test_a_head_split_the_model_also_uses_elsewhere_stays_and_the_call_reads_it(vendor_reference):

@@ -39,7 +39,7 @@
 //   an R/4 x 4 micro-tile of S from float4 shared loads (R/4 + 4 loads per 4 R FMAs), an exact softmax
 //   per row (no online rescaling: all keys are there), V is loaded over K and each thread computes an
 //   R/4 x 4 micro-tile of O over a quarter of the keys (the quarters summed by shuffles). R (8, 16 or 32)
-//   is chosen like the split kernel's; when no R fits the device's shared memory (227 KB a block on an
+//   is chosen by the work on the busiest SM (LaunchTileRows); when no R fits the device's shared memory (227 KB a block on an
 //   H100: beyond about 750 keys at D = 64, 400 at D = 128) the call runs the row-per-warp kernel. On an
 //   H100 (sixteenth session, attention_check) it matches float64 like ours (fp32 3.0e-7) and takes ViT-B's
 //   shape in 21.4 us (ours 26.4) and ViT-S at batch 8 in 48 us (78), but a small grid pays a fixed ~7 us
@@ -655,51 +655,31 @@ void LaunchSdpaDC(const SdpaParams& p, const T* q, const T* k, const T* v, const
 }
 
 // ---- the tile kernel's launch ----
-struct SmemLimits {  // of a device, in bytes
-  int optin, per_sm, reserved;  // a block's opt-in maximum, an SM's total, what the system keeps per block
-};
-
-SmemLimits DeviceSmem() {  // of the current device, asked once per device
-  static std::atomic<int> optin[64] = {}, per_sm[64] = {}, reserved[64] = {};
+int SmemOptin() {  // a block's opt-in maximum of shared memory on the current device, in bytes, asked once per device
+  static std::atomic<int> optin[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return {48 << 10, 48 << 10, 0};
+  if (dev < 0 || dev >= 64) return 48 << 10;
   if (optin[dev].load(std::memory_order_relaxed) == 0) {
-    int a = 0, b = 0, c = 0;
+    int a = 0;
     cudaDeviceGetAttribute(&a, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    cudaDeviceGetAttribute(&c, cudaDevAttrReservedSharedMemoryPerBlock, dev);
-    reserved[dev].store(c, std::memory_order_relaxed);
-    per_sm[dev].store(b > 0 ? b : 48 << 10, std::memory_order_relaxed);
     optin[dev].store(a > 0 ? a : 48 << 10, std::memory_order_relaxed);
   }
-  return {optin[dev].load(std::memory_order_relaxed), per_sm[dev].load(std::memory_order_relaxed),
-          reserved[dev].load(std::memory_order_relaxed)};
+  return optin[dev].load(std::memory_order_relaxed);
 }
 
 template <typename T, typename M, int R>
 struct TileLaunch {  // one instantiation of the tile kernel
   static int64_t Blocks(const SdpaParams& p) { return (p.Sq + R - 1) / R * p.H * p.B; }
   static size_t Bytes(const SdpaParams& p) { return size_t(MakeTileLayout(R, p.Sk, p.D, p.Dv).total) * sizeof(float); }
-  static int PerSm(const SdpaParams& p, const SmemLimits& lim) {  // blocks an SM holds: registers and threads, then shared memory
-    static std::atomic<int> known{0};  // asked once (an occupancy query costs microseconds)
-    int n = known.load(std::memory_order_relaxed);
-    if (n == 0) {
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, SdpaTileKernel<T, M, R>, kTileThreads, 0);
-      n = n > 0 ? n : 1;
-      known.store(n, std::memory_order_relaxed);
-    }
-    const int by_smem = int(lim.per_sm / int64_t(Bytes(p) + lim.reserved));
-    return std::max(1, std::min(n, by_smem));
-  }
-  static void Launch(const char* op, const SdpaParams& p, const SmemLimits& lim, const T* q, const T* k, const T* v,
+  static void Launch(const char* op, const SdpaParams& p, int optin, const T* q, const T* k, const T* v,
                      const M* m, T* y, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};  // devices whose attributes are set (per device and function)
     int dev = 0;
     cudaGetDevice(&dev);
     const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
     if (!bit || !(configured.load(std::memory_order_relaxed) & bit)) {
-      CheckCuda(cudaFuncSetAttribute(SdpaTileKernel<T, M, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim.optin),
+      CheckCuda(cudaFuncSetAttribute(SdpaTileKernel<T, M, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
                 op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
       // shared memory first: the kernel reads global memory once, and a small carveout would keep blocks apart
       CheckCuda(cudaFuncSetAttribute(SdpaTileKernel<T, M, R>, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -720,37 +700,39 @@ struct TileLaunch {  // one instantiation of the tile kernel
   }
 };
 
-// R (8, 16 or 32 rows per block) as LaunchSplitRows chooses: the fewest waves of blocks over the SMs, then a
-// grid with a block for every SM, then the most rows; NIMBLE_ATTENTION_TILE_ROWS=8|16|32 forces R (for
-// experiments: scripts/experiments/attention_check.py times each). Only R whose shared memory fits the device
-// (K or V for the whole head, the scores for R rows); false when none does: the caller runs the row-per-warp kernel.
+// R (8, 16 or 32 rows per block): the least work on the busiest SM, ceil(blocks / SMs) x (R + 8), the 8 standing
+// for a block's fixed cost (staging the whole head's K and V), ties to the larger R. Fitted on the H100's per-R
+// timings of every attention_check case (sixteenth session): it picks the fastest R or one within 3% of it, where
+// LaunchSplitRows' rule (fewest waves, then most rows) took R = 32 for small grids, up to 1.6x slower than R = 8.
+// NIMBLE_ATTENTION_TILE_ROWS=8|16|32 forces R (for experiments: scripts/experiments/attention_check.py times each).
+// Only R whose shared memory fits the device (K or V for the whole head, the scores for R rows); false when none
+// does: the caller runs the row-per-warp kernel.
 template <typename T, typename M>
 bool LaunchTileRows(const char* op, const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y,
                     cudaStream_t stream) {
   if (p.Sk > kTileMaxKeys) return false;
-  const SmemLimits lim = DeviceSmem();
+  const int optin = SmemOptin();
   const int64_t sms = SmCount();
-  const bool fit32 = TileLaunch<T, M, 32>::Bytes(p) <= size_t(lim.optin);
-  const bool fit16 = TileLaunch<T, M, 16>::Bytes(p) <= size_t(lim.optin);
-  const bool fit8 = TileLaunch<T, M, 8>::Bytes(p) <= size_t(lim.optin);
+  const bool fit32 = TileLaunch<T, M, 32>::Bytes(p) <= size_t(optin);
+  const bool fit16 = TileLaunch<T, M, 16>::Bytes(p) <= size_t(optin);
+  const bool fit8 = TileLaunch<T, M, 8>::Bytes(p) <= size_t(optin);
   if (!fit8) return false;  // the smallest R fits whenever any does
   const char* env = std::getenv("NIMBLE_ATTENTION_TILE_ROWS");
   int rows = env ? std::atoi(env) : 0;
   if (!((rows == 32 && fit32) || (rows == 16 && fit16) || rows == 8)) {
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-    auto score = [&](bool fits, int64_t blocks, int per_sm, int r) {
-      if (!fits) return std::make_tuple(kNever, 1, 0);
-      const int64_t waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
-      return std::make_tuple(waves, blocks < sms ? 1 : 0, -r);
+    auto score = [&](bool fits, int64_t blocks, int r) {
+      if (!fits) return std::make_tuple(kNever, 0);
+      return std::make_tuple((blocks + sms - 1) / sms * (r + 8), -r);
     };
-    const auto s32 = score(fit32, TileLaunch<T, M, 32>::Blocks(p), fit32 ? TileLaunch<T, M, 32>::PerSm(p, lim) : 1, 32);
-    const auto s16 = score(fit16, TileLaunch<T, M, 16>::Blocks(p), fit16 ? TileLaunch<T, M, 16>::PerSm(p, lim) : 1, 16);
-    const auto s8 = score(true, TileLaunch<T, M, 8>::Blocks(p), TileLaunch<T, M, 8>::PerSm(p, lim), 8);
+    const auto s32 = score(fit32, TileLaunch<T, M, 32>::Blocks(p), 32);
+    const auto s16 = score(fit16, TileLaunch<T, M, 16>::Blocks(p), 16);
+    const auto s8 = score(true, TileLaunch<T, M, 8>::Blocks(p), 8);
     rows = s32 <= s16 && s32 <= s8 ? 32 : s16 <= s8 ? 16 : 8;
   }
-  if (rows == 32) TileLaunch<T, M, 32>::Launch(op, p, lim, q, k, v, m, y, stream);
-  else if (rows == 16) TileLaunch<T, M, 16>::Launch(op, p, lim, q, k, v, m, y, stream);
-  else TileLaunch<T, M, 8>::Launch(op, p, lim, q, k, v, m, y, stream);
+  if (rows == 32) TileLaunch<T, M, 32>::Launch(op, p, optin, q, k, v, m, y, stream);
+  else if (rows == 16) TileLaunch<T, M, 16>::Launch(op, p, optin, q, k, v, m, y, stream);
+  else TileLaunch<T, M, 8>::Launch(op, p, optin, q, k, v, m, y, stream);
   return true;
 }
 

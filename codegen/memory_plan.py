@@ -65,21 +65,32 @@ def plan_pool(tensors: list[int], nbytes: dict[int, int], first_write: dict[int,
 
 
 def _bit_rows(masks: list[int], width: int) -> np.ndarray:
-    """The launch bitsets ``masks`` as rows of a 0/1 float32 matrix ``width`` launches wide."""
+    """The launch bitsets ``masks`` as rows of a 0/1 uint8 matrix ``width`` launches wide."""
     nbytes = (width + 7) // 8
     raw = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m in masks), dtype=np.uint8)
-    return np.unpackbits(raw.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :width].astype(np.float32)
+    return np.unpackbits(raw.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :width]
+
+
+#: rows of the pair matrix computed at once: the float32 blocks stay under ~16 MB a side up to 2,048 launches
+_BLOCK = 2048
 
 
 def ordered_pairs(tensors: list[int], accesses: dict[int, int], ready_of) -> np.ndarray:
     """[i, j]: ``tensors[i]`` and ``tensors[j]`` are happens-before ordered, either way (every access of one
     happens before the other's first write), for all pairs at once: the count of i's accesses that are not
-    ready for j is a product of two 0/1 matrices (a pair at a time was most of a nasnetalarge schedule)."""
+    ready for j is a product of two 0/1 matrices (a pair at a time was most of a nasnetalarge schedule), taken
+    in blocks so that a graph of many thousand tensors needs no more than its n x n booleans."""
     masks = [accesses[t] for t in tensors]
     ready = [ready_of(t) for t in tensors]
     width = max(1, max(m.bit_length() for m in masks + ready))
     a, r = _bit_rows(masks, width), _bit_rows(ready, width)
-    i_then_j = (a @ (1.0 - r).T) == 0  # exact: counts far below 2**24
+    n = len(tensors)
+    i_then_j = np.empty((n, n), dtype=bool)
+    for i0 in range(0, n, _BLOCK):
+        rows = a[i0:i0 + _BLOCK].astype(np.float32)
+        for j0 in range(0, n, _BLOCK):
+            not_ready = 1.0 - r[j0:j0 + _BLOCK].astype(np.float32)
+            i_then_j[i0:i0 + _BLOCK, j0:j0 + _BLOCK] = (rows @ not_ready.T) == 0  # exact: counts below 2**24
     return i_then_j | i_then_j.T
 
 

@@ -3,6 +3,7 @@ import copy
 import random
 
 import numpy as np
+import pytest
 
 from tvm_nimble import build
 from tvm_nimble.codegen.checker import check_plan
@@ -157,3 +158,20 @@ def test_only_the_poison_reveals_a_missing_sync_over_stale_but_right_data():
     assert check_races(bad, inputs, ref, seeds=range(40), poison=False) == []  # stale data is right
     assert check_races(bad, inputs, ref, seeds=range(40)) != []  # the dead tensor's poison is not
 
+
+
+@pytest.mark.parametrize("block", [2048, 64])
+def test_ordered_pairs_match_the_pairwise_definition(block, monkeypatch):
+    """The matrix of happens-before-ordered tensor pairs (a 0/1 matrix product, taken in blocks) against the
+    definition pair by pair: every access of one tensor happens before the other's first write, either way."""
+    from tvm_nimble.codegen import memory_plan
+
+    monkeypatch.setattr(memory_plan, "_BLOCK", block)
+    rng = random.Random(block)
+    n, width = 300, 200
+    accesses = {t: sum(1 << rng.randrange(width) for _ in range(2)) for t in range(n)}
+    ready = {t: rng.getrandbits(width) | rng.getrandbits(width) | rng.getrandbits(width) for t in range(n)}
+    got = memory_plan.ordered_pairs(list(range(n)), accesses, lambda t: ready[t])
+    want = [[accesses[i] & ~ready[j] == 0 or accesses[j] & ~ready[i] == 0 for j in range(n)] for i in range(n)]
+    assert got.tolist() == want
+    assert 0 < got.sum() < n * n  # both kinds of pairs are there

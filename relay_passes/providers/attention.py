@@ -28,11 +28,11 @@ from .registry import Provider, register
 SDPA = "nimble.attention.sdpa"
 SDPA_BIAS = "nimble.attention.sdpa_bias"
 CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
-#: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``, only when named
+#: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
 SPLIT_SDPA = "nimble.attention.split_sdpa"
 SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
 #: the tile kernel (register-tiled Q·Kᵀ and P·V, the head's K and V in shared memory), same attrs; provider
-#: ``attention_tile``, only when named
+#: ``attention_tile``
 TILE_SDPA = "nimble.attention.tile_sdpa"
 TILE_SDPA_BIAS = "nimble.attention.tile_sdpa_bias"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD

@@ -173,3 +173,64 @@ def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it
     tvm_anchor_kernels = [k for k in (l.kernel for l in result.plan.launches)
                           if not k.startswith(VENDOR_PREFIXES) and ("matmul" in k or "conv" in k)]
     assert operators.get(providers.TVM, 0) <= len(tvm_anchor_kernels), (operators, tvm_anchor_kernels)
+
+
+def test_the_predicted_gain_of_a_mix_is_summed_per_offered_operator():
+    """predicted_gain against the sum written out: all-vendor runs each operator on the first provider that offers
+    it, the mix on the chosen provider's chain or on TVM's kernel for the first provider's chain."""
+    from tvm_nimble.compiler.kernel_choice import KernelTiming, predicted_gain
+
+    t = [KernelTiming("conv-a", 2, vendor_ms=1.0, tvm_ms=0.7, provider="cudnn"),   # TVM takes both a's
+         KernelTiming("conv-b", 1, vendor_ms=2.0, tvm_ms=3.0, provider="cudnn"),   # cuDNN keeps b
+         KernelTiming("gemm-c", 1, vendor_ms=0.5, tvm_ms=0.6, provider="cublaslt"),
+         KernelTiming("attn-c", 1, vendor_ms=0.2, tvm_ms=0.6, provider="attention")]  # the attention takes c
+    offers = {"a1": [("cudnn", "conv-a")], "a2": [("cudnn", "conv-a")], "b": [("cudnn", "conv-b")],
+              "c": [("cublaslt", "gemm-c"), ("attention", "attn-c")], "d": [("cudnn", "unmeasured")]}
+    chosen = {"conv-b": "cudnn", "attn-c": "attention"}
+    gain, base = predicted_gain(t, chosen, offers)
+    assert base == pytest.approx(1.0 + 1.0 + 2.0 + 0.5)
+    assert gain == pytest.approx((1.0 - 0.7) * 2 + 0 + (0.5 - 0.2))
+
+
+class _NearTieTimer:
+    """Wraps tests/test_timing_cache.py's PlanCostTimer: every TVM kernel 0.999 (a vendor launch 1.0), except the
+    ones whose name holds ``faster``, 0.5: a mix that saves 0.1% of the chains' time, or (``faster`` matching)
+    much more."""
+
+    def __init__(self, faster: str = "\\0"):
+        from test_timing_cache import PlanCostTimer
+
+        self.inner, self.faster = PlanCostTimer(), faster
+        self.inner._cost = self._cost
+
+    def _cost(self, kernel: str) -> float:
+        return 1.0 if kernel.startswith("nimble.") else 0.5 if self.faster in kernel else 0.999
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_mix_predicted_within_one_percent_of_all_vendor_is_not_checked_and_all_vendor_is_kept():
+    """Where TVM's kernels measure only a hair faster than the providers' (the mix predicted 0.1% faster), the
+    model check, two whole-model compiles, is skipped: no check is replayed, all-vendor is built and the build
+    says why. A mix predicted far faster is still checked in the model."""
+    from test_timing_cache import SM90, _need_vendor
+
+    from tvm_nimble.compiler import timing_cache
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.options import BuildOptions
+
+    _need_vendor()
+    model = zoo.get_model("inception")
+    opts = BuildOptions.create(SM90, kernels="best", timing_cache=None, max_streams=1)
+    timing_cache.forget_in_memory()
+    near = _NearTieTimer()
+    result = build_with(model, opts, timer=near)
+    assert "kernel_choice_check" not in result.info and near.calls["replay_ms"] == 0
+    assert "under the 1% a model check can confirm: all-vendor kept" in result.info["kernel_choice_check_skipped"]
+    assert all(t["kernel"] == "vendor" for t in result.info["kernel_choice"])
+    assert result.info["kernel_choice_operators"].get("tvm", 0) == 0
+    timing_cache.forget_in_memory()  # a new process: the near tie's timings are not the far one's
+    far = _NearTieTimer(faster="conv2d")
+    checked = build_with(model, opts, timer=far)
+    assert "kernel_choice_check" in checked.info and "kernel_choice_check_skipped" not in checked.info

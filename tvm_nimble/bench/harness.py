@@ -69,7 +69,8 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     def since(t0, before):  # seconds of a build made of a shared part and its own since t0
         return None if before is None else before + time.perf_counter() - t0
     if selection.timings:
-        print(f"[bench] {summarize(selection.timings, selection.check, selection.operators)}", flush=True)
+        print(f"[bench] {summarize(selection.timings, selection.check, selection.operators, selection.check_skipped)}",
+              flush=True)
     if selection.algorithms:
         from tvm_nimble.compiler.gemm_algorithms import summarize as summarize_algorithms
 

@@ -38,8 +38,8 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     nimble = build_with(selection, options)
     plan = nimble.plan
     if selection.kernels == "best":
-        print(summarize_kernel_choice(selection.timings, selection.check, selection.operators)
-              + " (the same in every system)")
+        print(summarize_kernel_choice(selection.timings, selection.check, selection.operators,
+                                      selection.check_skipped) + " (the same in every system)")
     else:
         print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if selection.kernels == 'vendor' else 'TVM'} "
               "(the same in every system)")

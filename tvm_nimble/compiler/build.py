@@ -143,6 +143,8 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
         result.info["kernel_choice_operators"] = selection.operators
     if selection.check is not None:
         result.info["kernel_choice_check"] = selection.check.to_dict()
+    if selection.check_skipped:
+        result.info["kernel_choice_check_skipped"] = selection.check_skipped
     if selection.algorithms:
         result.info["gemm_algorithms"] = selection.algorithms
     if selection.not_taken:

@@ -34,7 +34,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     lines.extend(summarize_merge(result.info.get("merge_choice")))
     choice, check = kernel_choice_of(result.info)
     if choice:
-        lines.append(summarize_kernel_choice(choice, check, result.info.get("kernel_choice_operators")))
+        lines.append(summarize_kernel_choice(choice, check, result.info.get("kernel_choice_operators"),
+                                             result.info.get("kernel_choice_check_skipped", "")))
         lines.append(f"  {'ops':>4s} {'provider':>9s} {'its ms':>8s} {'tvm ms':>8s}  ran on    operators -> provider call")
         for c in sorted(choice, key=lambda c: -c.count * max(c.vendor_ms, c.tvm_ms)):
             chosen = c.taken_by or ((c.provider or "vendor") if c.kernel == "vendor" else "tvm")

@@ -37,6 +37,11 @@ from .timers import LocalGPU, has_gpu_for
 
 #: profiled replays per build; the median per launch is kept
 PROFILE_REPS = 15
+#: a mix of providers and TVM kernels is confirmed by the model check only when the chains' own times predict it
+#: this much faster than all-vendor (a share of the all-vendor chains' time); below it the check, which costs two
+#: whole-model compiles (densenet121 on an H100: ~40 s of a 74 s build), could not tell the two apart from its own
+#: replay noise, and all-vendor is kept
+MIN_MIX_GAIN = 0.01
 
 
 @dataclass
@@ -193,6 +198,8 @@ class Selection:
     #: the structural hash of ``mod`` before ``built`` was made from it (lowering fills in parts of the module in
     #: place, which changes its hash): what the compiled-kernel cache keys ``built``'s kernels by
     mod_hash: int | None = field(default=None, repr=False, compare=False)
+    #: why a mix was not checked in the model and all-vendor kept instead ("": checked, or nothing to check)
+    check_skipped: str = ""
 
 
 def resolve_kernels(options: BuildOptions, timer=None) -> str:
@@ -252,10 +259,39 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     for t in timings:
         t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"
     first = {o.signature: o.provider for o in found_first}
-    if all(chosen.get(s) == p for s, p in first.items()):
-        operators = record_assignment(mod, timings, providers, options.allow_tf32, first, found)
-        return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators),
-                                     options, timer)
+    skipped = ""
+    if not all(chosen.get(s) == p for s, p in first.items()):
+        gain, base = predicted_gain(timings, chosen, offers)
+        if gain >= MIN_MIX_GAIN * base:
+            return _checked_mix(mod, options, timer, timings, providers, first, chosen, found, all_vendor, not_taken)
+        skipped = (f"the mix was predicted {gain * 1e3:.1f} us faster than all-vendor ({gain / base:.2%} of the chains' "
+                   f"{base:.3f} ms), under the {MIN_MIX_GAIN:.0%} a model check can confirm: all-vendor kept")
+        for t in timings:
+            t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
+    operators = record_assignment(mod, timings, providers, options.allow_tf32, first, found)
+    return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators,
+                                           check_skipped=skipped), options, timer)
+
+
+def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: dict) -> tuple[float, float]:
+    """(ms the chosen mix saves over all-vendor, ms of all-vendor), summed over the operators the providers offer,
+    from each chain's own measured times: all-vendor runs an operator on the first provider that offers it, the mix
+    on the provider ``chosen`` for one of its chains, or on TVM's kernel for the first provider's chain."""
+    by_chain = {(t.provider, t.signature): t for t in timings}
+    gain = base = 0.0
+    for offered in offers.values():
+        first = by_chain.get(offered[0])
+        if first is None:
+            continue
+        taken = [by_chain[o] for o in offered if o in by_chain and chosen.get(o[1]) == o[0]]
+        mix_ms = taken[0].vendor_ms if taken else first.tvm_ms
+        gain += first.vendor_ms - mix_ms
+        base += first.vendor_ms
+    return gain, base
+
+
+def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, all_vendor, not_taken) -> Selection:
+    """The mix and all-vendor built one-stream and replayed (:func:`check_in_model`); the faster is kept."""
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
     # module it keeps is the build's (no GEMM changes after it)
@@ -268,7 +304,7 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
             t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
     operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen,
                                   found)
-    return Selection(both[kept][0], kernels, timings, check, both[kept][1], not_taken, operators,
+    return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators,
                      built=built[kept] if built else None, mod_hash=hashes[kept])
 
 
@@ -362,7 +398,7 @@ def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:
 
 
 def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,
-              operators: dict[str, int] | None = None) -> str:
+              operators: dict[str, int] | None = None, check_skipped: str = "") -> str:
     """One line: which kernel measured faster for how many operators, the kernel time of each choice,
     the model check, and the kernels the plan got (per provider, from ``operators`` when given: see
     :func:`record_assignment`; else from the timings, where an operator two providers offered counts twice)."""
@@ -375,6 +411,8 @@ def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,
             f"all TVM {total['tvm']:.3f} ms)")
     if check is not None:
         line += (f"; whole model, one stream: that mix {check.best_ms:.3f} ms, all vendor {check.vendor_ms:.3f} ms")
+    elif check_skipped:
+        line += f"; {check_skipped}"
     if operators:
         order = sorted(operators, key=lambda p: (p == provider_registry.TVM, -operators[p], p))
         return line + "; in the plan: " + ", ".join(f"{operators[p]} on {p}" for p in order)

@@ -9,11 +9,8 @@
 #include "common.h"
 
 namespace nimble_vendor {
-namespace {
 
-constexpr int kNumAttrs = 26;
-constexpr int64_t kMaxHeadDim = 128;
-
+// the attrs as the kernels take them (outside the unnamed namespace: attention.cu hands them to attention_tile.cu)
 struct SdpaParams {
   int64_t B, H, Sq, Sk, D, Dv;
   int64_t q_off, q_sb, q_sh, q_ss, k_off, k_sb, k_sh, k_ss, v_off, v_sb, v_sh, v_ss;
@@ -21,6 +18,11 @@ struct SdpaParams {
   float scale;
 };
 static_assert(offsetof(SdpaParams, m_sk) == 24 * sizeof(int64_t), "the attrs fill B .. m_sk in order");
+
+namespace {
+
+constexpr int kNumAttrs = 26;
+constexpr int64_t kMaxHeadDim = 128;
 
 // The largest element a strided [B, H, S, D] view reads, +1 (what the tensor must hold).
 int64_t ViewExtent(int64_t off, int64_t sb, int64_t sh, int64_t ss, int64_t B, int64_t H, int64_t S, int64_t D) {

@@ -31,8 +31,8 @@ CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
 SPLIT_SDPA = "nimble.attention.split_sdpa"
 SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
-#: the tile kernel (register-tiled Q·Kᵀ and P·V, the head's K and V in shared memory), same attrs; provider
-#: ``attention_tile``
+#: the tile kernel (codegen/vendor/attention_tile.cu: register-tiled Q·Kᵀ and P·V, the head's K and V in shared
+#: memory), same attrs; provider ``attention_tile``
 TILE_SDPA = "nimble.attention.tile_sdpa"
 TILE_SDPA_BIAS = "nimble.attention.tile_sdpa_bias"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD

@@ -1,0 +1,51 @@
+// What the fused-attention units share: attention.cu (the row-per-warp and split-key kernels, and the calls'
+// registration) and attention_tile.cu (the register-tiled kernel).
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+#include "sdpa_args.h"
+
+namespace nimble_vendor {
+
+// The tile kernel (attention_tile.cu) on q, k, v of `dtype` (kF32 / kF16 / kBF16; the mask m in fp32 when
+// f32_mask, else in q's dtype, or null) into y, on `stream`; false when the head's K does not fit a block's
+// shared memory (nothing launched: the caller runs the row-per-warp kernel).
+bool LaunchTileAttention(const char* op, const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
+                         const void* v, const void* m, void* y, cudaStream_t stream);
+
+namespace {
+
+// 4 consecutive elements of a row as floats, zero past n (vector loads when the caller knows the row
+// and d are 16-byte (fp32) / 8-byte (16-bit) aligned and d + 4 <= n)
+template <typename T>
+__device__ __forceinline__ float4 Load4(const T* row, int d, int n, bool vec) {
+  if (vec && d + 4 <= n) {
+    if constexpr (sizeof(T) == 4) {
+      return *reinterpret_cast<const float4*>(row + d);
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(row + d);
+      const T* h = reinterpret_cast<const T*>(&raw);
+      return make_float4(ToF(h[0]), ToF(h[1]), ToF(h[2]), ToF(h[3]));
+    }
+  }
+  return make_float4(d < n ? ToF(row[d]) : 0.0f, d + 1 < n ? ToF(row[d + 1]) : 0.0f,
+                     d + 2 < n ? ToF(row[d + 2]) : 0.0f, d + 3 < n ? ToF(row[d + 3]) : 0.0f);
+}
+
+int SmCount() {  // of the current device, asked once per device (a launch may be under stream capture)
+  static int counts[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) return 132;
+  if (counts[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    counts[dev] = n > 0 ? n : 132;
+  }
+  return counts[dev];
+}
+
+}  // namespace
+}  // namespace nimble_vendor

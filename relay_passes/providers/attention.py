@@ -16,6 +16,7 @@ providers' and TVM's kernels, with the reason in the offload report.
 """
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -247,12 +248,12 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
-def attention_chain(ctx, chains, var, call, cudnn: bool = False, split: bool = False, tile: bool = False):
+def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[str, str] = (SDPA, SDPA_BIAS)):
     """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
     ``cudnn``: the call for cuDNN's SDPA, for the chains it documents (else None, silently: the reasons
-    are reported once, by our kernel's provider). ``split``: the call of our split-key kernel; ``tile``:
-    of our tile kernel."""
-    report = ctx.report.kept if not (cudnn or split or tile) else []
+    are reported once, by our row-per-warp kernel's provider). ``kernels``: which of our kernels the call
+    runs, (without a mask, with one): the row-per-warp, split-key or tile kernel."""
+    report = ctx.report.kept if not cudnn and kernels == (SDPA, SDPA_BIAS) else []
     scores_shape = known_shape(call)
     if scores_shape is None or len(scores_shape) not in (3, 4):
         return None
@@ -286,13 +287,13 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False, split: bool = F
     if operator_of(pv) != "relax.matmul" or not pv.args[0].same_as(probs):
         return None
     try:
-        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, split, tile)
+        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, kernels)
     except _NotTaken as why:
         report.append(("attention", str(why)))
         return None
 
 
-def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, split: bool, tile: bool = False):
+def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels: tuple[str, str]):
     dtype = dtype_of(qk)
     if dtype not in _DTYPES or dtype_of(pv) != dtype:
         raise _NotTaken(f"dtype {dtype}; the kernel takes {'/'.join(_DTYPES)}")
@@ -354,8 +355,7 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, split: b
         if dtype not in _HALF or bias is not None or any(x % 8 for x in aligned):
             return None  # cuDNN's SDPA: fp16/bf16, no mask here, 16-byte aligned rows and heads
         return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
-    plain, masked = (SPLIT_SDPA, SPLIT_SDPA_BIAS) if split else (TILE_SDPA, TILE_SDPA_BIAS) if tile else (SDPA, SDPA_BIAS)
-    name = masked if bias is not None else plain
+    name = kernels[1] if bias is not None else kernels[0]
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
 
 
@@ -376,7 +376,7 @@ PROVIDER = register(Provider(
 #: sequences, slower on ViT-B's, so it is one more candidate the kernel choice measures per operator
 SPLIT_PROVIDER = register(Provider(
     name="attention_split", title="fused attention (split-key kernel)", kernel_prefix="nimble.attention.split_",
-    matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, split=True)},
+    matchers={"relax.matmul": functools.partial(attention_chain, kernels=(SPLIT_SDPA, SPLIT_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))
 
 #: the tile attention kernel (one block per (batch, head) and R query rows, the head's K and then V in shared
@@ -385,5 +385,5 @@ SPLIT_PROVIDER = register(Provider(
 #: session): ViT-B's shape 21.4 us against ours 26.4 (fp32), slower on small heads; measured per operator
 TILE_PROVIDER = register(Provider(
     name="attention_tile", title="fused attention (tile kernel)", kernel_prefix="nimble.attention.tile_",
-    matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, tile=True)},
+    matchers={"relax.matmul": functools.partial(attention_chain, kernels=(TILE_SDPA, TILE_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))

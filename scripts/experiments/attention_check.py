@@ -41,7 +41,7 @@ TILE_ENV = "NIMBLE_ATTENTION_TILE_ROWS"
 
 
 def tile_bytes(rows: int, sk: int, d: int, dv: int) -> int:
-    """The tile kernel's shared memory for R = rows (codegen/vendor/attention.cu, MakeTileLayout)."""
+    """The tile kernel's shared memory for R = rows (codegen/vendor/attention_tile.cu, MakeTileLayout)."""
     def odd_quads(n):
         return n if (n // 4) % 2 else n + 4
 

@@ -50,11 +50,12 @@ clean:
 # ONNX Runtime's CUDA build (the bench's peer on the same ONNX file), in 8 parts of ~31 MB: the shared
 # pack_ort.sh's 5 parts of 49 MB no longer fit beside the working tree in one run's 64 MiB. On the GPU machine,
 # one run per part, back to back, each carrying its folder: bash .device-ort/pK/stage_ort.sh .device-ort/pK
-ORT_WHEEL = onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+ORT_VERSION = 1.31.1
+ORT_WHEEL = onnxruntime_gpu-$(ORT_VERSION)-cp312-cp312-manylinux_2_28_x86_64.whl
 ORT_PARTS = 8
 .device-ort: | $(VENV)/bin/python
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		--platform manylinux_2_28_x86_64 -d $@.tmp "onnxruntime-gpu==1.31.1"
+		--platform manylinux_2_28_x86_64 -d $@.tmp "onnxruntime-gpu==$(ORT_VERSION)"
 	cd $@.tmp && split -n $(ORT_PARTS) -d $(ORT_WHEEL) part && sum=$$(sha256sum $(ORT_WHEEL) | cut -d' ' -f1) && \
 		for i in $$(seq 0 $$(($(ORT_PARTS) - 1))); do d=../$@/p$$((i + 1)); mkdir -p $$d; mv part0$$i $$d/; \
 		echo "$$sum $(ORT_WHEEL) $(ORT_PARTS)" > $$d/wheel.info; cp ../../shared/device/stage_ort.sh $$d/; done

@@ -171,15 +171,14 @@ def _build_selected(selection: Selection, options: BuildOptions, phases: Phases)
     build is rescheduled instead: the kernels do not depend on the schedule (as in :mod:`.stream_choice`),
     and compiling a large model's kernels again costs as much as the first time."""
     built = selection.built
+    cache = kernel_cache.for_options(options)
     if built is None or not options.compile_kernels or not _same_kernels(built.options, options):
-        return stages.build_fixed(selection.mod, options, note=True, timed=phases,
-                                  cache=kernel_cache.for_options(options))
+        return stages.build_fixed(selection.mod, options, note=True, timed=phases, cache=cache)
     stages.note_default_schedules(selection.mod, options)
     cap = None if options.max_streams == "auto" else options.max_streams
     with phases("schedule"):
         result = rescheduled(built, cap, options.reuse)
     info = stages.build_info(options, built.info["concats_in_place"], built.info.get("splits_as_views"))
-    cache = kernel_cache.for_options(options)
     if cache is not None:  # kept for the next build, which finds the model check in the timing cache
         with phases("generate"):
             key = cache.key(selection.mod, options, selection.mod_hash)

@@ -256,8 +256,7 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured,
                                                              offloads=found[p.name])]
     chosen = choose_providers(mod, timings, providers, options.allow_tf32, offers)
-    for t in timings:
-        t.kernel = "vendor" if chosen.get(t.signature) == t.provider else "tvm"
+    _mark_kernels(timings, chosen)
     first = {o.signature: o.provider for o in found_first}
     skipped = ""
     if not all(chosen.get(s) == p for s, p in first.items()):
@@ -266,11 +265,16 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
             return _checked_mix(mod, options, timer, timings, providers, first, chosen, found, all_vendor, not_taken)
         skipped = (f"the mix was predicted {gain * 1e3:.1f} us faster than all-vendor ({gain / base:.2%} of the chains' "
                    f"{base:.3f} ms), under the {MIN_MIX_GAIN:.0%} a model check can confirm: all-vendor kept")
-        for t in timings:
-            t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
+        _mark_kernels(timings, first)
     operators = record_assignment(mod, timings, providers, options.allow_tf32, first, found)
     return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators,
                                            check_skipped=skipped), options, timer)
+
+
+def _mark_kernels(timings: list[KernelTiming], assignment: dict[str, str]) -> None:
+    """Each timing's ``kernel``: "vendor" where ``assignment`` (signature -> provider) gives its chain to its provider."""
+    for t in timings:
+        t.kernel = "vendor" if assignment.get(t.signature) == t.provider else "tvm"
 
 
 def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: dict) -> tuple[float, float]:
@@ -300,8 +304,7 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
     kept = 0 if check.kept == "best" else 1
     if kept:
-        for t in timings:
-            t.kernel = "vendor" if first.get(t.signature) == t.provider else "tvm"
+        _mark_kernels(timings, first)
     operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen,
                                   found)
     return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators,

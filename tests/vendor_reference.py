@@ -12,6 +12,7 @@ from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_
                                                           TILE_SDPA, TILE_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
+from tvm_nimble.relay_passes.providers import simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
 
@@ -112,6 +113,12 @@ def reference_functions():
     def matmul_add(a, w, bias, z, attrs, y, ws):
         y.copyfrom(_act(linear(a, w, bias, attrs) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
+    def simt_matmul(a, w, bias, attrs, y, ws):  # w [K, N]; attrs = [activation(, candidate)]
+        y.copyfrom(_act(a.numpy() @ w.numpy() + bias.numpy(), int(attrs[0])).astype(y.dtype))
+
+    def simt_matmul_add(a, w, bias, z, attrs, y, ws):
+        y.copyfrom(_act(a.numpy() @ w.numpy() + bias.numpy() + z.numpy(), int(attrs[0])).astype(y.dtype))
+
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
         y.copyfrom((a.numpy() @ bm).astype(y.dtype))
@@ -133,7 +140,8 @@ def reference_functions():
     names = {CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
-             TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, LAYER_NORM: layer_norm}
+             TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, LAYER_NORM: layer_norm,
+             simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():
         tvm_ffi.register_global_func(name, fn, override=True)

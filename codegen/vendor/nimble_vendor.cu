@@ -447,42 +447,6 @@ void Conv2dAdd(TensorView x, TensorView w, TensorView b, TensorView z, Shape att
 
 enum class BwdKind { kData, kFilter };
 
-// Waits `ns` nanoseconds on the GPU: a timed sequence queued behind it measures GPU time, not the host's
-// enqueue rate.
-__global__ void SpinKernel(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-// Microseconds per call of `call` (it enqueues one call on `stream` and returns false if that failed): two
-// warm-up calls, then `reps` back to back queued behind a spin kernel; -1 if a call or the timing failed.
-// It synchronizes, so it must not run inside a graph capture.
-template <typename F>
-double GpuUsPerCall(cudaStream_t stream, int64_t reps, F&& call) {
-  for (int w = 0; w < 2; ++w) {
-    if (!call()) return -1.0;
-  }
-  cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess) return -1.0;
-  if (cudaEventCreate(&stop) != cudaSuccess) {
-    cudaEventDestroy(start);
-    return -1.0;
-  }
-  SpinKernel<<<1, 1, 0, stream>>>(50000ull + 20000ull * uint64_t(reps));
-  bool ok = cudaGetLastError() == cudaSuccess && cudaEventRecord(start, stream) == cudaSuccess;
-  for (int64_t r = 0; r < reps && ok; ++r) ok = call();
-  ok = cudaEventRecord(stop, stream) == cudaSuccess && ok;
-  float ms = 0;
-  ok = ok && cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGetLastError();
-  return ok ? double(ms) * 1000.0 / double(reps) : -1.0;
-}
-
 struct BwdPlan {
   ConvDescs d;  // x (dx), w (dw), y (dy), conv
   int algo = 0;

@@ -7,4 +7,5 @@ from . import cudnn  # noqa: E402,F401  convolutions, average pools
 from . import cudnn_grad  # noqa: E402,F401  a convolution's gradients (training; only when named)
 from . import attention  # noqa: E402,F401  fused attention (claims Q·Kᵀ before the GEMMs do)
 from . import cublaslt  # noqa: E402,F401  GEMMs
+from . import simt_gemm  # noqa: E402,F401  our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
 from . import norm  # noqa: E402,F401  LayerNorm

@@ -12,6 +12,8 @@ axes folded into it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tvm import relax
 
@@ -25,12 +27,27 @@ MATMUL_ADD = "nimble.cublas.matmul_add"
 BATCHED_MATMUL = "nimble.cublas.batched_matmul"
 
 
-def matmul_chain(ctx, chains, var, call):
+@dataclass
+class Linear:
+    """``act(x @ W (+ bias)) (+ residual)`` as a matmul of constant weights and what follows it in the graph."""
+
+    x: relax.Expr
+    weight: np.ndarray  # as the model stores it: [N, K] when transpose_b, else [K, N]
+    transpose_b: int
+    bias: np.ndarray  # [N] (zeros when the model has none)
+    act: int
+    residual: relax.Var | None
+    removed: list  # the bindings the call replaces, besides the matmul's
+    last: relax.Var  # the binding whose value the call computes
+    out_shape: tuple
+    dtype: str
+
+
+def linear_of(chains, var, call) -> Linear | None:
+    """The Linear that ``call`` (a matmul) starts, None when its weights are not a constant matrix (or the
+    transpose of one)."""
     x, w = call.args
-    xs, out_shape, dtype = known_shape(x), known_shape(call), dtype_of(call)
-    if xs is None or len(xs) < 2 or out_shape is None or compute_dtype(call) not in PROVIDER.dtypes:
-        ctx.report.kept.append(("matmul", "only static fp32/fp16/bf16 matmuls of rank >= 2"))
-        return None
+    out_shape, dtype = known_shape(call), dtype_of(call)
     transpose_b = 0
     weight = chains.const(w)
     if weight is None and isinstance(w, relax.Var) and operator_of(chains.value.get(w)) == "relax.permute_dims":
@@ -38,10 +55,7 @@ def matmul_chain(ctx, chains, var, call):
         axes = inner.attrs.axes
         if (axes is None or ints(axes) == [1, 0]) and chains.const(inner.args[0]) is not None:
             weight, transpose_b = chains.const(inner.args[0]), 1
-    if weight is None and chains.const(w) is None:
-        return batched_chain(ctx, chains, var, call)
     if weight is None or weight.ndim != 2:
-        ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
     n = out_shape[-1]
     removed, last, bias, act = [], var, None, ACT_NONE
@@ -57,16 +71,38 @@ def matmul_chain(ctx, chains, var, call):
     elif val is not None and activation(val) == ACT_RELU:
         act, removed, last = ACT_RELU, removed + [last], nxt
     residual = _residual_of(val, last, out_shape, dtype) if act == ACT_NONE and val is not None else None
-    if residual is not None:  # x + Linear(...): cuBLASLt adds it as C (beta = 1), no add kernel
+    if residual is not None:  # x + Linear(...): added in the GEMM's epilogue, no add kernel
         removed, last = removed + [last], nxt
-    if bias is None:
-        bias = np.zeros(n, dtype=dtype)
-    args = [x, relax.const(weight.astype(dtype)), relax.const(bias.astype(dtype))]
-    attrs = relax.ShapeExpr([transpose_b, act, ctx.tf32])
-    if residual is not None:
-        return removed, last, (ctx.call(MATMUL_ADD, args + [residual, attrs], out_shape, dtype, GEMM_WORKSPACE_BYTES),
-                               None)
-    return removed, last, (ctx.call(MATMUL, args + [attrs], out_shape, dtype, GEMM_WORKSPACE_BYTES), None)
+    return Linear(x, weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act, residual, removed,
+                  last, tuple(out_shape), dtype)
+
+
+def static_matmul(ctx, call, dtypes) -> bool:
+    """Whether ``call`` is a matmul of static shapes, rank >= 2, computing in one of ``dtypes`` (else a note)."""
+    xs, out_shape = known_shape(call.args[0]), known_shape(call)
+    if xs is None or len(xs) < 2 or out_shape is None or compute_dtype(call) not in dtypes:
+        short = "/".join({"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[d] for d in dtypes)
+        ctx.report.kept.append(("matmul", f"only static {short} matmuls of rank >= 2"))
+        return False
+    return True
+
+
+def matmul_chain(ctx, chains, var, call):
+    if not static_matmul(ctx, call, PROVIDER.dtypes):
+        return None
+    lin = linear_of(chains, var, call)
+    if lin is None:
+        if chains.const(call.args[1]) is None:
+            return batched_chain(ctx, chains, var, call)
+        ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
+        return None
+    args = [lin.x, relax.const(lin.weight.astype(lin.dtype)), relax.const(lin.bias.astype(lin.dtype))]
+    attrs = relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32])
+    if lin.residual is not None:  # cuBLASLt adds it as C (beta = 1)
+        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape, lin.dtype,
+                                                GEMM_WORKSPACE_BYTES), None)
+    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.dtype, GEMM_WORKSPACE_BYTES),
+                                   None)
 
 
 def _residual_of(add, produced, out_shape, dtype):

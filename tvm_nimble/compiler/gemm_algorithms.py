@@ -9,6 +9,10 @@ written into the call's attrs, so the artifact runs what was measured. A candida
 heuristic's first by 3% to replace it (timing noise is not a reason to differ from the library's
 default). Without a GPU of the target's arch here (a remote-measured build) the heuristic's first
 stays. The candidates' times are kept in the timing cache (:mod:`.timing_cache`), per GEMM signature.
+
+Our fp32 GEMM (provider ``simt_gemm``) is chosen the same way among its tile and split-K candidates
+(``nimble.gemm.matmul_timings``); its index 0 is no library default, so the fastest is always baked in
+(a call without an index would measure them again on its first run).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_nimble.relay_passes.providers import simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
 from . import timing_cache
@@ -27,8 +32,12 @@ REPS = 20
 MARGIN = 0.97
 
 _TIMINGS = {MATMUL: "nimble.cublas.matmul_timings", MATMUL_ADD: "nimble.cublas.matmul_add_timings",
-            BATCHED_MATMUL: "nimble.cublas.batched_matmul_timings"}
-_ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2}  # without the algorithm index
+            BATCHED_MATMUL: "nimble.cublas.batched_matmul_timings",
+            simt_gemm.MATMUL: "nimble.gemm.matmul_timings", simt_gemm.MATMUL_ADD: "nimble.gemm.matmul_add_timings"}
+_ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2,  # without the algorithm index
+              simt_gemm.MATMUL: 1, simt_gemm.MATMUL_ADD: 1}
+#: the functions whose candidate 0 is the library's default (cuBLASLt's heuristic), kept unless beaten by MARGIN
+_DEFAULT_FIRST = (MATMUL, MATMUL_ADD, BATCHED_MATMUL)
 
 
 def gemm_calls(mod: tvm.IRModule):
@@ -51,11 +60,11 @@ def _signature(name: str, call) -> str:
 
 
 def with_algorithms(mod: tvm.IRModule, chosen: dict[str, int]) -> tvm.IRModule:
-    """``mod`` with the algorithm index ``chosen[signature]`` appended to the attrs of each cuBLASLt call
-    listed there (index 0, the heuristic's first, is what a call without one runs)."""
+    """``mod`` with the algorithm index ``chosen[signature]`` appended to the attrs of each GEMM call listed
+    there."""
     replace = {}
     for b, _name, sig in gemm_calls(mod):
-        if chosen.get(sig, 0):
+        if sig in chosen:
             call = b.value
             fields = list(call.args[1].fields)
             fields[-1] = relax.ShapeExpr([int(x) for x in fields[-1].values] + [int(chosen[sig])])
@@ -84,27 +93,35 @@ def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=N
     if getattr(timer, "gemm_us", None) is None or not has_gpu_for(timer, target):
         return mod, []
     cache = timing_cache.for_build(options, timer)
-    chosen, records = {}, []
+    chosen, records, seen = {}, [], set()
     for b, name, sig in gemm_calls(mod):
-        if sig in chosen:
+        if sig in seen:
             continue
+        seen.add(sig)
         key = [str(target.attrs["arch"]), sig, REPS]
         us = cache.get("gemm", key, valid=timing_cache.numbers())
         if us is None:
             us = timer.gemm_us(_TIMINGS[name], b.value, REPS)
             cache.put("gemm", key, us)
         best = int(np.argmin(us)) if us else 0
-        index = best if us and us[best] < MARGIN * us[0] else 0
-        chosen[sig] = index
-        records.append({"signature": sig, "candidates_us": [round(x, 2) for x in us], "chosen": index})
+        default_first = name in _DEFAULT_FIRST
+        index = best if us and (not default_first or us[best] < MARGIN * us[0]) else 0
+        if us and (index or not default_first):  # index 0 of cuBLASLt is what a call without one runs
+            chosen[sig] = index
+        records.append({"signature": sig, "candidates_us": [round(x, 2) for x in us], "chosen": index,
+                        "library": "ours" if name.startswith(simt_gemm.PROVIDER.kernel_prefix) else "cublaslt"})
     return with_algorithms(mod, chosen), records
 
 
 def summarize(records: list[dict]) -> list[str]:
-    """A line for the GEMMs timed, then one per GEMM whose algorithm is not the heuristic's first."""
-    moved = [r for r in records if r["chosen"]]
-    lines = [f"cuBLASLt algorithms: {len(records)} distinct GEMMs timed, {len(moved)} run a faster one than the "
+    """A line for the GEMMs timed, then one per cuBLASLt GEMM whose algorithm is not the heuristic's first."""
+    ours = [r for r in records if r.get("library") == "ours"]
+    theirs = [r for r in records if r.get("library") != "ours"]
+    moved = [r for r in theirs if r["chosen"]]
+    lines = [f"cuBLASLt algorithms: {len(theirs)} distinct GEMMs timed, {len(moved)} run a faster one than the "
              "heuristic's first"]
+    if ours:
+        lines.append(f"our fp32 GEMM: {len(ours)} distinct GEMMs, the fastest of each one's tile / split-K candidates")
     for r in moved:
         us = r["candidates_us"]
         lines.append(f"  algorithm {r['chosen']}: {us[r['chosen']]:.1f} us (first: {us[0]:.1f} us)  {r['signature']}")

@@ -27,13 +27,14 @@ ENV_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 ENV_SYSTEM = "NIMBLE_VENDOR_SYSTEM_LIBS"
 FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cudnn.conv2d_bwd_data",
              "nimble.cudnn.conv2d_bwd_filter", "nimble.cublas.matmul", "nimble.cublas.matmul_add",
-             "nimble.cublas.batched_matmul",
+             "nimble.cublas.batched_matmul", "nimble.gemm.matmul", "nimble.gemm.matmul_add",
              "nimble.attention.sdpa", "nimble.attention.sdpa_bias", "nimble.attention.cudnn_sdpa",
              "nimble.attention.split_sdpa", "nimble.attention.split_sdpa_bias",
              "nimble.attention.tile_sdpa", "nimble.attention.tile_sdpa_bias",
              "nimble.norm.layer_norm",
              "nimble.cudnn.conv2d_algos",
              "nimble.cublas.matmul_timings", "nimble.cublas.matmul_add_timings", "nimble.cublas.batched_matmul_timings",
+             "nimble.gemm.matmul_timings", "nimble.gemm.matmul_add_timings", "nimble.gemm.candidates",
              "nimble.vendor.versions",
              "nimble.vendor.plans")
 

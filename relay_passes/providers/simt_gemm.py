@@ -1,0 +1,50 @@
+"""Our fp32 GEMM (codegen/vendor/gemm_simt.cu): a Linear of constant weights, exact fp32, for small M.
+
+    matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu] [+ residual]   (x: [..., M, K]; W constant)
+
+the same chains as cuBLASLt's Linear (:func:`.cublaslt.linear_of`), with bias, activation and residual in
+the kernel's epilogue. Small tiles, and K split across a thread-block cluster, fill the SMs that
+cuBLAS's fp32 kernels leave idle at batch 1 (a ViT's 197 tokens). The weights are stored [K, N] (transposed
+here, once, when the model has them [N, K]), so the kernel reads one layout. fp32 only, and only when
+TF32 is off (with TF32 allowed, cuBLASLt's tensor-core kernels are the faster exact-enough choice); K and N
+multiples of 4 (float4 rows). The split-K candidates need thread-block clusters (sm_90 and later); on older
+GPUs only the unsplit ones run. Registered after cuBLASLt, so ``kernels="vendor"`` gives a Linear to
+cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt and TVM.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+from .cublaslt import linear_of, static_matmul
+from .registry import Provider, register
+
+MATMUL = "nimble.gemm.matmul"
+MATMUL_ADD = "nimble.gemm.matmul_add"
+
+
+def simt_chain(ctx, chains, var, call):
+    if not static_matmul(ctx, call, PROVIDER.dtypes):
+        return None
+    if ctx.allow_tf32:
+        ctx.report.kept.append(("matmul", "our fp32 GEMM is for builds without TF32"))
+        return None
+    lin = linear_of(chains, var, call)
+    if lin is None:
+        return None  # two computed operands: cuBLASLt's batched GEMM, or TVM
+    weight = lin.weight.T if lin.transpose_b else lin.weight  # [K, N]
+    if weight.shape[0] % 4 or weight.shape[1] % 4:
+        ctx.report.kept.append(("matmul", "our fp32 GEMM needs K and N to be multiples of 4"))
+        return None
+    args = [lin.x, relax.const(np.ascontiguousarray(weight, dtype="float32")),
+            relax.const(lin.bias.astype("float32"))]
+    attrs = relax.ShapeExpr([lin.act])
+    if lin.residual is not None:
+        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape, lin.dtype, 1),
+                                       None)
+    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.dtype, 1), None)
+
+
+PROVIDER = register(Provider(
+    name="simt_gemm", title="fp32 GEMM (ours: small tiles, cluster split-K)", kernel_prefix="nimble.gemm.",
+    matchers={"relax.matmul": simt_chain}, dtypes=("float32",), layouts=("row-major",)))

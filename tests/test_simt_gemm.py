@@ -1,0 +1,133 @@
+"""Our fp32 GEMM as a provider (relay_passes/providers/simt_gemm.py, codegen/vendor/gemm_simt.cu).
+
+The kernel itself is checked against float64 on a GPU (scripts/experiments/vendor_check.py, gemm_simt
+cases). Here: which Linears the provider takes and with which epilogue, that its weights are the model's
+in [K, N], that a ViT built with it reproduces the ONNX reference through the calls' numpy contract
+(tests/vendor_reference.py) with a race-free plan, what it leaves to others and why, and that the build
+bakes the fastest candidate of every call into its attrs.
+"""
+import numpy as np
+import pytest
+import tvm
+from tvm.ir.expr import Constant
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from tvm_nimble import NimbleExecutor, build, zoo
+from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.compiler.gemm_algorithms import choose_gemm_algorithms, gemm_calls
+from tvm_nimble.relay_passes import providers
+from tvm_nimble.relay_passes.providers import simt_gemm
+from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
+from tvm_nimble.runtime.race_check import check_races
+
+ONLY = [providers.get("simt_gemm")]
+
+
+@pytest.fixture(scope="module")
+def vit():
+    model = zoo.get_model("vit")
+    inputs = zoo.random_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, inputs)
+    other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
+    assert np.linalg.norm(other - ref[0]) > 0.1 * np.linalg.norm(ref[0])  # the reference depends on the input
+    return model, inputs, ref
+
+
+def _calls(mod):
+    """(function, attrs, weight constant) of every call_dps_packed in main, in order."""
+    out = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, tvm.relax.Call) and "call_dps_packed" in str(v.op):
+                fields = v.args[1].fields
+                out.append((str(v.args[0].global_symbol), [int(x) for x in fields[-1].values],
+                            fields[1].value.numpy() if isinstance(fields[1], Constant) else None))
+    return out
+
+
+def test_it_takes_the_linears_on_tokens_with_their_gelu_and_residual_and_matches_the_reference(vit, vendor_reference):
+    model, inputs, ref = vit
+    mod = from_onnx(model)
+    report = OffloadReport()
+    offloads = find_offloads(mod["main"], report=report, providers=ONLY)
+    depth = 2
+    # per block: QKV, the output projection (+ residual), fc1 (+ GELU), fc2 (+ residual); the classifier's N = 10
+    assert len(offloads) == 4 * depth and {o.provider for o in offloads} == {"simt_gemm"}
+    assert ("matmul", "our fp32 GEMM needs K and N to be multiples of 4") in report.kept
+    offloaded = OffloadToVendor(providers=ONLY)(mod)
+    calls = [c for c in _calls(offloaded) if c[0].startswith("nimble.gemm.")]
+    assert [name for name, _, _ in calls].count(simt_gemm.MATMUL_ADD) == 2 * depth
+    assert sorted(attrs[0] for _, attrs, _ in calls) == [0] * (3 * depth) + [3] * depth  # GELU after fc1 only
+    weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for _, _, w in calls:  # [K, N], the model's own matrix (the exporter stores a Linear's weight [K, N])
+        assert any(v.shape == w.shape and np.array_equal(v, w) for v in weights.values())
+    result = build(offloaded, "llvm", max_streams=None)
+    assert sum(l.kernel.startswith("nimble.gemm.") for l in result.plan.launches) == 4 * depth
+    assert not [l for l in result.plan.launches if "gelu" in l.kernel or "erf" in l.kernel]
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-4)
+    assert check_races(result, inputs, ref, seeds=range(3)) == []
+
+
+def test_transposed_weights_are_stored_k_by_n(vendor_reference):
+    """A Gemm with transB = 1 (W stored [N, K]) gets Wᵀ, and its output still matches the reference."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((12, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "gemm_tb",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 12])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    offloaded = OffloadToVendor(providers=ONLY)(from_onnx(model))
+    calls = [c for c in _calls(offloaded) if c[0].startswith("nimble.gemm.")]
+    assert len(calls) == 1 and np.array_equal(calls[0][2], w.T)
+    x = {"x": rng.standard_normal((6, 8)).astype(np.float32)}
+    out = NimbleExecutor(build(offloaded, "llvm", max_streams=None))(*x.values())[0].numpy()
+    np.testing.assert_allclose(out, ReferenceEvaluator(model).run(None, x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_with_tf32_or_in_half_precision_it_leaves_the_linears_to_others(vit):
+    model, _, _ = vit
+    mod = from_onnx(model)
+    report = OffloadReport()
+    assert find_offloads(mod["main"], allow_tf32=True, report=report, providers=ONLY) == []
+    assert ("matmul", "our fp32 GEMM is for builds without TF32") in report.kept
+    from tvm_nimble.relay_passes.precision import to_precision
+
+    half = to_precision(mod, "float16")
+    report = OffloadReport()
+    assert find_offloads(half["main"], report=report, providers=ONLY) == []
+    assert ("matmul", "only static fp32 matmuls of rank >= 2") in report.kept
+
+
+class ThirdIsFastest:
+    """A timer with a GPU of the target's arch whose GEMM timings make the third candidate the fastest
+    (only the fourth cuBLASLt candidate beats its first by the 3% margin)."""
+
+    where = "the test's timer"
+
+    def arch(self):
+        return "sm_90"
+
+    def fingerprint(self):
+        return {}  # no identity: its times stay in this process
+
+    def gemm_us(self, timings_func, call, reps):
+        return [5.0, 5.5, 4.0, 6.0] if timings_func.startswith("nimble.gemm.") else [5.0, 5.1, 4.9, 4.0]
+
+
+def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
+    model = zoo.get_model("vit")
+    mod = OffloadToVendor(providers=ONLY + [providers.get("cublaslt")])(from_onnx(model))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    before = list(gemm_calls(mod))
+    names = (simt_gemm.MATMUL, simt_gemm.MATMUL_ADD, "nimble.cublas.matmul", "nimble.cublas.batched_matmul")
+    assert {name for _, name, _ in before} == set(names)  # the classifier (N = 10) and attention's on cuBLASLt
+    chosen, records = choose_gemm_algorithms(mod, target, ThirdIsFastest())
+    assert not list(gemm_calls(chosen))  # every call carries its index now
+    indices = {name: {attrs[-1] for n, attrs, _ in _calls(chosen) if n == name} for name in names}
+    assert indices == dict(zip(names, [{2}, {2}, {3}, {3}]))
+    assert {r["library"] for r in records} == {"ours", "cublaslt"}

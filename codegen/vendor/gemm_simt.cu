@@ -17,6 +17,7 @@
 #include <cooperative_groups.h>
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,7 +34,6 @@ namespace cg = cooperative_groups;
 constexpr const char* kSimtMatmul = "nimble.gemm.matmul";
 constexpr const char* kSimtMatmulAdd = "nimble.gemm.matmul_add";
 constexpr int kBK = 16;        // K columns per shared-memory stage
-constexpr int kMaxSplits = 8;  // the portable cluster size
 
 struct SimtArgs {
   const float* a;     // [M, K]
@@ -83,6 +83,61 @@ struct SimtTile {
   static_assert(BM * kBK / 4 % kThreads == 0 && kBK * BN / 4 % kThreads == 0, "loads per thread");
   static_assert(kSmemFloats * 4 <= 48 * 1024, "static shared memory");
 };
+
+// The block's accumulators (thread (tx, ty) of the SimtTile mapping holds rows row(i), columns col(r)..+3) into
+// y through the epilogue; with K split across a cluster (gridDim.z > 1), first summed across the cluster's blocks
+// through their shared memory. `smem` must hold BM x BN floats and be free (every thread past its last read).
+template <int BM, int BN, int TM, int TN, int kThreads>
+__device__ __forceinline__ void FinishTile(const SimtArgs& p, const float (&acc)[TM][TN], float* smem, int m0, int n0,
+                                           int tid) {
+  constexpr int RM = TM / 4, RN = TN / 4, kColThreads = BN / TN;
+  const int tx = tid % kColThreads, ty = tid / kColThreads;
+  auto row = [&](int i) { return (i / 4) * (BM / RM) + ty * 4 + i % 4; };
+  auto col = [&](int r) { return r * (BN / RN) + tx * 4; };
+  if (gridDim.z == 1) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+      const int gm = m0 + row(i);
+#pragma unroll
+      for (int r = 0; r < RN; ++r) {
+        const int gn = n0 + col(r);
+        if (gm < p.M && gn < p.N) {
+          Epilogue(p, gm, gn, make_float4(acc[i][r * 4], acc[i][r * 4 + 1], acc[i][r * 4 + 2], acc[i][r * 4 + 3]));
+        }
+      }
+    }
+    return;
+  }
+#if __CUDA_ARCH__ >= 900
+  float* partial = smem;  // [BM][BN]
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+#pragma unroll
+    for (int r = 0; r < RN; ++r) {
+      *reinterpret_cast<float4*>(partial + row(i) * BN + col(r)) =
+          make_float4(acc[i][r * 4], acc[i][r * 4 + 1], acc[i][r * 4 + 2], acc[i][r * 4 + 3]);
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  constexpr int kChunks = BM * BN / 4;
+  const int c_end = (rank + 1) * kChunks / splits;
+  for (int c = rank * kChunks / splits + tid; c < c_end; c += kThreads) {
+    const int gm = m0 + c / (BN / 4), gn = n0 + c % (BN / 4) * 4;
+    if (gm >= p.M || gn >= p.N) continue;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < splits; ++q) {  // the same order in every block: deterministic
+      const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, q) + c * 4);
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    Epilogue(p, gm, gn, s);
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+#else
+  __trap();  // split K needs thread-block clusters; the host lists no split candidate below sm_90
+#endif
+}
 
 template <int BM, int BN, int TM, int TN>
 __global__ void __launch_bounds__(SimtTile<BM, BN, TM, TN>::kThreads) SimtGemmKernel(SimtArgs p) {
@@ -168,52 +223,7 @@ __global__ void __launch_bounds__(SimtTile<BM, BN, TM, TN>::kThreads) SimtGemmKe
     stage ^= 1;
   }
 
-  auto row = [&](int i) { return (i / 4) * (BM / T::RM) + ty * 4 + i % 4; };
-  auto col = [&](int r) { return r * (BN / T::RN) + tx * 4; };
-  if (gridDim.z == 1) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-      const int gm = m0 + row(i);
-#pragma unroll
-      for (int r = 0; r < T::RN; ++r) {
-        const int gn = n0 + col(r);
-        if (gm < p.M && gn < p.N) {
-          Epilogue(p, gm, gn, make_float4(acc[i][r * 4], acc[i][r * 4 + 1], acc[i][r * 4 + 2], acc[i][r * 4 + 3]));
-        }
-      }
-    }
-    return;
-  }
-#if __CUDA_ARCH__ >= 900
-  // split K: the partial tile into this block's shared memory (the stages are free: the loop ended on a barrier)
-  float* partial = smem;  // [BM][BN]
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-#pragma unroll
-    for (int r = 0; r < T::RN; ++r) {
-      *reinterpret_cast<float4*>(partial + row(i) * BN + col(r)) =
-          make_float4(acc[i][r * 4], acc[i][r * 4 + 1], acc[i][r * 4 + 2], acc[i][r * 4 + 3]);
-    }
-  }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();
-  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-  constexpr int kChunks = BM * BN / 4;
-  const int c_end = (rank + 1) * kChunks / splits;
-  for (int c = rank * kChunks / splits + tid; c < c_end; c += T::kThreads) {
-    const int gm = m0 + c / (BN / 4), gn = n0 + c % (BN / 4) * 4;
-    if (gm >= p.M || gn >= p.N) continue;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < splits; ++q) {  // the same order in every block: deterministic
-      const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(partial, q) + c * 4);
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    Epilogue(p, gm, gn, s);
-  }
-  cluster.sync();  // no block leaves while another still reads its shared memory
-#else
-  __trap();  // split K needs thread-block clusters; the host lists no split candidate below sm_90
-#endif
+  FinishTile<BM, BN, TM, TN, T::kThreads>(p, acc, smem, m0, n0, tid);
 }
 
 template <int BM, int BN, int TM, int TN>
@@ -230,18 +240,160 @@ cudaError_t LaunchSimt(const SimtArgs& p, int splits, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, SimtGemmKernel<BM, BN, TM, TN>, p);
 }
 
+// ---- the pipelined kernel: cp.async copies into a ring of kStages shared-memory stages ----
+// The same tiles, thread mapping, epilogue and cluster split-K as SimtGemmKernel, but global memory goes straight to
+// shared memory (cp.async, 16 bytes a copy, no register staging), kStages - 1 stages ahead of the multiply, and a
+// stays row-major there ([BM][kBK + 4]), read as float4s along k: each float4 serves 4 k steps. For the larger tiles,
+// whose fewer blocks must each hide more memory latency (ViT-B's and BERT's GEMMs).
+constexpr int kStages = 3;
+
+__device__ __forceinline__ void CpAsync16(float* smem, const float* gmem, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <int BM, int BN, int TM, int TN>
+struct AsyncTile {
+  static constexpr int kThreads = (BM / TM) * (BN / TN);
+  static constexpr int kColThreads = BN / TN;
+  static constexpr int RM = TM / 4, RN = TN / 4;
+  static constexpr int kAStride = kBK + 4;  // As[m][k]: rows 16-byte aligned, 2 rows of a warp 16 banks apart
+  static constexpr int kStageFloats = BM * kAStride + kBK * BN;
+  static constexpr int kALoads = BM * kBK / 4 / kThreads;
+  static constexpr int kBLoads = kBK * BN / 4 / kThreads;
+  static constexpr int kSmemFloats = kStages * kStageFloats > BM * BN ? kStages * kStageFloats : BM * BN;
+  static_assert(TM % 4 == 0 && TN % 4 == 0 && kALoads >= 1 && kBLoads >= 1, "tile shape");
+  static_assert(BM * kBK / 4 % kThreads == 0 && kBK * BN / 4 % kThreads == 0, "loads per thread");
+};
+
+template <int BM, int BN, int TM, int TN>
+// (two blocks an SM at least: 128 x 128 would take 130 registers a thread, one block of 256 threads an SM)
+__global__ void __launch_bounds__(AsyncTile<BM, BN, TM, TN>::kThreads, 2) SimtGemmAsyncKernel(SimtArgs p) {
+  using T = AsyncTile<BM, BN, TM, TN>;
+  extern __shared__ __align__(16) float smem[];
+  const int tid = threadIdx.x, tx = tid % T::kColThreads, ty = tid / T::kColThreads;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int k_begin = blockIdx.z * p.k_chunk, k_end = min(p.K, k_begin + p.k_chunk);
+  const int tiles = (k_end - k_begin + kBK - 1) / kBK;
+
+  auto issue = [&](int stage, int k0) {  // one stage's copies, global -> shared (zeros outside)
+    float* as = smem + stage * T::kStageFloats;
+    float* bs = as + BM * T::kAStride;
+#pragma unroll
+    for (int i = 0; i < T::kALoads; ++i) {
+      const int f = tid + i * T::kThreads, m = f / (kBK / 4), k = f % (kBK / 4) * 4;
+      const int gm = m0 + m, gk = k0 + k;
+      const bool ok = gm < p.M && gk < k_end;
+      CpAsync16(as + m * T::kAStride + k, ok ? p.a + size_t(gm) * p.K + gk : p.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kBLoads; ++i) {
+      const int f = tid + i * T::kThreads, k = f / (BN / 4), n = f % (BN / 4) * 4;
+      const int gk = k0 + k, gn = n0 + n;
+      const bool ok = gk < k_end && gn < p.N;
+      CpAsync16(bs + k * BN + n, ok ? p.b + size_t(gk) * p.N + gn : p.b, ok);
+    }
+  };
+
+  float acc[TM][TN];
+#pragma unroll
+  for (int i = 0; i < TM; ++i) {
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+  }
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {  // the pipeline's head; a group per stage, empty ones too
+    if (s < tiles) issue(s, k_begin + s * kBK);
+    CpAsyncCommit();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    CpAsyncWait<kStages - 2>();  // tile t has landed (for this thread's copies) ...
+    __syncthreads();             // ... and for everyone's; and everyone is done with tile t - 1's stage
+    if (t + kStages - 1 < tiles) issue((t + kStages - 1) % kStages, k_begin + (t + kStages - 1) * kBK);
+    CpAsyncCommit();
+    const float* as = smem + (t % kStages) * T::kStageFloats;
+    const float* bs = as + BM * T::kAStride;
+#pragma unroll
+    for (int k4 = 0; k4 < kBK; k4 += 4) {
+      float4 av[TM];
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+        av[i] = *reinterpret_cast<const float4*>(as + ((i / 4) * (BM / T::RM) + ty * 4 + i % 4) * T::kAStride + k4);
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        float bv[TN];
+#pragma unroll
+        for (int r = 0; r < T::RN; ++r) {
+          const float4 v = *reinterpret_cast<const float4*>(bs + (k4 + kk) * BN + r * (BN / T::RN) + tx * 4);
+          bv[r * 4 + 0] = v.x, bv[r * 4 + 1] = v.y, bv[r * 4 + 2] = v.z, bv[r * 4 + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+          const float a = kk == 0 ? av[i].x : kk == 1 ? av[i].y : kk == 2 ? av[i].z : av[i].w;
+#pragma unroll
+          for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a, bv[j], acc[i][j]);
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the stages are free for the partial tile
+  FinishTile<BM, BN, TM, TN, T::kThreads>(p, acc, smem, m0, n0, tid);
+}
+
+template <int BM, int BN, int TM, int TN>
+cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) {
+  using T = AsyncTile<BM, BN, TM, TN>;
+  constexpr size_t kBytes = size_t(T::kSmemFloats) * sizeof(float);
+  static std::atomic<uint64_t> configured{0};  // devices whose attribute is set (per device and instantiation)
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (kBytes > 48 * 1024 && (!bit || !(configured.load(std::memory_order_relaxed) & bit))) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(SimtGemmAsyncKernel<BM, BN, TM, TN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBytes));
+    if (err != cudaSuccess) return err;
+    configured.fetch_or(bit, std::memory_order_relaxed);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));
+  cfg.blockDim = dim3(T::kThreads);
+  cfg.dynamicSmemBytes = kBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = 1, cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = unsigned(splits);
+  cfg.attrs = cluster;
+  cfg.numAttrs = splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, SimtGemmAsyncKernel<BM, BN, TM, TN>, p);
+}
+
 struct SimtVariant {
   int bm, bn, threads;
+  bool pipelined;  // the cp.async kernel
   cudaError_t (*launch)(const SimtArgs&, int, cudaStream_t);
 };
 
 #define NIMBLE_SIMT_VARIANT(BM, BN, TM, TN) \
-  SimtVariant { BM, BN, SimtTile<BM, BN, TM, TN>::kThreads, LaunchSimt<BM, BN, TM, TN> }
+  SimtVariant { BM, BN, SimtTile<BM, BN, TM, TN>::kThreads, false, LaunchSimt<BM, BN, TM, TN> }
+#define NIMBLE_SIMT_ASYNC_VARIANT(BM, BN, TM, TN) \
+  SimtVariant { BM, BN, AsyncTile<BM, BN, TM, TN>::kThreads, true, LaunchSimtAsync<BM, BN, TM, TN> }
+// New variants go at the end: an index baked into an artifact must keep meaning the same kernel.
 const SimtVariant kSimtVariants[] = {
-    NIMBLE_SIMT_VARIANT(64, 64, 4, 4),  NIMBLE_SIMT_VARIANT(32, 64, 4, 4),  NIMBLE_SIMT_VARIANT(64, 32, 4, 4),
-    NIMBLE_SIMT_VARIANT(64, 128, 8, 8), NIMBLE_SIMT_VARIANT(32, 128, 4, 8), NIMBLE_SIMT_VARIANT(128, 64, 8, 4),
+    NIMBLE_SIMT_VARIANT(64, 64, 4, 4),        NIMBLE_SIMT_VARIANT(32, 64, 4, 4),
+    NIMBLE_SIMT_VARIANT(64, 32, 4, 4),        NIMBLE_SIMT_VARIANT(64, 128, 8, 8),
+    NIMBLE_SIMT_VARIANT(32, 128, 4, 8),       NIMBLE_SIMT_VARIANT(128, 64, 8, 4),
+    NIMBLE_SIMT_ASYNC_VARIANT(64, 64, 4, 4),  NIMBLE_SIMT_ASYNC_VARIANT(64, 128, 4, 8),
+    NIMBLE_SIMT_ASYNC_VARIANT(128, 64, 8, 4), NIMBLE_SIMT_ASYNC_VARIANT(128, 128, 8, 8),
+    NIMBLE_SIMT_ASYNC_VARIANT(32, 128, 4, 8),
 };
 #undef NIMBLE_SIMT_VARIANT
+#undef NIMBLE_SIMT_ASYNC_VARIANT
 const int kSimtSplits[] = {1, 2, 3, 4, 6, 8};
 
 struct SimtCandidate {
@@ -484,7 +636,8 @@ Array<String> SimtCandidateNames(int64_t M, int64_t N, int64_t K, bool clusters)
   if (M < 1 || N < 1 || K < 1) FailValue("nimble.gemm.candidates", "M, N and K must be >= 1");
   for (const SimtCandidate& c : SimtCandidates(M, N, K, clusters)) {
     const SimtVariant& v = kSimtVariants[c.variant];
-    out.push_back(String(std::to_string(v.bm) + "x" + std::to_string(v.bn) + "/" + std::to_string(c.splits)));
+    out.push_back(String(std::to_string(v.bm) + "x" + std::to_string(v.bn) + (v.pipelined ? "p" : "") + "/" +
+                         std::to_string(c.splits)));
   }
   return out;
 }

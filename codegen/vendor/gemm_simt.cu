@@ -240,13 +240,11 @@ cudaError_t LaunchSimt(const SimtArgs& p, int splits, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, SimtGemmKernel<BM, BN, TM, TN>, p);
 }
 
-// ---- the pipelined kernel: cp.async copies into a ring of kStages shared-memory stages ----
+// ---- the pipelined kernel: cp.async copies into a ring of ST shared-memory stages of BK columns of K ----
 // The same tiles, thread mapping, epilogue and cluster split-K as SimtGemmKernel, but global memory goes straight to
-// shared memory (cp.async, 16 bytes a copy, no register staging), kStages - 1 stages ahead of the multiply, and a
-// stays row-major there ([BM][kBK + 4]), read as float4s along k: each float4 serves 4 k steps. For the larger tiles,
+// shared memory (cp.async, 16 bytes a copy, no register staging), ST - 1 stages ahead of the multiply, and a
+// stays row-major there ([BM][BK + 4]), read as float4s along k: each float4 serves 4 k steps. For the larger tiles,
 // whose fewer blocks must each hide more memory latency (ViT-B's and BERT's GEMMs).
-constexpr int kStages = 3;
-
 __device__ __forceinline__ void CpAsync16(float* smem, const float* gmem, bool valid) {
   const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
   const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
@@ -256,36 +254,36 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <int BM, int BN, int TM, int TN>
+template <int BM, int BN, int TM, int TN, int BK, int ST>
 struct AsyncTile {
   static constexpr int kThreads = (BM / TM) * (BN / TN);
   static constexpr int kColThreads = BN / TN;
   static constexpr int RM = TM / 4, RN = TN / 4;
-  static constexpr int kAStride = kBK + 4;  // As[m][k]: rows 16-byte aligned, 2 rows of a warp 16 banks apart
-  static constexpr int kStageFloats = BM * kAStride + kBK * BN;
-  static constexpr int kALoads = BM * kBK / 4 / kThreads;
-  static constexpr int kBLoads = kBK * BN / 4 / kThreads;
-  static constexpr int kSmemFloats = kStages * kStageFloats > BM * BN ? kStages * kStageFloats : BM * BN;
+  static constexpr int kAStride = BK + 4;  // As[m][k]: rows 16-byte aligned, 2 rows of a warp 16 banks apart
+  static constexpr int kStageFloats = BM * kAStride + BK * BN;
+  static constexpr int kALoads = BM * BK / 4 / kThreads;
+  static constexpr int kBLoads = BK * BN / 4 / kThreads;
+  static constexpr int kSmemFloats = ST * kStageFloats > BM * BN ? ST * kStageFloats : BM * BN;
   static_assert(TM % 4 == 0 && TN % 4 == 0 && kALoads >= 1 && kBLoads >= 1, "tile shape");
-  static_assert(BM * kBK / 4 % kThreads == 0 && kBK * BN / 4 % kThreads == 0, "loads per thread");
+  static_assert(BM * BK / 4 % kThreads == 0 && BK * BN / 4 % kThreads == 0, "loads per thread");
 };
 
-template <int BM, int BN, int TM, int TN>
+template <int BM, int BN, int TM, int TN, int BK, int ST>
 // (two blocks an SM at least: 128 x 128 would take 130 registers a thread, one block of 256 threads an SM)
-__global__ void __launch_bounds__(AsyncTile<BM, BN, TM, TN>::kThreads, 2) SimtGemmAsyncKernel(SimtArgs p) {
-  using T = AsyncTile<BM, BN, TM, TN>;
+__global__ void __launch_bounds__(AsyncTile<BM, BN, TM, TN, BK, ST>::kThreads, 2) SimtGemmAsyncKernel(SimtArgs p) {
+  using T = AsyncTile<BM, BN, TM, TN, BK, ST>;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, tx = tid % T::kColThreads, ty = tid / T::kColThreads;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int k_begin = blockIdx.z * p.k_chunk, k_end = min(p.K, k_begin + p.k_chunk);
-  const int tiles = (k_end - k_begin + kBK - 1) / kBK;
+  const int tiles = (k_end - k_begin + BK - 1) / BK;
 
   auto issue = [&](int stage, int k0) {  // one stage's copies, global -> shared (zeros outside)
     float* as = smem + stage * T::kStageFloats;
     float* bs = as + BM * T::kAStride;
 #pragma unroll
     for (int i = 0; i < T::kALoads; ++i) {
-      const int f = tid + i * T::kThreads, m = f / (kBK / 4), k = f % (kBK / 4) * 4;
+      const int f = tid + i * T::kThreads, m = f / (BK / 4), k = f % (BK / 4) * 4;
       const int gm = m0 + m, gk = k0 + k;
       const bool ok = gm < p.M && gk < k_end;
       CpAsync16(as + m * T::kAStride + k, ok ? p.a + size_t(gm) * p.K + gk : p.a, ok);
@@ -306,19 +304,19 @@ __global__ void __launch_bounds__(AsyncTile<BM, BN, TM, TN>::kThreads, 2) SimtGe
     for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
   }
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {  // the pipeline's head; a group per stage, empty ones too
-    if (s < tiles) issue(s, k_begin + s * kBK);
+  for (int s = 0; s < ST - 1; ++s) {  // the pipeline's head; a group per stage, empty ones too
+    if (s < tiles) issue(s, k_begin + s * BK);
     CpAsyncCommit();
   }
   for (int t = 0; t < tiles; ++t) {
-    CpAsyncWait<kStages - 2>();  // tile t has landed (for this thread's copies) ...
+    CpAsyncWait<ST - 2>();  // tile t has landed (for this thread's copies) ...
     __syncthreads();             // ... and for everyone's; and everyone is done with tile t - 1's stage
-    if (t + kStages - 1 < tiles) issue((t + kStages - 1) % kStages, k_begin + (t + kStages - 1) * kBK);
+    if (t + ST - 1 < tiles) issue((t + ST - 1) % ST, k_begin + (t + ST - 1) * BK);
     CpAsyncCommit();
-    const float* as = smem + (t % kStages) * T::kStageFloats;
+    const float* as = smem + (t % ST) * T::kStageFloats;
     const float* bs = as + BM * T::kAStride;
 #pragma unroll
-    for (int k4 = 0; k4 < kBK; k4 += 4) {
+    for (int k4 = 0; k4 < BK; k4 += 4) {
       float4 av[TM];
 #pragma unroll
       for (int i = 0; i < TM; ++i) {
@@ -346,9 +344,9 @@ __global__ void __launch_bounds__(AsyncTile<BM, BN, TM, TN>::kThreads, 2) SimtGe
   FinishTile<BM, BN, TM, TN, T::kThreads>(p, acc, smem, m0, n0, tid);
 }
 
-template <int BM, int BN, int TM, int TN>
+template <int BM, int BN, int TM, int TN, int BK, int ST>
 cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) {
-  using T = AsyncTile<BM, BN, TM, TN>;
+  using T = AsyncTile<BM, BN, TM, TN, BK, ST>;
   constexpr size_t kBytes = size_t(T::kSmemFloats) * sizeof(float);
   static std::atomic<uint64_t> configured{0};  // devices whose attribute is set (per device and instantiation)
   int dev = 0;
@@ -356,7 +354,7 @@ cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) 
   const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
   if (kBytes > 48 * 1024 && (!bit || !(configured.load(std::memory_order_relaxed) & bit))) {
     const cudaError_t err =
-        cudaFuncSetAttribute(SimtGemmAsyncKernel<BM, BN, TM, TN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBytes));
+        cudaFuncSetAttribute(SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBytes));
     if (err != cudaSuccess) return err;
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
@@ -370,7 +368,7 @@ cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) 
   cluster[0].val.clusterDim.x = 1, cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = unsigned(splits);
   cfg.attrs = cluster;
   cfg.numAttrs = splits > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, SimtGemmAsyncKernel<BM, BN, TM, TN>, p);
+  return cudaLaunchKernelEx(&cfg, SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>, p);
 }
 
 struct SimtVariant {
@@ -381,16 +379,20 @@ struct SimtVariant {
 
 #define NIMBLE_SIMT_VARIANT(BM, BN, TM, TN) \
   SimtVariant { BM, BN, SimtTile<BM, BN, TM, TN>::kThreads, false, LaunchSimt<BM, BN, TM, TN> }
-#define NIMBLE_SIMT_ASYNC_VARIANT(BM, BN, TM, TN) \
-  SimtVariant { BM, BN, AsyncTile<BM, BN, TM, TN>::kThreads, true, LaunchSimtAsync<BM, BN, TM, TN> }
+#define NIMBLE_SIMT_ASYNC_VARIANT(BM, BN, TM, TN, BK, ST) \
+  SimtVariant { BM, BN, AsyncTile<BM, BN, TM, TN, BK, ST>::kThreads, true, LaunchSimtAsync<BM, BN, TM, TN, BK, ST> }
 // New variants go at the end: an index baked into an artifact must keep meaning the same kernel.
 const SimtVariant kSimtVariants[] = {
     NIMBLE_SIMT_VARIANT(64, 64, 4, 4),        NIMBLE_SIMT_VARIANT(32, 64, 4, 4),
     NIMBLE_SIMT_VARIANT(64, 32, 4, 4),        NIMBLE_SIMT_VARIANT(64, 128, 8, 8),
     NIMBLE_SIMT_VARIANT(32, 128, 4, 8),       NIMBLE_SIMT_VARIANT(128, 64, 8, 4),
-    NIMBLE_SIMT_ASYNC_VARIANT(64, 64, 4, 4),  NIMBLE_SIMT_ASYNC_VARIANT(64, 128, 4, 8),
-    NIMBLE_SIMT_ASYNC_VARIANT(128, 64, 8, 4), NIMBLE_SIMT_ASYNC_VARIANT(128, 128, 8, 8),
-    NIMBLE_SIMT_ASYNC_VARIANT(32, 128, 4, 8),
+    NIMBLE_SIMT_ASYNC_VARIANT(64, 64, 4, 4, 16, 3),  NIMBLE_SIMT_ASYNC_VARIANT(64, 128, 4, 8, 16, 3),
+    NIMBLE_SIMT_ASYNC_VARIANT(128, 64, 8, 4, 16, 3), NIMBLE_SIMT_ASYNC_VARIANT(128, 128, 8, 8, 16, 3),
+    NIMBLE_SIMT_ASYNC_VARIANT(32, 128, 4, 8, 16, 3),
+    // deeper: 32 columns of K a stage, four stages (more bytes in flight per block, for weights that come from
+    // HBM rather than L2: ViT-B's GEMMs inside the model ran slower than back to back)
+    NIMBLE_SIMT_ASYNC_VARIANT(32, 128, 4, 8, 32, 4), NIMBLE_SIMT_ASYNC_VARIANT(64, 128, 4, 8, 32, 4),
+    NIMBLE_SIMT_ASYNC_VARIANT(32, 64, 4, 4, 32, 4),
 };
 #undef NIMBLE_SIMT_VARIANT
 #undef NIMBLE_SIMT_ASYNC_VARIANT

@@ -274,22 +274,8 @@ std::vector<cudnnConvolutionFwdAlgoPerf_t> Heuristics(const char* op, cudnnHandl
   return perf;
 }
 
-// The operands a new plan's algorithm can be timed on: the call's own (y is overwritten), or none.
-struct ConvOperands {
-  const void* x = nullptr;
-  const void* w = nullptr;
-  void* y = nullptr;
-  Workspace ws;
-  cudaStream_t stream = nullptr;
-};
-
-// The algorithm of a new plan: forced by attrs; else, of cuDNN's heuristic list, the candidates whose workspace
-// fits, and of those the fastest on `timing`'s operands (the first call made outside a CUDA graph capture; as
-// PyTorch's cudnn.benchmark does), or the heuristic's first when nothing can be timed. The heuristic's first is
-// often far from the fastest with TF32 or half precision: resnet50 in TF32 at batch 1 on an H100 took 1.82 ms with
-// it, PyTorch (cudnn.benchmark) 0.92 (seventeenth session).
 void ChooseAlgo(const char* op, cudnnHandle_t h, ConvPlan* p, int dtype, const ConvAttrs& a, size_t ws_bytes,
-                const ConvOperands* timing) {
+                bool has_z) {
   bool tf32 = a.tf32 != 0;
   cudnnMathType_t base = BaseMath(dtype, tf32);
   CheckCudnn(cudnnSetConvolutionMathType(p->d.conv, base), op, "cudnnSetConvolutionMathType");
@@ -304,7 +290,7 @@ void ChooseAlgo(const char* op, cudnnHandle_t h, ConvPlan* p, int dtype, const C
                         " (after 256-byte alignment)");
     }
   } else {
-    std::vector<std::tuple<cudnnConvolutionFwdAlgo_t, cudnnMathType_t, size_t>> fits;  // heuristic order
+    bool found = false;
     size_t smallest = SIZE_MAX;
     for (const auto& perf : Heuristics(op, h, p->d)) {
       if (perf.status != CUDNN_STATUS_SUCCESS || !MathAllowed(dtype, tf32, perf.mathType)) continue;
@@ -316,44 +302,25 @@ void ChooseAlgo(const char* op, cudnnHandle_t h, ConvPlan* p, int dtype, const C
         continue;
       }
       smallest = std::min(smallest, need);
-      bool seen = false;
-      for (const auto& f : fits) seen = seen || (std::get<0>(f) == perf.algo && std::get<1>(f) == m);
-      if (need <= ws_bytes && !seen) fits.emplace_back(perf.algo, m, need);
+      if (need <= ws_bytes) {
+        p->algo = perf.algo;
+        p->math = m;
+        p->ws_need = need;
+        found = true;
+        break;
+      }
     }
-    if (fits.empty()) {
+    if (!found) {
       FailValue(op, "no cuDNN algorithm for this convolution fits the workspace of " + std::to_string(ws_bytes) +
                         " bytes" + (smallest == SIZE_MAX ? std::string(" (cuDNN offered none)")
                                                           : " (the smallest needs " + std::to_string(smallest) + ")"));
     }
-    size_t best = 0;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (timing && fits.size() > 1 && cudaStreamIsCapturing(timing->stream, &capturing) == cudaSuccess &&
-        capturing == cudaStreamCaptureStatusNone) {
-      const float one = 1.0f, zero = 0.0f;
-      double best_us = -1.0;
-      for (size_t i = 0; i < fits.size(); ++i) {
-        CheckCudnn(cudnnSetConvolutionMathType(p->d.conv, std::get<1>(fits[i])), op, "cudnnSetConvolutionMathType");
-        const double us = GpuUsPerCall(timing->stream, 3, [&] {
-          return cudnnConvolutionForward(h, &one, p->d.x, timing->x, p->d.w, timing->w, p->d.conv, std::get<0>(fits[i]),
-                                         timing->ws.ptr, timing->ws.bytes, &zero, p->d.y, timing->y) ==
-                 CUDNN_STATUS_SUCCESS;
-        });
-        if (us >= 0 && (best_us < 0 || us < best_us)) {
-          best_us = us;
-          best = i;
-        }
-      }
-      char drop[256];
-      cudnnGetLastErrorString(drop, sizeof(drop));  // a candidate that failed leaves its message behind
-    }
-    p->algo = std::get<0>(fits[best]);
-    p->math = std::get<1>(fits[best]);
-    p->ws_need = std::get<2>(fits[best]);
   }
   CheckCudnn(cudnnSetConvolutionMathType(p->d.conv, p->math), op, "cudnnSetConvolutionMathType");
   // cudnnConvolutionBiasActivationForward: RELU with any algorithm, IDENTITY only with
   // IMPLICIT_PRECOMP_GEMM, no clipped relu; otherwise convolution + our bias/activation kernel.
   p->fused = a.act == 1 || (a.act == 0 && p->algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  (void)has_z;
 }
 
 void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const TensorView& b, const TensorView* z,
@@ -412,10 +379,7 @@ void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const Te
     if (!slot) {
       auto plan = std::make_unique<ConvPlan>();
       MakeConvDescs(op, &plan->d, dtype, xs, wsh, ys, a);
-      // timed on this call's operands, unless y holds the residual z (timing overwrites y)
-      ConvOperands operands{DataPtr(x), DataPtr(w), DataPtr(y), ws, stream};
-      const bool z_is_y = z && DataPtr(*z) == DataPtr(y);
-      ChooseAlgo(op, h, plan.get(), dtype, a, ws.bytes, z_is_y ? nullptr : &operands);
+      ChooseAlgo(op, h, plan.get(), dtype, a, ws.bytes, z != nullptr);
       std::ostringstream os;
       os << (z ? kConvAdd : kConv) << " cuda:" << dev << " " << DTypeName(dtype) << " x=" << ShapeStr(xs, 4)
          << " w=" << ShapeStr(wsh, 4) << " attrs=" << ShapeStr(attrs.data(), 10) << " workspace=" << ws.bytes

@@ -374,13 +374,14 @@ cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) 
 struct SimtVariant {
   int bm, bn, threads;
   bool pipelined;  // the cp.async kernel
+  int bk;          // its K columns a stage
   cudaError_t (*launch)(const SimtArgs&, int, cudaStream_t);
 };
 
 #define NIMBLE_SIMT_VARIANT(BM, BN, TM, TN) \
-  SimtVariant { BM, BN, SimtTile<BM, BN, TM, TN>::kThreads, false, LaunchSimt<BM, BN, TM, TN> }
+  SimtVariant { BM, BN, SimtTile<BM, BN, TM, TN>::kThreads, false, kBK, LaunchSimt<BM, BN, TM, TN> }
 #define NIMBLE_SIMT_ASYNC_VARIANT(BM, BN, TM, TN, BK, ST) \
-  SimtVariant { BM, BN, AsyncTile<BM, BN, TM, TN, BK, ST>::kThreads, true, LaunchSimtAsync<BM, BN, TM, TN, BK, ST> }
+  SimtVariant { BM, BN, AsyncTile<BM, BN, TM, TN, BK, ST>::kThreads, true, BK, LaunchSimtAsync<BM, BN, TM, TN, BK, ST> }
 // New variants go at the end: an index baked into an artifact must keep meaning the same kernel.
 const SimtVariant kSimtVariants[] = {
     NIMBLE_SIMT_VARIANT(64, 64, 4, 4),        NIMBLE_SIMT_VARIANT(32, 64, 4, 4),
@@ -631,15 +632,16 @@ Array<double> SimtMatmulAddTimings(TensorView a, TensorView b, TensorView bias, 
   return SimtTimings(CheckSimt(kSimtMatmulAdd, a, b, bias, &z, attrs, y, workspace), reps);
 }
 
-// "BMxBN/S" (tile rows x columns / K splits) of each candidate of an (M, N, K), by index, on a GPU with thread-block
+// "BMxBN/S" (tile rows x columns / K splits; "BMxBNpBK/S": the pipelined kernel, BK columns of K a stage) of each
+// candidate of an (M, N, K), by index, on a GPU with thread-block
 // clusters or without (for explain and the experiments)
 Array<String> SimtCandidateNames(int64_t M, int64_t N, int64_t K, bool clusters) {
   Array<String> out;
   if (M < 1 || N < 1 || K < 1) FailValue("nimble.gemm.candidates", "M, N and K must be >= 1");
   for (const SimtCandidate& c : SimtCandidates(M, N, K, clusters)) {
     const SimtVariant& v = kSimtVariants[c.variant];
-    out.push_back(String(std::to_string(v.bm) + "x" + std::to_string(v.bn) + (v.pipelined ? "p" : "") + "/" +
-                         std::to_string(c.splits)));
+    out.push_back(String(std::to_string(v.bm) + "x" + std::to_string(v.bn) + (v.pipelined ? "p" + std::to_string(v.bk) : "") +
+                         "/" + std::to_string(c.splits)));
   }
   return out;
 }

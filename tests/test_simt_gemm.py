@@ -53,9 +53,10 @@ def test_it_takes_the_linears_on_tokens_with_their_gelu_and_residual_and_matches
     report = OffloadReport()
     offloads = find_offloads(mod["main"], report=report, providers=ONLY)
     depth = 2
-    # per block: QKV, the output projection (+ residual), fc1 (+ GELU), fc2 (+ residual); the classifier's N = 10
+    # per block: QKV, the output projection (+ residual), fc1 (+ GELU), fc2 (+ residual) on 16 tokens; not the
+    # classifier's single row
     assert len(offloads) == 4 * depth and {o.provider for o in offloads} == {"simt_gemm"}
-    assert ("matmul", "our fp32 GEMM needs K and N to be multiples of 4") in report.kept
+    assert ("matmul", f"our fp32 GEMM takes {simt_gemm.MIN_ROWS} rows or more") in report.kept
     offloaded = OffloadToVendor(providers=ONLY)(mod)
     calls = [c for c in _calls(offloaded) if c[0].startswith("nimble.gemm.")]
     assert [name for name, _, _ in calls].count(simt_gemm.MATMUL_ADD) == 2 * depth
@@ -71,22 +72,38 @@ def test_it_takes_the_linears_on_tokens_with_their_gelu_and_residual_and_matches
     assert check_races(result, inputs, ref, seeds=range(3)) == []
 
 
-def test_transposed_weights_are_stored_k_by_n(vendor_reference):
-    """A Gemm with transB = 1 (W stored [N, K]) gets Wᵀ, and its output still matches the reference."""
+def _gemm(rows: int, n: int, k: int = 8):
+    """y = Gemm(x [rows, k], W [n, k], b, transB=1): W stored [N, K]."""
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((12, 8)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "gemm_tb",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 12])],
-        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), w
+
+
+def test_transposed_weights_are_stored_k_by_n(vendor_reference):
+    """A Gemm with transB = 1 (W stored [N, K]) gets Wᵀ, and its output still matches the reference."""
+    model, w = _gemm(20, 12)
     offloaded = OffloadToVendor(providers=ONLY)(from_onnx(model))
     calls = [c for c in _calls(offloaded) if c[0].startswith("nimble.gemm.")]
     assert len(calls) == 1 and np.array_equal(calls[0][2], w.T)
-    x = {"x": rng.standard_normal((6, 8)).astype(np.float32)}
+    x = {"x": np.random.default_rng(1).standard_normal((20, 8)).astype(np.float32)}
     out = NimbleExecutor(build(offloaded, "llvm", max_streams=None))(*x.values())[0].numpy()
     np.testing.assert_allclose(out, ReferenceEvaluator(model).run(None, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, n, why", [(20, 10, "our fp32 GEMM needs K and N to be multiples of 4"),
+                                          (1, 12, f"our fp32 GEMM takes {simt_gemm.MIN_ROWS} rows or more")])
+def test_shapes_it_does_not_take_stay_with_the_others_and_say_why(rows, n, why):
+    model, _ = _gemm(rows, n)
+    report = OffloadReport()
+    assert find_offloads(from_onnx(model)["main"], report=report, providers=ONLY) == []
+    assert ("matmul", why) in report.kept
+    # a convolutional net's classifier (one row at batch 1) is not a candidate, so it costs no probe build
+    assert not [o for o in find_offloads(from_onnx(zoo.get_model("inception"))["main"]) if o.provider == "simt_gemm"]
 
 
 def test_with_tf32_or_in_half_precision_it_leaves_the_linears_to_others(vit):

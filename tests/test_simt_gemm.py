@@ -1,10 +1,10 @@
 """Our fp32 GEMM as a provider (relay_passes/providers/simt_gemm.py, codegen/vendor/gemm_simt.cu).
 
 The kernel itself is checked against float64 on a GPU (scripts/experiments/gemm_simt_check.py: every
-candidate, edge shapes, the residual in place). Here: which Linears the provider takes and with which epilogue, that its weights are the model's
-in [K, N], that a ViT built with it reproduces the ONNX reference through the calls' numpy contract
-(tests/vendor_reference.py) with a race-free plan, what it leaves to others and why, and that the build
-bakes the fastest candidate of every call into its attrs.
+candidate, edge shapes, the residual in place). Here: which Linears the provider takes and with which
+epilogue, that its weights are the model's in [K, N], that a ViT built with it reproduces the ONNX
+reference through the calls' numpy contract (tests/vendor_reference.py) with a race-free plan, what it
+leaves to others and why, and that the build bakes the fastest candidate of every call into its attrs.
 """
 import numpy as np
 import pytest

@@ -12,7 +12,7 @@ from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_
                                                           TILE_SDPA, TILE_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
-from tvm_nimble.relay_passes.providers import simt_gemm
+from tvm_nimble.relay_passes.providers import cudnn_graph, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
 
@@ -141,7 +141,7 @@ def reference_functions():
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, LAYER_NORM: layer_norm,
-             simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add}
+             simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, cudnn_graph.CONV2D: conv}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():
         tvm_ffi.register_global_func(name, fn, override=True)

@@ -40,11 +40,13 @@ def conv_reason(call, layouts=("NCHW", "OIHW", "NCHW"), groups: bool = True) -> 
     return None
 
 
-def conv_chain(ctx, chains, var, call):
+def conv_chain(ctx, chains, var, call, conv: str = CONV2D, conv_add: str | None = CONV2D_ADD, groups: bool = True):
+    """The chain from ``call`` (a conv2d) as one ``conv`` call (``conv_add`` with a residual; None: the residual
+    add is left to the next kernel); ``groups``: whether grouped convolutions are taken."""
     a = call.attrs
     if (a.data_layout, a.kernel_layout, a.out_layout) == ("CNHW", "IOHW", "CNHW"):
         return None  # a convolution's gradient (dL/dW): provider cudnn_grad's, which reports on it
-    why = conv_reason(call)
+    why = conv_reason(call, groups=groups)
     if why:
         ctx.report.kept.append(("conv2d", why))
         return None
@@ -56,7 +58,7 @@ def conv_chain(ctx, chains, var, call):
     if b is not None:
         bias, removed, last = b, removed + [last], nxt
         nxt, val = chains.follow(last)
-    if val is not None and operator_of(val) == "relax.add" and bias is not None:
+    if val is not None and operator_of(val) == "relax.add" and bias is not None and conv_add is not None:
         other = other_operand(val, last)
         if (known_shape(other) == out_shape and dtype_of(other) == dtype and chains.const(other) is None
                 and other not in chains.claimed):
@@ -70,10 +72,10 @@ def conv_chain(ctx, chains, var, call):
     strides, pad, dil = ints(a.strides), ints(a.padding), ints(a.dilation)
     attrs = [strides[0], strides[1], pad[0], pad[1], dil[0], dil[1], int(a.groups), act, -1, ctx.tf32]
     args = [call.args[0], call.args[1], relax.const(bias.astype(dtype))]
-    name = CONV2D
+    name = conv
     if residual is not None:
         args.append(residual)
-        name = CONV2D_ADD
+        name = conv_add
     return removed, last, (ctx.call(name, args + [relax.ShapeExpr(attrs)], out_shape, dtype), None)
 
 

@@ -1,0 +1,159 @@
+// What the two convolution paths share (nimble_vendor.cu: cuDNN's legacy API; cudnn_conv_graph.cu: the cuDNN
+// frontend's graph API): the attrs, the argument checks, and the bias/activation epilogue kernel.
+#pragma once
+
+#include <cudnn.h>
+
+#include <array>
+#include <string>
+
+#include "common.h"
+
+namespace nimble_vendor {
+namespace {
+
+// y = act(y_in + bias[c] (+ z)), c = (i / inner) % channels: the epilogue where cuDNN/cuBLASLt
+// cannot fuse it (relu6, the exact GELU, identity outside IMPLICIT_PRECOMP_GEMM, a GEMM candidate
+// without cuBLASLt's bias epilogue). Computed in fp32 and rounded once, whatever T is.
+
+
+template <typename T>
+__global__ void BiasActKernel(T* __restrict__ y, const T* __restrict__ bias, const T* z, int64_t n,
+                              int64_t inner, int64_t channels, int act) {
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float v = ToF(y[i]);
+    if (bias != nullptr) v += ToF(bias[(i / inner) % channels]);
+    if (z != nullptr) v += ToF(z[i]);
+    if (act == 1 || act == 2) v = fmaxf(v, 0.0f);
+    if (act == 2) v = fminf(v, 6.0f);
+    if (act == 3) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));  // GELU, erf form (not tanh)
+    y[i] = FromF<T>(v);
+  }
+}
+
+void LaunchBiasAct(const char* op, int dtype, void* y, const void* bias, const void* z, int64_t n,
+                   int64_t inner, int64_t channels, int act, cudaStream_t stream) {
+  if (n == 0) return;
+  const int threads = 256;
+  int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65536);
+  if (dtype == kF32) {
+    BiasActKernel<float><<<unsigned(blocks), threads, 0, stream>>>(
+        static_cast<float*>(y), static_cast<const float*>(bias), static_cast<const float*>(z), n, inner,
+        channels, act);
+  } else if (dtype == kF16) {
+    BiasActKernel<__half><<<unsigned(blocks), threads, 0, stream>>>(
+        static_cast<__half*>(y), static_cast<const __half*>(bias), static_cast<const __half*>(z), n, inner,
+        channels, act);
+  } else {
+    BiasActKernel<__nv_bfloat16><<<unsigned(blocks), threads, 0, stream>>>(
+        static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(bias),
+        static_cast<const __nv_bfloat16*>(z), n, inner, channels, act);
+  }
+  CheckCuda(cudaGetLastError(), op, "bias/activation kernel launch");
+}
+
+struct ConvAttrs {
+  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, act, algo, tf32;
+};
+
+ConvAttrs ParseConvAttrs(const char* op, const Shape& attrs) {
+  if (attrs.size() != 10) {
+    FailValue(op, "attrs must have 10 entries [stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, "
+                  "activation, algo, allow_tf32], got " + ShapeStr(attrs.data(), int(attrs.size())));
+  }
+  ConvAttrs a{attrs[0], attrs[1], attrs[2], attrs[3], attrs[4], attrs[5], attrs[6], attrs[7], attrs[8], attrs[9]};
+  std::string s = ShapeStr(attrs.data(), 10);
+  if (a.stride_h < 1 || a.stride_w < 1 || a.dil_h < 1 || a.dil_w < 1 || a.pad_h < 0 || a.pad_w < 0 || a.groups < 1) {
+    FailValue(op, "attrs " + s + ": strides, dilations and groups must be >= 1 and pads >= 0");
+  }
+  if (a.act < 0 || a.act > 2) FailValue(op, "attrs " + s + ": activation must be 0 (identity), 1 (relu) or 2 (relu6)");
+  if (a.algo < -1 || a.algo >= CUDNN_CONVOLUTION_FWD_ALGO_COUNT) {
+    FailValue(op, "attrs " + s + ": algo must be -1 (choose) or a cudnnConvolutionFwdAlgo_t in 0.." +
+                      std::to_string(CUDNN_CONVOLUTION_FWD_ALGO_COUNT - 1));
+  }
+  if (a.tf32 != 0 && a.tf32 != 1) FailValue(op, "attrs " + s + ": allow_tf32 must be 0 or 1");
+  return a;
+}
+
+// Output spatial size; checks the configuration is consistent. x [N,C,H,W], w [O,C/g,KH,KW].
+std::array<int64_t, 4> ConvOutShape(const char* op, const int64_t* x, const int64_t* w, const ConvAttrs& a) {
+  if (x[1] % a.groups != 0 || w[0] % a.groups != 0) {
+    FailValue(op, "groups=" + std::to_string(a.groups) + " must divide the input channels " + std::to_string(x[1]) +
+                      " and the output channels " + std::to_string(w[0]));
+  }
+  if (w[1] != x[1] / a.groups) {
+    FailValue(op, "w " + ShapeStr(w, 4) + " needs C/groups = " + std::to_string(x[1] / a.groups) +
+                      " input channels for x " + ShapeStr(x, 4) + " and groups=" + std::to_string(a.groups));
+  }
+  int64_t ekh = a.dil_h * (w[2] - 1) + 1, ekw = a.dil_w * (w[3] - 1) + 1;
+  int64_t oh = (x[2] + 2 * a.pad_h - ekh) / a.stride_h + 1;
+  int64_t ow = (x[3] + 2 * a.pad_w - ekw) / a.stride_w + 1;
+  if (x[2] + 2 * a.pad_h < ekh || x[3] + 2 * a.pad_w < ekw || oh < 1 || ow < 1) {
+    FailValue(op, "the kernel " + ShapeStr(w, 4) + " with the given pads/dilations does not fit x " + ShapeStr(x, 4));
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (x[i] > INT32_MAX || w[i] > INT32_MAX) FailValue(op, "dimensions must fit in int32 for cuDNN");
+  }
+  return {x[0], w[0], oh, ow};
+}
+
+// One convolution call, checked: x [N,C,H,W], w [O,C/g,KH,KW], b [O], z (or null) and y [N,O,P,Q], all of one
+// dtype on one CUDA device.
+struct ConvCall {
+  ConvAttrs a;
+  int dev = 0, dtype = 0;
+  const int64_t* xs = nullptr;
+  const int64_t* wsh = nullptr;
+  std::array<int64_t, 4> ys{};
+  Workspace ws;
+  bool empty = false;  // y has no elements: nothing to do
+};
+
+ConvCall CheckConv(const char* op, const TensorView& x, const TensorView& w, const TensorView& b, const TensorView* z,
+                   const Shape& attrs, const TensorView& y, const TensorView& workspace) {
+  ConvCall c;
+  c.a = ParseConvAttrs(op, attrs);
+  if (x.device().device_type != kDLCUDA) {
+    FailValue(op, "x must be a CUDA tensor, got device type " + std::to_string(x.device().device_type));
+  }
+  c.dev = x.device().device_id;
+  c.dtype = TensorDType(x);
+  if (c.dtype < 0) FailValue(op, "x has dtype " + DLTypeStr(x.dtype()) + ": " + kDTypesTaken);
+  CheckCudaTensor(op, "x", x, c.dev);
+  CheckCudaTensor(op, "w", w, c.dev);
+  CheckCudaTensor(op, "b", b, c.dev);
+  CheckCudaTensor(op, "y", y, c.dev);
+  if (z) CheckCudaTensor(op, "z", *z, c.dev);
+  CheckDType(op, "w", w, c.dtype);
+  CheckDType(op, "b", b, c.dtype);
+  CheckDType(op, "y", y, c.dtype);
+  if (z) CheckDType(op, "z", *z, c.dtype);
+  CheckNdim(op, "x", x, 4);
+  CheckNdim(op, "w", w, 4);
+  CheckNdim(op, "b", b, 1);
+  CheckNdim(op, "y", y, 4);
+  c.ws = CheckWorkspace(op, workspace, c.dev);
+  c.xs = x.shape().data();
+  c.wsh = w.shape().data();
+  c.ys = ConvOutShape(op, c.xs, c.wsh, c.a);
+  if (b.shape()[0] != c.wsh[0]) {
+    FailValue(op, "b has shape " + ShapeStr(b) + " but w " + ShapeStr(w) + " has " + std::to_string(c.wsh[0]) +
+                      " output channels");
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (y.shape()[i] != c.ys[i]) {
+      FailValue(op, "y has shape " + ShapeStr(y) + " but x " + ShapeStr(x) + ", w " + ShapeStr(w) + " and attrs " +
+                        ShapeStr(attrs.data(), 10) + " give " + ShapeStr(c.ys.data(), 4));
+    }
+    if (z && z->shape()[i] != c.ys[i]) {
+      FailValue(op, "z has shape " + ShapeStr(*z) + " but y has shape " + ShapeStr(c.ys.data(), 4));
+    }
+  }
+  if (DataPtr(y) == DataPtr(x)) FailValue(op, "y must not alias x");
+  c.empty = c.ys[0] * c.ys[1] * c.ys[2] * c.ys[3] == 0;
+  return c;
+}
+
+}  // namespace
+}  // namespace nimble_vendor

@@ -1,0 +1,179 @@
+// Convolutions through the cuDNN frontend's graph API (provider cudnn_graph):
+//
+//   nimble.cudnn_graph.conv2d(x, w, b, attrs, y, workspace)         y = act(conv2d(x, w) + b)
+//
+// the arguments and attrs of nimble.cudnn.conv2d (conv_args.h; the algo entry must be -1), groups 1. No residual
+// form: the convolution alone cannot accumulate into y as the legacy API's beta does (a residual z that the
+// memory plan puts in y's place), so a residual add stays a kernel of its own after this call.
+//
+// Why a second path to cuDNN: the legacy API's algorithm list (cudnnGetConvolutionForwardAlgorithm_v7, what
+// nimble.cudnn.* choose from) does not reach cuDNN 9's faster engines. On an H100 at batch 1, resnet50 in TF32
+// took 1.82 ms through it, its fp32 time, while PyTorch, whose convolutions go through these engine heuristics,
+// took 0.82 ms without even measuring (seventeenth session, benchmarks/findings.md).
+//
+// A configuration's graph is built on its first call and cached: conv_fprop, then the bias add and the ReLU as
+// pointwise nodes in fp32 when cuDNN has an engine for that fused graph; else the convolution
+// alone, followed by our bias/activation kernel (relu6 always goes that way). The engine is cuDNN's heuristic
+// (mode A) first among those that fit the workspace; fp32 without TF32 deselects tensor-core engines.
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "common.h"
+#include "conv_args.h"
+#include "handles.h"
+
+namespace nimble_vendor {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+constexpr const char* kGraphConv = "nimble.cudnn_graph.conv2d";
+enum : int64_t { kUidX = 1, kUidW = 2, kUidB = 3, kUidY = 5 };
+
+struct ConvGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  bool fused = false;  // bias and ReLU are in the graph (else our kernel after it)
+  int64_t workspace = 0;
+  std::mutex mu;
+};
+
+// device, dtype, x and w shapes, attrs, workspace bytes
+using GraphKey = std::array<int64_t, 2 + 8 + 10 + 1>;
+
+std::mutex& ConvGraphsMutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+
+std::map<GraphKey, std::unique_ptr<ConvGraph>>& ConvGraphs() {
+  static auto* m = new std::map<GraphKey, std::unique_ptr<ConvGraph>>();
+  return *m;
+}
+
+fe::DataType_t FeType(int dtype) {
+  return dtype == kF32 ? fe::DataType_t::FLOAT : dtype == kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+}
+
+std::vector<int64_t> Contiguous(const std::array<int64_t, 4>& d) {
+  return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+}
+
+// The graph for `call`, fused (bias and ReLU as pointwise nodes) or the convolution alone; an error (cuDNN has no
+// engine for it within the workspace) comes back as the frontend's error.
+fe::error_t TryBuild(const ConvCall& call, bool fused, cudnnHandle_t handle, ConvGraph* out) {
+  const ConvAttrs& a = call.a;
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(FeType(call.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::array<int64_t, 4> xd{call.xs[0], call.xs[1], call.xs[2], call.xs[3]};
+  const std::array<int64_t, 4> wd{call.wsh[0], call.wsh[1], call.wsh[2], call.wsh[3]};
+  auto tensor = [&](const char* name, int64_t uid, const std::array<int64_t, 4>& d) {
+    return graph->tensor(fe::graph::Tensor_attributes()
+                             .set_name(name)
+                             .set_uid(uid)
+                             .set_dim({d[0], d[1], d[2], d[3]})
+                             .set_stride(Contiguous(d)));
+  };
+  auto x = tensor("X", kUidX, xd);
+  auto w = tensor("W", kUidW, wd);
+  auto conv = fe::graph::Conv_fprop_attributes()
+                  .set_name("conv")
+                  .set_padding({a.pad_h, a.pad_w})
+                  .set_stride({a.stride_h, a.stride_w})
+                  .set_dilation({a.dil_h, a.dil_w});
+  auto y = graph->conv_fprop(x, w, conv);
+  if (fused) {
+    y->set_data_type(fe::DataType_t::FLOAT);
+    auto bias = graph->tensor(fe::graph::Tensor_attributes()
+                                  .set_name("B")
+                                  .set_uid(kUidB)
+                                  .set_dim({1, call.ys[1], 1, 1})
+                                  .set_stride({call.ys[1], 1, 1, 1}));
+    y = graph->pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+    if (a.act == 1) {
+      y = graph->pointwise(y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
+    }
+  }
+  y->set_output(true).set_uid(kUidY).set_data_type(FeType(call.dtype)).set_dim(
+      {call.ys[0], call.ys[1], call.ys[2], call.ys[3]}).set_stride(Contiguous(call.ys));
+  if (call.dtype == kF32 && a.tf32 == 0) graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE});
+  graph->deselect_workspace_greater_than(int64_t(call.ws.bytes));
+  // each step only after the one before it succeeded
+  if (fe::error_t e = graph->validate(); e.is_bad()) return e;
+  if (fe::error_t e = graph->build_operation_graph(handle); e.is_bad()) return e;
+  if (fe::error_t e = graph->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) return e;
+  if (fe::error_t e = graph->check_support(handle); e.is_bad()) return e;
+  if (fe::error_t e = graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); e.is_bad()) return e;
+  int64_t ws = 0;
+  if (fe::error_t e = graph->get_workspace_size(ws); e.is_bad()) return e;
+  out->graph = graph;
+  out->fused = fused;
+  out->workspace = ws;
+  return {fe::error_code_t::OK, ""};
+}
+
+void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
+  const char* op = kGraphConv;
+  const ConvCall call = CheckConv(op, x, w, b, nullptr, attrs, y, workspace);
+  if (call.a.algo != -1) FailValue(op, "attrs: the graph API chooses its own engine (entry 8 must be -1)");
+  if (call.a.groups != 1) FailValue(op, "attrs: groups must be 1 here (grouped convolutions take nimble.cudnn.conv2d)");
+  if (call.empty) return;
+  DeviceGuard guard(call.dev, op);
+  cudaStream_t stream = CurrentStream(call.dev);
+  cudnnHandle_t handle = CudnnHandle(call.dev, stream, op);
+  GraphKey key{};
+  key[0] = call.dev, key[1] = call.dtype;
+  for (int i = 0; i < 4; ++i) key[2 + i] = call.xs[i], key[6 + i] = call.wsh[i];
+  for (int i = 0; i < 10; ++i) key[10 + i] = attrs[i];
+  key[20] = int64_t(call.ws.bytes);
+  ConvGraph* g;
+  {
+    std::lock_guard<std::mutex> lock(ConvGraphsMutex());
+    auto& slot = ConvGraphs()[key];
+    if (!slot) {
+      auto built = std::make_unique<ConvGraph>();
+      // relu6 has no pointwise node here: the convolution alone, our kernel after it
+      fe::error_t fused = call.a.act <= 1 ? TryBuild(call, true, handle, built.get())
+                                                : fe::error_t{fe::error_code_t::GRAPH_NOT_SUPPORTED, "relu6"};
+      fe::error_t err = fused.is_bad() ? TryBuild(call, false, handle, built.get()) : fused;
+      if (err.is_bad()) {
+        TVM_FFI_THROW(RuntimeError) << op << ": cuDNN's graph API has no engine for x " << ShapeStr(x) << ", w "
+                                    << ShapeStr(w) << " " << DTypeName(call.dtype) << " within " << call.ws.bytes
+                                    << " workspace bytes: " << OneLine(err.get_message());
+      }
+      slot = std::move(built);
+    }
+    g = slot.get();
+  }
+  void* yp = DataPtr(y);
+  std::unordered_map<int64_t, void*> pack{{kUidX, DataPtr(x)}, {kUidW, DataPtr(w)}, {kUidY, yp}};
+  if (g->fused) pack[kUidB] = DataPtr(b);
+  std::lock_guard<std::mutex> lock(g->mu);
+  fe::error_t err = g->graph->execute(handle, pack, call.ws.ptr);
+  if (err.is_bad()) {
+    TVM_FFI_THROW(RuntimeError) << op << ": executing cuDNN's plan failed: " << OneLine(err.get_message());
+  }
+  if (!g->fused) {
+    const auto& ys = call.ys;
+    LaunchBiasAct(op, call.dtype, yp, DataPtr(b), nullptr, ys[0] * ys[1] * ys[2] * ys[3], ys[2] * ys[3], ys[1],
+                  int(call.a.act), stream);
+  }
+}
+
+__attribute__((constructor)) void RegisterGraphConv() {
+  try {
+    Register(kGraphConv, GraphConv2d);
+  } catch (const std::exception& e) {  // never let an exception escape dlopen
+    std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
+  }
+}
+
+}  // namespace
+}  // namespace nimble_vendor

@@ -1,0 +1,26 @@
+"""cuDNN's convolutions through the cuDNN frontend's graph API (codegen/vendor/cudnn_conv_graph.cu).
+
+    conv2d(x, W) [+ bias] [-> relu | clip(0, 6)]     (NCHW / OIHW, symmetric padding, groups 1)
+
+the chains of :mod:`.cudnn` but for the residual add, which stays a kernel of its own after the call (the
+graph's convolution cannot accumulate into an output that holds the residual, as the legacy API's does).
+Why a second cuDNN provider: the legacy API's algorithm list misses cuDNN 9's faster engines. On an H100
+at batch 1, resnet50 in TF32 ran at its fp32 speed through it (1.82 ms), while PyTorch's convolutions,
+chosen by the same engine heuristics as here, took 0.82 ms (seventeenth session, benchmarks/findings.md).
+Registered after :mod:`.cudnn`, so ``kernels="vendor"`` keeps the legacy calls; ``kernels="best"`` measures
+both per operator.
+"""
+from __future__ import annotations
+
+import functools
+
+from ..precision import DTYPES
+from .cudnn import conv_chain
+from .registry import Provider, register
+
+CONV2D = "nimble.cudnn_graph.conv2d"
+
+PROVIDER = register(Provider(
+    name="cudnn_graph", title="cuDNN (graph API)", kernel_prefix="nimble.cudnn_graph.",
+    matchers={"relax.nn.conv2d": functools.partial(conv_chain, conv=CONV2D, conv_add=None, groups=False)},
+    dtypes=DTYPES, layouts=("NCHW/OIHW",)))

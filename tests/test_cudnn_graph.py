@@ -1,0 +1,54 @@
+"""Convolutions through cuDNN's graph API as a provider (relay_passes/providers/cudnn_graph.py,
+codegen/vendor/cudnn_conv_graph.cu).
+
+The calls themselves run on a GPU (bench and build on an H100); here, through the numpy contract of the
+calls (tests/vendor_reference.py), against the ONNX reference evaluator: which convolutions it takes (not
+grouped ones), that it leaves a residual add to the next kernel where the legacy provider absorbs it, and
+that kernels="vendor" still gives convolutions to the legacy provider.
+"""
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from tvm_nimble import NimbleExecutor, build, zoo
+from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.relay_passes import providers
+from tvm_nimble.relay_passes.providers import cudnn, cudnn_graph
+from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
+
+ONLY = [providers.get("cudnn_graph")]
+
+
+def _reference(name):
+    model = zoo.get_model(name)
+    inputs = zoo.random_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, inputs)[0]
+    other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
+    assert np.abs(ref - other).max() > 1e-3  # the reference depends on the input
+    return model, inputs, ref
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet"])
+def test_it_takes_ungrouped_convolutions_and_leaves_residual_adds_to_the_next_kernel(name, vendor_reference):
+    model, inputs, ref = _reference(name)
+    mod = from_onnx(model)
+    report = OffloadReport()
+    ours = find_offloads(mod["main"], report=report, providers=ONLY)
+    legacy = [o for o in find_offloads(mod["main"], providers=[providers.get("cudnn")]) if "conv2d" in o.signature]
+    assert ours and all(cudnn_graph.CONV2D + "(" in o.signature for o in ours)
+    absorbed = sum(cudnn.CONV2D_ADD + "(" in o.signature for o in legacy)
+    grouped = [why for op, why in report.kept if op == "conv2d" and why.startswith("groups=")]
+    assert len(ours) + len(grouped) == len(legacy)  # every convolution but the grouped ones
+    assert (absorbed > 0) == (name == "resnet") and (len(grouped) > 0) == (name == "mobilenet")
+    result = build(OffloadToVendor(providers=ONLY)(mod), "llvm", max_streams=None)
+    launches = [l.kernel for l in result.plan.launches]
+    assert launches.count(cudnn_graph.CONV2D) == len(ours)
+    # the residual adds are TVM kernels of their own after the calls
+    assert sum("add" in k for k in launches if not k.startswith("nimble.")) >= absorbed
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_vendor_kernels_keep_the_legacy_provider_first():
+    offloads = find_offloads(from_onnx(zoo.get_model("resnet"))["main"])
+    assert {o.provider for o in offloads if "conv2d" in o.signature} == {"cudnn"}

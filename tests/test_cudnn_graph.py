@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
+from test_timing_cache import SM90, PlanCostTimer, _need_vendor
 from tvm_nimble import NimbleExecutor, build, zoo
+from tvm_nimble.compiler import notes
+from tvm_nimble.compiler.build import build_with
 from tvm_nimble.compiler.frontend import from_onnx
+from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import cudnn, cudnn_graph
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
@@ -52,3 +56,24 @@ def test_it_takes_ungrouped_convolutions_and_leaves_residual_adds_to_the_next_ke
 def test_vendor_kernels_keep_the_legacy_provider_first():
     offloads = find_offloads(from_onnx(zoo.get_model("resnet"))["main"])
     assert {o.provider for o in offloads if "conv2d" in o.signature} == {"cudnn"}
+
+
+class GraphCallsFail(PlanCostTimer):
+    """A GPU on which the graph API's calls fail (an engine cuDNN lists but cannot run, say)."""
+
+    def launch_ms(self, result, reps):
+        if any(l.kernel == cudnn_graph.CONV2D for l in result.plan.launches):
+            raise RuntimeError("nimble.cudnn_graph.conv2d: executing cuDNN's plan failed: test")
+        return super().launch_ms(result, reps)
+
+
+def test_a_provider_whose_calls_fail_on_the_gpu_is_left_out_with_a_note(tmp_path):
+    _need_vendor()
+    notes._given.clear()
+    with pytest.warns(UserWarning, match=r"cuDNN \(graph API\): its calls failed on this GPU \(.*test\); the kernel "
+                                         r"choice leaves it out"):
+        result = build_with(zoo.get_model("resnet"), BuildOptions.create(SM90, kernels="best", timing_cache=str(tmp_path)),
+                            timer=GraphCallsFail())
+    # built, with the convolutions on the legacy calls or TVM's kernels (whichever this timer favours)
+    assert not [l for l in result.plan.launches if l.kernel == cudnn_graph.CONV2D]
+    assert result.info["kernel_choice"]

@@ -251,10 +251,20 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
         return Selection(all_vendor, kernels, not_taken=not_taken)
     # each provider's chains, found once: the probes, the choice and the plan's counts all read them
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
-    offers = offers_by_anchor(mod, providers, options.allow_tf32, found)
     measured: dict = {}
-    timings = [t for p in providers for t in measure_kernels(mod, options, p, timer=timer, measured=measured,
-                                                             offloads=found[p.name])]
+    timings, failed = [], []
+    for p in providers:
+        try:
+            timings += measure_kernels(mod, options, p, timer=timer, measured=measured, offloads=found[p.name])
+        except (RuntimeError, ValueError) as err:  # the provider's calls fail on this GPU: measure without it
+            if p.name in {o.provider for o in found_first}:
+                raise  # the all-vendor module runs its calls: nothing to fall back to
+            failed.append(p)
+            lines = str(err).strip().splitlines()
+            note_once(f"{p.title}: its calls failed on this GPU ({lines[-1][:200] if lines else type(err).__name__}); "
+                      "the kernel choice leaves it out")
+    providers = [p for p in providers if p not in failed]
+    offers = offers_by_anchor(mod, providers, options.allow_tf32, found)
     chosen = choose_providers(mod, timings, providers, options.allow_tf32, offers)
     _mark_kernels(timings, chosen)
     first = {o.signature: o.provider for o in found_first}

@@ -2,9 +2,10 @@
 codegen/vendor/cudnn_conv_graph.cu).
 
 The calls themselves run on a GPU (bench and build on an H100); here, through the numpy contract of the
-calls (tests/vendor_reference.py), against the ONNX reference evaluator: which convolutions it takes (not
-grouped ones), that it leaves a residual add to the next kernel where the legacy provider absorbs it, and
-that kernels="vendor" still gives convolutions to the legacy provider.
+calls (tests/vendor_reference.py), against the ONNX reference evaluator: which convolutions it takes in a
+TF32 build (not grouped ones; none in exact fp32), that it leaves a residual add to the next kernel where
+the legacy provider absorbs it, that kernels="vendor" still gives convolutions to the legacy provider, and
+that the kernel choice leaves it out, with a note, on a GPU where its calls fail.
 """
 import numpy as np
 import pytest
@@ -37,14 +38,15 @@ def test_it_takes_ungrouped_convolutions_and_leaves_residual_adds_to_the_next_ke
     model, inputs, ref = _reference(name)
     mod = from_onnx(model)
     report = OffloadReport()
-    ours = find_offloads(mod["main"], report=report, providers=ONLY)
-    legacy = [o for o in find_offloads(mod["main"], providers=[providers.get("cudnn")]) if "conv2d" in o.signature]
+    ours = find_offloads(mod["main"], allow_tf32=True, report=report, providers=ONLY)
+    legacy = [o for o in find_offloads(mod["main"], allow_tf32=True, providers=[providers.get("cudnn")])
+              if "conv2d" in o.signature]
     assert ours and all(cudnn_graph.CONV2D + "(" in o.signature for o in ours)
     absorbed = sum(cudnn.CONV2D_ADD + "(" in o.signature for o in legacy)
     grouped = [why for op, why in report.kept if op == "conv2d" and why.startswith("groups=")]
     assert len(ours) + len(grouped) == len(legacy)  # every convolution but the grouped ones
     assert (absorbed > 0) == (name == "resnet") and (len(grouped) > 0) == (name == "mobilenet")
-    result = build(OffloadToVendor(providers=ONLY)(mod), "llvm", max_streams=None)
+    result = build(OffloadToVendor(allow_tf32=True, providers=ONLY)(mod), "llvm", max_streams=None)
     launches = [l.kernel for l in result.plan.launches]
     assert launches.count(cudnn_graph.CONV2D) == len(ours)
     # the residual adds are TVM kernels of their own after the calls
@@ -53,9 +55,13 @@ def test_it_takes_ungrouped_convolutions_and_leaves_residual_adds_to_the_next_ke
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_vendor_kernels_keep_the_legacy_provider_first():
-    offloads = find_offloads(from_onnx(zoo.get_model("resnet"))["main"])
+def test_vendor_kernels_keep_the_legacy_provider_first_and_exact_fp32_stays_off_the_graph_api():
+    main = from_onnx(zoo.get_model("resnet"))["main"]
+    offloads = find_offloads(main, allow_tf32=True)
     assert {o.provider for o in offloads if "conv2d" in o.signature} == {"cudnn"}
+    report = OffloadReport()
+    assert find_offloads(main, report=report, providers=ONLY) == []  # fp32 without TF32: FMA kernels, legacy list
+    assert ("conv2d", "cuDNN's graph API is used for TF32 and half precision") in report.kept
 
 
 class GraphCallsFail(PlanCostTimer):
@@ -72,7 +78,8 @@ def test_a_provider_whose_calls_fail_on_the_gpu_is_left_out_with_a_note(tmp_path
     notes._given.clear()
     with pytest.warns(UserWarning, match=r"cuDNN \(graph API\): its calls failed on this GPU \(.*test\); the kernel "
                                          r"choice leaves it out"):
-        result = build_with(zoo.get_model("resnet"), BuildOptions.create(SM90, kernels="best", timing_cache=str(tmp_path)),
+        result = build_with(zoo.get_model("resnet"), BuildOptions.create(SM90, kernels="best", precision="tf32",
+                                                                          timing_cache=str(tmp_path)),
                             timer=GraphCallsFail())
     # built, with the convolutions on the legacy calls or TVM's kernels (whichever this timer favours)
     assert not [l for l in result.plan.launches if l.kernel == cudnn_graph.CONV2D]

@@ -8,19 +8,26 @@ Why a second cuDNN provider: the legacy API's algorithm list misses cuDNN 9's fa
 at batch 1, resnet50 in TF32 ran at its fp32 speed through it (1.82 ms), while PyTorch's convolutions,
 chosen by the same engine heuristics as here, took 0.82 ms (seventeenth session, benchmarks/findings.md).
 Registered after :mod:`.cudnn`, so ``kernels="vendor"`` keeps the legacy calls; ``kernels="best"`` measures
-both per operator.
+both per operator. Only in TF32 and half-precision builds: exact fp32 runs FMA kernels, where the legacy list
+has what the engines have, and a provider that takes nothing costs the kernel choice no probe build.
 """
 from __future__ import annotations
 
-import functools
-
-from ..precision import DTYPES
+from ..precision import DTYPES, REDUCED_DTYPES, compute_dtype
 from .cudnn import conv_chain
 from .registry import Provider, register
 
 CONV2D = "nimble.cudnn_graph.conv2d"
 
+
+def graph_conv_chain(ctx, chains, var, call):
+    if not ctx.allow_tf32 and compute_dtype(call) not in REDUCED_DTYPES:
+        ctx.report.kept.append(("conv2d", "cuDNN's graph API is used for TF32 and half precision"))
+        return None
+    return conv_chain(ctx, chains, var, call, conv=CONV2D, conv_add=None, groups=False)
+
+
 PROVIDER = register(Provider(
     name="cudnn_graph", title="cuDNN (graph API)", kernel_prefix="nimble.cudnn_graph.",
-    matchers={"relax.nn.conv2d": functools.partial(conv_chain, conv=CONV2D, conv_add=None, groups=False)},
+    matchers={"relax.nn.conv2d": graph_conv_chain},
     dtypes=DTYPES, layouts=("NCHW/OIHW",)))

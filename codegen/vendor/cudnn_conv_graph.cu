@@ -1,18 +1,19 @@
 // Convolutions through the cuDNN frontend's graph API (provider cudnn_graph):
 //
 //   nimble.cudnn_graph.conv2d(x, w, b, attrs, y, workspace)         y = act(conv2d(x, w) + b)
+//   nimble.cudnn_graph.conv2d_add(x, w, b, z, attrs, y, workspace)  y = act(conv2d(x, w) + b + z)
 //
-// the arguments and attrs of nimble.cudnn.conv2d (conv_args.h; the algo entry must be -1), groups 1. No residual
-// form: the convolution alone cannot accumulate into y as the legacy API's beta does (a residual z that the
-// memory plan puts in y's place), so a residual add stays a kernel of its own after this call.
+// the arguments and attrs of nimble.cudnn.conv2d / conv2d_add (conv_args.h; the algo entry must be -1), groups 1.
+// Unlike the legacy call, z must not be y: a graph's convolution cannot accumulate into its output as the legacy
+// API's beta does (the memory plan never gives a launch's output the memory of a tensor that launch reads).
 //
 // Why a second path to cuDNN: the legacy API's algorithm list (cudnnGetConvolutionForwardAlgorithm_v7, what
 // nimble.cudnn.* choose from) does not reach cuDNN 9's faster engines. On an H100 at batch 1, resnet50 in TF32
 // took 1.82 ms through it, its fp32 time, while PyTorch, whose convolutions go through these engine heuristics,
 // took 0.82 ms without even measuring (seventeenth session, benchmarks/findings.md).
 //
-// A configuration's graph is built on its first call and cached: conv_fprop, then the bias add and the ReLU as
-// pointwise nodes in fp32 when cuDNN has an engine for that fused graph; else the convolution
+// A configuration's graph is built on its first call and cached: conv_fprop, then the bias and residual adds and
+// the ReLU as pointwise nodes in fp32 when cuDNN has an engine for that fused graph; else the convolution
 // alone, followed by our bias/activation kernel (relu6 always goes that way). The engine is cuDNN's heuristic
 // (mode A) first among those that fit the workspace; fp32 without TF32 deselects tensor-core engines.
 #include <cudnn.h>
@@ -34,17 +35,18 @@ namespace {
 namespace fe = cudnn_frontend;
 
 constexpr const char* kGraphConv = "nimble.cudnn_graph.conv2d";
-enum : int64_t { kUidX = 1, kUidW = 2, kUidB = 3, kUidY = 5 };
+constexpr const char* kGraphConvAdd = "nimble.cudnn_graph.conv2d_add";
+enum : int64_t { kUidX = 1, kUidW = 2, kUidB = 3, kUidZ = 4, kUidY = 5 };
 
 struct ConvGraph {
   std::shared_ptr<fe::graph::Graph> graph;
-  bool fused = false;  // bias and ReLU are in the graph (else our kernel after it)
+  bool fused = false;  // bias, residual and ReLU are in the graph (else our kernel after it)
   int64_t workspace = 0;
   std::mutex mu;
 };
 
-// device, dtype, x and w shapes, attrs, workspace bytes
-using GraphKey = std::array<int64_t, 2 + 8 + 10 + 1>;
+// device, dtype, residual, x and w shapes, attrs, workspace bytes
+using GraphKey = std::array<int64_t, 3 + 8 + 10 + 1>;
 
 std::mutex& ConvGraphsMutex() {
   static std::mutex* mu = new std::mutex();
@@ -64,9 +66,9 @@ std::vector<int64_t> Contiguous(const std::array<int64_t, 4>& d) {
   return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
 }
 
-// The graph for `call`, fused (bias and ReLU as pointwise nodes) or the convolution alone; an error (cuDNN has no
-// engine for it within the workspace) comes back as the frontend's error.
-fe::error_t TryBuild(const ConvCall& call, bool fused, cudnnHandle_t handle, ConvGraph* out) {
+// The graph for `call`, fused (bias, residual and ReLU as pointwise nodes) or the convolution alone; an error
+// (cuDNN has no engine for it within the workspace) comes back as the frontend's error.
+fe::error_t TryBuild(const ConvCall& call, bool residual, bool fused, cudnnHandle_t handle, ConvGraph* out) {
   const ConvAttrs& a = call.a;
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(FeType(call.dtype))
@@ -97,6 +99,10 @@ fe::error_t TryBuild(const ConvCall& call, bool fused, cudnnHandle_t handle, Con
                                   .set_dim({1, call.ys[1], 1, 1})
                                   .set_stride({call.ys[1], 1, 1, 1}));
     y = graph->pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+    if (residual) {
+      y = graph->pointwise(y, tensor("Z", kUidZ, call.ys),
+                           fe::graph::Pointwise_attributes().set_name("residual").set_mode(fe::PointwiseMode_t::ADD));
+    }
     if (a.act == 1) {
       y = graph->pointwise(y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
     }
@@ -119,9 +125,10 @@ fe::error_t TryBuild(const ConvCall& call, bool fused, cudnnHandle_t handle, Con
   return {fe::error_code_t::OK, ""};
 }
 
-void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
-  const char* op = kGraphConv;
-  const ConvCall call = CheckConv(op, x, w, b, nullptr, attrs, y, workspace);
+void GraphConvImpl(const char* op, const TensorView& x, const TensorView& w, const TensorView& b, const TensorView* z,
+                   const Shape& attrs, const TensorView& y, const TensorView& workspace) {
+  const ConvCall call = CheckConv(op, x, w, b, z, attrs, y, workspace);
+  if (z && DataPtr(*z) == DataPtr(y)) FailValue(op, "z must not be y here (nimble.cudnn.conv2d_add takes that)");
   if (call.a.algo != -1) FailValue(op, "attrs: the graph API chooses its own engine (entry 8 must be -1)");
   if (call.a.groups != 1) FailValue(op, "attrs: groups must be 1 here (grouped convolutions take nimble.cudnn.conv2d)");
   if (call.empty) return;
@@ -129,10 +136,10 @@ void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorVi
   cudaStream_t stream = CurrentStream(call.dev);
   cudnnHandle_t handle = CudnnHandle(call.dev, stream, op);
   GraphKey key{};
-  key[0] = call.dev, key[1] = call.dtype;
-  for (int i = 0; i < 4; ++i) key[2 + i] = call.xs[i], key[6 + i] = call.wsh[i];
-  for (int i = 0; i < 10; ++i) key[10 + i] = attrs[i];
-  key[20] = int64_t(call.ws.bytes);
+  key[0] = call.dev, key[1] = call.dtype, key[2] = z != nullptr;
+  for (int i = 0; i < 4; ++i) key[3 + i] = call.xs[i], key[7 + i] = call.wsh[i];
+  for (int i = 0; i < 10; ++i) key[11 + i] = attrs[i];
+  key[21] = int64_t(call.ws.bytes);
   ConvGraph* g;
   {
     std::lock_guard<std::mutex> lock(ConvGraphsMutex());
@@ -140,9 +147,9 @@ void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorVi
     if (!slot) {
       auto built = std::make_unique<ConvGraph>();
       // relu6 has no pointwise node here: the convolution alone, our kernel after it
-      fe::error_t fused = call.a.act <= 1 ? TryBuild(call, true, handle, built.get())
+      fe::error_t fused = call.a.act <= 1 ? TryBuild(call, z != nullptr, true, handle, built.get())
                                                 : fe::error_t{fe::error_code_t::GRAPH_NOT_SUPPORTED, "relu6"};
-      fe::error_t err = fused.is_bad() ? TryBuild(call, false, handle, built.get()) : fused;
+      fe::error_t err = fused.is_bad() ? TryBuild(call, z != nullptr, false, handle, built.get()) : fused;
       if (err.is_bad()) {
         TVM_FFI_THROW(RuntimeError) << op << ": cuDNN's graph API has no engine for x " << ShapeStr(x) << ", w "
                                     << ShapeStr(w) << " " << DTypeName(call.dtype) << " within " << call.ws.bytes
@@ -153,8 +160,12 @@ void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorVi
     g = slot.get();
   }
   void* yp = DataPtr(y);
+  void* zp = z ? DataPtr(*z) : nullptr;
   std::unordered_map<int64_t, void*> pack{{kUidX, DataPtr(x)}, {kUidW, DataPtr(w)}, {kUidY, yp}};
-  if (g->fused) pack[kUidB] = DataPtr(b);
+  if (g->fused) {
+    pack[kUidB] = DataPtr(b);
+    if (z) pack[kUidZ] = zp;
+  }
   std::lock_guard<std::mutex> lock(g->mu);
   fe::error_t err = g->graph->execute(handle, pack, call.ws.ptr);
   if (err.is_bad()) {
@@ -162,14 +173,24 @@ void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorVi
   }
   if (!g->fused) {
     const auto& ys = call.ys;
-    LaunchBiasAct(op, call.dtype, yp, DataPtr(b), nullptr, ys[0] * ys[1] * ys[2] * ys[3], ys[2] * ys[3], ys[1],
+    LaunchBiasAct(op, call.dtype, yp, DataPtr(b), zp, ys[0] * ys[1] * ys[2] * ys[3], ys[2] * ys[3], ys[1],
                   int(call.a.act), stream);
   }
+}
+
+void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
+  GraphConvImpl(kGraphConv, x, w, b, nullptr, attrs, y, workspace);
+}
+
+void GraphConv2dAdd(TensorView x, TensorView w, TensorView b, TensorView z, Shape attrs, TensorView y,
+                    TensorView workspace) {
+  GraphConvImpl(kGraphConvAdd, x, w, b, &z, attrs, y, workspace);
 }
 
 __attribute__((constructor)) void RegisterGraphConv() {
   try {
     Register(kGraphConv, GraphConv2d);
+    Register(kGraphConvAdd, GraphConv2dAdd);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -40,9 +40,9 @@ def conv_reason(call, layouts=("NCHW", "OIHW", "NCHW"), groups: bool = True) -> 
     return None
 
 
-def conv_chain(ctx, chains, var, call, conv: str = CONV2D, conv_add: str | None = CONV2D_ADD, groups: bool = True):
-    """The chain from ``call`` (a conv2d) as one ``conv`` call (``conv_add`` with a residual; None: the residual
-    add is left to the next kernel); ``groups``: whether grouped convolutions are taken."""
+def conv_chain(ctx, chains, var, call, conv: str = CONV2D, conv_add: str = CONV2D_ADD, groups: bool = True):
+    """The chain from ``call`` (a conv2d) as one ``conv`` call (``conv_add`` with a residual); ``groups``: whether
+    grouped convolutions are taken."""
     a = call.attrs
     if (a.data_layout, a.kernel_layout, a.out_layout) == ("CNHW", "IOHW", "CNHW"):
         return None  # a convolution's gradient (dL/dW): provider cudnn_grad's, which reports on it
@@ -58,7 +58,7 @@ def conv_chain(ctx, chains, var, call, conv: str = CONV2D, conv_add: str | None 
     if b is not None:
         bias, removed, last = b, removed + [last], nxt
         nxt, val = chains.follow(last)
-    if val is not None and operator_of(val) == "relax.add" and bias is not None and conv_add is not None:
+    if val is not None and operator_of(val) == "relax.add" and bias is not None:
         other = other_operand(val, last)
         if (known_shape(other) == out_shape and dtype_of(other) == dtype and chains.const(other) is None
                 and other not in chains.claimed):

@@ -1,9 +1,8 @@
 """cuDNN's convolutions through the cuDNN frontend's graph API (codegen/vendor/cudnn_conv_graph.cu).
 
-    conv2d(x, W) [+ bias] [-> relu | clip(0, 6)]     (NCHW / OIHW, symmetric padding, groups 1)
+    conv2d(x, W) [+ bias] [+ residual] [-> relu | clip(0, 6)]     (NCHW / OIHW, symmetric padding, groups 1)
 
-the chains of :mod:`.cudnn` but for the residual add, which stays a kernel of its own after the call (the
-graph's convolution cannot accumulate into an output that holds the residual, as the legacy API's does).
+the chains of :mod:`.cudnn` but for grouped convolutions.
 Why a second cuDNN provider: the legacy API's algorithm list misses cuDNN 9's faster engines. On an H100
 at batch 1, resnet50 in TF32 ran at its fp32 speed through it (1.82 ms), while PyTorch's convolutions,
 chosen by the same engine heuristics as here, took 0.82 ms (seventeenth session, benchmarks/findings.md).
@@ -18,13 +17,14 @@ from .cudnn import conv_chain
 from .registry import Provider, register
 
 CONV2D = "nimble.cudnn_graph.conv2d"
+CONV2D_ADD = "nimble.cudnn_graph.conv2d_add"
 
 
 def graph_conv_chain(ctx, chains, var, call):
     if not ctx.allow_tf32 and compute_dtype(call) not in REDUCED_DTYPES:
         ctx.report.kept.append(("conv2d", "cuDNN's graph API is used for TF32 and half precision"))
         return None
-    return conv_chain(ctx, chains, var, call, conv=CONV2D, conv_add=None, groups=False)
+    return conv_chain(ctx, chains, var, call, conv=CONV2D, conv_add=CONV2D_ADD, groups=False)
 
 
 PROVIDER = register(Provider(

@@ -26,7 +26,8 @@ from tvm_nimble.errors import NimbleError
 ENV_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 ENV_SYSTEM = "NIMBLE_VENDOR_SYSTEM_LIBS"
 FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cudnn.conv2d_bwd_data",
-             "nimble.cudnn.conv2d_bwd_filter", "nimble.cudnn_graph.conv2d", "nimble.cublas.matmul", "nimble.cublas.matmul_add",
+             "nimble.cudnn.conv2d_bwd_filter", "nimble.cudnn_graph.conv2d", "nimble.cudnn_graph.conv2d_add",
+             "nimble.cublas.matmul", "nimble.cublas.matmul_add",
              "nimble.cublas.batched_matmul", "nimble.gemm.matmul", "nimble.gemm.matmul_add",
              "nimble.attention.sdpa", "nimble.attention.sdpa_bias", "nimble.attention.cudnn_sdpa",
              "nimble.attention.split_sdpa", "nimble.attention.split_sdpa_bias",

@@ -87,6 +87,7 @@ def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE
                 continue
             op = operator_of(b.value)
             rejected = None
+            noted = len(report.kept)
             for provider in providers:
                 matcher = provider.matchers.get(op)
                 found = matcher(ctx, chains, b.var, b.value) if matcher else None
@@ -108,6 +109,8 @@ def find_offloads(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSPACE
                     # the chains after it are the ones that were measured
                     _claim({b.var, rejected.last} | {x.var for x in rejected.bindings}, taken, chains)
                     report.kept.append((rejected.signature.split(" -> ")[0], "TVM's kernel measured faster"))
+            if len(report.kept) - noted > 1:  # providers that decline an operator for the same reason: said once
+                report.kept[noted:] = list(dict.fromkeys(report.kept[noted:]))
     return found_all
 
 

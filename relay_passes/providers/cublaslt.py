@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
-from ..precision import DTYPES, compute_dtype
+from ..precision import ALIASES, DTYPES, compute_dtype
 from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, gelu_of, ints, known_shape, operator_of,
                      other_operand)
 from .registry import Provider, register
@@ -81,8 +81,7 @@ def static_matmul(ctx, call, dtypes) -> bool:
     """Whether ``call`` is a matmul of static shapes, rank >= 2, computing in one of ``dtypes`` (else a note)."""
     xs, out_shape = known_shape(call.args[0]), known_shape(call)
     if xs is None or len(xs) < 2 or out_shape is None or compute_dtype(call) not in dtypes:
-        short = "/".join({"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[d] for d in dtypes)
-        ctx.report.kept.append(("matmul", f"only static {short} matmuls of rank >= 2"))
+        ctx.report.kept.append(("matmul", f"only static {'/'.join(ALIASES[d] for d in dtypes)} matmuls of rank >= 2"))
         return False
     return True
 

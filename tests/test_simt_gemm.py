@@ -139,15 +139,15 @@ def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
     assert not list(gemm_calls(chosen))  # every call carries its index now
     indices = {name: {attrs[-1] for n, attrs, _ in _calls(chosen) if n == name} for name in names}
     assert indices == dict(zip(names, [{2}, {2}, {3}, {3}]))
-    assert {r["library"] for r in records} == {"ours", "cublaslt"}
+    assert {r["provider"] for r in records} == {"simt_gemm", "cublaslt"}
 
 
 def test_explain_says_how_many_gemms_ran_our_kernel():
     from tvm_nimble.compiler.gemm_algorithms import summarize
 
-    records = [{"signature": "nimble.gemm.matmul(a) -> y", "candidates_us": [9.0, 7.7], "chosen": 1, "library": "ours"},
+    records = [{"signature": "nimble.gemm.matmul(a) -> y", "candidates_us": [9.0, 7.7], "chosen": 1, "provider": "simt_gemm"},
                {"signature": "nimble.cublas.matmul(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0,
-                "library": "cublaslt"}]
+                "provider": "cublaslt"}]
     assert summarize(records) == [
         "cuBLASLt algorithms: 1 distinct GEMMs timed, 0 run a faster one than the heuristic's first",
         "our fp32 GEMM: 1 distinct GEMMs, the fastest of each one's tile / split-K candidates"]

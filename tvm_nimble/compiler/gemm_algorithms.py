@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.relay_passes.providers import simt_gemm
+from tvm_nimble.relay_passes.providers import cublaslt, provider_of, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
 from . import timing_cache
@@ -36,8 +36,6 @@ _TIMINGS = {MATMUL: "nimble.cublas.matmul_timings", MATMUL_ADD: "nimble.cublas.m
             simt_gemm.MATMUL: "nimble.gemm.matmul_timings", simt_gemm.MATMUL_ADD: "nimble.gemm.matmul_add_timings"}
 _ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2,  # without the algorithm index
               simt_gemm.MATMUL: 1, simt_gemm.MATMUL_ADD: 1}
-#: the functions whose candidate 0 is the library's default (cuBLASLt's heuristic), kept unless beaten by MARGIN
-_DEFAULT_FIRST = (MATMUL, MATMUL_ADD, BATCHED_MATMUL)
 
 
 def gemm_calls(mod: tvm.IRModule):
@@ -104,19 +102,21 @@ def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=N
             us = timer.gemm_us(_TIMINGS[name], b.value, REPS)
             cache.put("gemm", key, us)
         best = int(np.argmin(us)) if us else 0
-        default_first = name in _DEFAULT_FIRST
+        provider = provider_of(name).name
+        # cuBLASLt's candidate 0 is its heuristic's first, the library's default: kept unless beaten by MARGIN
+        default_first = provider == cublaslt.PROVIDER.name
         index = best if us and (not default_first or us[best] < MARGIN * us[0]) else 0
         if us and (index or not default_first):  # index 0 of cuBLASLt is what a call without one runs
             chosen[sig] = index
         records.append({"signature": sig, "candidates_us": [round(x, 2) for x in us], "chosen": index,
-                        "library": "ours" if name.startswith(simt_gemm.PROVIDER.kernel_prefix) else "cublaslt"})
+                        "provider": provider})
     return with_algorithms(mod, chosen), records
 
 
 def summarize(records: list[dict]) -> list[str]:
     """A line for the GEMMs timed, then one per cuBLASLt GEMM whose algorithm is not the heuristic's first."""
-    ours = [r for r in records if r.get("library") == "ours"]
-    theirs = [r for r in records if r.get("library") != "ours"]
+    ours = [r for r in records if r.get("provider") == simt_gemm.PROVIDER.name]
+    theirs = [r for r in records if r.get("provider") != simt_gemm.PROVIDER.name]
     moved = [r for r in theirs if r["chosen"]]
     lines = [f"cuBLASLt algorithms: {len(theirs)} distinct GEMMs timed, {len(moved)} run a faster one than the "
              "heuristic's first"]

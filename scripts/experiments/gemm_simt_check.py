@@ -21,14 +21,7 @@ import json
 import os
 
 import gpu_args  # the shared command line, beside this script in scripts/experiments/
-
-# (name, M, N, K): the Linears of ViT-S/16 and ViT-B/16 at 197 tokens and BERT-base at 128
-LINEARS = [
-    ("vits_qkv", 197, 1152, 384), ("vits_proj", 197, 384, 384), ("vits_fc1", 197, 1536, 384),
-    ("vits_fc2", 197, 384, 1536), ("vitb_qkv", 197, 2304, 768), ("vitb_proj", 197, 768, 768),
-    ("vitb_fc1", 197, 3072, 768), ("vitb_fc2", 197, 768, 3072), ("bert_qkv", 128, 768, 768),
-    ("bert_fc1", 128, 3072, 768), ("bert_fc2", 128, 768, 3072),
-]
+from gemm_algos import LINEARS  # (name, M, N, K): the Linears of ViT-S/16, ViT-B/16 (197 tokens), BERT-base (128)
 EDGES = [("one_row", 1, 1000, 1280), ("odd_m", 5, 68, 36), ("short_k", 70, 132, 8), ("n4", 33, 4, 100),
          ("k_not_16", 197, 96, 20)]
 TOL = 1e-5

@@ -34,18 +34,5 @@ __device__ __forceinline__ float4 Load4(const T* row, int d, int n, bool vec) {
                      d + 2 < n ? ToF(row[d + 2]) : 0.0f, d + 3 < n ? ToF(row[d + 3]) : 0.0f);
 }
 
-int SmCount() {  // of the current device, asked once per device (a launch may be under stream capture)
-  static int counts[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return 132;
-  if (counts[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    counts[dev] = n > 0 ? n : 132;
-  }
-  return counts[dev];
-}
-
 }  // namespace
 }  // namespace nimble_vendor

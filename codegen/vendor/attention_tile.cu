@@ -250,17 +250,8 @@ __global__ void __launch_bounds__(kTileThreads, 2) SdpaTileKernel(const T* __res
 }
 
 // ---- the tile kernel's launch ----
-int SmemOptin() {  // a block's opt-in maximum of shared memory on the current device, in bytes, asked once per device
-  static std::atomic<int> optin[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return 48 << 10;
-  if (optin[dev].load(std::memory_order_relaxed) == 0) {
-    int a = 0;
-    cudaDeviceGetAttribute(&a, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    optin[dev].store(a > 0 ? a : 48 << 10, std::memory_order_relaxed);
-  }
-  return optin[dev].load(std::memory_order_relaxed);
+int SmemOptin() {  // a block's opt-in maximum of shared memory on the current device, in bytes
+  return DeviceAttribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 << 10);
 }
 
 template <typename T, typename M, int R>
@@ -270,18 +261,15 @@ struct TileLaunch {  // one instantiation of the tile kernel
   static void Launch(const char* op, const SdpaParams& p, int optin, const T* q, const T* k, const T* v,
                      const M* m, T* y, cudaStream_t stream) {
     static std::atomic<uint64_t> configured{0};  // devices whose attributes are set (per device and function)
-    int dev = 0;
-    cudaGetDevice(&dev);
-    const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
-    if (!bit || !(configured.load(std::memory_order_relaxed) & bit)) {
+    OncePerDevice(configured, [&] {  // each call raises on failure, with its own message
       CheckCuda(cudaFuncSetAttribute(SdpaTileKernel<T, M, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
                 op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
       // shared memory first: the kernel reads global memory once, and a small carveout would keep blocks apart
       CheckCuda(cudaFuncSetAttribute(SdpaTileKernel<T, M, R>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      int(cudaSharedmemCarveoutMaxShared)),
                 op, "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
-      configured.fetch_or(bit, std::memory_order_relaxed);
-    }
+      return cudaSuccess;
+    });
     auto vec = [](const T* base, int64_t off, int64_t sb, int64_t sh, int64_t ss) {  // aligned 4-element rows
       const size_t align = sizeof(T) == 4 ? 16 : 8;
       return reinterpret_cast<uintptr_t>(base + off) % align == 0 && sb % 4 == 0 && sh % 4 == 0 && ss % 4 == 0;

@@ -17,6 +17,7 @@
 #include <tvm/ffi/string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
@@ -213,6 +214,39 @@ double GpuUsPerCall(cudaStream_t stream, int64_t reps, F&& call) {
   cudaEventDestroy(stop);
   cudaGetLastError();
   return ok ? double(ms) * 1000.0 / double(reps) : -1.0;
+}
+
+// An attribute of the current device, asked of the driver once per device (a launch may be under stream capture);
+// `fallback` where the driver gives none (or for a device index past 63).
+template <cudaDeviceAttr A>
+int DeviceAttribute(int fallback) {
+  static std::atomic<int> values[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) return fallback;
+  int v = values[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int a = 0;
+    cudaDeviceGetAttribute(&a, A, dev);
+    v = a > 0 ? a : fallback;
+    values[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+int SmCount() { return DeviceAttribute<cudaDevAttrMultiProcessorCount>(132); }
+
+// `set()` (a CUDA call returning cudaError_t: a kernel's function attributes) once per device: `done` holds a bit per
+// device it succeeded on
+template <typename F>
+cudaError_t OncePerDevice(std::atomic<uint64_t>& done, F&& set) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  const cudaError_t err = set();
+  if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
+  return err;
 }
 
 template <typename F>

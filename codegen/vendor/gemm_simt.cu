@@ -21,7 +21,6 @@
 #include <mutex>
 #include <vector>
 
-#include "attention_kernels.h"  // SmCount
 #include "common.h"
 #include "gemm_simt_kernels.h"
 
@@ -88,20 +87,11 @@ std::vector<SimtCandidate> SimtCandidates(int64_t M, int64_t N, int64_t K, bool 
   return out;
 }
 
-// The static rule's pick among `cands` (what a call without an index runs when it cannot measure)
-bool HasClusters() {  // the current device's: compute capability 9.0 or later, asked once per device
-  static int majors[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return false;
-  if (majors[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    majors[dev] = major > 0 ? major : -1;
-  }
-  return majors[dev] >= 9;
+bool HasClusters() {  // the current device's: compute capability 9.0 or later (no answer: an older one)
+  return DeviceAttribute<cudaDevAttrComputeCapabilityMajor>(1) >= 9;
 }
 
+// The static rule's pick among `cands` (what a call without an index runs when it cannot measure)
 int SimtStaticPick(const std::vector<SimtCandidate>& cands, int64_t M, int64_t N, int64_t sms) {
   int best = 0;
   for (int i = 1; i < int(cands.size()); ++i) {

@@ -331,14 +331,12 @@ cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) 
   using T = AsyncTile<BM, BN, TM, TN, BK, ST>;
   constexpr size_t kBytes = size_t(T::kSmemFloats) * sizeof(float);
   static std::atomic<uint64_t> configured{0};  // devices whose attribute is set (per device and instantiation)
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
-  if (kBytes > 48 * 1024 && (!bit || !(configured.load(std::memory_order_relaxed) & bit))) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBytes));
+  if (kBytes > 48 * 1024) {
+    const cudaError_t err = OncePerDevice(configured, [] {
+      return cudaFuncSetAttribute(SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBytes));
+    });
     if (err != cudaSuccess) return err;
-    configured.fetch_or(bit, std::memory_order_relaxed);
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));

@@ -25,6 +25,10 @@ def _act(y, act):
 
 
 def np_conv2d(x, w, b, attrs):
+    """y before the activation, and the activation; attrs[10] == 1 (NHWC x and y, OHWI w) is read through NCHW."""
+    if len(attrs) > 10 and attrs[10] == 1:
+        y, act = np_conv2d(x.transpose(0, 3, 1, 2), w.transpose(0, 3, 1, 2), b, attrs[:10])
+        return y.transpose(0, 2, 3, 1), act
     sh, sw, ph, pw, dh, dw, groups, act = attrs[:8]
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     o, cg, kh, kw = w.shape

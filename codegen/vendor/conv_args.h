@@ -53,17 +53,19 @@ void LaunchBiasAct(const char* op, int dtype, void* y, const void* bias, const v
   CheckCuda(cudaGetLastError(), op, "bias/activation kernel launch");
 }
 
+// layout 0: x and y NCHW, w OIHW; 1: x and y NHWC, w OHWI (a channels-last build; an 11th attrs entry, 0 if absent)
 struct ConvAttrs {
-  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, act, algo, tf32;
+  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, act, algo, tf32, layout;
 };
 
 ConvAttrs ParseConvAttrs(const char* op, const Shape& attrs) {
-  if (attrs.size() != 10) {
-    FailValue(op, "attrs must have 10 entries [stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, "
-                  "activation, algo, allow_tf32], got " + ShapeStr(attrs.data(), int(attrs.size())));
+  if (attrs.size() != 10 && attrs.size() != 11) {
+    FailValue(op, "attrs must have 10 or 11 entries [stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, "
+                  "activation, algo, allow_tf32(, layout)], got " + ShapeStr(attrs.data(), int(attrs.size())));
   }
-  ConvAttrs a{attrs[0], attrs[1], attrs[2], attrs[3], attrs[4], attrs[5], attrs[6], attrs[7], attrs[8], attrs[9]};
-  std::string s = ShapeStr(attrs.data(), 10);
+  ConvAttrs a{attrs[0], attrs[1], attrs[2], attrs[3], attrs[4], attrs[5], attrs[6], attrs[7], attrs[8], attrs[9],
+              attrs.size() == 11 ? attrs[10] : 0};
+  std::string s = ShapeStr(attrs.data(), int(attrs.size()));
   if (a.stride_h < 1 || a.stride_w < 1 || a.dil_h < 1 || a.dil_w < 1 || a.pad_h < 0 || a.pad_w < 0 || a.groups < 1) {
     FailValue(op, "attrs " + s + ": strides, dilations and groups must be >= 1 and pads >= 0");
   }
@@ -73,6 +75,7 @@ ConvAttrs ParseConvAttrs(const char* op, const Shape& attrs) {
                       std::to_string(CUDNN_CONVOLUTION_FWD_ALGO_COUNT - 1));
   }
   if (a.tf32 != 0 && a.tf32 != 1) FailValue(op, "attrs " + s + ": allow_tf32 must be 0 or 1");
+  if (a.layout != 0 && a.layout != 1) FailValue(op, "attrs " + s + ": layout must be 0 (NCHW / OIHW) or 1 (NHWC / OHWI)");
   return a;
 }
 
@@ -98,14 +101,19 @@ std::array<int64_t, 4> ConvOutShape(const char* op, const int64_t* x, const int6
   return {x[0], w[0], oh, ow};
 }
 
-// One convolution call, checked: x [N,C,H,W], w [O,C/g,KH,KW], b [O], z (or null) and y [N,O,P,Q], all of one
-// dtype on one CUDA device.
+// [N,C,H,W] (or [O,C,KH,KW]) of a tensor in `layout` (0: itself; 1: NHWC / OHWI)
+std::array<int64_t, 4> Logical(const int64_t* shape, int64_t layout) {
+  if (layout == 1) return {shape[0], shape[3], shape[1], shape[2]};
+  return {shape[0], shape[1], shape[2], shape[3]};
+}
+
+// One convolution call, checked: x [N,C,H,W], w [O,C/g,KH,KW], b [O], z (or null) and y [N,O,P,Q] (or NHWC x, z
+// and y and an OHWI w), all of one dtype on one CUDA device. The shapes here are in NCHW / OIHW order whatever
+// the layout.
 struct ConvCall {
   ConvAttrs a;
   int dev = 0, dtype = 0;
-  const int64_t* xs = nullptr;
-  const int64_t* wsh = nullptr;
-  std::array<int64_t, 4> ys{};
+  std::array<int64_t, 4> xs{}, wsh{}, ys{};
   Workspace ws;
   bool empty = false;  // y has no elements: nothing to do
 };
@@ -134,25 +142,34 @@ ConvCall CheckConv(const char* op, const TensorView& x, const TensorView& w, con
   CheckNdim(op, "b", b, 1);
   CheckNdim(op, "y", y, 4);
   c.ws = CheckWorkspace(op, workspace, c.dev);
-  c.xs = x.shape().data();
-  c.wsh = w.shape().data();
-  c.ys = ConvOutShape(op, c.xs, c.wsh, c.a);
+  c.xs = Logical(x.shape().data(), c.a.layout);
+  c.wsh = Logical(w.shape().data(), c.a.layout);
+  c.ys = ConvOutShape(op, c.xs.data(), c.wsh.data(), c.a);
+  const std::array<int64_t, 4> y_phys =
+      c.a.layout == 1 ? std::array<int64_t, 4>{c.ys[0], c.ys[2], c.ys[3], c.ys[1]} : c.ys;
   if (b.shape()[0] != c.wsh[0]) {
     FailValue(op, "b has shape " + ShapeStr(b) + " but w " + ShapeStr(w) + " has " + std::to_string(c.wsh[0]) +
                       " output channels");
   }
   for (int i = 0; i < 4; ++i) {
-    if (y.shape()[i] != c.ys[i]) {
+    if (y.shape()[i] != y_phys[i]) {
       FailValue(op, "y has shape " + ShapeStr(y) + " but x " + ShapeStr(x) + ", w " + ShapeStr(w) + " and attrs " +
-                        ShapeStr(attrs.data(), 10) + " give " + ShapeStr(c.ys.data(), 4));
+                        ShapeStr(attrs.data(), int(attrs.size())) + " give " + ShapeStr(y_phys.data(), 4));
     }
-    if (z && z->shape()[i] != c.ys[i]) {
-      FailValue(op, "z has shape " + ShapeStr(*z) + " but y has shape " + ShapeStr(c.ys.data(), 4));
+    if (z && z->shape()[i] != y_phys[i]) {
+      FailValue(op, "z has shape " + ShapeStr(*z) + " but y has shape " + ShapeStr(y_phys.data(), 4));
     }
   }
   if (DataPtr(y) == DataPtr(x)) FailValue(op, "y must not alias x");
   c.empty = c.ys[0] * c.ys[1] * c.ys[2] * c.ys[3] == 0;
   return c;
+}
+
+// y = act(y + b (+ z)) over a checked call's output, in its layout (channels are NHWC's fastest axis)
+void LaunchConvBiasAct(const char* op, const ConvCall& c, void* y, const void* b, const void* z, cudaStream_t stream) {
+  const auto& ys = c.ys;
+  LaunchBiasAct(op, c.dtype, y, b, z, ys[0] * ys[1] * ys[2] * ys[3], c.a.layout == 1 ? 1 : ys[2] * ys[3], ys[1],
+                int(c.a.act), stream);
 }
 
 }  // namespace

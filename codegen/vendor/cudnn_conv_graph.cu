@@ -3,7 +3,8 @@
 //   nimble.cudnn_graph.conv2d(x, w, b, attrs, y, workspace)         y = act(conv2d(x, w) + b)
 //   nimble.cudnn_graph.conv2d_add(x, w, b, z, attrs, y, workspace)  y = act(conv2d(x, w) + b + z)
 //
-// the arguments and attrs of nimble.cudnn.conv2d / conv2d_add (conv_args.h; the algo entry must be -1), groups 1.
+// the arguments and attrs of nimble.cudnn.conv2d / conv2d_add (conv_args.h; the algo entry must be -1), groups 1,
+// in either layout (NCHW / OIHW, or NHWC / OHWI: the same dims with channels-last strides).
 // Unlike the legacy call, z must not be y: a graph's convolution cannot accumulate into its output as the legacy
 // API's beta does (the memory plan never gives a launch's output the memory of a tensor that launch reads).
 //
@@ -45,8 +46,8 @@ struct ConvGraph {
   std::mutex mu;
 };
 
-// device, dtype, residual, x and w shapes, attrs, workspace bytes
-using GraphKey = std::array<int64_t, 3 + 8 + 10 + 1>;
+// device, dtype, residual, x and w shapes, attrs (the layout included), workspace bytes
+using GraphKey = std::array<int64_t, 3 + 8 + 11 + 1>;
 
 std::mutex& ConvGraphsMutex() {
   static std::mutex* mu = new std::mutex();
@@ -62,7 +63,9 @@ fe::DataType_t FeType(int dtype) {
   return dtype == kF32 ? fe::DataType_t::FLOAT : dtype == kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
 }
 
-std::vector<int64_t> Contiguous(const std::array<int64_t, 4>& d) {
+// the strides of a packed tensor of dims [N,C,H,W] (or [O,C,KH,KW]) in layout 0 (NCHW) or 1 (NHWC / OHWI)
+std::vector<int64_t> Packed(const std::array<int64_t, 4>& d, int64_t layout) {
+  if (layout == 1) return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
   return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
 }
 
@@ -74,17 +77,15 @@ fe::error_t TryBuild(const ConvCall& call, bool residual, bool fused, cudnnHandl
   graph->set_io_data_type(FeType(call.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const std::array<int64_t, 4> xd{call.xs[0], call.xs[1], call.xs[2], call.xs[3]};
-  const std::array<int64_t, 4> wd{call.wsh[0], call.wsh[1], call.wsh[2], call.wsh[3]};
   auto tensor = [&](const char* name, int64_t uid, const std::array<int64_t, 4>& d) {
     return graph->tensor(fe::graph::Tensor_attributes()
                              .set_name(name)
                              .set_uid(uid)
                              .set_dim({d[0], d[1], d[2], d[3]})
-                             .set_stride(Contiguous(d)));
+                             .set_stride(Packed(d, a.layout)));
   };
-  auto x = tensor("X", kUidX, xd);
-  auto w = tensor("W", kUidW, wd);
+  auto x = tensor("X", kUidX, call.xs);
+  auto w = tensor("W", kUidW, call.wsh);
   auto conv = fe::graph::Conv_fprop_attributes()
                   .set_name("conv")
                   .set_padding({a.pad_h, a.pad_w})
@@ -97,7 +98,7 @@ fe::error_t TryBuild(const ConvCall& call, bool residual, bool fused, cudnnHandl
                                   .set_name("B")
                                   .set_uid(kUidB)
                                   .set_dim({1, call.ys[1], 1, 1})
-                                  .set_stride({call.ys[1], 1, 1, 1}));
+                                  .set_stride(Packed({1, call.ys[1], 1, 1}, a.layout)));
     y = graph->pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
     if (residual) {
       y = graph->pointwise(y, tensor("Z", kUidZ, call.ys),
@@ -108,7 +109,7 @@ fe::error_t TryBuild(const ConvCall& call, bool residual, bool fused, cudnnHandl
     }
   }
   y->set_output(true).set_uid(kUidY).set_data_type(FeType(call.dtype)).set_dim(
-      {call.ys[0], call.ys[1], call.ys[2], call.ys[3]}).set_stride(Contiguous(call.ys));
+      {call.ys[0], call.ys[1], call.ys[2], call.ys[3]}).set_stride(Packed(call.ys, a.layout));
   if (call.dtype == kF32 && a.tf32 == 0) graph->deselect_numeric_notes({fe::NumericalNote_t::TENSOR_CORE});
   graph->deselect_workspace_greater_than(int64_t(call.ws.bytes));
   // each step only after the one before it succeeded
@@ -139,7 +140,8 @@ void GraphConvImpl(const char* op, const TensorView& x, const TensorView& w, con
   key[0] = call.dev, key[1] = call.dtype, key[2] = z != nullptr;
   for (int i = 0; i < 4; ++i) key[3 + i] = call.xs[i], key[7 + i] = call.wsh[i];
   for (int i = 0; i < 10; ++i) key[11 + i] = attrs[i];
-  key[21] = int64_t(call.ws.bytes);
+  key[21] = call.a.layout;
+  key[22] = int64_t(call.ws.bytes);
   ConvGraph* g;
   {
     std::lock_guard<std::mutex> lock(ConvGraphsMutex());
@@ -171,11 +173,7 @@ void GraphConvImpl(const char* op, const TensorView& x, const TensorView& w, con
   if (err.is_bad()) {
     TVM_FFI_THROW(RuntimeError) << op << ": executing cuDNN's plan failed: " << OneLine(err.get_message());
   }
-  if (!g->fused) {
-    const auto& ys = call.ys;
-    LaunchBiasAct(op, call.dtype, yp, DataPtr(b), zp, ys[0] * ys[1] * ys[2] * ys[3], ys[2] * ys[3], ys[1],
-                  int(call.a.act), stream);
-  }
+  if (!g->fused) LaunchConvBiasAct(op, call, yp, DataPtr(b), zp, stream);
 }
 
 void GraphConv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y, TensorView workspace) {

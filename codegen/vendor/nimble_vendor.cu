@@ -6,8 +6,9 @@
 // Functions (registered when this library is loaded; see tvm_nimble/runtime/vendor.py):
 //   nimble.cudnn.conv2d(x, w, b, attrs, y, workspace)
 //   nimble.cudnn.conv2d_add(x, w, b, z, attrs, y, workspace)
-//       y = act(conv2d(x, w) + b [+ z]); NCHW / OIHW; fp32 or fp16; b [O]; z shaped like y.
-//       attrs = [stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, activation, algo, allow_tf32]
+//       y = act(conv2d(x, w) + b [+ z]); NCHW / OIHW or NHWC / OHWI; fp32, fp16 or bf16; b [O]; z shaped like y.
+//       attrs = [stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, activation, algo, allow_tf32(, layout)]
+//       layout: 0 (NCHW / OIHW, also when left out) or 1 (NHWC / OHWI: a channels-last build's)
 //       activation: 0 identity, 1 relu, 2 relu6; algo: -1 choose (heuristics, cached), >= 0 forced
 //       cudnnConvolutionFwdAlgo_t. Padding is symmetric per axis (pad_h top and bottom, pad_w left
 //       and right): that is what cuDNN's convolution descriptor can express.
@@ -110,22 +111,24 @@ struct ConvDescs {
   }
 };
 
+// x, w and y in NCHW / OIHW order; a.layout says how they lie in memory (1: NHWC / OHWI, cuDNN's KRSC filter)
 void MakeConvDescs(const char* op, ConvDescs* d, int dtype, const int64_t* x, const int64_t* w,
                    const std::array<int64_t, 4>& y, const ConvAttrs& a) {
   cudnnDataType_t dt = dtype == kF32 ? CUDNN_DATA_FLOAT : dtype == kF16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+  const cudnnTensorFormat_t format = a.layout == 1 ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   CheckCudnn(cudnnCreateTensorDescriptor(&d->x), op, "cudnnCreateTensorDescriptor");
   CheckCudnn(cudnnCreateTensorDescriptor(&d->y), op, "cudnnCreateTensorDescriptor");
   CheckCudnn(cudnnCreateTensorDescriptor(&d->bias), op, "cudnnCreateTensorDescriptor");
   CheckCudnn(cudnnCreateFilterDescriptor(&d->w), op, "cudnnCreateFilterDescriptor");
   CheckCudnn(cudnnCreateConvolutionDescriptor(&d->conv), op, "cudnnCreateConvolutionDescriptor");
   CheckCudnn(cudnnCreateActivationDescriptor(&d->act), op, "cudnnCreateActivationDescriptor");
-  CheckCudnn(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, dt, int(x[0]), int(x[1]), int(x[2]), int(x[3])),
+  CheckCudnn(cudnnSetTensor4dDescriptor(d->x, format, dt, int(x[0]), int(x[1]), int(x[2]), int(x[3])),
              op, "cudnnSetTensor4dDescriptor(x)", "x " + ShapeStr(x, 4));
-  CheckCudnn(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, dt, int(y[0]), int(y[1]), int(y[2]), int(y[3])),
+  CheckCudnn(cudnnSetTensor4dDescriptor(d->y, format, dt, int(y[0]), int(y[1]), int(y[2]), int(y[3])),
              op, "cudnnSetTensor4dDescriptor(y)", "y " + ShapeStr(y.data(), 4));
   CheckCudnn(cudnnSetTensor4dDescriptor(d->bias, CUDNN_TENSOR_NCHW, dt, 1, int(y[1]), 1, 1), op,
              "cudnnSetTensor4dDescriptor(bias)");
-  CheckCudnn(cudnnSetFilter4dDescriptor(d->w, dt, CUDNN_TENSOR_NCHW, int(w[0]), int(w[1]), int(w[2]), int(w[3])),
+  CheckCudnn(cudnnSetFilter4dDescriptor(d->w, dt, format, int(w[0]), int(w[1]), int(w[2]), int(w[3])),
              op, "cudnnSetFilter4dDescriptor", "w " + ShapeStr(w, 4));
   // fp32 accumulation for every dtype ("pseudo half" / "pseudo bfloat16": tensor cores accumulating in fp32)
   CheckCudnn(cudnnSetConvolution2dDescriptor(d->conv, int(a.pad_h), int(a.pad_w), int(a.stride_h), int(a.stride_w),
@@ -166,7 +169,7 @@ struct ConvPlan {
   std::mutex mu;
 };
 
-using ConvKey = std::array<int64_t, 22>;
+using ConvKey = std::array<int64_t, 23>;
 
 std::mutex& ConvMutex() {
   static std::mutex* mu = new std::mutex();
@@ -243,8 +246,8 @@ void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const Te
   if (call.empty) return;
   const ConvAttrs& a = call.a;
   const int dev = call.dev, dtype = call.dtype;
-  const int64_t* xs = call.xs;
-  const int64_t* wsh = call.wsh;
+  const int64_t* xs = call.xs.data();
+  const int64_t* wsh = call.wsh.data();
   const std::array<int64_t, 4>& ys = call.ys;
   const Workspace& ws = call.ws;
 
@@ -254,7 +257,7 @@ void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const Te
 
   ConvKey key{dev, dtype, z != nullptr, xs[0], xs[1], xs[2], xs[3], wsh[0], wsh[1], wsh[2], wsh[3],
               a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w, a.groups, a.act, a.algo, a.tf32,
-              int64_t(ws.bytes)};
+              int64_t(ws.bytes), a.layout};
   ConvPlan* p;
   {
     std::lock_guard<std::mutex> lock(ConvMutex());
@@ -265,7 +268,7 @@ void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const Te
       ChooseAlgo(op, h, plan.get(), dtype, a, ws.bytes, z != nullptr);
       std::ostringstream os;
       os << (z ? kConvAdd : kConv) << " cuda:" << dev << " " << DTypeName(dtype) << " x=" << ShapeStr(xs, 4)
-         << " w=" << ShapeStr(wsh, 4) << " attrs=" << ShapeStr(attrs.data(), 10) << " workspace=" << ws.bytes
+         << " w=" << ShapeStr(wsh, 4) << " attrs=" << ShapeStr(attrs.data(), int(attrs.size())) << " workspace=" << ws.bytes
          << " -> algo=" << int(plan->algo) << " math=" << MathName(plan->math) << " needs=" << plan->ws_need;
       plan->desc = os.str();
       slot = std::move(plan);
@@ -300,8 +303,7 @@ void ConvImpl(const char* op, const TensorView& x, const TensorView& w, const Te
   CheckCudnn(cudnnConvolutionForward(h, &one, p->d.x, DataPtr(x), p->d.w, DataPtr(w), p->d.conv, p->algo, ws.ptr,
                                      ws.bytes, z_is_y ? &one : &zero, p->d.y, yp),
              op, "cudnnConvolutionForward", ctx);
-  LaunchBiasAct(op, dtype, yp, DataPtr(b), z_is_y ? nullptr : zp, ys[0] * ys[1] * ys[2] * ys[3], ys[2] * ys[3], ys[1],
-                int(a.act), stream);
+  LaunchConvBiasAct(op, call, yp, DataPtr(b), z_is_y ? nullptr : zp, stream);
 }
 
 void Conv2d(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
@@ -450,6 +452,7 @@ void ConvBwdImpl(const char* op, BwdKind kind, const TensorView& in0, const Tens
   ConvAttrs a = ParseConvAttrs(op, attrs);
   if (a.act != 0) FailValue(op, "attrs: a convolution gradient takes no activation (entry 7 must be 0)");
   if (a.algo != -1) FailValue(op, "attrs: a convolution gradient chooses its own algorithm (entry 8 must be -1)");
+  if (a.layout != 0) FailValue(op, "attrs: a convolution gradient takes NCHW / OIHW only (entry 10 must be 0)");
   if (in0.device().device_type != kDLCUDA) {
     FailValue(op, "inputs must be CUDA tensors, got device type " + std::to_string(in0.device().device_type));
   }
@@ -526,11 +529,12 @@ Array<Shape> Conv2dAlgos(Shape x_shape, Shape w_shape, Shape attrs, String dtype
   if (x_shape.size() != 4 || w_shape.size() != 4) FailValue(op, "x_shape and w_shape must have 4 entries");
   int dtype = DTypeFromName(std::string(dtype_name));
   if (dtype < 0) FailValue(op, "dtype must be \"float32\", \"float16\" or \"bfloat16\", got \"" + std::string(dtype_name) + "\"");
-  std::array<int64_t, 4> ys = ConvOutShape(op, x_shape.data(), w_shape.data(), a);
+  const std::array<int64_t, 4> xs = Logical(x_shape.data(), a.layout), wsh = Logical(w_shape.data(), a.layout);
+  std::array<int64_t, 4> ys = ConvOutShape(op, xs.data(), wsh.data(), a);
   DeviceGuard guard(int(device_id), op);
   cudnnHandle_t h = CudnnHandle(int(device_id), nullptr, op);
   ConvDescs d;
-  MakeConvDescs(op, &d, dtype, x_shape.data(), w_shape.data(), ys, a);
+  MakeConvDescs(op, &d, dtype, xs.data(), wsh.data(), ys, a);
   bool tf32 = a.tf32 != 0;
   CheckCudnn(cudnnSetConvolutionMathType(d.conv, BaseMath(dtype, tf32)), op, "cudnnSetConvolutionMathType");
   Array<Shape> out;

@@ -50,7 +50,7 @@ def _gradient_call(ctx, op: str, why, name: str, args: list, out, dtype: str, fo
 def data_gradient(ctx, chains, var, call):
     """``conv2d_transpose(dy, W)`` as TVM's Gradient pass writes dL/dx of ``conv2d(x, W)``: the transpose's
     strides, padding and dilation are the forward convolution's, W its weights (read as IOHW)."""
-    why = conv_reason(call, ("NCHW", "IOHW", "NCHW"), groups=False)
+    why = conv_reason(call, [("NCHW", "IOHW", "NCHW")], groups=False)
     a = call.attrs
     dy, w = call.args
     if why is None:
@@ -70,7 +70,7 @@ def filter_gradient(ctx, chains, var, call):
     a = call.attrs
     if (a.data_layout, a.kernel_layout, a.out_layout) != _FILTER_LAYOUTS:
         return None  # a forward convolution: cuDNN's provider reports on it
-    why = conv_reason(call, _FILTER_LAYOUTS, groups=False)
+    why = conv_reason(call, [_FILTER_LAYOUTS], groups=False)
     x, dy = call.args
     removed, last, out = [], var, known_shape(call)
     if why is None:

@@ -1,6 +1,6 @@
 """cuDNN's convolutions through the cuDNN frontend's graph API (codegen/vendor/cudnn_conv_graph.cu).
 
-    conv2d(x, W) [+ bias] [+ residual] [-> relu | clip(0, 6)]     (NCHW / OIHW, symmetric padding, groups 1)
+    conv2d(x, W) [+ bias] [+ residual] [-> relu | clip(0, 6)]     (NCHW / OIHW or NHWC / OHWI, symmetric padding, groups 1)
 
 the chains of :mod:`.cudnn` but for grouped convolutions.
 Why a second cuDNN provider: the legacy API's algorithm list misses cuDNN 9's faster engines. On an H100
@@ -29,4 +29,4 @@ def graph_conv_chain(ctx, chains, var, call):
 PROVIDER = register(Provider(
     name="cudnn_graph", title="cuDNN (graph API)", kernel_prefix="nimble.cudnn_graph.",
     matchers={"relax.nn.conv2d": graph_conv_chain},
-    dtypes=DTYPES, layouts=("NCHW/OIHW",)))
+    dtypes=DTYPES, layouts=("NCHW/OIHW", "NHWC/OHWI")))

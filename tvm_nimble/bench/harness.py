@@ -48,7 +48,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     """
     from tvm_nimble.compiler.build import build_with
     from tvm_nimble.compiler.kernel_choice import Selection, select_kernels, summarize
-    from tvm_nimble.compiler.stages import apply_precision, import_model
+    from tvm_nimble.compiler.stages import apply_layout, apply_precision, import_model
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize as summarize_streams
     from tvm_nimble.compiler.tuning.database import open_tuning_database
@@ -60,7 +60,8 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     if isinstance(model, Selection):
         selection = model
     else:  # the same merged (or separate) module for stock TVM and Nimble: the same kernels
-        mod, merge_record = choose_merges(apply_precision(import_model(model), options), options)
+        mod, merge_record = choose_merges(apply_layout(apply_precision(import_model(model), options), options),
+                                           options)
         for line in summarize_merge(merge_record)[:1]:
             print(f"[bench] {line}", flush=True)
         selection = select_kernels(mod, options)
@@ -391,6 +392,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             # providers named on top of the defaults (e.g. attention_split) are part of what a row measured
             label = kernels + "".join(f"+{p}" for p in options.providers or ()
                                       if kernels in ("vendor", "best") and not provider_registry.get(p).by_default)
+            label += f"+{options.layout}" if options.layout != "auto" else ""  # a layout asked for, not the default
             built = {s.name: s.build_s for s in systems if s.build_s is not None}
             new = [{"date": today, "device": device, "model": name, "batch": batch, "dtype": dtype, "kernels": label,
                     "db_trials": db_trials, "system": system, "median_ms": f"{med:.4f}", "p90_ms": f"{p90:.4f}",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tvm_nimble.cli.options import merge_arg, providers_arg, timing_cache_arg, timing_cache_option
+from tvm_nimble.cli.options import layout_arg, merge_arg, providers_arg, timing_cache_arg, timing_cache_option
 
 
 def calibrate_batchnorm(model, size: int, batches: int = 4, batch: int = 8, seed: int = 1):
@@ -158,6 +158,7 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="use the zoo's small default sizes (fast, for CI)")
     merge_arg(ap)
     providers_arg(ap)
+    layout_arg(ap)
     timing_cache_arg(ap)
     ap.add_argument("--training", action="store_true",
                     help="time training steps (forward, cross-entropy, backward, optimizer update) instead of "
@@ -229,7 +230,7 @@ def main(argv=None):
                                  tuning_db=db, precision=precision, torch_models=torch_models, baseline_cache=baseline_cache,
                                  kernels=args.kernels if args.kernels != "tvm" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "",
-                                 build_extra={**timing_cache_option(args), "merge": args.merge,
+                                 build_extra={**timing_cache_option(args), "merge": args.merge, "layout": args.layout,
                                               **({"providers": args.providers} if args.providers else {})})
             rows += r
             notes += [x for x in n if x not in notes]

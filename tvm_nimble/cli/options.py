@@ -70,6 +70,7 @@ def build_option_args(p) -> None:
                         "cuDNN/cuBLAS wheels")
     providers_arg(p)
     merge_arg(p)
+    layout_arg(p)
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="fp32 (default), tf32 (fp32 with TF32 tensor cores), fp16 or bf16: convolutions and GEMMs "
                         f"in the reduced dtype, {', '.join(KEEP_FP32[:4])}, ... in float32, the rest following "
@@ -113,6 +114,16 @@ def merge_arg(p) -> None:
                         "concurrent on this GPU; separate without one)")
 
 
+def layout_arg(p) -> None:
+    """--layout, for every command that builds (compile, explain, bench)."""
+    from tvm_nimble.relay_passes.layout import LAYOUTS
+
+    p.add_argument("--layout", choices=LAYOUTS, default="auto",
+                   help="the activations' layout inside the build: nchw (the model's), nhwc (convolutions and pools "
+                        "channels-last, for cuDNN's tensor cores; inputs and outputs keep the model's layout), or "
+                        "auto (default: nhwc for fp16/bf16 builds on a GPU with vendor kernels, else nchw)")
+
+
 def timing_cache_arg(p) -> None:
     """--timing-cache, for every command that builds (compile, explain, bench)."""
     p.add_argument("--timing-cache", metavar="DIR|off", help="keep what --kernels best and --max-streams auto "
@@ -132,4 +143,5 @@ def build_options(args) -> dict:
             "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
             "keep_fp32": args.keep_fp32, "max_error": args.max_error,
             "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key,
-            "batch_sizes": getattr(args, "batch_sizes", None), "merge": args.merge, **timing_cache_option(args)}
+            "batch_sizes": getattr(args, "batch_sizes", None), "merge": args.merge, "layout": args.layout,
+            **timing_cache_option(args)}

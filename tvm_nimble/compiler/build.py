@@ -4,7 +4,7 @@ Only the policy lives here; the stages are plain functions of :mod:`.stages`, an
 by measurement are :func:`.kernel_choice.select_kernels` and :func:`.stream_choice.choose_streams`:
 
     options = BuildOptions.create(target, **options)       validated once
-    mod = import_model(model) -> apply_precision             (stages)
+    mod = import_model(model) -> apply_precision -> apply_layout   (stages)
     selection = select_kernels(mod, options)                 which provider runs each operator
     result = build_fixed(selection.mod, options)             lower, schedule, generate
     result = choose_streams(result)                          with max_streams="auto"
@@ -34,7 +34,8 @@ from .stream_choice import choose_streams, rescheduled
 from .timers import timer_for
 
 #: the phases of a build, in order (``info["phases"]`` holds those a build ran, in seconds)
-PHASES = ("import", "precision", "merge", "kernel choice", "lower", "schedule", "generate", "stream choice", "accuracy")
+PHASES = ("import", "precision", "layout", "merge", "kernel choice", "lower", "schedule", "generate", "stream choice",
+          "accuracy")
 _phase_listeners: list = []
 
 
@@ -130,6 +131,8 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
             fp32_mod = stages.import_model(model, params, shape_dict)
         with phases("precision"):
             mod = stages.apply_precision(fp32_mod, opts)
+        with phases("layout"):
+            mod = stages.apply_layout(mod, opts)
         with phases("merge"):
             mod, merge_record = choose_merges(mod, opts, timer)
         with phases("kernel choice"):

@@ -16,6 +16,7 @@ import tvm
 from tvm_nimble.codegen.lower_plan import REUSE_MODES
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
+from tvm_nimble.relay_passes.layout import LAYOUTS
 from tvm_nimble.relay_passes.precision import PRECISIONS, Policy, precision_name
 
 from .target import resolve_target
@@ -42,6 +43,9 @@ class BuildOptions:
       :mod:`relay_passes.precision`; ``keep_fp32`` names more operators to keep in float32, e.g.
       ``("matmul",)``). Inputs and outputs keep the model's dtypes. ``max_error``: the largest relative L2
       error against the fp32 model a reduced-precision build may have (measured on seeded inputs).
+    - ``layout``: the activations' layout inside the build: ``nchw`` (the model's), ``nhwc`` (convolutions,
+      pools and what runs between them channels-last, for cuDNN's tensor-core kernels; inputs and outputs keep the
+      model's layout), or ``auto`` (default, see :attr:`data_layout`).
     - ``max_streams``: an integer cap, None (Nimble's widest schedule) or ``"auto"`` (the fastest cap,
       measured). ``memory_budget``: bytes the concurrency-safe pool may take. ``reuse``: the memory plan
       (``concurrent`` is the only safe one for several streams).
@@ -65,6 +69,7 @@ class BuildOptions:
     allow_tf32: bool = False
     keep_fp32: tuple[str, ...] = ()
     max_error: float | None = None
+    layout: str = "auto"
     max_streams: int | str | None = "auto"
     memory_budget: int | None = None
     reuse: str = "concurrent"
@@ -92,6 +97,7 @@ class BuildOptions:
             object.__setattr__(self, "target", resolve_target(self.target))
         _check(self.kernels in KERNEL_CHOICES, "kernels", self.kernels, f"one of {KERNEL_CHOICES}")
         _check(self.merge in MERGE_CHOICES, "merge", self.merge, f"one of {MERGE_CHOICES}")
+        _check(self.layout in LAYOUTS, "layout", self.layout, f"one of {LAYOUTS}")
         if self.providers is not None:
             given = (self.providers,) if isinstance(self.providers, str) else tuple(self.providers)
             others = tuple(n for n in provider_registry.names() if n != provider_registry.TVM)
@@ -142,6 +148,15 @@ class BuildOptions:
         return Policy().with_fp32(self.keep_fp32) if self.keep_fp32 else Policy()
 
     @property
+    def data_layout(self) -> str:
+        """``nchw`` or ``nhwc``: ``layout``, where ``auto`` means NHWC for half-precision builds whose convolutions
+        may go to cuDNN (its fp16/bf16 tensor-core kernels are channels-last), NCHW otherwise."""
+        if self.layout != "auto":
+            return self.layout
+        half = self.compute_dtype != "float32"
+        return "nhwc" if half and self.is_cuda and self.kernels != "tvm" else "nchw"
+
+    @property
     def is_cuda(self) -> bool:
         return self.target.kind.name == "cuda"
 
@@ -156,7 +171,7 @@ class BuildOptions:
     def to_info(self) -> dict:
         """The options as recorded in an artifact's info."""
         return {"kernels": self.kernels, "providers": list(self.providers) if self.providers else None,
-                "precision": self.precision, "allow_tf32": self.allow_tf32,
+                "precision": self.precision, "allow_tf32": self.allow_tf32, "layout": self.data_layout,
                 "policy": self.policy.describe() if self.compute_dtype != "float32" else None,
                 "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None, "merge": self.merge}
 

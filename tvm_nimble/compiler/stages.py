@@ -1,6 +1,6 @@
 """The stages of a build, as plain functions: import, precision, offload, lower, schedule, generate.
 
-    import_model -> apply_precision -> [kernel choice: offload] -> lower -> schedule -> generate_kernels
+    import_model -> apply_precision -> apply_layout -> [kernel choice: offload] -> lower -> schedule -> generate_kernels
 
 ``build_fixed`` strings the last three together for a module whose kernels are already chosen: it is
 what the kernel choice (``kernel_choice``) builds its probes and model checks with, and what
@@ -23,6 +23,7 @@ from tvm_nimble.relay_passes.concat_in_place import ATTR_CONCATS_IN_PLACE
 from tvm_nimble.relay_passes.merge_siblings import ATTR_SPLITS_AS_VIEWS
 from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_function
 from tvm_nimble.relay_passes.pipeline import kernel_passes, run_passes
+from tvm_nimble.relay_passes.layout import to_nhwc
 from tvm_nimble.relay_passes.precision import to_precision
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
@@ -60,6 +61,11 @@ def import_model(model, params: dict | None = None, shape_dict: dict | None = No
 def apply_precision(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
     """``mod`` computing in ``options.precision`` under its policy (inputs and outputs keep their dtypes)."""
     return to_precision(mod, options.compute_dtype, options.policy)
+
+
+def apply_layout(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
+    """``mod`` in the options' activation layout (``relay_passes.layout``; inputs and outputs keep theirs)."""
+    return to_nhwc(mod) if options.data_layout == "nhwc" else mod
 
 
 def vendor_library(target: tvm.target.Target) -> str:

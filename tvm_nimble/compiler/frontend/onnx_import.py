@@ -394,6 +394,7 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
+    from tvm_nimble.relay_passes.clip_ops import ClipAsOperators
     from tvm_nimble.relay_passes.static_shapes import FoldStaticShapeOf
 
     printed = io.StringIO()
@@ -412,4 +413,4 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"TVM could not prepare {label} for inference (DecomposeOpsForInference): "
                          f"{one_line(e)}: simplify or re-export the model") from e
-    return mod
+    return ClipAsOperators(mod)

@@ -1,0 +1,108 @@
+"""Channels-last builds (``layout="nhwc"``, relay_passes/layout.py): TVM's ConvertLayout, the cuDNN providers'
+NHWC / OHWI calls and their numpy contract (tests/vendor_reference.py), against the ONNX reference evaluator.
+
+The calls themselves run on a GPU (the bench on an H100); here: that an NHWC build computes what the model does,
+with TVM's kernels and with every convolution and average pool on the providers' calls; that the layout changes
+only where the graph enters and leaves the convolutions (no transpose per operator); that ``auto`` picks NHWC for
+half-precision CUDA builds only; and that a bad value is one line.
+"""
+import numpy as np
+import pytest
+import tvm
+from onnx.reference import ReferenceEvaluator
+from tvm import relax
+
+from tvm_nimble import NimbleExecutor, build, zoo
+from tvm_nimble.compiler import stages
+from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes import providers
+from tvm_nimble.relay_passes.providers import cudnn, cudnn_graph
+from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
+
+SM90 = {"kind": "cuda", "arch": "sm_90"}
+
+
+def _reference(name):
+    model = zoo.get_model(name)
+    inputs = zoo.random_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, inputs)[0]
+    other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
+    assert np.abs(ref - other).max() > 1e-3  # the reference depends on the input
+    return model, inputs, ref
+
+
+def _nhwc(model, **options):
+    opts = BuildOptions.create("llvm", layout="nhwc", timing_cache="off", **options)
+    return stages.apply_layout(stages.apply_precision(stages.import_model(model), opts), opts)
+
+
+def _calls(mod, name):
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == name:
+            found.append(e)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return found
+
+
+@pytest.mark.parametrize("name", ["resnet", "inception", "nasnet"])
+def test_an_nhwc_build_on_tvms_kernels_matches_the_reference(name):
+    model, inputs, ref = _reference(name)
+    result = build(model, "llvm", layout="nhwc", max_streams=None, timing_cache="off")
+    assert result.info["layout"] == "nhwc"
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["resnet", "inception", "nasnet", "mobilenet", "densenet"])
+def test_every_convolution_and_average_pool_goes_to_cudnn_channels_last(name, vendor_reference):
+    model, inputs, ref = _reference(name)
+    mod = _nhwc(model)
+    convs = _calls(mod, "relax.nn.conv2d")
+    assert convs and all(c.attrs.data_layout == "NHWC" and c.attrs.kernel_layout == "OHWI" for c in convs)
+    # the layout changes where the graph enters the convolutions and where it leaves them, not per operator
+    assert len(_calls(mod, "relax.permute_dims")) <= 2
+    report = OffloadReport()
+    offloaded = OffloadToVendor(providers=[providers.get("cudnn")], report=report)(mod)
+    assert not [why for op, why in report.kept if op in ("conv2d", "avg_pool2d")]
+    calls = [c for c in _calls(offloaded, "relax.call_dps_packed") if c.args[0].global_symbol.startswith("nimble.")]
+    conv_calls = [c for c in calls if c.args[0].global_symbol in (cudnn.CONV2D, cudnn.CONV2D_ADD)]
+    assert len(conv_calls) >= len(convs) and not _calls(offloaded, "relax.nn.conv2d")
+    assert all(int(c.args[1].fields[-1].values[10]) == 1 for c in conv_calls)  # attrs say NHWC
+    result = build(offloaded, "llvm", max_streams=None, timing_cache="off")
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_graph_api_takes_nhwc_convolutions_with_their_residual_adds(vendor_reference):
+    model, inputs, ref = _reference("resnet")
+    report = OffloadReport()
+    offloaded = OffloadToVendor(allow_tf32=True, providers=[providers.get("cudnn_graph")],
+                                report=report)(_nhwc(model, precision="tf32"))
+    names = [c.args[0].global_symbol for c in _calls(offloaded, "relax.call_dps_packed")]
+    assert cudnn_graph.CONV2D in names and cudnn_graph.CONV2D_ADD in names
+    result = build(offloaded, "llvm", max_streams=None, timing_cache="off")
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_is_channels_last_for_half_precision_cuda_builds_only():
+    def layout(target, **kw):
+        return BuildOptions.create(target, timing_cache="off", **kw).data_layout
+
+    assert layout(SM90, precision="fp16") == "nhwc" and layout(SM90, precision="bf16") == "nhwc"
+    assert layout(SM90) == "nchw" and layout(SM90, precision="tf32") == "nchw"
+    assert layout(SM90, precision="fp16", kernels="tvm") == "nchw"  # TVM's own kernels gain nothing from it
+    assert layout("llvm", precision="fp16") == "nchw"
+    assert layout(SM90, precision="fp32", layout="nhwc") == "nhwc"  # asked for: given
+    # a model without convolutions is left as it is
+    mod = stages.import_model(zoo.bert())
+    assert stages.apply_layout(mod, BuildOptions.create("llvm", layout="nhwc", timing_cache="off")) is mod
+
+
+def test_a_bad_layout_is_one_line():
+    with pytest.raises(NimbleError, match=r"^layout must be one of \('auto', 'nchw', 'nhwc'\), got 'NHCW'$"):
+        BuildOptions.create("llvm", layout="NHCW")

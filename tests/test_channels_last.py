@@ -106,3 +106,27 @@ def test_auto_is_channels_last_for_half_precision_cuda_builds_only():
 def test_a_bad_layout_is_one_line():
     with pytest.raises(NimbleError, match=r"^layout must be one of \('auto', 'nchw', 'nhwc'\), got 'NHCW'$"):
         BuildOptions.create("llvm", layout="NHCW")
+
+
+def test_a_tvm_failure_on_the_channels_last_form_falls_back_to_the_models_layout_only_where_auto_chose_it():
+    from tvm_nimble.compiler import notes
+    from tvm_nimble.compiler.build import nchw_fallback
+
+    notes._given.clear()
+    err = RuntimeError("InternalError: Check failed: Inconsistent buffers T_transpose and A")
+    auto = BuildOptions.create(SM90, precision="fp16", timing_cache="off")
+    with pytest.warns(UserWarning, match=r"TVM failed on the channels-last \(NHWC\) form .* building it in its own "
+                                         r"layout \(NCHW\) instead"):
+        assert nchw_fallback(auto, err).data_layout == "nchw"
+    for opts, error in ((auto.replace(layout="nhwc"), err), (auto.replace(precision="fp32"), err),
+                        (auto, NimbleError("max_error exceeded"))):
+        with pytest.raises(type(error)):
+            nchw_fallback(opts, error)
+
+
+def test_explain_names_the_layout_of_a_channels_last_build():
+    from tvm_nimble.compiler.explain import explain_model
+
+    text = explain_model(zoo.get_model("resnet"), "llvm", layout="nhwc", timing_cache="off")
+    assert "layout: NHWC inside the build" in text
+    assert "layout: NHWC" not in explain_model(zoo.get_model("resnet"), "llvm", timing_cache="off")

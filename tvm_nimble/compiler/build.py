@@ -27,7 +27,9 @@ from tvm_nimble.errors import NimbleError
 
 from . import accuracy, buckets, kernel_cache, stages
 from .kernel_choice import Selection, select_kernels
+from .frontend.onnx_import import one_line
 from .merge_choice import choose_merges
+from .notes import note_once
 from .options import BuildOptions
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
 from .stream_choice import choose_streams, rescheduled
@@ -126,18 +128,15 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
     fp32_mod, merge_record = None, None
     if isinstance(model, Selection):
         selection = model
+        result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
     else:
         with phases("import"):
             fp32_mod = stages.import_model(model, params, shape_dict)
-        with phases("precision"):
-            mod = stages.apply_precision(fp32_mod, opts)
-        with phases("layout"):
-            mod = stages.apply_layout(mod, opts)
-        with phases("merge"):
-            mod, merge_record = choose_merges(mod, opts, timer)
-        with phases("kernel choice"):
-            selection = select_kernels(mod, opts, timer)
-    result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
+        try:
+            selection, merge_record, result = _choose_and_build(fp32_mod, opts, timer, phases)
+        except RuntimeError as err:  # TVM's errors are RuntimeErrors
+            opts = nchw_fallback(opts, err)
+            selection, merge_record, result = _choose_and_build(fp32_mod, opts, timer, phases)
     if merge_record is not None:
         result.info["merge_choice"] = merge_record
     if selection.timings:
@@ -166,6 +165,33 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
         accuracy.check(result.info["accuracy"], opts.max_error)
     result.info["phases"] = phases.to_info()
     return result
+
+
+def _choose_and_build(fp32_mod, opts: BuildOptions, timer, phases: Phases):
+    """precision -> layout -> merge choice -> kernel choice -> the build: (selection, merge record, result)."""
+    with phases("precision"):
+        mod = stages.apply_precision(fp32_mod, opts)
+    with phases("layout"):
+        mod = stages.apply_layout(mod, opts)
+    with phases("merge"):
+        mod, merge_record = choose_merges(mod, opts, timer)
+    with phases("kernel choice"):
+        selection = select_kernels(mod, opts, timer)
+    return selection, merge_record, _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
+
+
+def nchw_fallback(opts: BuildOptions, err: Exception) -> BuildOptions:
+    """The options to build again with after TVM failed (``err``) on a channels-last module that ``layout="auto"``
+    chose: the model's layout, with a note. Any other failure is raised again.
+
+    Why: TVM 0.27's FuseTIR has failed on an NHWC nasnetalarge in fp16 ("Inconsistent buffers T_transpose and A
+    mapped to the same relax var"); the model still builds, as before channels-last existed."""
+    if isinstance(err, NimbleError) or opts.layout != "auto" or opts.data_layout != "nhwc":
+        raise err
+    note_once(f"TVM failed on the channels-last (NHWC) form of this model ({type(err).__name__}: {one_line(err)}); "
+              "building it in its own layout (NCHW) instead. layout='nchw' skips the attempt; layout='nhwc' "
+              "reports the error")
+    return opts.replace(layout="nchw")
 
 
 def _build_selected(selection: Selection, options: BuildOptions, phases: Phases) -> BuildResult:

@@ -47,6 +47,9 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     if "streams_choice" in result.info:
         lines.append(summarize_streams(result.info["streams_choice"]))
     lines.extend(_precision_lines(result))
+    if result.info.get("layout") == "nhwc":
+        lines.append("layout: NHWC inside the build (convolutions and pools channels-last; inputs and outputs keep "
+                     "the model's layout)")
     fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}
     lines.append(f"memory: inputs {_size(fixed['input'])}, outputs {_size(fixed['output'])}, "
                  f"constants {_size(fixed['const'])}, plus the pool below")

@@ -89,12 +89,13 @@ def test_the_graph_api_takes_nhwc_convolutions_with_their_residual_adds(vendor_r
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_auto_is_channels_last_for_half_precision_cuda_builds_only():
+def test_auto_is_channels_last_for_tensor_core_cuda_builds_only():
     def layout(target, **kw):
         return BuildOptions.create(target, timing_cache="off", **kw).data_layout
 
     assert layout(SM90, precision="fp16") == "nhwc" and layout(SM90, precision="bf16") == "nhwc"
-    assert layout(SM90) == "nchw" and layout(SM90, precision="tf32") == "nchw"
+    assert layout(SM90, precision="tf32") == "nhwc" and layout(SM90, allow_tf32=True) == "nhwc"
+    assert layout(SM90) == "nchw"  # exact fp32: FMA kernels, slower channels-last
     assert layout(SM90, precision="fp16", kernels="tvm") == "nchw"  # TVM's own kernels gain nothing from it
     assert layout("llvm", precision="fp16") == "nchw"
     assert layout(SM90, precision="fp32", layout="nhwc") == "nhwc"  # asked for: given
@@ -118,7 +119,7 @@ def test_a_tvm_failure_on_the_channels_last_form_falls_back_to_the_models_layout
     with pytest.warns(UserWarning, match=r"TVM failed on the channels-last \(NHWC\) form .* building it in its own "
                                          r"layout \(NCHW\) instead"):
         assert nchw_fallback(auto, err).data_layout == "nchw"
-    for opts, error in ((auto.replace(layout="nhwc"), err), (auto.replace(precision="fp32"), err),
+    for opts, error in ((auto.replace(layout="nhwc"), err), (BuildOptions.create(SM90, timing_cache="off"), err),
                         (auto, NimbleError("max_error exceeded"))):
         with pytest.raises(type(error)):
             nchw_fallback(opts, error)

@@ -121,7 +121,7 @@ def layout_arg(p) -> None:
     p.add_argument("--layout", choices=LAYOUTS, default="auto",
                    help="the activations' layout inside the build: nchw (the model's), nhwc (convolutions and pools "
                         "channels-last, for cuDNN's tensor cores; inputs and outputs keep the model's layout), or "
-                        "auto (default: nhwc for fp16/bf16 builds on a GPU with vendor kernels, else nchw)")
+                        "auto (default: nhwc for tf32/fp16/bf16 builds on a GPU with vendor kernels, else nchw)")
 
 
 def timing_cache_arg(p) -> None:

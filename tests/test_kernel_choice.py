@@ -130,10 +130,11 @@ def test_allow_tf32_reaches_every_vendor_call_and_the_probe():
     for allow in (False, True):
         result = build(model, {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", compile_kernels=False,
                        allow_tf32=allow)
-        flags = [lit[1][-1] for l in result.plan.launches if l.kernel.startswith("nimble.cudnn.") for lit in l.literals]
-        assert flags and set(flags) == {int(allow)}
+        # attrs [..., algo, allow_tf32, layout]: TF32 builds are channels-last (layout 1), fp32 ones NCHW
+        attrs = [lit[1] for l in result.plan.launches if l.kernel.startswith("nimble.cudnn.") for lit in l.literals]
+        assert attrs and {a[9] for a in attrs} == {int(allow)} and {a[10] for a in attrs} == {int(allow)}
         probe = build_probe(from_onnx(model), allow_tf32=allow)
-        assert all(s.endswith(f",{int(allow)}])") for s in probe.signatures if "cudnn" in s)
+        assert all(s.endswith(f",{int(allow)},0])") for s in probe.signatures if "cudnn" in s)
 
 
 def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it(tmp_path):

@@ -109,7 +109,7 @@ def test_arguments_are_checked_before_any_cuda_call(funcs):
     x, w, b, y, ws = _cpu((1, 3, 8, 8)), _cpu((4, 3, 3, 3)), _cpu((4,)), _cpu((1, 4, 8, 8)), _cpu((1,), np.uint8)
     good = tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 1, -1, 0])
     err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 0, -1]), y, ws)
-    assert err.type is ValueError and "nimble.cudnn.conv2d: attrs must have 10 entries" in str(err.value)
+    assert err.type is ValueError and "nimble.cudnn.conv2d: attrs must have 10 or 11 entries" in str(err.value)
     err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 3, -1, 0]), y, ws)
     assert "activation must be 0 (identity), 1 (relu) or 2 (relu6)" in str(err.value)
     err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 0, 8, 0]), y, ws)

@@ -9,9 +9,9 @@ half-precision CUDA builds only; and that a bad value is one line.
 import numpy as np
 import pytest
 import tvm
-from onnx.reference import ReferenceEvaluator
 from tvm import relax
 
+from test_cudnn_graph import _reference  # the zoo model, seeded inputs, the ONNX reference's (input-dependent) output
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler import stages
 from tvm_nimble.compiler.options import BuildOptions
@@ -21,15 +21,6 @@ from tvm_nimble.relay_passes.providers import cudnn, cudnn_graph
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}
-
-
-def _reference(name):
-    model = zoo.get_model(name)
-    inputs = zoo.random_inputs(model, seed=0)
-    ref = ReferenceEvaluator(model).run(None, inputs)[0]
-    other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
-    assert np.abs(ref - other).max() > 1e-3  # the reference depends on the input
-    return model, inputs, ref
 
 
 def _nhwc(model, **options):

@@ -103,13 +103,16 @@ def test_with_tf32_or_in_half_precision_it_leaves_the_linears_to_others(vit):
     mod = from_onnx(model)
     report = OffloadReport()
     assert find_offloads(mod["main"], allow_tf32=True, report=report, providers=ONLY) == []
-    assert ("matmul", "our fp32 GEMM is for builds without TF32") in report.kept
+    # silently: those GEMMs are cuBLASLt's, whose report gives the reason where it declines one
+    assert not [why for op, why in report.kept if op == "matmul"]
     from tvm_nimble.relay_passes.precision import to_precision
 
     half = to_precision(mod, "float16")
     report = OffloadReport()
     assert find_offloads(half["main"], report=report, providers=ONLY) == []
-    assert ("matmul", "only static fp32 matmuls of rank >= 2") in report.kept
+    assert not [why for op, why in report.kept if op == "matmul"]
+    report = OffloadReport()  # in exact fp32 it takes them
+    assert find_offloads(mod["main"], report=report, providers=ONLY)
 
 
 class ThirdIsFastest:

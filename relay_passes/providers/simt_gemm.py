@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
+from ..precision import compute_dtype
 from .cublaslt import linear_of, static_matmul
 from .registry import Provider, register
 
@@ -28,10 +29,9 @@ MIN_ROWS = 16
 
 
 def simt_chain(ctx, chains, var, call):
+    if ctx.allow_tf32 or compute_dtype(call) != "float32":
+        return None  # no note: TF32 and half-precision GEMMs are cuBLASLt's, whose report says why where it declines
     if not static_matmul(ctx, call, PROVIDER.dtypes):
-        return None
-    if ctx.allow_tf32:
-        ctx.report.kept.append(("matmul", "our fp32 GEMM is for builds without TF32"))
         return None
     lin = linear_of(chains, var, call)
     if lin is None:

@@ -184,6 +184,8 @@ def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None, fo
     return relax.transform.FoldConstant()(BatchedFoldConstant()(out))  # one LLVM build per round, not per cast
 
 
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
 #: numpy's spelling of each compute dtype (bfloat16 from ml_dtypes, which TVM's tensors take)
 _NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -255,7 +257,13 @@ class _MixedPrecision(relax.PyExprMutator):
     def visit_call_(self, call):
         args = [self.visit_expr(a) for a in call.args]  # the rewritten arguments, before any type inference
         back = None
-        if isinstance(call.op, tvm.ir.Op) and call.op.name != "relax.astype":
+        if call.op.same_as(_CALL_TIR) and isinstance(call.args[1], relax.Tuple):
+            # an opaque TE call (TVM's ONNX importer writes Pad as one): its PrimFunc takes the dtypes it was made
+            # for, so its inputs keep them. Cast to fp16 instead, nasnetalarge's padded inputs failed in FuseTIR
+            # ("Inconsistent buffers ... mapped to the same relax var"); its output keeps its dtype too
+            args[1] = relax.Tuple([self._cast(a, _float_dtype(b)) if _float_dtype(b) else a
+                                   for a, b in zip(args[1].fields, call.args[1].fields)])
+        elif isinstance(call.op, tvm.ir.Op) and call.op.name != "relax.astype":
             rule = self.policy.rule(call.op.name, self.dtype)
             reduced = self._all_reduced(args)
             back = self.dtype if rule == "fp32_math" and reduced else None

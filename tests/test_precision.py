@@ -260,3 +260,50 @@ def test_vendor_chains_of_a_bf16_build_still_offload_and_the_chain_after_them_co
     head = [line for line in text.splitlines() if line.startswith("def main")][0]
     assert head.count('"bfloat16"') == 2 and '"float32"' not in head  # bf16 in, bf16 out
     assert "T.float32(0.5)" in text and "T.bfloat16(0.5)" not in text  # GELU's constants: fp32 math
+
+
+def _padded_cell(seed: int = 0):
+    """NASNet's reduction-cell pattern as torch exports it, after a convolution (so that the reduced dtype reaches
+    it): ReLU, ZeroPad2d((1, 0, 1, 0)) (an ONNX Pad, which TVM's importer writes as an opaque TE call with float32
+    buffers), a strided depthwise + pointwise convolution, then x[:, :, 1:, 1:]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    c = 8
+    inits = [numpy_helper.from_array(rng.standard_normal((c, c, 1, 1)).astype(np.float32), "w0"),
+             numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), "wd"),
+             numpy_helper.from_array(rng.standard_normal((c, c, 1, 1)).astype(np.float32), "wp"),
+             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 0, 0], np.int64), "pads"),
+             numpy_helper.from_array(np.array([1, 1], np.int64), "starts"),
+             numpy_helper.from_array(np.array([1 << 30, 1 << 30], np.int64), "ends"),
+             numpy_helper.from_array(np.array([2, 3], np.int64), "axes")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"]), helper.make_node("Relu", ["c0"], ["r"]),
+             helper.make_node("Pad", ["r", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "wd"], ["d"], group=c, strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["d", "wp"], ["q"]),
+             helper.make_node("Slice", ["q", "starts", "ends", "axes"], ["y"])]
+    graph = helper.make_graph(nodes, "padded_cell",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])], inits)
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_an_opaque_te_call_keeps_the_dtypes_its_function_was_made_for(precision):
+    """TVM's ONNX importer writes Pad as a TE call whose PrimFunc takes float32; cast to the reduced dtype, its input
+    made FuseTIR fail on nasnetalarge in half precision (eighteenth session). Its input stays float32 now."""
+    model = _padded_cell()
+    half = to_precision(import_model(model), {"fp16": "float16", "bf16": "bfloat16"}[precision])
+    te_inputs = [f for block in half["main"].body.blocks for b in block.bindings
+                 if isinstance(b.value, relax.Call) and b.value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+                 for f in b.value.args[1].fields]
+    assert te_inputs and all(str(f.ty.dtype) == "float32" for f in te_inputs)
+    # lowered for a GPU (no kernels compiled: no GPU here), where FuseTIR failed before
+    build(model, {"kind": "cuda", "arch": "sm_90"}, precision=precision, kernels="tvm", compile_kernels=False,
+          max_streams=None, timing_cache="off")
+    x = zoo.random_inputs(model, seed=0)
+    ref = ReferenceEvaluator(model).run(None, x)[0]
+    assert _rel(ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0], ref) > 0.5
+    out = NimbleExecutor(build(model, "llvm", precision=precision, max_streams=None, timing_cache="off"))(*x.values())
+    assert _rel(out[0].numpy(), ref) < BOUND[precision]

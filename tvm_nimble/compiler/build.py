@@ -184,8 +184,8 @@ def nchw_fallback(opts: BuildOptions, err: Exception) -> BuildOptions:
     """The options to build again with after TVM failed (``err``) on a channels-last module that ``layout="auto"``
     chose: the model's layout, with a note. Any other failure is raised again.
 
-    Why: TVM 0.27's FuseTIR has failed on an NHWC nasnetalarge in fp16 ("Inconsistent buffers T_transpose and A
-    mapped to the same relax var"); the model still builds, as before channels-last existed."""
+    Why: ConvertLayout and the lowering after it are TVM's, on every operator of a model; a model that TVM cannot
+    lower channels-last should still build, as it did before channels-last existed, and say so."""
     if isinstance(err, NimbleError) or opts.layout != "auto" or opts.data_layout != "nhwc":
         raise err
     note_once(f"TVM failed on the channels-last (NHWC) form of this model ({type(err).__name__}: {one_line(err)}); "

@@ -122,3 +122,21 @@ def test_explain_names_the_layout_of_a_channels_last_build():
     text = explain_model(zoo.get_model("resnet"), "llvm", layout="nhwc", timing_cache="off")
     assert "layout: NHWC inside the build" in text
     assert "layout: NHWC" not in explain_model(zoo.get_model("resnet"), "llvm", timing_cache="off")
+
+
+def test_relu6_is_imported_as_a_clip_and_fuses_into_the_convolution(vendor_reference):
+    """TVM's importer writes ONNX Clip with bound inputs (torch's ReLU6) as two opaque TE calls; imported as one
+    relax.clip it goes into the convolution's call as activation 2 (relu6), in either layout."""
+    model, inputs, ref = _reference("mobilenet")
+    mod = stages.import_model(model)
+    clips = _calls(mod, "relax.clip")
+    assert clips and not _calls(mod, "relax.call_tir")
+    assert all((float(c.args[1].value), float(c.args[2].value)) == (0.0, 6.0) for c in clips)
+    for layout in ("nchw", "nhwc"):
+        m = _nhwc(model) if layout == "nhwc" else mod
+        offloaded = OffloadToVendor(providers=[providers.get("cudnn")])(m)
+        acts = [int(c.args[1].fields[-1].values[7]) for c in _calls(offloaded, "relax.call_dps_packed")
+                if c.args[0].global_symbol in (cudnn.CONV2D, cudnn.CONV2D_ADD)]
+        assert acts.count(2) == len(clips) and not _calls(offloaded, "relax.clip")
+        out = NimbleExecutor(build(offloaded, "llvm", max_streams=None, timing_cache="off"))(*inputs.values())
+        np.testing.assert_allclose(out[0].numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -19,7 +19,7 @@ from tvm import relax
 from .clip_ops import ClipAsOperators, clip_as_min_max
 from .fold_constants import BatchedFoldConstant
 
-#: ``layout`` of a build: the model's (``nchw``), channels-last (``nhwc``), or ``auto`` (see ``resolve_layout``)
+#: ``layout`` of a build: the model's (``nchw``), channels-last (``nhwc``), or ``auto`` (``BuildOptions.data_layout``)
 LAYOUTS = ("auto", "nchw", "nhwc")
 
 #: what ConvertLayout is asked for: the convolution's data and kernel layouts (pools, element-wise operators and

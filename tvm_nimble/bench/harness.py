@@ -46,32 +46,24 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     Each system's ``build_s`` counts the import and the kernel choice they share (when done here), its own
     build, and loading it to run (an executor, a CUDA graph's capture); None where a part was given already.
     """
-    from tvm_nimble.compiler.build import build_with, nchw_fallback
-    from tvm_nimble.compiler.kernel_choice import Selection, select_kernels, summarize
-    from tvm_nimble.compiler.stages import apply_layout, apply_precision, import_model
+    from tvm_nimble.compiler.build import build_with, choose_kernels, with_nchw_fallback
+    from tvm_nimble.compiler.kernel_choice import Selection, summarize
+    from tvm_nimble.compiler.stages import import_model
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize as summarize_streams
     from tvm_nimble.compiler.tuning.database import open_tuning_database
     from tvm_nimble.runtime.executor import NimbleExecutor
 
-    from tvm_nimble.compiler.merge_choice import choose_merges, summarize as summarize_merge
+    from tvm_nimble.compiler.merge_choice import summarize as summarize_merge
 
     start = time.perf_counter()
     if isinstance(model, Selection):
         selection = model
     else:  # the same merged (or separate) module for stock TVM and Nimble: the same kernels
-        def choose(options):
-            mod, merge_record = choose_merges(apply_layout(apply_precision(fp32_mod, options), options), options)
-            for line in summarize_merge(merge_record)[:1]:
-                print(f"[bench] {line}", flush=True)
-            return select_kernels(mod, options)
-
         fp32_mod = import_model(model)
-        try:
-            selection = choose(options)
-        except RuntimeError as err:  # TVM failed on the channels-last module auto chose: the model's layout
-            options = nchw_fallback(options, err)
-            selection = choose(options)
+        (selection, merge_record), options = with_nchw_fallback(lambda o: choose_kernels(fp32_mod, o), options)
+        for line in summarize_merge(merge_record)[:1]:
+            print(f"[bench] {line}", flush=True)
     shared_s = None if isinstance(model, Selection) else time.perf_counter() - start
 
     def since(t0, before):  # seconds of a build made of a shared part and its own since t0

@@ -132,11 +132,8 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
     else:
         with phases("import"):
             fp32_mod = stages.import_model(model, params, shape_dict)
-        try:
-            selection, merge_record, result = _choose_and_build(fp32_mod, opts, timer, phases)
-        except RuntimeError as err:  # TVM's errors are RuntimeErrors
-            opts = nchw_fallback(opts, err)
-            selection, merge_record, result = _choose_and_build(fp32_mod, opts, timer, phases)
+        (selection, merge_record, result), opts = with_nchw_fallback(
+            lambda o: _choose_and_build(fp32_mod, o, timer, phases), opts)
     if merge_record is not None:
         result.info["merge_choice"] = merge_record
     if selection.timings:
@@ -167,8 +164,9 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
     return result
 
 
-def _choose_and_build(fp32_mod, opts: BuildOptions, timer, phases: Phases):
-    """precision -> layout -> merge choice -> kernel choice -> the build: (selection, merge record, result)."""
+def choose_kernels(fp32_mod, opts: BuildOptions, timer=None, phases: Phases | None = None):
+    """precision -> layout -> merge choice -> kernel choice: (selection, merge record) of an imported model."""
+    phases = phases or Phases()
     with phases("precision"):
         mod = stages.apply_precision(fp32_mod, opts)
     with phases("layout"):
@@ -177,7 +175,23 @@ def _choose_and_build(fp32_mod, opts: BuildOptions, timer, phases: Phases):
         mod, merge_record = choose_merges(mod, opts, timer)
     with phases("kernel choice"):
         selection = select_kernels(mod, opts, timer)
+    return selection, merge_record
+
+
+def _choose_and_build(fp32_mod, opts: BuildOptions, timer, phases: Phases):
+    """:func:`choose_kernels`, then the build: (selection, merge record, result)."""
+    selection, merge_record = choose_kernels(fp32_mod, opts, timer, phases)
     return selection, merge_record, _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
+
+
+def with_nchw_fallback(attempt, opts: BuildOptions):
+    """(``attempt(opts)``, the options it ran with): where TVM fails (a RuntimeError) on the channels-last module
+    that ``layout="auto"`` chose, ``attempt`` runs again in the model's layout (:func:`nchw_fallback`)."""
+    try:
+        return attempt(opts), opts
+    except RuntimeError as err:  # TVM's errors are RuntimeErrors
+        opts = nchw_fallback(opts, err)
+        return attempt(opts), opts
 
 
 def nchw_fallback(opts: BuildOptions, err: Exception) -> BuildOptions:

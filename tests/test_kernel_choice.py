@@ -231,3 +231,43 @@ def test_a_mix_predicted_within_one_percent_of_all_vendor_is_not_checked_and_all
     far = _NearTieTimer(faster="conv2d")
     checked = build_with(model, opts, timer=far)
     assert "kernel_choice_check" in checked.info and "kernel_choice_check_skipped" not in checked.info
+
+
+class _MixLosesInModel(PlanCostTimer):
+    """Alone, TVM's kernels are the fastest (0.5), cuDNN's graph API next (0.6), its legacy calls last (1.0). In a
+    replayed model TVM's kernels cost 10 each: the mix of providers and TVM kernels loses to all-vendor there."""
+
+    def _cost(self, kernel: str) -> float:
+        if kernel.startswith("nimble.cudnn_graph."):
+            return 0.6
+        return 1.0 if kernel.startswith("nimble.") else 0.5
+
+    def replay_ms(self, results):
+        self.calls["replay_ms"] += 1
+        return [sum(10.0 if not l.kernel.startswith("nimble.") else self._cost(l.kernel) for l in r.plan.launches)
+                for r in results]
+
+
+def test_where_the_mix_loses_in_the_model_each_operator_goes_to_its_fastest_provider_if_that_wins(tmp_path):
+    """A TF32 build: the per-operator choice (TVM's kernels wherever they measured fastest) loses the model check.
+    All-vendor (the legacy cuDNN calls, the first provider) is not the only fallback: the providers' own choice,
+    every convolution on the graph API, is replayed beside it, wins under this timer and is what the plan runs; the
+    check records all three times and the summary names the third."""
+    from test_timing_cache import SM90, _need_vendor
+
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.relay_passes.providers import cudnn_graph
+
+    _need_vendor()
+    timer = _MixLosesInModel()
+    result = build_with(zoo.get_model("inception"), BuildOptions.create(SM90, kernels="best", precision="tf32",
+                                                                       timing_cache=str(tmp_path), max_streams=1),
+                        timer=timer)
+    check = from_info(result.info)[1]
+    assert check.providers_ms is not None and check.best_ms > check.vendor_ms > check.providers_ms
+    assert check.kept == "providers" and result.info["kernel_choice_check"]["kept"] == "providers"
+    convs = [l.kernel for l in result.plan.launches if "conv2d" in l.kernel]
+    assert convs and all(k == cudnn_graph.CONV2D or k == cudnn_graph.CONV2D_ADD for k in convs)
+    assert result.info["kernel_choice_operators"].get("tvm", 0) == 0
+    assert "each operator on its fastest provider (no TVM kernel)" in summarize(*from_info(result.info))

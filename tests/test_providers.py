@@ -76,7 +76,8 @@ def test_the_providers_option_restricts_vendor_kernels_on_cuda():
 
 def test_an_unknown_provider_is_one_line():
     listed = tuple(n for n in providers.names() if n != providers.TVM)  # every registered one, named or default
-    assert {"cudnn", "cublaslt", "attention", "attention_split", "attention_tile"} <= set(listed)
+    assert {"cudnn", "cublaslt", "attention", "attention_split", "attention_tile",
+            "attention_cluster"} <= set(listed)
     with pytest.raises(NimbleError, match=re.escape(f"providers must be names among {listed}, got 'cutlass'") + "$"):
         build(zoo.get_model("inception"), "llvm", providers=("cutlass",))
 

@@ -13,7 +13,8 @@ from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
-                                                          TILE_SDPA, TILE_SDPA_BIAS)
+                                                          TILE_SDPA, TILE_SDPA_BIAS, CLUSTER_SDPA,
+                                                          CLUSTER_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.vendor_offload import (BATCHED_MATMUL, MATMUL, MATMUL_ADD, OffloadReport, OffloadToVendor,
                                                     find_offloads)
@@ -175,7 +176,8 @@ def test_a_broadcast_batched_matmul_stays_on_tvm_with_a_reason(vendor_reference)
 def test_fp16_attention_is_fused_through_the_casts_mixed_precision_leaves(vit, vendor_reference):
     """ToMixedPrecision keeps the head split's take and the softmax in fp32 (casts around them); the call
     reads the fp16 QKV tensor (those casts round-trip exactly) and computes the softmax in fp32 itself.
-    Both fused kernels take it: cuDNN's SDPA first (fp16, no mask, 8-element aligned views), ours too."""
+    Both fused kernels take it: cuDNN's SDPA first (fp16, no mask, 8-element aligned views), ours too; the fp32-only
+    key-split kernel does not."""
     from tvm_nimble.relay_passes.precision import to_precision
 
     model, inputs, ref = vit
@@ -185,6 +187,9 @@ def test_fp16_attention_is_fused_through_the_casts_mixed_precision_leaves(vit, v
     assert len(fused) == 2 and all(f"{CUDNN_SDPA}(1x16x96:float16, " in o.signature for o in fused)
     ours = [o for o in find_offloads(mod["main"], providers=[providers.get("attention")]) if o.provider == "attention"]
     assert len(ours) == 2 and all(f"{SDPA}(1x16x96:float16, " in o.signature for o in ours)  # the other candidate
+    # the key-split cluster kernel is fp32 only: it takes the fp32 module's chains, not these
+    assert not find_offloads(mod["main"], providers=[providers.get("attention_cluster")])
+    assert len(find_offloads(from_onnx(model)["main"], providers=[providers.get("attention_cluster")])) == 2
     assert not [why for op, why in report.kept if op == "attention"]
     result = build(OffloadToVendor()(mod), "llvm", max_streams=None)
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
@@ -232,10 +237,11 @@ def test_berts_padding_mask_goes_into_the_fused_call_and_a_where_mask_stays_with
 
 
 @pytest.mark.parametrize("name, call, call_bias", [("attention_split", SPLIT_SDPA, SPLIT_SDPA_BIAS),
-                                                     ("attention_tile", TILE_SDPA, TILE_SDPA_BIAS)])
+                                                     ("attention_tile", TILE_SDPA, TILE_SDPA_BIAS),
+                                                     ("attention_cluster", CLUSTER_SDPA, CLUSTER_SDPA_BIAS)])
 def test_our_other_attention_kernels_are_default_candidates_and_take_the_same_chains(name, call, call_bias, vit, bert,
                                                                                      vendor_reference):
-    """The split-key and the tile attention kernels are among the default providers, after ours (so
+    """The split-key, the tile and the key-split cluster attention kernels are among the default providers, after ours (so
     kernels="vendor", which measures nothing, keeps ours); alone, each takes the same chains as our row-per-warp
     kernel, with the same attrs, and the plan it gives reproduces the ONNX reference."""
     names = [p.name for p in providers.offloading("cuda")]

@@ -9,7 +9,8 @@ import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
-                                                          TILE_SDPA, TILE_SDPA_BIAS)
+                                                          TILE_SDPA, TILE_SDPA_BIAS, CLUSTER_SDPA,
+                                                          CLUSTER_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.providers import cudnn_graph, simt_gemm
@@ -144,7 +145,8 @@ def reference_functions():
     names = {CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
-             TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, LAYER_NORM: layer_norm,
+             TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
+             LAYER_NORM: layer_norm,
              simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, cudnn_graph.CONV2D: conv,
              cudnn_graph.CONV2D_ADD: conv_add}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}

@@ -33,6 +33,9 @@
 //   sequences (H100, sixteenth session: ViT-S 15.5 vs 17.7 us); its provider (attention_split) is one of the
 //   candidates the kernel choice measures against ours per operator (ViT-S fp32 takes it).
 // - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.cu.
+// - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
+//   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
+//   attention_cluster.cu; a call it does not take runs the tile kernel.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -54,6 +57,8 @@ constexpr const char* kSplit = "nimble.attention.split_sdpa";
 constexpr const char* kSplitBias = "nimble.attention.split_sdpa_bias";
 constexpr const char* kTile = "nimble.attention.tile_sdpa";
 constexpr const char* kTileBias = "nimble.attention.tile_sdpa_bias";
+constexpr const char* kCluster = "nimble.attention.cluster_sdpa";
+constexpr const char* kClusterBias = "nimble.attention.cluster_sdpa_bias";
 constexpr int kWarps = 8, kRowsPerWarp = 1, kTileK = 32, kMaxD = 128;
 constexpr int kTileRowsPerWarp = kTileK / kWarps;  // key rows of a tile each warp loads
 static_assert(kTileK == 32, "one key per lane");
@@ -391,7 +396,7 @@ void LaunchSdpaDC(const SdpaParams& p, const T* q, const T* k, const T* v, const
   SdpaKernel<T, M, DC><<<grid, kWarps * 32, 0, stream>>>(q, k, v, m, y, p);
 }
 
-enum class Kernel { kRowPerWarp, kSplitKey, kTile };
+enum class Kernel { kRowPerWarp, kSplitKey, kTile, kCluster };
 
 template <typename T, typename M>
 void LaunchSdpa(const SdpaParams& p, const void* q, const void* k, const void* v, const void* m,
@@ -420,7 +425,12 @@ void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const Te
   cudaStream_t stream = CurrentStream(dev);
   const void* mp = bias ? DataPtr(*bias) : nullptr;
   const bool f32_mask = bias && dtype != kF32 && TensorDType(*bias) == kF32;  // a 16-bit model's fp32 mask
-  if (kernel == Kernel::kTile &&
+  if (kernel == Kernel::kCluster && !f32_mask &&
+      LaunchClusterAttention(op, p, dtype, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream)) {
+    CheckCuda(cudaGetLastError(), op, "attention kernel launch");
+    return;
+  }
+  if ((kernel == Kernel::kTile || kernel == Kernel::kCluster) &&
       LaunchTileAttention(op, p, dtype, f32_mask, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream)) {
     CheckCuda(cudaGetLastError(), op, "attention kernel launch");
     return;
@@ -464,6 +474,15 @@ void TileBias(TensorView q, TensorView k, TensorView v, TensorView bias, Shape a
   SdpaImpl(kTileBias, q, k, v, &bias, attrs, y, workspace, Kernel::kTile);
 }
 
+void Cluster(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
+  SdpaImpl(kCluster, q, k, v, nullptr, attrs, y, workspace, Kernel::kCluster);
+}
+
+void ClusterBias(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
+                 TensorView workspace) {
+  SdpaImpl(kClusterBias, q, k, v, &bias, attrs, y, workspace, Kernel::kCluster);
+}
+
 __attribute__((constructor)) void RegisterAttention() {
   try {
     Register(kSdpa, Sdpa);
@@ -472,6 +491,8 @@ __attribute__((constructor)) void RegisterAttention() {
     Register(kSplitBias, SplitBias);
     Register(kTile, Tile);
     Register(kTileBias, TileBias);
+    Register(kCluster, Cluster);
+    Register(kClusterBias, ClusterBias);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -15,6 +15,12 @@ namespace nimble_vendor {
 bool LaunchTileAttention(const char* op, const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
                          const void* v, const void* m, void* y, cudaStream_t stream);
 
+// The key-split kernel (attention_cluster.cu) on fp32 q, k, v (and an fp32 mask m, or null) into y, on `stream`;
+// false when it does not take the call (another dtype, a head over 64, unaligned rows, over 512 keys, or over 64
+// keys without thread-block clusters; nothing launched: the caller runs the tile kernel).
+bool LaunchClusterAttention(const char* op, const SdpaParams& p, int dtype, const void* q, const void* k,
+                            const void* v, const void* m, void* y, cudaStream_t stream);
+
 namespace {
 
 // 4 consecutive elements of a row as floats, zero past n (vector loads when the caller knows the row

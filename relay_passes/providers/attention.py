@@ -36,6 +36,10 @@ SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
 #: memory), same attrs; provider ``attention_tile``
 TILE_SDPA = "nimble.attention.tile_sdpa"
 TILE_SDPA_BIAS = "nimble.attention.tile_sdpa_bias"
+#: the key-split fp32 kernel (codegen/vendor/attention_cluster.cu: a query tile's key chunks on the blocks of a
+#: thread-block cluster), same attrs; provider ``attention_cluster``
+CLUSTER_SDPA = "nimble.attention.cluster_sdpa"
+CLUSTER_SDPA_BIAS = "nimble.attention.cluster_sdpa_bias"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
 _DTYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
@@ -248,11 +252,13 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
-def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[str, str] = (SDPA, SDPA_BIAS)):
+def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[str, str] = (SDPA, SDPA_BIAS),
+                    dtypes: tuple[str, ...] = _DTYPES):
     """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
     ``cudnn``: the call for cuDNN's SDPA, for the chains it documents (else None, silently: the reasons
     are reported once, by our row-per-warp kernel's provider). ``kernels``: which of our kernels the call
-    runs, (without a mask, with one): the row-per-warp, split-key or tile kernel."""
+    runs, (without a mask, with one): the row-per-warp, split-key, tile or key-split cluster kernel; ``dtypes``:
+    the q/k/v dtypes it takes (others: None, silently, as another kernel takes them)."""
     report = ctx.report.kept if not cudnn and kernels == (SDPA, SDPA_BIAS) else []
     scores_shape = known_shape(call)
     if scores_shape is None or len(scores_shape) not in (3, 4):
@@ -287,14 +293,17 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[
     if operator_of(pv) != "relax.matmul" or not pv.args[0].same_as(probs):
         return None
     try:
-        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, kernels)
+        return _take(ctx, chains, call, core + [nxt], nxt, pv, scale, bias, cudnn, kernels, dtypes)
     except _NotTaken as why:
         report.append(("attention", str(why)))
         return None
 
 
-def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels: tuple[str, str]):
+def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels: tuple[str, str],
+          dtypes: tuple[str, ...]):
     dtype = dtype_of(qk)
+    if dtype in _DTYPES and dtype not in dtypes:
+        return None
     if dtype not in _DTYPES or dtype_of(pv) != dtype:
         raise _NotTaken(f"dtype {dtype}; the kernel takes {'/'.join(_DTYPES)}")
     q, kt = qk.args
@@ -387,3 +396,15 @@ TILE_PROVIDER = register(Provider(
     name="attention_tile", title="fused attention (tile kernel)", kernel_prefix="nimble.attention.tile_",
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(TILE_SDPA, TILE_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))
+
+#: the key-split attention kernel for fp32 (32 query rows and a chunk of at most 64 keys per block, a query tile's
+#: chunks on the blocks of one thread-block cluster, merged through distributed shared memory), for the batch-1
+#: shapes where the other kernels leave most SMs idle (ViT-B: 84 blocks of a whole head's keys). fp32 only: in 16 bits
+#: cuDNN's SDPA is faster. A call it does not take (a head over 64, unaligned rows, over 512 keys) runs the tile
+#: kernel inside the same call; measured per operator like the others
+CLUSTER_PROVIDER = register(Provider(
+    name="attention_cluster", title="fused attention (key-split cluster kernel)",
+    kernel_prefix="nimble.attention.cluster_",
+    matchers={"relax.matmul": functools.partial(attention_chain, kernels=(CLUSTER_SDPA, CLUSTER_SDPA_BIAS),
+                                                dtypes=("float32",))},
+    dtypes=("float32",), layouts=("row-major",)))

@@ -16,7 +16,8 @@ Q, K and V are read the way the provider hands them over: as strided views of on
     bash scripts/gpu_session.sh "experiment attention_check 120"
 
 Writes DIR/attention_check.json; prints per case the relative L2 error against float64 and the
-microseconds per call (kernels back to back, the host enqueue hidden behind a GPU sleep).
+microseconds per call (kernels back to back, the host enqueue hidden behind a GPU sleep), and each kernel's own
+GPU time as CUPTI records it (torch.profiler; `*_kernel_us`): what it costs inside a CUDA graph.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ CASES = [
 
 TILE_ROWS = (8, 16, 32)
 TILE_ENV = "NIMBLE_ATTENTION_TILE_ROWS"
+CLUSTER_SPLITS = (1, 2, 4, 8)
+CLUSTER_ENV = "NIMBLE_ATTENTION_CLUSTER"
 
 
 def tile_bytes(rows: int, sk: int, d: int, dv: int) -> int:
@@ -63,8 +66,11 @@ def main(argv=None) -> int:
     cudnn_sdpa = tvm_ffi.get_global_func("nimble.attention.cudnn_sdpa")
     tile = tvm_ffi.get_global_func("nimble.attention.tile_sdpa")
     tile_bias = tvm_ffi.get_global_func("nimble.attention.tile_sdpa_bias")
+    cluster = tvm_ffi.get_global_func("nimble.attention.cluster_sdpa")
+    cluster_bias = tvm_ffi.get_global_func("nimble.attention.cluster_sdpa_bias")
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     os.environ.pop(TILE_ENV, None)
+    os.environ.pop(CLUSTER_ENV, None)
     big_ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     dev = tvm_ffi.device("cuda", 0)
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")
@@ -131,6 +137,8 @@ def main(argv=None) -> int:
             row = {"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "torch_rel_l2": torch_err,
                    "nimble_us": gpu_args.back_to_back_us(ours, args.reps),
                    "torch_us": gpu_args.back_to_back_us(theirs, args.reps)}
+            row["nimble_kernel_us"], _ = gpu_args.kernel_us(ours)
+            row["torch_kernel_us"], row["torch_kernels"] = gpu_args.kernel_us(theirs)
 
             def ours_split():  # the split-key kernel (provider attention_split), same operands and attrs
                 with tvm_ffi.use_raw_stream(dev, stream):
@@ -144,6 +152,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             row["split_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
             row["split_us"] = gpu_args.back_to_back_us(ours_split, args.reps)
+            row["split_kernel_us"], _ = gpu_args.kernel_us(ours_split)
 
             def ours_tile():  # the tile kernel (provider attention_tile), same operands and attrs
                 with tvm_ffi.use_raw_stream(dev, stream):
@@ -156,17 +165,46 @@ def main(argv=None) -> int:
                 y.fill_(float("nan"))
                 ours_tile()
                 torch.cuda.synchronize()
-                return ((y.double() - ref).norm() / ref.norm()).item(), gpu_args.back_to_back_us(ours_tile, args.reps)
+                return (((y.double() - ref).norm() / ref.norm()).item(), gpu_args.back_to_back_us(ours_tile, args.reps),
+                        gpu_args.kernel_us(ours_tile)[0])
 
             fits = [r for r in TILE_ROWS if tile_bytes(r, Sk, D, D) <= optin]
             row["tile_fallback"] = not fits  # the row-per-warp kernel, inside the tile call
-            row["tile_rel_l2"], row["tile_us"] = check_tile()  # the R the launch chooses
+            row["tile_rel_l2"], row["tile_us"], row["tile_kernel_us"] = check_tile()  # the R the launch chooses
             for r in fits:
                 os.environ[TILE_ENV] = str(r)
                 try:
-                    row[f"tile_r{r}_rel_l2"], row[f"tile_r{r}_us"] = check_tile()
+                    row[f"tile_r{r}_rel_l2"], row[f"tile_r{r}_us"], row[f"tile_r{r}_kernel_us"] = check_tile()
                 finally:
                     os.environ.pop(TILE_ENV, None)
+            if dtype == torch.float32:  # the key-split kernel (fp32; a call it does not take runs the tile kernel)
+
+                def ours_cluster():
+                    with tvm_ffi.use_raw_stream(dev, stream):
+                        if masked:
+                            cluster_bias(*targs, t(mask), shape, t(y), t(ws))
+                        else:
+                            cluster(*targs, shape, t(y), t(ws))
+
+                def check_cluster():
+                    y.fill_(float("nan"))
+                    ours_cluster()
+                    torch.cuda.synchronize()
+                    us, names = gpu_args.kernel_us(ours_cluster)
+                    return (((y.double() - ref).norm() / ref.norm()).item(),
+                            gpu_args.back_to_back_us(ours_cluster, args.reps), us, sorted(names))
+
+                (row["cluster_rel_l2"], row["cluster_us"], row["cluster_kernel_us"],
+                 row["cluster_kernels"]) = check_cluster()
+                for c in CLUSTER_SPLITS:
+                    if -(-Sk // c) > 64:
+                        continue
+                    os.environ[CLUSTER_ENV] = str(c)
+                    try:
+                        (row[f"cluster_c{c}_rel_l2"], row[f"cluster_c{c}_us"], row[f"cluster_c{c}_kernel_us"],
+                         _) = check_cluster()
+                    finally:
+                        os.environ.pop(CLUSTER_ENV, None)
             if dtype != torch.float32 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other 16-bit provider
 
                 def cudnn():
@@ -179,9 +217,20 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                     row["cudnn_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
                     row["cudnn_us"] = gpu_args.back_to_back_us(cudnn, args.reps)
+                    row["cudnn_kernel_us"], _ = gpu_args.kernel_us(cudnn)
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             rows.append(row)
+            per_r = " ".join(f"R{n} {row[f'tile_r{n}_kernel_us']:.1f}" for n in TILE_ROWS if f"tile_r{n}_kernel_us" in row)
+            print(f"  kernel time (CUPTI, us): row-per-warp {row['nimble_kernel_us']:.1f}, split-key "
+                  f"{row['split_kernel_us']:.1f}, tile {row['tile_kernel_us']:.1f} ({per_r}), PyTorch "
+                  f"{row['torch_kernel_us']:.1f}" + (f", cuDNN {row['cudnn_kernel_us']:.1f}" if "cudnn_kernel_us" in row
+                                                     else ""), flush=True)
+            if "cluster_kernel_us" in row:
+                per_c = " ".join(f"C{c} {row[f'cluster_c{c}_kernel_us']:.1f} ({row[f'cluster_c{c}_rel_l2']:.1e})"
+                                 for c in CLUSTER_SPLITS if f"cluster_c{c}_kernel_us" in row)
+                print(f"  key-split: {row['cluster_kernel_us']:.1f} us kernel, {row['cluster_us']:.1f} us back to back, "
+                      f"rel L2 {row['cluster_rel_l2']:.2e} [{per_c}] ran {row['cluster_kernels']}", flush=True)
             print(f"{name} {row['dtype']}: rel L2 {row['rel_l2']:.2e}, split-key {row['split_rel_l2']:.2e}, "
                   f"tile {row['tile_rel_l2']:.2e}; {row['nimble_us']:.1f} / {row['split_us']:.1f} / "
                   f"{row['tile_us']:.1f} us, PyTorch {row['torch_us']:.1f} us", flush=True)
@@ -196,6 +245,7 @@ def main(argv=None) -> int:
                  f"{'ok' if r['split_rel_l2'] < bound else 'FAIL'}")
         tile_errs = [r["tile_rel_l2"]] + [r[f"tile_r{n}_rel_l2"] for n in TILE_ROWS if f"tile_r{n}_rel_l2" in r]
         ok &= all(e < bound for e in tile_errs)
+        ok &= all(r[key] < bound for key in r if key.startswith("cluster") and key.endswith("rel_l2"))
         per_r = " / ".join(f"R{n} {r[f'tile_r{n}_us']:.2f}" for n in TILE_ROWS if f"tile_r{n}_us" in r)
         extra += (f"  tile {r['tile_rel_l2']:.2e} {r['tile_us']:.2f} us "
                   f"({'fallback' if r['tile_fallback'] else per_r}; worst L2 {max(tile_errs):.2e}) "

@@ -43,6 +43,25 @@ def profile(ex, reps: int = 5) -> list[float]:
     return [float(np.median([r[i][4] - r[i][3] for r in runs])) for i in range(len(runs[0]))]
 
 
+def cupti_kernels(ex, reps: int = 10) -> list:
+    """[kernel name, microseconds] of every GPU kernel of one replay in launch order, as CUPTI records them
+    (torch.profiler; the median of ``reps`` replays): no event brackets, the names the GPU ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            ex.run()
+            ex.sync()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    if not events or len(events) % reps:
+        return [[e.name, e.time_range.elapsed_us()] for e in events]
+    n = len(events) // reps
+    return [[events[i].name, float(np.median([events[r * n + i].time_range.elapsed_us() for r in range(reps)]))]
+            for i in range(n)]
+
+
 def latency(ex, iters: int = 200) -> float:
     for _ in range(20):
         ex.run()
@@ -80,9 +99,10 @@ def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32") 
         ex.run()
         ex.sync()
         durations = profile(ex)
+        kernels_cupti = cupti_kernels(ex)
         out[label] = {"latency_ms": latency(ex), "streams": plan.num_streams, "launches": len(plan.launches),
                       "durations_ms": durations, "kernels": [l.kernel for l in plan.launches],
-                      "plan": plan.to_dict()}
+                      "plan": plan.to_dict(), "cupti": kernels_cupti}
         if label == "multi":  # the same bound with the durations kernels had while running concurrently
             out[label]["critical_path_ms"] = critical_path(plan, durations)[0]
             out[label]["serial_sum_ms"] = serial_sum(durations)
@@ -132,6 +152,14 @@ def main():
         print(f"  gap: kernels ran {m['serial_sum_ms'] / r['serial_sum_ms']:.2f}x longer concurrently (summed); "
               f"the critical path with those durations {m['critical_path_ms']:.3f} ms; measured / that "
               f"{m['latency_ms'] / m['critical_path_ms']:.2f} (event waits, launch gaps, graph launch)")
+        fams: dict[str, float] = {}
+        for name, us in s.get("cupti", []):
+            key = re.sub(r"<.*", "", name)[:60]
+            fams[key] = fams.get(key, 0.0) + us
+        total = sum(fams.values()) or 1.0
+        print(f"  CUPTI (1-stream replay): {len(s.get('cupti', []))} kernels, {total:.1f} us of kernel time")
+        for key, us in sorted(fams.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"    {us:8.1f} us {100 * us / total:5.1f}%  {key}")
         if r["kernel_choice"]:
             from tvm_nimble.compiler.kernel_choice import from_info, summarize
 

@@ -74,9 +74,14 @@ class ModelCheck:
 
     best_ms: float
     vendor_ms: float
+    #: only where the mix lost: every operator a provider offers on its fastest provider, none on TVM's kernels
+    #: (replayed beside all-vendor again, which ``vendor_ms`` then is)
+    providers_ms: float | None = None
 
     @property
     def kept(self) -> str:
+        if self.providers_ms is not None and self.providers_ms < min(self.best_ms, self.vendor_ms):
+            return "providers"
         return "best" if self.best_ms < self.vendor_ms else "vendor"
 
     def to_dict(self) -> dict:
@@ -113,21 +118,30 @@ def one_stream(options: BuildOptions) -> BuildOptions:
     return options.replace(max_streams=1, compile_kernels=True, memory_budget=None)
 
 
-def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, options: BuildOptions,
-                   timer=None) -> tuple[ModelCheck, list | None]:
-    """Both modules (already offloaded) built one-stream and replayed, side by side, on ``timer``'s GPU
-    (default: this machine's). Returns the check, and the two builds when they were made here (None when
-    the timing cache knew the answer), for the build to reuse the one it keeps."""
+def replay_in_model(mods: list, options: BuildOptions, timer=None, prebuilt: list | None = None) -> tuple[list, list | None]:
+    """The modules (already offloaded) built one-stream and replayed, side by side, on ``timer``'s GPU (default:
+    this machine's): (ms of each, the builds when they were made here, else None: the timing cache knew the
+    answer). ``prebuilt``: a build of a module already made (or None), by position."""
     timer = timer or LocalGPU()
-    key = [tvm_ffi.structural_hash(chosen), tvm_ffi.structural_hash(all_vendor),
+    key = [*(tvm_ffi.structural_hash(m) for m in mods),
            timing_cache.tuning_db_digest(options.tuning_db), options.concat_in_place, options.reuse]
     cache = timing_cache.for_build(options, timer)
-    known = cache.get("model_check", key, valid=timing_cache.numbers(2))
+    known = cache.get("model_check", key, valid=timing_cache.numbers(len(mods)))
     if known is not None:
-        return ModelCheck(*known), None
-    built = [stages.build_fixed(m, one_stream(options)) for m in (chosen, all_vendor)]
+        return list(known), None
+    prebuilt = prebuilt or [None] * len(mods)
+    built = [b if b is not None else stages.build_fixed(m, one_stream(options)) for m, b in zip(mods, prebuilt)]
     times = timer.replay_ms(built)
     cache.put("model_check", key, list(times))
+    return list(times), built
+
+
+def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, options: BuildOptions,
+                   timer=None) -> tuple[ModelCheck, list | None]:
+    """Both modules (already offloaded) built one-stream and replayed, side by side (:func:`replay_in_model`).
+    Returns the check, and the two builds when they were made here (None when the timing cache knew the answer),
+    for the build to reuse the one it keeps."""
+    times, built = replay_in_model([chosen, all_vendor], options, timer)
     return ModelCheck(*times), built
 
 
@@ -312,11 +326,26 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
     both = [choose_gemm_algorithms(m, options.target, timer, options) for m in (picked, all_vendor)]
     hashes = [tvm_ffi.structural_hash(m) for m, _ in both]  # before the check's builds lower them
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
-    kept = 0 if check.kept == "best" else 1
-    if kept:
-        _mark_kernels(timings, first)
-    operators = record_assignment(mod, timings, providers, options.allow_tf32, first if kept else chosen,
-                                  found)
+    assignments = [chosen, first]
+    if check.kept == "vendor":
+        # the mix lost in the model (a TVM kernel slower there than alone): the providers' own choice, each operator
+        # on its fastest provider and none on TVM, may still beat the first provider everywhere (a TF32 or fp16
+        # model's convolutions split between cuDNN's legacy calls and its graph API)
+        alt = choose_providers(mod, timings, providers, options.allow_tf32, offers_by_anchor(mod, providers,
+                                                                                            options.allow_tf32, found),
+                               providers_only=True)
+        if not all(alt.get(s) == p for s, p in first.items()):
+            picked_alt = stages.offload(mod, options, select=lambda o: alt.get(o.signature) == o.provider)
+            both.append(choose_gemm_algorithms(picked_alt, options.target, timer, options))
+            hashes.append(tvm_ffi.structural_hash(both[2][0]))
+            times, built_alt = replay_in_model([both[2][0], both[1][0]], options, timer,
+                                               prebuilt=[None, built[1]] if built else None)
+            check = ModelCheck(check.best_ms, times[1], times[0])
+            assignments.append(alt)
+            built = [built[0] if built else None, built_alt[1], built_alt[0]] if built_alt else None
+    kept = {"best": 0, "vendor": 1, "providers": 2}[check.kept]
+    _mark_kernels(timings, assignments[kept])
+    operators = record_assignment(mod, timings, providers, options.allow_tf32, assignments[kept], found)
     return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators,
                      built=built[kept] if built else None, mod_hash=hashes[kept])
 
@@ -370,16 +399,17 @@ def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) ->
 
 
 def choose_providers(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,
-                     offers: dict | None = None) -> dict[str, str]:
+                     offers: dict | None = None, providers_only: bool = False) -> dict[str, str]:
     """signature -> the provider that takes its chains: per operator, the provider saving the most time
-    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed).
+    against TVM's kernel for its own chain (none: TVM keeps it, and no signature of it is listed; with
+    ``providers_only``, the fastest provider even where TVM's kernel measured faster).
     ``offers``: :func:`offers_by_anchor`'s, where the caller has them."""
     saving = {(t.provider, t.signature): t.tvm_ms - t.vendor_ms for t in timings}
     chosen: dict[str, str] = {}
     offers = offers_by_anchor(mod, providers, allow_tf32) if offers is None else offers
     for offered in offers.values():
         measured = [(saving[o], -order, *o) for order, o in enumerate(offered) if o in saving]
-        if measured and max(measured)[0] >= 0:
+        if measured and (providers_only or max(measured)[0] >= 0):
             best = max(measured)
             chosen.setdefault(best[3], best[2])
     return chosen
@@ -407,7 +437,7 @@ def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:
     """The timings and the model check back from a build's ``info`` (as saved in an artifact)."""
     check = info.get("kernel_choice_check")
     return ([KernelTiming(**c) for c in info.get("kernel_choice", [])],
-            ModelCheck(check["best_ms"], check["vendor_ms"]) if check else None)
+            ModelCheck(check["best_ms"], check["vendor_ms"], check.get("providers_ms")) if check else None)
 
 
 def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,
@@ -424,6 +454,8 @@ def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,
             f"all TVM {total['tvm']:.3f} ms)")
     if check is not None:
         line += (f"; whole model, one stream: that mix {check.best_ms:.3f} ms, all vendor {check.vendor_ms:.3f} ms")
+        if check.providers_ms is not None:
+            line += f", each operator on its fastest provider (no TVM kernel) {check.providers_ms:.3f} ms"
     elif check_skipped:
         line += f"; {check_skipped}"
     if operators:

@@ -32,6 +32,7 @@ FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cudnn.con
              "nimble.attention.sdpa", "nimble.attention.sdpa_bias", "nimble.attention.cudnn_sdpa",
              "nimble.attention.split_sdpa", "nimble.attention.split_sdpa_bias",
              "nimble.attention.tile_sdpa", "nimble.attention.tile_sdpa_bias",
+             "nimble.attention.cluster_sdpa", "nimble.attention.cluster_sdpa_bias",
              "nimble.norm.layer_norm",
              "nimble.cudnn.conv2d_algos",
              "nimble.cublas.matmul_timings", "nimble.cublas.matmul_add_timings", "nimble.cublas.batched_matmul_timings",

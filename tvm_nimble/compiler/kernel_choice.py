@@ -42,6 +42,9 @@ PROFILE_REPS = 15
 #: whole-model compiles (densenet121 on an H100: ~40 s of a 74 s build), could not tell the two apart from its own
 #: replay noise, and all-vendor is kept
 MIN_MIX_GAIN = 0.01
+#: a mix that loses the model check by this factor or more is profiled, and its slowest launches noted: the chains'
+#: own times predicted it faster, so something in the model (a fusion, a layout) made a kernel far slower
+MIX_LOSS_PROFILED = 1.5
 
 
 @dataclass
@@ -77,6 +80,8 @@ class ModelCheck:
     #: only where the mix lost: every operator a provider offers on its fastest provider, none on TVM's kernels
     #: (replayed beside all-vendor again, which ``vendor_ms`` then is)
     providers_ms: float | None = None
+    #: where the mix lost by over MIX_LOSS_PROFILED: its slowest launches in the model, [kernel, ms] (what to look at)
+    mix_slowest: list | None = None
 
     @property
     def kept(self) -> str:
@@ -327,6 +332,13 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
     hashes = [tvm_ffi.structural_hash(m) for m, _ in both]  # before the check's builds lower them
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
     assignments = [chosen, first]
+    if check.kept == "vendor" and built and check.best_ms > MIX_LOSS_PROFILED * check.vendor_ms:
+        per_launch = timer.launch_ms(built[0], 5)
+        slowest = sorted(zip(per_launch, (l.kernel for l in built[0].plan.launches)), reverse=True)[:8]
+        check.mix_slowest = [[k, round(ms, 4)] for ms, k in slowest]
+        note_once(f"the kernel choice's mix measured {check.best_ms:.3f} ms in the model against all-vendor's "
+                  f"{check.vendor_ms:.3f}; its slowest launches: "
+                  + ", ".join(f"{k} {ms:.3f} ms" for k, ms in check.mix_slowest[:5]))
     if check.kept == "vendor":
         # the mix lost in the model (a TVM kernel slower there than alone): the providers' own choice, each operator
         # on its fastest provider and none on TVM, may still beat the first provider everywhere (a TF32 or fp16
@@ -340,7 +352,7 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
             hashes.append(tvm_ffi.structural_hash(both[2][0]))
             times, built_alt = replay_in_model([both[2][0], both[1][0]], options, timer,
                                                prebuilt=[None, built[1]] if built else None)
-            check = ModelCheck(check.best_ms, times[1], times[0])
+            check = ModelCheck(check.best_ms, times[1], times[0], check.mix_slowest)
             assignments.append(alt)
             built = [built[0] if built else None, built_alt[1], built_alt[0]] if built_alt else None
     kept = {"best": 0, "vendor": 1, "providers": 2}[check.kept]
@@ -437,7 +449,8 @@ def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:
     """The timings and the model check back from a build's ``info`` (as saved in an artifact)."""
     check = info.get("kernel_choice_check")
     return ([KernelTiming(**c) for c in info.get("kernel_choice", [])],
-            ModelCheck(check["best_ms"], check["vendor_ms"], check.get("providers_ms")) if check else None)
+            ModelCheck(check["best_ms"], check["vendor_ms"], check.get("providers_ms"), check.get("mix_slowest"))
+            if check else None)
 
 
 def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,

@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from .precision import ATTR_ELEMENTWISE_FP32
 from .providers.chains import const_value, operands
 from .vendor_offload import Offload, find_offloads
 
@@ -116,4 +117,12 @@ def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = F
                 outs.append(var_map[o.last])
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    return Probe(bb.get(), list(first), [counts[s] for s in first])
+    probe = bb.get()
+    # a reduced-precision model's mark for the lowering (fp32 element-wise chains, and TVM's convolutions and GEMMs
+    # accumulating in fp32 with a rounding cast after them): without it the probe's TVM kernels would be other
+    # kernels than the model's (fp16 accumulators, no cast; nasnetalarge fp16: a convolution fused with its cast
+    # took 0.55 ms in the model and far less in the probe, so a mix of TVM kernels chosen there lost 5x)
+    mark = func.attrs.get(ATTR_ELEMENTWISE_FP32) if func.attrs else None
+    if mark is not None:
+        probe["main"] = probe["main"].with_attr(ATTR_ELEMENTWISE_FP32, mark)
+    return Probe(probe, list(first), [counts[s] for s in first])

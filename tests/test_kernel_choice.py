@@ -9,6 +9,7 @@ exactly one chain, and a partial selection must still compute what the ONNX refe
 """
 import numpy as np
 import pytest
+from tvm import relax
 from onnx.reference import ReferenceEvaluator
 from test_timing_cache import PlanCostTimer
 
@@ -32,6 +33,22 @@ def test_probe_holds_each_distinct_chain_once(name):
     assert len(set(probe.signatures)) == len(probe.signatures) == len({o.signature for o in offloads})
     assert sum(probe.counts) == len(offloads)
     assert [o.signature for o in find_offloads(probe.mod["main"])] == probe.signatures
+
+
+def test_a_half_precision_probe_lowers_its_tvm_kernels_as_the_model_does():
+    """The probe of an fp16 model carries the model's precision mark, so the lowering's first pass gives its TVM-side
+    convolutions the same fp32 accumulator (and rounding cast) as the model's: the kernel choice times the kernels
+    the model will run (nasnetalarge fp16 on an H100: without it, a mix chosen from the probe lost 5x in the model)."""
+    from tvm_nimble.relay_passes.precision import to_precision, widen_elementwise
+
+    def convs(m):
+        return [b.value for block in m["main"].body.blocks for b in block.bindings
+                if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.nn.conv2d"]
+
+    mod = to_precision(from_onnx(zoo.get_model("nasnet")), "float16")
+    model_convs, probe_convs = convs(widen_elementwise(mod)), convs(widen_elementwise(build_probe(mod).mod))
+    assert model_convs and probe_convs
+    assert {str(c.attrs.out_dtype) for c in model_convs} == {str(c.attrs.out_dtype) for c in probe_convs} == {"float32"}
 
 
 def _run(result, inputs):

@@ -9,7 +9,7 @@
 // partial output in shared memory, and after a cluster barrier each block merges a slice of the rows across the
 // cluster's shared memories (distributed shared memory; a fixed order, so the result is deterministic):
 //   O = sum_c exp(m_c - M) O_c / sum_c exp(m_c - M) l_c,  M = max_c m_c.
-// ViT-B: C = 4, 336 blocks of 32 rows x 50 keys; ViT-S: C = 8; BERT-base (128 keys): C = 8.
+// ViT-B: C = 4, 336 blocks of 32 rows x 50 keys; ViT-S: C = 4; BERT-base (128 keys): C = 4.
 //
 // Staging is cp.async (16 bytes a copy, zero-filled past the valid rows: no register round trip), so the kernel
 // takes fp32 rows that are 16-byte aligned, D and Dv multiples of 4 up to 64, and at most 8 x 64 = 512 keys; other
@@ -232,7 +232,10 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
 }
 
 // The keys per block and the cluster size C for a call, or 0 when the kernel does not take it: the fewest splits of
-// at most 64 keys each, then doubled while the grid is under two blocks per SM and a chunk keeps 16 keys or more.
+// at most 64 keys each, then doubled while the grid has fewer blocks than the GPU has SMs and a chunk keeps 16 keys
+// or more. Fitted on the H100's times of every C (attention_check, nineteenth session): it picks the fastest C for
+// ViT-S (4: 10.9 us, 8: 11.4), ViT-B (4), BERT (4: 10.0, 8: 11.9), ViT-S at batch 8 (4: 41.7, 8: 60.8) and a single
+// query tile of 197 keys (8); doubling up to two blocks per SM, the first rule, took C = 8 for ViT-S and BERT.
 // NIMBLE_ATTENTION_CLUSTER=1|2|4|8 forces C where its chunks fit (for experiments: attention_check times each).
 int ClusterSplits(const SdpaParams& p, bool clusters, int64_t sms) {
   const int64_t tiles = (p.Sq + kClRows - 1) / kClRows * p.H * p.B;
@@ -245,7 +248,7 @@ int ClusterSplits(const SdpaParams& p, bool clusters, int64_t sms) {
   int c = 1;
   while (c <= max_c && chunk(c) > kClMaxKeys) c *= 2;
   if (c > max_c) return 0;
-  while (2 * c <= max_c && tiles * c < 2 * sms && chunk(2 * c) >= 16) c *= 2;
+  while (2 * c <= max_c && tiles * c < sms && chunk(2 * c) >= 16) c *= 2;
   return c;
 }
 

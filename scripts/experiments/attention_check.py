@@ -113,19 +113,30 @@ def main(argv=None) -> int:
             targs = [t(x) for x in tensors]
             stream = torch.cuda.current_stream().cuda_stream
 
-            def ours():
-                with tvm_ffi.use_raw_stream(dev, stream):
-                    if masked:
-                        sdpa_bias(*targs, t(mask), shape, t(y), t(ws))
-                    else:
-                        sdpa(*targs, shape, t(y), t(ws))
+            def caller(plain, biased, workspace=ws):  # one of our calls on this case's operands and attrs
+                def call():
+                    with tvm_ffi.use_raw_stream(dev, stream):
+                        if masked:
+                            biased(*targs, t(mask), shape, t(y), t(workspace))
+                        else:
+                            plain(*targs, shape, t(y), t(workspace))
+                return call
 
+            ours = caller(sdpa, sdpa_bias)  # the row-per-warp kernel (provider attention)
             ours()
             torch.cuda.synchronize()
             ref = F.scaled_dot_product_attention(q4.double(), k4.double(), v4.double(),
                                                  attn_mask=None if mask is None else mask.double(), scale=scale)
             ref = ref.permute(0, 2, 1, 3)
             err = ((y.double() - ref).norm() / ref.norm()).item()
+
+            def checked(call):  # (rel L2 against float64, us back to back, us of kernel time, the kernels that ran)
+                y.fill_(float("nan"))
+                call()
+                torch.cuda.synchronize()
+                us, names = gpu_args.kernel_us(call)
+                return (((y.double() - ref).norm() / ref.norm()).item(), gpu_args.back_to_back_us(call, args.reps), us,
+                        sorted(names))
 
             tmask = None if mask is None else mask.to(dtype)  # PyTorch takes a mask of q's dtype
 
@@ -139,34 +150,11 @@ def main(argv=None) -> int:
                    "torch_us": gpu_args.back_to_back_us(theirs, args.reps)}
             row["nimble_kernel_us"], _ = gpu_args.kernel_us(ours)
             row["torch_kernel_us"], row["torch_kernels"] = gpu_args.kernel_us(theirs)
+            # the split-key kernel (provider attention_split), same operands and attrs
+            row["split_rel_l2"], row["split_us"], row["split_kernel_us"], _ = checked(caller(split, split_bias))
 
-            def ours_split():  # the split-key kernel (provider attention_split), same operands and attrs
-                with tvm_ffi.use_raw_stream(dev, stream):
-                    if masked:
-                        split_bias(*targs, t(mask), shape, t(y), t(ws))
-                    else:
-                        split(*targs, shape, t(y), t(ws))
-
-            y.fill_(float("nan"))
-            ours_split()
-            torch.cuda.synchronize()
-            row["split_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
-            row["split_us"] = gpu_args.back_to_back_us(ours_split, args.reps)
-            row["split_kernel_us"], _ = gpu_args.kernel_us(ours_split)
-
-            def ours_tile():  # the tile kernel (provider attention_tile), same operands and attrs
-                with tvm_ffi.use_raw_stream(dev, stream):
-                    if masked:
-                        tile_bias(*targs, t(mask), shape, t(y), t(ws))
-                    else:
-                        tile(*targs, shape, t(y), t(ws))
-
-            def check_tile():
-                y.fill_(float("nan"))
-                ours_tile()
-                torch.cuda.synchronize()
-                return (((y.double() - ref).norm() / ref.norm()).item(), gpu_args.back_to_back_us(ours_tile, args.reps),
-                        gpu_args.kernel_us(ours_tile)[0])
+            def check_tile():  # the tile kernel (provider attention_tile)
+                return checked(caller(tile, tile_bias))[:3]
 
             fits = [r for r in TILE_ROWS if tile_bytes(r, Sk, D, D) <= optin]
             row["tile_fallback"] = not fits  # the row-per-warp kernel, inside the tile call
@@ -178,46 +166,21 @@ def main(argv=None) -> int:
                 finally:
                     os.environ.pop(TILE_ENV, None)
             if dtype == torch.float32:  # the key-split kernel (fp32; a call it does not take runs the tile kernel)
-
-                def ours_cluster():
-                    with tvm_ffi.use_raw_stream(dev, stream):
-                        if masked:
-                            cluster_bias(*targs, t(mask), shape, t(y), t(ws))
-                        else:
-                            cluster(*targs, shape, t(y), t(ws))
-
-                def check_cluster():
-                    y.fill_(float("nan"))
-                    ours_cluster()
-                    torch.cuda.synchronize()
-                    us, names = gpu_args.kernel_us(ours_cluster)
-                    return (((y.double() - ref).norm() / ref.norm()).item(),
-                            gpu_args.back_to_back_us(ours_cluster, args.reps), us, sorted(names))
-
                 (row["cluster_rel_l2"], row["cluster_us"], row["cluster_kernel_us"],
-                 row["cluster_kernels"]) = check_cluster()
+                 row["cluster_kernels"]) = checked(caller(cluster, cluster_bias))
                 for c in CLUSTER_SPLITS:
                     if -(-Sk // c) > 64:
                         continue
                     os.environ[CLUSTER_ENV] = str(c)
                     try:
                         (row[f"cluster_c{c}_rel_l2"], row[f"cluster_c{c}_us"], row[f"cluster_c{c}_kernel_us"],
-                         _) = check_cluster()
+                         _) = checked(caller(cluster, cluster_bias))
                     finally:
                         os.environ.pop(CLUSTER_ENV, None)
             if dtype != torch.float32 and not masked and D % 8 == 0:  # cuDNN's SDPA, the other 16-bit provider
-
-                def cudnn():
-                    with tvm_ffi.use_raw_stream(dev, stream):
-                        cudnn_sdpa(*targs, shape, t(y), t(big_ws))
-
                 try:
-                    y.fill_(float("nan"))
-                    cudnn()
-                    torch.cuda.synchronize()
-                    row["cudnn_rel_l2"] = ((y.double() - ref).norm() / ref.norm()).item()
-                    row["cudnn_us"] = gpu_args.back_to_back_us(cudnn, args.reps)
-                    row["cudnn_kernel_us"], _ = gpu_args.kernel_us(cudnn)
+                    (row["cudnn_rel_l2"], row["cudnn_us"], row["cudnn_kernel_us"],
+                     _) = checked(caller(cudnn_sdpa, None, big_ws))
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             rows.append(row)

@@ -21,7 +21,6 @@ import struct
 
 import numpy as np
 from tvm import relax
-from tvm.ir.expr import Constant
 
 from .chains import const_value, dtype_of, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register

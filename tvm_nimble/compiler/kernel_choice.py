@@ -324,7 +324,8 @@ def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: 
 
 
 def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, all_vendor, not_taken) -> Selection:
-    """The mix and all-vendor built one-stream and replayed (:func:`check_in_model`); the faster is kept."""
+    """The mix and all-vendor built one-stream and replayed (:func:`check_in_model`); where the mix loses, every
+    operator on its fastest provider too (:func:`replay_in_model`, beside all-vendor again). The fastest is kept."""
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
     # module it keeps is the build's (no GEMM changes after it)
@@ -333,12 +334,7 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
     assignments = [chosen, first]
     if check.kept == "vendor" and built and check.best_ms > MIX_LOSS_PROFILED * check.vendor_ms:
-        per_launch = timer.launch_ms(built[0], 5)
-        slowest = sorted(zip(per_launch, (l.kernel for l in built[0].plan.launches)), reverse=True)[:8]
-        check.mix_slowest = [[k, round(ms, 4)] for ms, k in slowest]
-        note_once(f"the kernel choice's mix measured {check.best_ms:.3f} ms in the model against all-vendor's "
-                  f"{check.vendor_ms:.3f}; its slowest launches: "
-                  + ", ".join(f"{k} {ms:.3f} ms" for k, ms in check.mix_slowest[:5]))
+        _note_slowest_launches(check, built[0], timer)
     if check.kept == "vendor":
         # the mix lost in the model (a TVM kernel slower there than alone): the providers' own choice, each operator
         # on its fastest provider and none on TVM, may still beat the first provider everywhere (a TF32 or fp16
@@ -360,6 +356,17 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
     operators = record_assignment(mod, timings, providers, options.allow_tf32, assignments[kept], found)
     return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators,
                      built=built[kept] if built else None, mod_hash=hashes[kept])
+
+
+def _note_slowest_launches(check: ModelCheck, mix_build, timer) -> None:
+    """The losing mix's 8 slowest launches (one profiled replay of its build) into ``check.mix_slowest``, and the
+    first five in a note: what made the model slower than the chains' own times predicted."""
+    per_launch = timer.launch_ms(mix_build, 5)
+    slowest = sorted(zip(per_launch, (l.kernel for l in mix_build.plan.launches)), reverse=True)[:8]
+    check.mix_slowest = [[k, round(ms, 4)] for ms, k in slowest]
+    note_once(f"the kernel choice's mix measured {check.best_ms:.3f} ms in the model against all-vendor's "
+              f"{check.vendor_ms:.3f}; its slowest launches: "
+              + ", ".join(f"{k} {ms:.3f} ms" for k, ms in check.mix_slowest[:5]))
 
 
 def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers, allow_tf32: bool,

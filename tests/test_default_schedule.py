@@ -63,3 +63,15 @@ def test_a_long_reduction_keeps_dlights_schedule():
     mod = _module(lambda bb: bb.emit(relax.op.nn.softmax(x, axis=-1)), [x])
     stock, ours = _block_counts(_stock(mod)), _block_counts(stages.lower(mod, SM90))
     assert ours == stock and any(197 in ns for ns in ours.values())
+
+
+def test_a_3x3_average_pool_also_gets_a_thread_per_output():
+    """An average pool is a sum and a division: stock DLight gives each of its 150,528 outputs a block; ours does
+    not (inception_v3's and nasnetalarge's pools that stay on TVM's kernels)."""
+    x = relax.Var("x", relax.TensorType((1, 192, 28, 28), "float32"))
+    mod = _module(lambda bb: bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), (1, 1), (1, 1, 1, 1))), [x])
+    outputs = 192 * 28 * 28
+    stock = [n for ns in _block_counts(_stock(mod)).values() for n in ns]
+    ours = [n for ns in _block_counts(stages.lower(mod, SM90)).values() for n in ns]
+    assert stock == [outputs]
+    assert ours and max(ours) <= -(-outputs // 1024)

@@ -198,6 +198,8 @@ def folds_epilogue(mod) -> bool:
 _BLOCK_PER_OUTPUT_RULES = ("Reduction", "GeneralReduction")
 #: a reduction this short over this many outputs is "short and wide" (see :func:`short_wide_reduction`)
 SHORT_REDUCTION, WIDE_OUTPUTS = 64, 65536
+#: set (to anything) to schedule short, wide reductions as stock DLight does: for experiments that compare the two
+STOCK_REDUCTIONS_ENV = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
 
 
 def short_wide_reduction(func) -> bool:
@@ -284,7 +286,8 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
             self.rule, self.last = rule, last
 
         def apply(self, func, target, tunable):
-            if type(self.rule).__name__ in _BLOCK_PER_OUTPUT_RULES and short_wide_reduction(func):
+            if (type(self.rule).__name__ in _BLOCK_PER_OUTPUT_RULES and not os.environ.get(STOCK_REDUCTIONS_ENV)
+                    and short_wide_reduction(func)):
                 return None  # a block per output would leave most of its threads idle: the next rule takes it
             try:
                 sch = self.rule.apply(func, target, tunable)

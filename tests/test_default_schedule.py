@@ -75,3 +75,19 @@ def test_a_3x3_average_pool_also_gets_a_thread_per_output():
     ours = [n for ns in _block_counts(stages.lower(mod, SM90)).values() for n in ns]
     assert stock == [outputs]
     assert ours and max(ours) <= -(-outputs // 1024)
+
+
+def test_the_stock_schedule_is_one_variable_away_for_experiments(monkeypatch):
+    """NIMBLE_STOCK_REDUCTION_SCHEDULES gives the stock block per output back (an A/B for GPU experiments)."""
+    from tvm_nimble.relay_passes import tvm_compat
+
+    x = relax.Var("x", relax.TensorType((1, 192, 28, 28), "float32"))
+    mod = _module(lambda bb: bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), (1, 1), (1, 1, 1, 1))), [x])
+    monkeypatch.setenv(tvm_compat.STOCK_REDUCTIONS_ENV, "1")
+    monkeypatch.setattr(tvm_compat, "_SCHEDULED", {})  # this process's schedules, made with the guard on
+    assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))
+    from tvm_nimble.compiler.timing_cache import context_of  # and its measurements are kept apart
+
+    with_stock = context_of(SM90)
+    monkeypatch.delenv(tvm_compat.STOCK_REDUCTIONS_ENV)
+    assert with_stock == {**context_of(SM90), "stock_reductions": True}

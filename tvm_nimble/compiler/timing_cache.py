@@ -145,7 +145,12 @@ def context_of(target) -> dict:
     """What, besides the GPU, every measurement of a build for ``target`` depends on."""
     import tvm
 
-    return {"format": FORMAT, "tvm": tvm.__version__, "code": code_digest(), "target": str(target)}
+    from tvm_nimble.relay_passes.tvm_compat import STOCK_REDUCTIONS_ENV
+
+    context = {"format": FORMAT, "tvm": tvm.__version__, "code": code_digest(), "target": str(target)}
+    if os.environ.get(STOCK_REDUCTIONS_ENV):  # an experiment's other TVM kernels: measured apart
+        context["stock_reductions"] = True
+    return context
 
 
 def describe_gpu(gpu: dict) -> str:

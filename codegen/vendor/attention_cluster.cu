@@ -45,11 +45,6 @@ struct ClusterLayout {  // shared memory in floats: Q [32][68], K [64][68] (then
 };
 constexpr size_t kClSmemBytes = size_t(ClusterLayout::total) * sizeof(float);
 
-__device__ __forceinline__ void ClCpAsync16(float* smem, const float* gmem, bool valid) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
-}
-
 // rows x quads float4s of src (rows `stride` floats apart) into dst (rows `pitch` floats apart); rows from `valid`
 // on are zero-filled (nothing read)
 __device__ __forceinline__ void ClStage(float* dst, int pitch, const float* src, int64_t stride, int rows, int valid,
@@ -57,7 +52,7 @@ __device__ __forceinline__ void ClStage(float* dst, int pitch, const float* src,
   for (int c = tid; c < rows * quads; c += kClThreads) {
     const int r = c / quads, x = c % quads;
     const bool ok = r < valid;
-    ClCpAsync16(dst + r * pitch + 4 * x, ok ? src + r * stride + 4 * x : src, ok);
+    CpAsync16(dst + r * pitch + 4 * x, ok ? src + r * stride + 4 * x : src, ok);
   }
 }
 
@@ -92,10 +87,10 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
   const float* vb = v + p.v_off + b * p.v_sb + h * p.v_sh + key0 * p.v_ss;
   ClStage(Qs, kClPitch, qb, p.q_ss, kClRows, rows, dq, tid);
   ClStage(Ks, kClPitch, kb, p.k_ss, ks16, keys, dq, tid);
-  asm volatile("cp.async.commit_group;\n" ::);
+  CpAsyncCommit();
   ClStage(Vs, kClMaxD, vb, p.v_ss, ks16, keys, vq, tid);
-  asm volatile("cp.async.commit_group;\n" ::);
-  asm volatile("cp.async.wait_group 1;\n" ::);
+  CpAsyncCommit();
+  CpAsyncWait<1>();
   __syncthreads();
 
   // 2. S = scale * Q·Kᵀ (+ mask): rows 4 rg .. 4 rg + 3, keys kg + 16 i
@@ -154,7 +149,7 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
     for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (kg == 0) Ms[row] = mx, Ls[row] = sum;
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  CpAsyncWait<0>();
   __syncthreads();  // S (P), m, l and V complete; K consumed
 
   // 4. O = P·V: rows 4 rg .. 4 rg + 3, columns 4 dc .. 4 dc + 3

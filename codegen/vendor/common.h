@@ -167,6 +167,17 @@ cudaStream_t CurrentStream(int device_id) {
 }
 
 
+// 16 bytes global -> shared without a register round trip (sm_80+), zero-filled when not `valid` (nothing read);
+// a group of them committed, then waited for until at most N groups are in flight (gemm_simt, attention_cluster)
+__device__ __forceinline__ void CpAsync16(float* smem, const float* gmem, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 template <typename T>
 __device__ __forceinline__ float ToF(T v) { return static_cast<float>(v); }
 template <>

@@ -227,14 +227,6 @@ cudaError_t LaunchSimt(const SimtArgs& p, int splits, cudaStream_t stream) {
 // shared memory (cp.async, 16 bytes a copy, no register staging), ST - 1 stages ahead of the multiply, and a
 // stays row-major there ([BM][BK + 4]), read as float4s along k: each float4 serves 4 k steps. For the larger tiles,
 // whose fewer blocks must each hide more memory latency (ViT-B's and BERT's GEMMs).
-__device__ __forceinline__ void CpAsync16(float* smem, const float* gmem, bool valid) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 template <int BM, int BN, int TM, int TN, int BK, int ST>
 struct AsyncTile {

@@ -42,6 +42,7 @@ CLUSTER_SDPA_BIAS = "nimble.attention.cluster_sdpa_bias"
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
 _DTYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
+_FP32 = ("float32",)  # what the key-split cluster kernel takes
 _BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 _VIEWS = ("relax.reshape", "relax.permute_dims", "relax.take", "relax.squeeze", "relax.expand_dims")
 _SCALES = ("relax.multiply", "relax.divide")
@@ -405,5 +406,5 @@ CLUSTER_PROVIDER = register(Provider(
     name="attention_cluster", title="fused attention (key-split cluster kernel)",
     kernel_prefix="nimble.attention.cluster_",
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(CLUSTER_SDPA, CLUSTER_SDPA_BIAS),
-                                                dtypes=("float32",))},
-    dtypes=("float32",), layouts=("row-major",)))
+                                                dtypes=_FP32)},
+    dtypes=_FP32, layouts=("row-major",)))

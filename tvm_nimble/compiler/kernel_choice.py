@@ -291,7 +291,8 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if not all(chosen.get(s) == p for s, p in first.items()):
         gain, base = predicted_gain(timings, chosen, offers)
         if gain >= MIN_MIX_GAIN * base:
-            return _checked_mix(mod, options, timer, timings, providers, first, chosen, found, all_vendor, not_taken)
+            return _checked_mix(mod, options, timer, timings, providers, first, chosen, found, offers, all_vendor,
+                                not_taken)
         skipped = (f"the mix was predicted {gain * 1e3:.1f} us faster than all-vendor ({gain / base:.2%} of the chains' "
                    f"{base:.3f} ms), under the {MIN_MIX_GAIN:.0%} a model check can confirm: all-vendor kept")
         _mark_kernels(timings, first)
@@ -323,7 +324,8 @@ def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: 
     return gain, base
 
 
-def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, all_vendor, not_taken) -> Selection:
+def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, offers, all_vendor,
+                 not_taken) -> Selection:
     """The mix and all-vendor built one-stream and replayed (:func:`check_in_model`); where the mix loses, every
     operator on its fastest provider too (:func:`replay_in_model`, beside all-vendor again). The fastest is kept."""
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
@@ -332,30 +334,28 @@ def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, 
     both = [choose_gemm_algorithms(m, options.target, timer, options) for m in (picked, all_vendor)]
     hashes = [tvm_ffi.structural_hash(m) for m, _ in both]  # before the check's builds lower them
     check, built = check_in_model(both[0][0], both[1][0], options, timer)
+    built = list(built) if built else [None, None]  # by position, as ``both``; None: the timing cache knew the times
     assignments = [chosen, first]
-    if check.kept == "vendor" and built and check.best_ms > MIX_LOSS_PROFILED * check.vendor_ms:
-        _note_slowest_launches(check, built[0], timer)
     if check.kept == "vendor":
+        if built[0] is not None and check.best_ms > MIX_LOSS_PROFILED * check.vendor_ms:
+            _note_slowest_launches(check, built[0], timer)
         # the mix lost in the model (a TVM kernel slower there than alone): the providers' own choice, each operator
         # on its fastest provider and none on TVM, may still beat the first provider everywhere (a TF32 or fp16
         # model's convolutions split between cuDNN's legacy calls and its graph API)
-        alt = choose_providers(mod, timings, providers, options.allow_tf32, offers_by_anchor(mod, providers,
-                                                                                            options.allow_tf32, found),
-                               providers_only=True)
+        alt = choose_providers(mod, timings, providers, options.allow_tf32, offers, providers_only=True)
         if not all(alt.get(s) == p for s, p in first.items()):
             picked_alt = stages.offload(mod, options, select=lambda o: alt.get(o.signature) == o.provider)
             both.append(choose_gemm_algorithms(picked_alt, options.target, timer, options))
             hashes.append(tvm_ffi.structural_hash(both[2][0]))
-            times, built_alt = replay_in_model([both[2][0], both[1][0]], options, timer,
-                                               prebuilt=[None, built[1]] if built else None)
+            times, built_alt = replay_in_model([both[2][0], both[1][0]], options, timer, prebuilt=[None, built[1]])
             check = ModelCheck(check.best_ms, times[1], times[0], check.mix_slowest)
             assignments.append(alt)
-            built = [built[0] if built else None, built_alt[1], built_alt[0]] if built_alt else None
+            built = [built[0], built_alt[1], built_alt[0]] if built_alt else built + [None]
     kept = {"best": 0, "vendor": 1, "providers": 2}[check.kept]
     _mark_kernels(timings, assignments[kept])
     operators = record_assignment(mod, timings, providers, options.allow_tf32, assignments[kept], found)
     return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators,
-                     built=built[kept] if built else None, mod_hash=hashes[kept])
+                     built=built[kept], mod_hash=hashes[kept])
 
 
 def _note_slowest_launches(check: ModelCheck, mix_build, timer) -> None:

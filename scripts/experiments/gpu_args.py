@@ -75,24 +75,31 @@ def back_to_back_us(fn, reps: int, rounds: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def kernel_us(fn, reps: int = 30) -> tuple[float, dict]:
-    """GPU time per call of ``fn``'s kernels alone, as CUPTI records it (torch.profiler): (microseconds per call,
-    {kernel name: microseconds per call}). No launch gaps and no event brackets in it: what a kernel costs inside
-    a CUDA graph, where its launch overhead is hidden."""
+def cuda_events(fn, reps: int) -> list:
+    """Every GPU kernel (or copy) of ``reps`` calls of ``fn`` as CUPTI records it (torch.profiler), in start order:
+    each with ``name`` and ``time_range`` (microseconds). No launch gaps and no event brackets in it."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+
+
+def kernel_us(fn, reps: int = 30) -> tuple[float, dict]:
+    """GPU time per call of ``fn``'s kernels alone (:func:`cuda_events`): (microseconds per call, {kernel name:
+    microseconds per call}); what a kernel costs inside a CUDA graph, where its launch overhead is hidden."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
     names: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:  # a kernel (or a copy) as CUPTI timed it
-            names[e.name] = names.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
+    for e in cuda_events(fn, reps):
+        names[e.name] = names.get(e.name, 0.0) + e.time_range.elapsed_us() / reps
     return sum(names.values()), names
 
 

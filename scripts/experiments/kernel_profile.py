@@ -46,15 +46,13 @@ def profile(ex, reps: int = 5) -> list[float]:
 def cupti_kernels(ex, reps: int = 10) -> list:
     """[kernel name, microseconds] of every GPU kernel of one replay in launch order, as CUPTI records them
     (torch.profiler; the median of ``reps`` replays): no event brackets, the names the GPU ran."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from gpu_args import cuda_events  # beside this script in scripts/experiments/
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            ex.run()
-            ex.sync()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
+    def replay():
+        ex.run()
+        ex.sync()
+
+    events = cuda_events(replay, reps)
     if not events or len(events) % reps:
         return [[e.name, e.time_range.elapsed_us()] for e in events]
     n = len(events) // reps

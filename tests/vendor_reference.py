@@ -13,7 +13,7 @@ from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_
                                                           CLUSTER_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
-from tvm_nimble.relay_passes.providers import cudnn_graph, simt_gemm
+from tvm_nimble.relay_passes.providers import cudnn_graph, depthwise, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
 
@@ -62,6 +62,40 @@ def np_conv2d_bwd_data(dy, w, x_shape, attrs):
             dxp[:, :, i * dh:i * dh + sh * (p - 1) + 1:sh, j * dw:j * dw + sw * (q - 1) + 1:sw] += \
                 np.einsum("nohw,oc->nchw", dy, w[:, :, i, j])
     return dxp[:, :, ph:ph + h, pw:pw + wd]
+
+
+def np_stencil(x, w, b, z, attrs, out_hw):
+    """The depthwise kernel's contract (codegen/vendor/depthwise.cu): w [KH, KW, C]; attrs = [kh, kw, sh, sw,
+    pad_top, pad_left, dh, dw, act, relu_input, layout, mode]; the bottom / right pads are what y's size implies."""
+    kh, kw, sh, sw, pt, pl, dh, dw, act, relu_in, layout, mode = attrs
+    if layout:
+        x = x.transpose(0, 3, 1, 2)
+        z = None if z is None else z.transpose(0, 3, 1, 2)
+    x = np.maximum(x, 0) if relu_in else x
+    n, c, h, wd = x.shape
+    oh, ow = out_hw
+    ekh, ekw = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    pb, pr = max(0, (oh - 1) * sh + ekh - h - pt), max(0, (ow - 1) * sw + ekw - wd - pl)
+    pads = ((0, 0), (0, 0), (pt, pb), (pl, pr))
+    xp = np.pad(x.astype(np.float64), pads, constant_values=-np.inf if mode == depthwise.MODE_MAX else 0.0)
+    def windows(t):
+        return sliding_window_view(t, (ekh, ekw), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :oh, :ow]
+    win = windows(xp)
+    if mode == depthwise.MODE_CONV:
+        out = np.einsum("nchwij,ijc->nchw", win, w.astype(np.float64))
+    elif mode == depthwise.MODE_MAX:
+        out = win.max(axis=(-1, -2))
+    elif mode == depthwise.MODE_AVG_ALL:
+        out = win.sum(axis=(-1, -2)) / (kh * kw)
+    else:
+        inside = windows(np.pad(np.ones((1, 1, h, wd)), pads)).sum(axis=(-1, -2))
+        out = win.sum(axis=(-1, -2)) / inside
+    if b is not None:
+        out = out + b.reshape(1, -1, 1, 1)
+    if z is not None:
+        out = out + z
+    out = _act(out, act)
+    return out.transpose(0, 2, 3, 1) if layout else out
 
 
 def _view(flat, offset, strides, shape):
@@ -142,7 +176,19 @@ def reference_functions():
         out = (xv - mean) / np.sqrt(var + eps) * gamma.numpy().astype(np.float64) + beta.numpy().astype(np.float64)
         y.copyfrom(out.astype(x.numpy().dtype))  # y has x's dtype (the parameters may be float32)
 
-    names = {CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
+    def out_hw(y, attrs):
+        return (y.shape[1], y.shape[2]) if int(attrs[10]) else (y.shape[2], y.shape[3])
+
+    def stencil(x, w, b, z, attrs, y):
+        attrs = [int(a) for a in attrs]
+        y.copyfrom(np_stencil(x.numpy(), w, b, z, attrs, out_hw(y, attrs)).astype(y.dtype))
+
+    names = {depthwise.CONV2D: lambda x, w, b, attrs, y, ws: stencil(x, w.numpy(), b.numpy(), None, attrs, y),
+             depthwise.CONV2D_ADD: lambda x, w, b, z, attrs, y, ws: stencil(x, w.numpy(), b.numpy(), z.numpy(),
+                                                                             attrs, y),
+             depthwise.POOL2D: lambda x, attrs, y, ws: stencil(x, None, None, None, attrs, y),
+             depthwise.POOL2D_ADD: lambda x, z, attrs, y, ws: stencil(x, None, None, z.numpy(), attrs, y),
+             CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,

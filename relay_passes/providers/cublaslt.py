@@ -5,6 +5,8 @@
     matmul(x, permute_dims(W)) [+ bias] + residual     (residual: a tensor of the output's shape)
     matmul(a, [permute_dims](b))                       (a: [..., M, K]; b: [..., K, N] or, transposed
                                                         by the permute, [..., N, K]; same batch dims)
+    conv2d(x, W) [+ bias] [+ residual] [-> relu|relu6] (1x1, stride 1, unpadded, channels-last: x [N, H, W, C]
+                                                        is a GEMM of N * H * W rows with W [O, C] transposed)
 
 A Linear on [B, S, K] is one GEMM of M = B * S rows: the extension folds the leading dimensions.
 The batched form is attention's Q·Kᵀ and ·V: one strided-batched call, a transpose of the last two
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
-from ..precision import ALIASES, DTYPES, compute_dtype
+from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
 from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, gelu_of, ints, known_shape, operator_of,
                      other_operand)
 from .registry import Provider, register
@@ -138,6 +140,47 @@ def batched_chain(ctx, chains, var, call):
     return removed, var, (ctx.call(BATCHED_MATMUL, args, out_shape, dtype), None)
 
 
+def pointwise_chain(ctx, chains, var, call):
+    """A channels-last 1x1 convolution as a GEMM over its pixels (NASNet's and the separable convolutions'
+    pointwise layers: 270 in nasnetalarge). Only where cuDNN's tensor-core kernels are the alternative (TF32 and
+    half precision, which build channels-last by default); registered after cuDNN, so ``kernels="vendor"`` keeps
+    cuDNN, and ``kernels="best"`` measures both."""
+    a = call.attrs
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout)) != ("NHWC", "OHWI", "NHWC"):
+        return None
+    if not ctx.allow_tf32 and compute_dtype(call) not in REDUCED_DTYPES:
+        return None
+    x, w = call.args
+    ws, out_shape, dtype = known_shape(w), known_shape(call), dtype_of(call)
+    if (ws is None or out_shape is None or ws[1:3] != (1, 1) or int(a.groups) != 1 or any(ints(a.padding))
+            or ints(a.strides) != [1, 1] or (a.out_dtype and str(a.out_dtype) not in ("", "void", dtype))):
+        return None  # no note: any other convolution is cuDNN's, whose report says why where it declines
+    weight = chains.const(w)
+    if weight is None:
+        return None
+    removed, last, bias, residual, act = [], var, None, None, ACT_NONE
+    nxt, val = chains.follow(last)
+    b = chains.bias_of(val, last, out_shape, axis=3) if val is not None else None
+    if b is not None:
+        bias, removed, last = b, [last], nxt
+        nxt, val = chains.follow(last)
+    other = _residual_of(val, last, out_shape, dtype) if val is not None else None
+    if other is not None and chains.const(other) is None and other not in chains.claimed:
+        residual, removed, last = other, removed + [last], nxt
+        nxt, val = chains.follow(last)
+    if val is not None and activation(val) is not None:
+        act, removed, last = activation(val), removed + [last], nxt
+    bias = np.zeros(ws[0], dtype=dtype) if bias is None else bias
+    args = [x, relax.const(np.ascontiguousarray(weight.reshape(ws[0], ws[3])).astype(dtype)),
+            relax.const(bias.astype(dtype))]
+    attrs = relax.ShapeExpr([1, act, ctx.tf32])  # y = act(x @ Wᵀ + bias (+ z))
+    if residual is not None:
+        return removed, last, (ctx.call(MATMUL_ADD, args + [residual, attrs], out_shape, dtype,
+                                        GEMM_WORKSPACE_BYTES), None)
+    return removed, last, (ctx.call(MATMUL, args + [attrs], out_shape, dtype, GEMM_WORKSPACE_BYTES), None)
+
+
 PROVIDER = register(Provider(
     name="cublaslt", title="cuBLASLt", kernel_prefix="nimble.cublas.",
-    matchers={"relax.matmul": matmul_chain}, dtypes=DTYPES, layouts=("row-major",)))
+    matchers={"relax.matmul": matmul_chain, "relax.nn.conv2d": pointwise_chain}, dtypes=DTYPES,
+    layouts=("row-major", "NHWC/OHWI")))

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from tvm_nimble.errors import NimbleError
 
 #: Kernel names served by the vendor extension (cuDNN / cuBLASLt, ``codegen/vendor``), not by the kernel library.
-VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cudnn_graph.", "nimble.cublas.", "nimble.gemm.", "nimble.attention.", "nimble.norm.")
+VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cudnn_graph.", "nimble.cublas.", "nimble.gemm.", "nimble.attention.", "nimble.norm.",
+                   "nimble.depthwise.")
 
 #: Byte alignment of a view that starts inside its storage (see :func:`tvm_nimble.runtime.device.tensor_at`)
 SLICE_ALIGN = 64

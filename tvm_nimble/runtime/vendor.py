@@ -34,6 +34,8 @@ FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cudnn.con
              "nimble.attention.tile_sdpa", "nimble.attention.tile_sdpa_bias",
              "nimble.attention.cluster_sdpa", "nimble.attention.cluster_sdpa_bias",
              "nimble.norm.layer_norm",
+             "nimble.depthwise.conv2d", "nimble.depthwise.conv2d_add", "nimble.depthwise.pool2d",
+             "nimble.depthwise.pool2d_add",
              "nimble.cudnn.conv2d_algos",
              "nimble.cublas.matmul_timings", "nimble.cublas.matmul_add_timings", "nimble.cublas.batched_matmul_timings",
              "nimble.gemm.matmul_timings", "nimble.gemm.matmul_add_timings", "nimble.gemm.candidates",

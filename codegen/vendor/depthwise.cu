@@ -1,0 +1,320 @@
+// Depthwise convolutions and 2-D pools as one stencil kernel, for small batches:
+//
+//   nimble.depthwise.conv2d(x, w, b, attrs, y, workspace)         y = act(dwconv(x', w) + b)
+//   nimble.depthwise.conv2d_add(x, w, b, z, attrs, y, workspace)  y = act(dwconv(x', w) + b + z)
+//   nimble.depthwise.pool2d(x, attrs, y, workspace)               y = act(pool(x'))
+//   nimble.depthwise.pool2d_add(x, z, attrs, y, workspace)        y = act(pool(x') + z)
+//
+//   x' = relu(x) when attrs say so (the ReLU a separable convolution starts with, folded in);
+//   x, z, y NHWC (layout 1) or NCHW (layout 0); w [KH, KW, C] (a channel's taps are C apart: the NHWC kernel
+//   reads a vector of channels per tap); b [C];
+//   attrs = [kh, kw, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, act, relu_input, layout, mode],
+//   mode 0: depthwise convolution (channel multiplier 1), 1: average over the taps inside the input,
+//   2: average over all kh * kw taps (count_include_pad), 3: max (padding never wins).
+//   The output size is y's: the bottom and right pads are whatever it implies, so asymmetric ("SAME")
+//   padding needs no second form. act: 0 identity, 1 relu, 2 relu6.
+//
+// Why: cuDNN runs a depthwise convolution at batch 1 as a grouped convolution, several microseconds each even in
+// NHWC half precision, and nasnetalarge has 270 of them plus 40 pools (cuDNN only takes an average pool as a
+// depthwise convolution with a separate divisor multiply). Every tap here is a vector load of up to 16 bytes of
+// channels from L1/L2, computed in fp32 and rounded once; a thread computes one output pixel's vector. fp32,
+// fp16 and bf16. The workspace is unused (the vendor calling convention).
+#include "common.h"
+
+namespace nimble_vendor {
+namespace {
+
+constexpr const char* kConv = "nimble.depthwise.conv2d";
+constexpr const char* kConvAdd = "nimble.depthwise.conv2d_add";
+constexpr const char* kPool = "nimble.depthwise.pool2d";
+constexpr const char* kPoolAdd = "nimble.depthwise.pool2d_add";
+constexpr int kThreads = 256;
+enum Mode : int { kDwConv = 0, kAvgValid = 1, kAvgAll = 2, kMax = 3 };
+
+struct StencilParams {
+  int n, h, w, c, oh, ow;
+  int kh, kw, sh, sw, pt, pl, dh, dw;
+  int act, relu_input;
+};
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+__device__ __forceinline__ float Act(float v, int act) {
+  if (act >= 1) v = fmaxf(v, 0.0f);
+  if (act == 2) v = fminf(v, 6.0f);
+  return v;
+}
+
+// Channels-last: thread -> (pixel, vector of V channels); consecutive threads read consecutive channel vectors of
+// one pixel, then the next pixel's. K > 0: a K x K window known at compile time (3, 5, 7), so the taps unroll and
+// their loads issue together.
+template <typename T, int V, int MODE, int K>
+__global__ void __launch_bounds__(kThreads) StencilNhwc(const T* __restrict__ x, const T* __restrict__ w,
+                                                        const T* __restrict__ b, const T* __restrict__ z,
+                                                        T* __restrict__ y, StencilParams p) {
+  const int cv = p.c / V;
+  const int64_t total = int64_t(p.n) * p.oh * p.ow * cv;
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= total) return;
+  const int c0 = int(idx % cv) * V;
+  int64_t pix = idx / cv;
+  const int ox = int(pix % p.ow);
+  pix /= p.ow;
+  const int oy = int(pix % p.oh);
+  const int n = int(pix / p.oh);
+  const int kh = K > 0 ? K : p.kh, kw = K > 0 ? K : p.kw;
+  float acc[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] = MODE == kMax ? -INFINITY : 0.0f;
+  int taps = 0;
+  const int iy0 = oy * p.sh - p.pt, ix0 = ox * p.sw - p.pl;
+  const T* xn = x + int64_t(n) * p.h * p.w * p.c + c0;
+  auto tap = [&](int r, int s) {
+    const int iy = iy0 + r * p.dh, ix = ix0 + s * p.dw;
+    if (iy < 0 || iy >= p.h || ix < 0 || ix >= p.w) return;
+    const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(xn + (int64_t(iy) * p.w + ix) * p.c);
+    Pack<T, V> wv;
+    if (MODE == kDwConv) wv = *reinterpret_cast<const Pack<T, V>*>(w + (r * kw + s) * p.c + c0);
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      float a = ToF(xv.v[q]);
+      if (p.relu_input) a = fmaxf(a, 0.0f);
+      acc[q] = MODE == kDwConv ? fmaf(a, ToF(wv.v[q]), acc[q]) : MODE == kMax ? fmaxf(acc[q], a) : acc[q] + a;
+    }
+    ++taps;
+  };
+  if constexpr (K > 0) {
+#pragma unroll
+    for (int r = 0; r < K; ++r) {
+#pragma unroll
+      for (int s = 0; s < K; ++s) tap(r, s);
+    }
+  } else {
+    for (int r = 0; r < kh; ++r) {
+      for (int s = 0; s < kw; ++s) tap(r, s);
+    }
+  }
+  const float scale = MODE == kAvgValid ? 1.0f / float(max(taps, 1)) : MODE == kAvgAll ? 1.0f / float(kh * kw) : 1.0f;
+  const int64_t out = idx * V;  // (pixel, c0) in NHWC order is exactly idx * V
+  Pack<T, V> bv, zv, yv;
+  if (b != nullptr) bv = *reinterpret_cast<const Pack<T, V>*>(b + c0);
+  if (z != nullptr) zv = *reinterpret_cast<const Pack<T, V>*>(z + out);
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    float v = MODE == kDwConv ? acc[q] : acc[q] * scale;
+    if (b != nullptr) v += ToF(bv.v[q]);
+    if (z != nullptr) v += ToF(zv.v[q]);
+    yv.v[q] = FromF<T>(Act(v, p.act));
+  }
+  *reinterpret_cast<Pack<T, V>*>(y + out) = yv;
+}
+
+// Channels-first (exact fp32 builds keep NCHW): a thread per output element, consecutive threads along a row.
+template <typename T, int MODE>
+__global__ void __launch_bounds__(kThreads) StencilNchw(const T* __restrict__ x, const T* __restrict__ w,
+                                                        const T* __restrict__ b, const T* __restrict__ z,
+                                                        T* __restrict__ y, StencilParams p) {
+  const int64_t total = int64_t(p.n) * p.c * p.oh * p.ow;
+  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= total) return;
+  const int ox = int(idx % p.ow);
+  int64_t t = idx / p.ow;
+  const int oy = int(t % p.oh);
+  t /= p.oh;
+  const int c = int(t % p.c);
+  const int n = int(t / p.c);
+  const T* xc = x + (int64_t(n) * p.c + c) * p.h * p.w;
+  float acc = MODE == kMax ? -INFINITY : 0.0f;
+  int taps = 0;
+  const int iy0 = oy * p.sh - p.pt, ix0 = ox * p.sw - p.pl;
+  for (int r = 0; r < p.kh; ++r) {
+    const int iy = iy0 + r * p.dh;
+    if (iy < 0 || iy >= p.h) continue;
+    for (int s = 0; s < p.kw; ++s) {
+      const int ix = ix0 + s * p.dw;
+      if (ix < 0 || ix >= p.w) continue;
+      float a = ToF(xc[iy * p.w + ix]);
+      if (p.relu_input) a = fmaxf(a, 0.0f);
+      if (MODE == kDwConv) acc = fmaf(a, ToF(w[(r * p.kw + s) * p.c + c]), acc);
+      else acc = MODE == kMax ? fmaxf(acc, a) : acc + a;
+      ++taps;
+    }
+  }
+  float v = MODE == kAvgValid ? acc / float(max(taps, 1)) : MODE == kAvgAll ? acc / float(p.kh * p.kw) : acc;
+  if (b != nullptr) v += ToF(b[c]);
+  if (z != nullptr) v += ToF(z[idx]);
+  y[idx] = FromF<T>(Act(v, p.act));
+}
+
+template <typename T, int V, int MODE>
+void LaunchNhwcV(const void* x, const void* w, const void* b, const void* z, void* y, const StencilParams& p,
+                 cudaStream_t s) {
+  const int64_t total = int64_t(p.n) * p.oh * p.ow * (p.c / V);
+  const unsigned blocks = unsigned((total + kThreads - 1) / kThreads);
+  auto args = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
+                                       static_cast<const T*>(b), static_cast<const T*>(z), static_cast<T*>(y), p);
+  };
+  const int k = p.kh == p.kw ? p.kh : 0;
+  if constexpr (MODE == kDwConv) {  // NASNet's separable convolutions are 3x3, 5x5 and 7x7
+    if (k == 5) return args(StencilNhwc<T, V, MODE, 5>);
+    if (k == 7) return args(StencilNhwc<T, V, MODE, 7>);
+  }
+  if (k == 3) args(StencilNhwc<T, V, MODE, 3>);
+  else args(StencilNhwc<T, V, MODE, 0>);
+}
+
+// The widest vector of channels (up to 16 bytes) that divides C and that every pointer is aligned to.
+template <typename T, int MODE>
+void LaunchNhwc(const void* x, const void* w, const void* b, const void* z, void* y, const StencilParams& p,
+                cudaStream_t s) {
+  uint32_t align = std::min({PtrAlign(x), PtrAlign(y), w ? PtrAlign(w) : 256u, b ? PtrAlign(b) : 256u,
+                             z ? PtrAlign(z) : 256u});
+  auto fits = [&](int v) { return p.c % v == 0 && align % (v * sizeof(T)) == 0; };
+  constexpr int kWide = 16 / sizeof(T);  // 4 floats, 8 halves
+  if (fits(kWide)) LaunchNhwcV<T, kWide, MODE>(x, w, b, z, y, p, s);
+  else if (fits(2)) LaunchNhwcV<T, 2, MODE>(x, w, b, z, y, p, s);
+  else LaunchNhwcV<T, 1, MODE>(x, w, b, z, y, p, s);
+}
+
+template <typename T, int MODE>
+void LaunchNchw(const void* x, const void* w, const void* b, const void* z, void* y, const StencilParams& p,
+                cudaStream_t s) {
+  const int64_t total = int64_t(p.n) * p.c * p.oh * p.ow;
+  StencilNchw<T, MODE><<<unsigned((total + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<const T*>(z),
+      static_cast<T*>(y), p);
+}
+
+template <typename T>
+void LaunchTyped(int mode, int layout, const void* x, const void* w, const void* b, const void* z, void* y,
+                 const StencilParams& p, cudaStream_t s) {
+  if (layout == 1) {
+    if (mode == kDwConv) LaunchNhwc<T, kDwConv>(x, w, b, z, y, p, s);
+    else if (mode == kAvgValid) LaunchNhwc<T, kAvgValid>(x, w, b, z, y, p, s);
+    else if (mode == kAvgAll) LaunchNhwc<T, kAvgAll>(x, w, b, z, y, p, s);
+    else LaunchNhwc<T, kMax>(x, w, b, z, y, p, s);
+  } else {
+    if (mode == kDwConv) LaunchNchw<T, kDwConv>(x, w, b, z, y, p, s);
+    else if (mode == kAvgValid) LaunchNchw<T, kAvgValid>(x, w, b, z, y, p, s);
+    else if (mode == kAvgAll) LaunchNchw<T, kAvgAll>(x, w, b, z, y, p, s);
+    else LaunchNchw<T, kMax>(x, w, b, z, y, p, s);
+  }
+}
+
+// Checks the call and runs it. w, b, z may be null (a pool; no residual).
+void Stencil(const char* op, const TensorView& x, const TensorView* w, const TensorView* b, const TensorView* z,
+             const Shape& attrs, const TensorView& y, const TensorView& workspace) {
+  if (attrs.size() != 12) {
+    FailValue(op, "attrs must be [kh, kw, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, activation, "
+                  "relu_input, layout, mode], got " + ShapeStr(attrs.data(), int(attrs.size())));
+  }
+  const std::string a = ShapeStr(attrs.data(), int(attrs.size()));
+  for (int i = 0; i < 12; ++i) {
+    if (attrs[i] < 0 || attrs[i] > INT32_MAX) FailValue(op, "attrs " + a + " must be non-negative int32 values");
+  }
+  const int64_t mode = attrs[11], layout = attrs[10];
+  if (attrs[0] < 1 || attrs[1] < 1 || attrs[2] < 1 || attrs[3] < 1 || attrs[6] < 1 || attrs[7] < 1) {
+    FailValue(op, "attrs " + a + ": the window, strides and dilations must be >= 1");
+  }
+  if (attrs[8] > 2) FailValue(op, "attrs " + a + ": activation must be 0 (identity), 1 (relu) or 2 (relu6)");
+  if (attrs[9] > 1 || layout > 1) FailValue(op, "attrs " + a + ": relu_input and layout must be 0 or 1");
+  if ((w != nullptr) != (mode == kDwConv) || mode > kMax) {
+    FailValue(op, "attrs " + a + ": mode must be " + (w ? "0 (a depthwise convolution)" : "1, 2 or 3 (a pool)"));
+  }
+  if (x.device().device_type != kDLCUDA) FailValue(op, "x must be a CUDA tensor");
+  const int dev = x.device().device_id;
+  const int dtype = TensorDType(x);
+  if (dtype < 0) FailValue(op, "x has dtype " + DLTypeStr(x.dtype()) + ": " + kDTypesTaken);
+  CheckCudaTensor(op, "x", x, dev);
+  CheckCudaTensor(op, "y", y, dev);
+  CheckDType(op, "y", y, dtype);
+  CheckNdim(op, "x", x, 4);
+  CheckNdim(op, "y", y, 4);
+  CheckWorkspace(op, workspace, dev);
+  const int64_t* xs = x.shape().data();
+  const int64_t* ys = y.shape().data();
+  // logical [N, C, H, W] of x and y
+  const int64_t n = xs[0], c = layout ? xs[3] : xs[1], h = layout ? xs[1] : xs[2], wd = layout ? xs[2] : xs[3];
+  const int64_t oc = layout ? ys[3] : ys[1], oh = layout ? ys[1] : ys[2], ow = layout ? ys[2] : ys[3];
+  if (ys[0] != n || oc != c) FailValue(op, "y " + ShapeStr(y) + " must have x " + ShapeStr(x) + "'s batch and channels");
+  for (int i = 0; i < 4; ++i) {
+    if (xs[i] > INT32_MAX || ys[i] > INT32_MAX) FailValue(op, "dimensions must fit in int32");
+  }
+  const int64_t ekh = attrs[6] * (attrs[0] - 1) + 1, ekw = attrs[7] * (attrs[1] - 1) + 1;
+  // the last window must start inside the top/left-padded input, and the first one must reach it
+  if (oh < 1 || ow < 1 || (oh - 1) * attrs[2] - attrs[4] >= h || (ow - 1) * attrs[3] - attrs[5] >= wd ||
+      attrs[4] >= ekh || attrs[5] >= ekw) {
+    FailValue(op, "y " + ShapeStr(y) + " does not follow from x " + ShapeStr(x) + " and attrs " + a);
+  }
+  if (w) {
+    CheckCudaTensor(op, "w", *w, dev);
+    CheckDType(op, "w", *w, dtype);
+    CheckNdim(op, "w", *w, 3);
+    if (w->shape()[0] != attrs[0] || w->shape()[1] != attrs[1] || w->shape()[2] != c) {
+      FailValue(op, "w " + ShapeStr(*w) + " must be [kh, kw, C] = [" + std::to_string(attrs[0]) + ", " +
+                        std::to_string(attrs[1]) + ", " + std::to_string(c) + "]");
+    }
+  }
+  if (b) {
+    CheckCudaTensor(op, "b", *b, dev);
+    CheckDType(op, "b", *b, dtype);
+    CheckNdim(op, "b", *b, 1);
+    if (b->shape()[0] != c) FailValue(op, "b " + ShapeStr(*b) + " must have the " + std::to_string(c) + " channels");
+  }
+  if (z) {
+    CheckCudaTensor(op, "z", *z, dev);
+    CheckDType(op, "z", *z, dtype);
+    CheckNdim(op, "z", *z, 4);
+    for (int i = 0; i < 4; ++i) {
+      if (z->shape()[i] != ys[i]) FailValue(op, "z " + ShapeStr(*z) + " must have y's shape " + ShapeStr(y));
+    }
+  }
+  if (DataPtr(y) == DataPtr(x)) FailValue(op, "y must not alias x");
+  if (n * c * oh * ow == 0) return;
+  StencilParams p{int(n), int(h), int(wd), int(c), int(oh), int(ow), int(attrs[0]), int(attrs[1]), int(attrs[2]),
+                  int(attrs[3]), int(attrs[4]), int(attrs[5]), int(attrs[6]), int(attrs[7]), int(attrs[8]),
+                  int(attrs[9])};
+  DeviceGuard guard(dev, op);
+  cudaStream_t s = CurrentStream(dev);
+  const void* wp = w ? DataPtr(*w) : nullptr;
+  const void* bp = b ? DataPtr(*b) : nullptr;
+  const void* zp = z ? DataPtr(*z) : nullptr;
+  if (dtype == kF32) LaunchTyped<float>(int(mode), int(layout), DataPtr(x), wp, bp, zp, DataPtr(y), p, s);
+  else if (dtype == kF16) LaunchTyped<__half>(int(mode), int(layout), DataPtr(x), wp, bp, zp, DataPtr(y), p, s);
+  else LaunchTyped<__nv_bfloat16>(int(mode), int(layout), DataPtr(x), wp, bp, zp, DataPtr(y), p, s);
+  CheckCuda(cudaGetLastError(), op, "stencil kernel launch");
+}
+
+void Conv(TensorView x, TensorView w, TensorView b, Shape attrs, TensorView y, TensorView workspace) {
+  Stencil(kConv, x, &w, &b, nullptr, attrs, y, workspace);
+}
+
+void ConvAdd(TensorView x, TensorView w, TensorView b, TensorView z, Shape attrs, TensorView y, TensorView workspace) {
+  Stencil(kConvAdd, x, &w, &b, &z, attrs, y, workspace);
+}
+
+void Pool(TensorView x, Shape attrs, TensorView y, TensorView workspace) {
+  Stencil(kPool, x, nullptr, nullptr, nullptr, attrs, y, workspace);
+}
+
+void PoolAdd(TensorView x, TensorView z, Shape attrs, TensorView y, TensorView workspace) {
+  Stencil(kPoolAdd, x, nullptr, nullptr, &z, attrs, y, workspace);
+}
+
+__attribute__((constructor)) void RegisterDepthwise() {
+  try {
+    Register(kConv, Conv);
+    Register(kConvAdd, ConvAdd);
+    Register(kPool, Pool);
+    Register(kPoolAdd, PoolAdd);
+  } catch (const std::exception& e) {  // never let an exception escape dlopen
+    std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
+  }
+}
+
+}  // namespace
+}  // namespace nimble_vendor

@@ -140,3 +140,24 @@ def test_relu6_is_imported_as_a_clip_and_fuses_into_the_convolution(vendor_refer
         assert acts.count(2) == len(clips) and not _calls(offloaded, "relax.clip")
         out = NimbleExecutor(build(offloaded, "llvm", max_streams=None, timing_cache="off"))(*inputs.values())
         np.testing.assert_allclose(out[0].numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["nasnet", "inception"])
+def test_cublaslt_takes_channels_last_1x1_convolutions_as_gemms(name, vendor_reference):
+    model, inputs, ref = _reference(name)
+    mod = _nhwc(model, precision="tf32")
+    pointwise = [c for c in _calls(mod, "relax.nn.conv2d")
+                 if [int(d) for d in c.args[1].ty.shape.values][1:3] == [1, 1] and int(c.attrs.groups) == 1
+                 and [int(v) for v in c.attrs.strides] == [1, 1] and not any(int(p) for p in c.attrs.padding)]
+    assert pointwise
+    cublaslt = providers.get("cublaslt")
+    offloaded = OffloadToVendor(allow_tf32=True, providers=[cublaslt])(mod)
+    gemms = [c for c in _calls(offloaded, "relax.call_dps_packed") if str(c.args[0].global_symbol).startswith(
+        "nimble.cublas.matmul") and len(c.args[1].fields[0].ty.shape.values) == 4]  # not the classifier
+    assert len(gemms) == len(pointwise)
+    result = build(offloaded, "llvm", max_streams=None, timing_cache="off")
+    out = NimbleExecutor(result)(*inputs.values())[0].numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    # exact fp32 keeps its convolutions on cuDNN's FMA kernels: no GEMM offers
+    exact = OffloadToVendor(providers=[cublaslt])(_nhwc(model))
+    assert not [c for c in _calls(exact, "relax.call_dps_packed") if len(c.args[1].fields[0].ty.shape.values) == 4]

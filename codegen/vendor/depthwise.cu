@@ -19,6 +19,8 @@
 // depthwise convolution with a separate divisor multiply). Every tap here is a vector load of up to 16 bytes of
 // channels from L1/L2, computed in fp32 and rounded once; a thread computes one output pixel's vector. fp32,
 // fp16 and bf16. The workspace is unused (the vendor calling convention).
+#include <cstdlib>
+
 #include "common.h"
 
 namespace nimble_vendor {
@@ -167,7 +169,10 @@ void LaunchNhwcV(const void* x, const void* w, const void* b, const void* z, voi
   else args(StencilNhwc<T, V, MODE, 0>);
 }
 
-// The widest vector of channels (up to 16 bytes) that divides C and that every pointer is aligned to.
+// The vector of channels a thread takes: the widest (up to 16 bytes) that divides C and that every pointer is
+// aligned to, unless that leaves fewer blocks than SMs (nasnetalarge's 11 x 11 x 672 in fp16: 40 blocks of 8-wide
+// threads); then 2 channels a thread, for 4x the blocks. NIMBLE_DEPTHWISE_VECTOR=1|2|4|8 forces a width (elements;
+// depthwise_check times them).
 template <typename T, int MODE>
 void LaunchNhwc(const void* x, const void* w, const void* b, const void* z, void* y, const StencilParams& p,
                 cudaStream_t s) {
@@ -175,8 +180,15 @@ void LaunchNhwc(const void* x, const void* w, const void* b, const void* z, void
                              z ? PtrAlign(z) : 256u});
   auto fits = [&](int v) { return p.c % v == 0 && align % (v * sizeof(T)) == 0; };
   constexpr int kWide = 16 / sizeof(T);  // 4 floats, 8 halves
-  if (fits(kWide)) LaunchNhwcV<T, kWide, MODE>(x, w, b, z, y, p, s);
-  else if (fits(2)) LaunchNhwcV<T, 2, MODE>(x, w, b, z, y, p, s);
+  const int64_t pixels = int64_t(p.n) * p.oh * p.ow;
+  int v = fits(kWide) ? kWide : fits(2) ? 2 : 1;
+  if (v == kWide && pixels * (p.c / v) < int64_t(SmCount()) * kThreads && fits(2)) v = 2;
+  if (const char* env = std::getenv("NIMBLE_DEPTHWISE_VECTOR")) {
+    const int forced = std::atoi(env);
+    if ((forced == kWide || forced == 2 || forced == 1) && fits(forced)) v = forced;
+  }
+  if (v == kWide) LaunchNhwcV<T, kWide, MODE>(x, w, b, z, y, p, s);
+  else if (v == 2) LaunchNhwcV<T, 2, MODE>(x, w, b, z, y, p, s);
   else LaunchNhwcV<T, 1, MODE>(x, w, b, z, y, p, s);
 }
 

@@ -39,6 +39,7 @@ CASES = {
     "max3_s2_35x288_nchw": ("max", 288, 35, 35, 3, 2, (0, 0, 0, 0), "nchw", 0, 0, 0),
 }
 MODES = {"conv": 0, "avg_valid": 1, "avg_all": 2, "max": 3}
+VECTOR_ENV = "NIMBLE_DEPTHWISE_VECTOR"
 
 
 def main(argv=None) -> int:
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     import tvm_ffi
 
+    os.environ.pop(VECTOR_ENV, None)
     fns = {n: tvm_ffi.get_global_func("nimble.depthwise." + n) for n in ("conv2d", "conv2d_add", "pool2d", "pool2d_add")}
     cudnn_conv = tvm_ffi.get_global_func("nimble.cudnn.conv2d")
     dev = tvm_ffi.device("cuda", 0)
@@ -105,6 +107,21 @@ def main(argv=None) -> int:
             row = {"case": name, "dtype": str(dtype).split(".")[-1], "rel_l2": err, "ok": err < tol}
             failed += not row["ok"]
             row["nimble_kernel_us"], _ = gpu_args.kernel_us(ours)
+            if nhwc:  # each vector width the kernel can take here (NIMBLE_DEPTHWISE_VECTOR), checked and timed
+                row["vector_us"] = {}
+                for v in (16 // x.element_size(), 2, 1):
+                    if c % v:
+                        continue
+                    os.environ[VECTOR_ENV] = str(v)
+                    y.fill_(float("nan"))
+                    ours()
+                    torch.cuda.synchronize()
+                    got = y.permute(0, 3, 1, 2)
+                    verr = ((got.double() - ref).norm() / ref.norm()).item()
+                    row["ok"] = row["ok"] and verr < tol
+                    row["vector_us"][v] = gpu_args.kernel_us(ours)[0]
+                os.environ.pop(VECTOR_ENV, None)
+                failed += not row["ok"] and err < tol
             # PyTorch's kernel for the same operator (without what we fold in), in the case's layout
             xt = x.contiguous(memory_format=torch.channels_last) if nhwc else x
             wt = weight.contiguous(memory_format=torch.channels_last) if nhwc else weight
@@ -135,11 +152,12 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "depthwise_check.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print(f"{'case':28s} {'dtype':9s} {'rel_l2':>9s} {'ours us':>8s} {'cuDNN us':>9s} {'torch us':>9s}")
+    print(f"{'case':28s} {'dtype':9s} {'rel_l2':>9s} {'ours us':>8s} {'cuDNN us':>9s} {'torch us':>9s}  ours by vector")
     for r in rows:
         cudnn = f"{r['cudnn_kernel_us']:9.2f}" if "cudnn_kernel_us" in r else f"{'-':>9s}"
+        vectors = " ".join(f"{v}:{us:.2f}" for v, us in r.get("vector_us", {}).items())
         print(f"{r['case']:28s} {r['dtype']:9s} {r['rel_l2']:9.2e} {r['nimble_kernel_us']:8.2f} {cudnn} "
-              f"{r['torch_kernel_us']:9.2f}{'' if r['ok'] else '  FAIL'}")
+              f"{r['torch_kernel_us']:9.2f}  {vectors}{'' if r['ok'] else '  FAIL'}")
     print(f"{len(rows) - failed} of {len(rows)} cases within tolerance")
     return 1 if failed else 0
 

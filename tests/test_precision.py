@@ -265,7 +265,8 @@ def test_vendor_chains_of_a_bf16_build_still_offload_and_the_chain_after_them_co
 def _padded_cell(seed: int = 0):
     """NASNet's reduction-cell pattern as torch exports it, after a convolution (so that the reduced dtype reaches
     it): ReLU, ZeroPad2d((1, 0, 1, 0)) (an ONNX Pad, which TVM's importer writes as an opaque TE call with float32
-    buffers), a strided depthwise + pointwise convolution, then x[:, :, 1:, 1:]."""
+    buffers), a strided depthwise + pointwise convolution, then x[:, :, 1:, 1:]. The padded tensor is an output too,
+    so the importer's pad fold (frontend/fold_pads.py) leaves the Pad an opaque TE call."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -285,7 +286,8 @@ def _padded_cell(seed: int = 0):
              helper.make_node("Slice", ["q", "starts", "ends", "axes"], ["y"])]
     graph = helper.make_graph(nodes, "padded_cell",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8]),
+                               helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, c, 17, 17])], inits)
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -18,6 +18,8 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT  # noqa: F401
 from tvm_nimble.runtime.plan import VENDOR_PREFIXES, read_after_write
 
+from .tvm_compat import allocates_global_buffers
+
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 
 
@@ -59,6 +61,9 @@ class Kernel:
     waits: list[int] = field(default_factory=list)
     records: list[int] = field(default_factory=list)
     literals: list = field(default_factory=list)  # [position, [ints]]: shape arguments of a vendor call
+    #: its PrimFunc keeps an intermediate in global memory, which TVM allocates from its stream-unaware workspace
+    #: pool at every call (``tvm_compat.allocates_global_buffers``): such kernels must not overlap
+    tvm_workspace: bool = False
 
 
 @dataclass
@@ -81,8 +86,12 @@ class LoweredProgram:
         return _region(self.values, vid)
 
     def dependency_edges(self) -> list[tuple[int, int]]:
-        """Read-after-write edges between kernels (writer -> reader), deduplicated."""
-        return read_after_write(((k.index, k.args, k.writes) for k in self.kernels), self.region)
+        """Read-after-write edges between kernels (writer -> reader), deduplicated, and an edge from each kernel that
+        takes memory from TVM's workspace pool to the next one (program order): the pool hands the same bytes to
+        both, so they must not run at once on two streams."""
+        edges = read_after_write(((k.index, k.args, k.writes) for k in self.kernels), self.region)
+        pool = [k.index for k in self.kernels if k.tvm_workspace]
+        return sorted(set(edges) | set(zip(pool, pool[1:])))
 
 
 def _region(values: list[Value], vid: int) -> tuple[int, int, int]:
@@ -141,6 +150,7 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
     tuples: dict[object, list[int]] = {}
     written: dict[int, list[tuple[int, int]]] = {}  # root -> byte ranges some kernel wrote
     kernels: list[Kernel] = []
+    workspace: dict[str, bool] = {}  # PrimFunc name -> whether it takes memory from TVM's workspace pool
     pending_stream: int | None = None
     pending_waits: list[int] = []
 
@@ -227,8 +237,11 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                             taken.append((start, end))
                         else:
                             reads.append(a)
+                    if name in prim_funcs and name not in workspace:
+                        workspace[name] = allocates_global_buffers(prim_funcs[name])
                     kernels.append(Kernel(len(kernels), name, args, writes, reads,
-                                          pending_stream, pending_waits, literals=literals))
+                                          pending_stream, pending_waits, literals=literals,
+                                          tvm_workspace=workspace.get(name, False)))
                     pending_stream, pending_waits = None, []
                 else:
                     raise LoweredIRError(

@@ -194,6 +194,23 @@ def folds_epilogue(mod) -> bool:
     return bool(found)
 
 
+def allocates_global_buffers(func) -> bool:
+    """Whether the scheduled PrimFunc ``func`` keeps an intermediate buffer in global memory (two kernels in one
+    function, one writing what the other reads: ``Fallback``'s or the plain schedule's form of a reduction with an
+    epilogue). TVM allocates it from its workspace pool at every call, and that pool knows no streams: the plan must
+    not let two such kernels overlap (``relay_passes.lowered_ir``)."""
+    import tvm_ffi
+    from tvm import s_tir
+
+    found = []
+
+    def visit_block(block):
+        found.extend(b for b in block.alloc_buffers if b.scope() == "global")
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit_block)], order="post")
+    return bool(found)
+
+
 #: DLight rules that give each output (row) of a reduction its own thread block, the reduction across its threads
 _BLOCK_PER_OUTPUT_RULES = ("Reduction", "GeneralReduction")
 #: a reduction this short over this many outputs is "short and wide" (see :func:`short_wide_reduction`)
@@ -226,6 +243,51 @@ def short_wide_reduction(func) -> bool:
         reduced = math.prod(d for d, k in zip(doms, kinds) if k == "R")
         return reduced <= SHORT_REDUCTION and spatial >= WIDE_OUTPUTS
     return False
+
+
+def thread_per_output(func, target, threads: int = 256):
+    """A short, wide reduction (:func:`short_wide_reduction`) scheduled as one kernel with a thread per output: its
+    producers (padding, input casts) inlined, the sum in a register, the epilogue (the policy's rounding cast, a
+    pool's division, a residual add) computed by the same thread; None where the function is not that shape.
+
+    DLight's ``Fallback`` also gives each output a thread, but schedules a reduction fused with an epilogue as two
+    kernels with the sum in a global buffer between them. TVM allocates that buffer from its workspace pool, which
+    knows no streams: two such kernels on two streams got the same memory (nasnetalarge in fp16 and TF32, multi-stream
+    CUDA graph: NaN and wrong outputs, twentieth session), and the sum made a round trip through memory."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    try:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos:
+            return None
+        at = [i for i, info in enumerate(infos) if "R" in info.dom_kind()]
+        if len(at) != 1:
+            return None
+        red = infos[at[0]]
+        for info in infos[:at[0]]:
+            sch.compute_inline(info.block_rv)
+        epilogue = infos[at[0] + 1:]
+        for info in reversed(epilogue[1:]):  # element-wise chains fold into the first block after the sum
+            sch.reverse_compute_inline(info.block_rv)
+        loops = sch.get_loops(red.block_rv)
+        kinds = red.dom_kind()
+        spatial = [loop for loop, k in zip(loops, kinds) if k == "S"]
+        reduction = [loop for loop, k in zip(loops, kinds) if k == "R"]
+        if not spatial or len(spatial) + len(reduction) != len(loops):
+            return None
+        sch.reorder(*spatial, *reduction)
+        bx, tx = sch.split(sch.fuse(*spatial), factors=[None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        if epilogue:
+            sch.reverse_compute_at(epilogue[0].block_rv, tx)
+            sch.set_scope(red.block_rv, 0, "local")
+        sch.decompose_reduction(red.block_rv, reduction[0])
+        return sch
+    except Exception:  # noqa: BLE001  (any schedule error: the next rule takes the function)
+        return None
 
 
 def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transform.Pass:
@@ -288,7 +350,8 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
         def apply(self, func, target, tunable):
             if (type(self.rule).__name__ in _BLOCK_PER_OUTPUT_RULES and not os.environ.get(STOCK_REDUCTIONS_ENV)
                     and short_wide_reduction(func)):
-                return None  # a block per output would leave most of its threads idle: the next rule takes it
+                # a block per output would leave most of its threads idle: a thread per output, one kernel
+                return thread_per_output(func, target)
             try:
                 sch = self.rule.apply(func, target, tunable)
             except (ScheduleError, InternalError):

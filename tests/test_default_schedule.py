@@ -11,6 +11,7 @@ from tvm_nimble.compiler.target import resolve_target
 from tvm_nimble.relay_passes.pipeline import backend_for
 
 SM90 = resolve_target("cuda", "sm_90")
+THREADS = 256  # a thread per output, in blocks of this many
 
 
 def _module(build_body, params):
@@ -40,7 +41,7 @@ def _stock(mod):
 def test_a_short_reduction_over_many_outputs_gets_a_thread_per_output_not_a_block():
     """25 products into each of 296,352 outputs: stock DLight's GeneralReduction gives every output a block of
     threads over its 25 terms (a grid of 296,352 blocks); the pipeline's guard leaves it to Fallback, a thread per
-    output (blocks of 1,024)."""
+    output (blocks of 256)."""
     x = relax.Var("x", relax.TensorType((1, 42, 42, 168), "float16"))
     w = relax.Var("w", relax.TensorType((168, 5, 5, 1), "float16"))
 
@@ -54,7 +55,7 @@ def test_a_short_reduction_over_many_outputs_gets_a_thread_per_output_not_a_bloc
     stock = [n for name, ns in _block_counts(_stock(mod)).items() if "conv2d" in name for n in ns]
     ours = [n for name, ns in _block_counts(stages.lower(mod, SM90)).items() if "conv2d" in name for n in ns]
     assert stock == [outputs]  # the block per output this guards against (TVM 0.27's DLight)
-    assert ours and max(ours) <= -(-outputs // 1024)
+    assert ours and max(ours) <= -(-outputs // THREADS)
 
 
 def test_a_long_reduction_keeps_dlights_schedule():
@@ -74,7 +75,7 @@ def test_a_3x3_average_pool_also_gets_a_thread_per_output():
     stock = [n for ns in _block_counts(_stock(mod)).values() for n in ns]
     ours = [n for ns in _block_counts(stages.lower(mod, SM90)).values() for n in ns]
     assert stock == [outputs]
-    assert ours and max(ours) <= -(-outputs // 1024)
+    assert ours and max(ours) <= -(-outputs // THREADS)
 
 
 def test_the_stock_schedule_is_one_variable_away_for_experiments(monkeypatch):
@@ -91,3 +92,73 @@ def test_the_stock_schedule_is_one_variable_away_for_experiments(monkeypatch):
     with_stock = context_of(SM90)
     monkeypatch.delenv(tvm_compat.STOCK_REDUCTIONS_ENV)
     assert with_stock == {**context_of(SM90), "stock_reductions": True}
+
+
+def _two_branches(bb, x, w):
+    """Two depthwise convolutions of one input, each accumulating in fp32 and rounded to fp16 (the precision
+    policy's form): independent kernels a multi-stream plan runs side by side."""
+    outs = []
+    for _ in range(2):
+        y = bb.emit(relax.op.nn.conv2d(x, w, padding=[2, 2, 2, 2], groups=168, data_layout="NHWC",
+                                       kernel_layout="OHWI", out_dtype="float32"))
+        outs.append(bb.emit(relax.op.astype(y, "float16")))
+    return bb.emit(relax.Tuple(outs))
+
+
+def _passes_split_at_the_schedule():
+    from tvm_nimble.relay_passes.pipeline import kernel_passes
+
+    passes = kernel_passes(SM90, None, True, False)
+    at = [i for i, p in enumerate(passes) if "ApplyDefaultSchedule" in p.info.name][0]
+    return passes[:at], passes[at + 1:]
+
+
+def test_a_short_reduction_with_its_epilogue_is_one_kernel_with_the_sum_in_a_register():
+    """DLight's Fallback, which the guard used to leave these to, makes a reduction fused with its rounding cast two
+    kernels with the fp32 sum in a global buffer between them, which TVM takes from its stream-unaware workspace
+    pool (nasnetalarge's multi-stream CUDA graph read another kernel's sums: NaN). The pipeline's schedule is one
+    kernel per function, nothing in global memory."""
+    from tvm.s_tir import dlight as dl
+
+    from tvm_nimble.relay_passes.tvm_compat import allocates_global_buffers
+
+    x = relax.Var("x", relax.TensorType((1, 42, 42, 168), "float16"))
+    w = relax.Var("w", relax.TensorType((168, 5, 5, 1), "float16"))
+    mod = _module(lambda bb: _two_branches(bb, x, w), [x, w])
+    lowered = stages.lower(mod, SM90)
+    convs = {gv.name_hint: f for gv, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint}
+    assert convs and all(len(ns) == 1 for name, ns in _block_counts(lowered).items() if name in convs)
+    assert not any(allocates_global_buffers(f) for f in convs.values())
+    before, _ = _passes_split_at_the_schedule()
+    with SM90:
+        fused = tvm.transform.Sequential(before)(mod)
+    fallback = [dl.gpu.Fallback().apply(f, SM90, False).mod["main"] for gv, f in fused.functions.items()
+                if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint]
+    assert fallback and all(allocates_global_buffers(f) for f in fallback)  # what the test guards against
+
+
+def test_kernels_that_take_tvms_workspace_are_ordered_one_after_another():
+    """Where a kernel still keeps an intermediate in global memory (Fallback's form), the plan must not run two of
+    them at once: the lowered program orders them in program order although no data flows between them."""
+    from tvm.s_tir import dlight as dl
+
+    from tvm_nimble.relay_passes.lowered_ir import read_lowered_function
+
+    x = relax.Var("x", relax.TensorType((1, 42, 42, 168), "float16"))
+    w = relax.Var("w", relax.TensorType((168, 5, 5, 1), "float16"))
+    mod = _module(lambda bb: _two_branches(bb, x, w), [x, w])
+    before, after = _passes_split_at_the_schedule()
+
+    def lowered_with(schedule):
+        with SM90:
+            return tvm.transform.Sequential(before + [schedule] + after)(mod)
+
+    ours = read_lowered_function(stages.lower(mod, SM90))
+    theirs = read_lowered_function(lowered_with(dl.ApplyDefaultSchedule(dl.gpu.Fallback())))
+    conv = [k.index for k in theirs.kernels if "conv2d" in k.func]
+    assert len(conv) == 2 and all(theirs.kernels[i].tvm_workspace for i in conv)
+    assert (conv[0], conv[1]) in theirs.dependency_edges()
+    mine = [k.index for k in ours.kernels if "conv2d" in k.func]
+    assert not any(ours.kernels[i].tvm_workspace for i in mine)
+    assert (mine[0], mine[1]) not in ours.dependency_edges()  # independent branches stay free to overlap

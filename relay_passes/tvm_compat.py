@@ -195,20 +195,25 @@ def folds_epilogue(mod) -> bool:
 
 
 def allocates_global_buffers(func) -> bool:
-    """Whether the scheduled PrimFunc ``func`` keeps an intermediate buffer in global memory (two kernels in one
+    """Whether the scheduled GPU PrimFunc ``func`` keeps an intermediate buffer in global memory (two kernels in one
     function, one writing what the other reads: ``Fallback``'s or the plain schedule's form of a reduction with an
     epilogue). TVM allocates it from its workspace pool at every call, and that pool knows no streams: the plan must
-    not let two such kernels overlap (``relay_passes.lowered_ir``)."""
+    not let two such kernels overlap (``relay_passes.lowered_ir``). CPU functions (no thread bindings) run one at a
+    time on the host and are not counted."""
     import tvm_ffi
-    from tvm import s_tir
+    from tvm import s_tir, tirx
 
-    found = []
+    found, bound = [], []
 
     def visit_block(block):
         found.extend(b for b in block.alloc_buffers if b.scope() == "global")
 
-    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit_block)], order="post")
-    return bool(found)
+    def visit_for(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            bound.append(loop)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit_block), (tirx.For, visit_for)], order="post")
+    return bool(found) and bool(bound)
 
 
 #: DLight rules that give each output (row) of a reduction its own thread block, the reduction across its threads

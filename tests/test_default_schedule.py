@@ -162,3 +162,22 @@ def test_kernels_that_take_tvms_workspace_are_ordered_one_after_another():
     mine = [k.index for k in ours.kernels if "conv2d" in k.func]
     assert not any(ours.kernels[i].tvm_workspace for i in mine)
     assert (mine[0], mine[1]) not in ours.dependency_edges()  # independent branches stay free to overlap
+
+
+def test_a_pool_with_its_residual_add_is_one_kernel_too():
+    """NASNet's ``avg_pool(x) + y`` in fp16: the pool's sum, its division, the casts and the add (TVM fuses them into
+    one function) computed by one thread per output, in one kernel."""
+    from tvm_nimble.relay_passes.tvm_compat import allocates_global_buffers
+
+    x = relax.Var("x", relax.TensorType((1, 42, 42, 168), "float16"))
+    y = relax.Var("y", relax.TensorType((1, 42, 42, 168), "float16"))
+
+    def body(bb):
+        p = bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), (1, 1), (1, 1, 1, 1), layout="NHWC", count_include_pad=False))
+        return bb.emit(relax.op.add(p, y))
+
+    lowered = stages.lower(_module(body, [x, y]), SM90)
+    pools = {gv.name_hint: f for gv, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc) and "pool" in gv.name_hint}
+    assert pools and all(len(_block_counts(lowered)[name]) == 1 for name in pools)
+    assert not any(allocates_global_buffers(f) for f in pools.values())

@@ -173,6 +173,29 @@ def activation(expr) -> int | None:
     return None
 
 
+def epilogue(chains, var, out_shape, dtype: str, channel_axis: int, with_bias: bool = True,
+             residual_needs_bias: bool = False):
+    """What follows ``var`` (a convolution's or pool's result) that a vendor call folds in: [+ bias] [+ residual]
+    [-> relu | relu6]. Returns (removed, last, bias or None, residual or None, activation): the vars folded in, the
+    var whose value the call computes. A residual is a computed tensor of the output's shape and dtype, not claimed
+    by another chain; ``residual_needs_bias``: only after a bias (cuDNN's chains)."""
+    removed, last, bias, residual, act = [], var, None, None, ACT_NONE
+    nxt, val = chains.follow(last)
+    b = chains.bias_of(val, last, out_shape, axis=channel_axis) if with_bias and val is not None else None
+    if b is not None:
+        bias, removed, last = b, [last], nxt
+        nxt, val = chains.follow(last)
+    if val is not None and operator_of(val) == "relax.add" and (bias is not None or not residual_needs_bias):
+        other = other_operand(val, last)
+        if (other is not None and known_shape(other) == tuple(out_shape) and dtype_of(other) == dtype
+                and chains.const(other) is None and other not in chains.claimed):
+            residual, removed, last = other, removed + [last], nxt
+            nxt, val = chains.follow(last)
+    if val is not None and activation(val) is not None:
+        act, removed, last = activation(val), removed + [last], nxt
+    return removed, last, bias, residual, act
+
+
 def _scalar(chains, expr) -> float | None:
     c = chains.const(expr)
     return float(c) if c is not None and c.size == 1 else None

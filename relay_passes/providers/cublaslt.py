@@ -20,8 +20,8 @@ import numpy as np
 from tvm import relax
 
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
-from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, gelu_of, ints, known_shape, operator_of,
-                     other_operand)
+from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, epilogue, gelu_of,
+                     ints, known_shape, operator_of, other_operand)
 from .registry import Provider, register
 
 MATMUL = "nimble.cublas.matmul"
@@ -158,18 +158,7 @@ def pointwise_chain(ctx, chains, var, call):
     weight = chains.const(w)
     if weight is None:
         return None
-    removed, last, bias, residual, act = [], var, None, None, ACT_NONE
-    nxt, val = chains.follow(last)
-    b = chains.bias_of(val, last, out_shape, axis=3) if val is not None else None
-    if b is not None:
-        bias, removed, last = b, [last], nxt
-        nxt, val = chains.follow(last)
-    other = _residual_of(val, last, out_shape, dtype) if val is not None else None
-    if other is not None and chains.const(other) is None and other not in chains.claimed:
-        residual, removed, last = other, removed + [last], nxt
-        nxt, val = chains.follow(last)
-    if val is not None and activation(val) is not None:
-        act, removed, last = activation(val), removed + [last], nxt
+    removed, last, bias, residual, act = epilogue(chains, var, out_shape, dtype, 3)
     bias = np.zeros(ws[0], dtype=dtype) if bias is None else bias
     args = [x, relax.const(np.ascontiguousarray(weight.reshape(ws[0], ws[3])).astype(dtype)),
             relax.const(bias.astype(dtype))]

@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tvm import relax
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, activation, dtype_of, ints, known_shape, operator_of, other_operand
+from .chains import ACT_NONE, dtype_of, epilogue, ints, known_shape
 from .registry import Provider, register
 
 CONV2D = "nimble.cudnn.conv2d"
@@ -63,20 +63,7 @@ def conv_chain(ctx, chains, var, call, conv: str = CONV2D, conv_add: str = CONV2
     layout = LAYOUT_CODES[layouts_of(call)]
     channel_axis = 3 if layout else 1
     channels = out_shape[channel_axis]
-    removed, last, bias, residual, act = [], var, None, None, ACT_NONE
-    nxt, val = chains.follow(last)
-    b = chains.bias_of(val, last, out_shape, axis=channel_axis) if val is not None else None
-    if b is not None:
-        bias, removed, last = b, removed + [last], nxt
-        nxt, val = chains.follow(last)
-    if val is not None and operator_of(val) == "relax.add" and bias is not None:
-        other = other_operand(val, last)
-        if (known_shape(other) == out_shape and dtype_of(other) == dtype and chains.const(other) is None
-                and other not in chains.claimed):
-            residual, removed, last = other, removed + [last], nxt
-            nxt, val = chains.follow(last)
-    if val is not None and activation(val) is not None:
-        act, removed, last = activation(val), removed + [last], nxt
+    removed, last, bias, residual, act = epilogue(chains, var, out_shape, dtype, channel_axis, residual_needs_bias=True)
     if bias is None:
         bias = np.zeros(channels, dtype=dtype)
     a = call.attrs

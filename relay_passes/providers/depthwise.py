@@ -20,7 +20,7 @@ import numpy as np
 from tvm import relax
 
 from ..precision import DTYPES, compute_dtype
-from .chains import ACT_NONE, activation, dtype_of, ints, known_shape, operator_of, other_operand
+from .chains import dtype_of, epilogue, ints, known_shape, operator_of
 from .registry import Provider, register
 
 CONV2D = "nimble.depthwise.conv2d"
@@ -38,26 +38,6 @@ def _relu_input(chains, x):
     if operator_of(value) == "relax.nn.relu" and chains.single_use(x) and x not in chains.claimed:
         return value.args[0], 1
     return x, 0
-
-
-def _epilogue(chains, var, out_shape, dtype, channel_axis: int, with_bias: bool):
-    """(removed, last, bias or None, residual or None, activation) of what follows ``var``: [+ bias] [+ residual]
-    [-> relu | relu6], as the cuDNN chains fold them."""
-    removed, last, bias, residual, act = [], var, None, None, ACT_NONE
-    nxt, val = chains.follow(last)
-    b = chains.bias_of(val, last, out_shape, axis=channel_axis) if with_bias and val is not None else None
-    if b is not None:
-        bias, removed, last = b, removed + [last], nxt
-        nxt, val = chains.follow(last)
-    if val is not None and operator_of(val) == "relax.add":
-        other = other_operand(val, last)
-        if (other is not None and known_shape(other) == out_shape and dtype_of(other) == dtype
-                and chains.const(other) is None and other not in chains.claimed):
-            residual, removed, last = other, removed + [last], nxt
-            nxt, val = chains.follow(last)
-    if val is not None and activation(val) is not None:
-        act, removed, last = activation(val), removed + [last], nxt
-    return removed, last, bias, residual, act
 
 
 def _taps(kernel: tuple[int, int], strides, padding, dilation) -> list[int]:
@@ -85,7 +65,7 @@ def depthwise_chain(ctx, chains, var, call):
         return None
     taps = weight[..., 0].transpose(1, 2, 0) if nhwc else weight[:, 0].transpose(1, 2, 0)  # [KH, KW, C]
     src, relu_in = _relu_input(chains, x)
-    removed, last, bias, residual, act = _epilogue(chains, var, out_shape, dtype, 3 if nhwc else 1, True)
+    removed, last, bias, residual, act = epilogue(chains, var, out_shape, dtype, 3 if nhwc else 1)
     if relu_in:
         removed = [x] + removed
     attrs = _taps(taps.shape[:2], a.strides, ints(a.padding), a.dilation) + [act, relu_in, int(nhwc), MODE_CONV]
@@ -112,7 +92,7 @@ def pool_chain(ctx, chains, var, call):
         ctx.report.kept.append((op.split(".")[-1], f"our pool kernel: {why}"))
         return None
     src, relu_in = _relu_input(chains, x)
-    removed, last, _, residual, act = _epilogue(chains, var, out_shape, dtype, 0, False)
+    removed, last, _, residual, act = epilogue(chains, var, out_shape, dtype, 0, with_bias=False)
     if relu_in:
         removed = [x] + removed
     mode = (MODE_AVG_ALL if a.count_include_pad else MODE_AVG_VALID) if avg else MODE_MAX

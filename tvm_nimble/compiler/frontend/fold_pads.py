@@ -21,15 +21,9 @@ import math
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.attribute and n.attribute[0].name == "value":
-            values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return values
+from .fold_shapes import small_constants
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -84,7 +78,9 @@ def fold_pads(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each foldable Pad folded into its reader (see the module docstring); ``model`` itself when
     none folds."""
     g = model.graph
-    values = _constants(model)
+    if not any(n.op_type == "Pad" for n in g.node):
+        return model
+    values = small_constants(model)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in g.node:
         for i in n.input:

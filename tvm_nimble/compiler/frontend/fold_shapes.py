@@ -130,22 +130,26 @@ def _inline_decided_ifs(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return out
 
 
-def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    from onnx.reference import ReferenceEvaluator
+def _numel(dims) -> int:
+    return int(np.prod(dims, dtype=np.int64))
 
+
+def small_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The values of the top-level initializers and Constant nodes of at most ``_FOLD_MAX_ELEMENTS`` elements, by
+    name (shapes, pads, axes: what folding reads); weights are not read into memory."""
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        return model
-    numel = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
-    big_inits = {t.name for t in g.initializer if numel(t.dims) > _FOLD_MAX_ELEMENTS}
-    known: dict[str, np.ndarray] = {}  # small constant values: initializers and Constant nodes
+    known: dict[str, np.ndarray] = {}
     for t in g.initializer:
-        if t.name not in big_inits and t.data_location != onnx.TensorProto.EXTERNAL:
+        if _numel(t.dims) <= _FOLD_MAX_ELEMENTS and t.data_location != onnx.TensorProto.EXTERNAL:
             known[t.name] = onnx.numpy_helper.to_array(t)
+    if opset is None:
+        return known
+    from onnx.reference import ReferenceEvaluator
+
     for node in g.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
-            if any(a.name == "value" and numel(a.t.dims) > _FOLD_MAX_ELEMENTS for a in node.attribute):
+            if any(a.name == "value" and _numel(a.t.dims) > _FOLD_MAX_ELEMENTS for a in node.attribute):
                 continue  # a weight: not read into memory here
             try:
                 value = np.asarray(ReferenceEvaluator(node, opsets={"": opset}).run(None, {})[0])
@@ -153,6 +157,18 @@ def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 continue
             if value.size <= _FOLD_MAX_ELEMENTS:
                 known[node.output[0]] = value
+    return known
+
+
+def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return model
+    big_inits = {t.name for t in g.initializer if _numel(t.dims) > _FOLD_MAX_ELEMENTS}
+    known = small_constants(model)  # small constant values: initializers and Constant nodes
     folded: dict[str, np.ndarray] = {}  # values computed here (their nodes are dropped)
     for _ in range(_FOLD_MAX_ROUNDS):
         shapes = None
@@ -174,7 +190,7 @@ def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 if dims is None:
                     continue
                 if op == "Size":
-                    value = np.array(numel(dims), dtype=np.int64)
+                    value = np.array(_numel(dims), dtype=np.int64)
                 else:
                     attrs = {a.name: a.i for a in node.attribute}  # Shape-15 start / end slice the dims
                     value = np.array(list(dims)[attrs.get("start", 0):attrs.get("end", len(dims))], dtype=np.int64)
@@ -185,12 +201,12 @@ def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                         or any(a.type in _GRAPH_ATTRS for a in node.attribute)):
                     continue
                 if op == "ConstantOfShape":  # the output can be much larger than the inputs: bound it first
-                    if numel(known[node.input[0]].astype(np.int64)) > _FOLD_MAX_ELEMENTS:
+                    if _numel(known[node.input[0]].astype(np.int64)) > _FOLD_MAX_ELEMENTS:
                         continue
                 elif op in ("Expand", "Tile", "Range", "Resize", "Upsample", "OneHot", "EyeLike"):
                     if shapes is None:
                         shapes = _static_shapes(model, folded, big_inits)
-                    if shapes.get(node.output[0]) is None or numel(shapes[node.output[0]]) > _FOLD_MAX_ELEMENTS:
+                    if shapes.get(node.output[0]) is None or _numel(shapes[node.output[0]]) > _FOLD_MAX_ELEMENTS:
                         continue
                 try:
                     outs = ReferenceEvaluator(node, opsets={"": opset}).run(

@@ -191,6 +191,14 @@ __device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// The epilogue activations every kernel here shares: 0 identity, 1 relu, 2 relu6, 3 GELU (the erf form, not tanh).
+__device__ __forceinline__ float Activate(float v, int act) {
+  if (act == 1) return fmaxf(v, 0.0f);
+  if (act == 2) return fminf(fmaxf(v, 0.0f), 6.0f);
+  if (act == 3) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  return v;
+}
+
 // Waits `ns` nanoseconds on the GPU: a timed sequence queued behind it measures GPU time, not the host's
 // enqueue rate.
 __global__ void SpinKernel(unsigned long long ns) {

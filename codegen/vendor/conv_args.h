@@ -25,10 +25,7 @@ __global__ void BiasActKernel(T* __restrict__ y, const T* __restrict__ bias, con
     float v = ToF(y[i]);
     if (bias != nullptr) v += ToF(bias[(i / inner) % channels]);
     if (z != nullptr) v += ToF(z[i]);
-    if (act == 1 || act == 2) v = fmaxf(v, 0.0f);
-    if (act == 2) v = fminf(v, 6.0f);
-    if (act == 3) v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));  // GELU, erf form (not tanh)
-    y[i] = FromF<T>(v);
+    y[i] = FromF<T>(Activate(v, act));
   }
 }
 

@@ -28,13 +28,6 @@ struct SimtArgs {
   int act;
 };
 
-__device__ __forceinline__ float Activate(float v, int act) {
-  if (act == 1) return fmaxf(v, 0.0f);
-  if (act == 2) return fminf(fmaxf(v, 0.0f), 6.0f);
-  if (act == 3) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));  // GELU, erf form
-  return v;
-}
-
 // y[gm, gn..gn+3] = act(v + bias + z) (gn + 3 < N: N is a multiple of 4)
 __device__ __forceinline__ void Epilogue(const SimtArgs& p, int gm, int gn, float4 v) {
   const float4 bb = *reinterpret_cast<const float4*>(p.bias + gn);

@@ -43,3 +43,30 @@ def test_a_constant_output_model_is_refused_and_a_normal_one_timed(tmp_path):
 
     machine = json.load(open(tmp_path / "machines.json"))[-1]  # what the run ran on, for honest comparisons
     assert machine["device"] == rows[0]["device"] and machine["tvm"] and machine["numpy"] == np.__version__
+
+
+def test_skipped_systems_are_neither_built_nor_timed_and_the_rest_is_still_checked(tmp_path):
+    from tvm_nimble.bench.harness import check_skip
+
+    models = {"incept": lambda batch: zoo.get_model("inception", blocks=2)}
+    rows, _ = run_benchmark(models, "llvm", rounds=1, iters=2, out_dir=str(tmp_path), skip=check_skip(["tvm-vm"]))
+    assert [r["system"] for r in rows] == ["nimble-aot-cpu"]
+    assert 0 <= float(rows[0]["rel_err"]) < 1e-5  # still checked against the ONNX reference evaluator
+    with pytest.raises(ValueError, match="leaves no TVM or Nimble system to time on llvm"):
+        run_benchmark(models, "llvm", rounds=1, iters=2, out_dir=str(tmp_path / "none"),
+                      skip=check_skip(["tvm-vm", "nimble-aot-cpu"]))
+
+
+@pytest.mark.parametrize("skip, message", [
+    ("torch-eager,bogus", "--skip bogus: no such system; the systems are tvm-vm, "),
+    ("nimble-auto,nimble-aot-cpu,nimble-multi-stream-graph,nimble-multi-stream-nograph,nimble-single-stream-graph",
+     "--skip names every Nimble system: keep at least one"),
+])
+def test_bad_skip_lists_are_one_line_before_any_build(skip, message, tmp_path, capsys):
+    from tvm_nimble.cli.main import main
+
+    assert main(["bench", "--models", "incept6", "--small", "--target", "llvm", "--skip", skip,
+                 "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "results.csv").exists()

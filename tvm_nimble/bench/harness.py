@@ -22,6 +22,20 @@ from tvm_nimble.bench.system import System  # noqa: F401  (scripts import it fro
 from tvm_nimble.compiler.accuracy import rel_l2  # the build's accuracy report measures the same way
 
 GPU_MODES = ("single-stream", "cuda-graph", "streams")  # executor modes timed on a GPU
+#: every system a run can time; ``skip`` (``bench --skip``) names any of them
+SYSTEM_NAMES = ("tvm-vm", "tvm-vm-cudagraph", *NIMBLE_SYSTEMS.values(), "nimble-auto", "torch-eager",
+                "torch-cudagraph", "torch-compile", "ort-cuda", "ort-cuda-graph", "tensorrt")
+
+
+def check_skip(names) -> frozenset:
+    """The systems to skip, checked: known names, and at least one Nimble system left to time."""
+    skip = frozenset(n for n in names if n)
+    unknown = sorted(skip - set(SYSTEM_NAMES))
+    if unknown:
+        raise ValueError(f"--skip {','.join(unknown)}: no such system; the systems are {', '.join(SYSTEM_NAMES)}")
+    if all(n in skip for n in SYSTEM_NAMES if n.startswith("nimble")):
+        raise ValueError("--skip names every Nimble system: keep at least one (nimble-auto is the build's default)")
+    return skip
 
 
 def device_name(use_gpu: bool) -> str:
@@ -37,7 +51,8 @@ def device_name(use_gpu: bool) -> str:
     return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
 
 
-def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool, nimble=None) -> list[System]:
+def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool, nimble=None,
+                skip: frozenset = frozenset()) -> list[System]:
     """Stock TVM and Nimble systems, all from the same kernels (tuning database, providers' calls).
 
     ``model`` is an ONNX model or a Relax IRModule (computed in ``options.precision``), or a
@@ -45,6 +60,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     :class:`~tvm_nimble.compiler.options.BuildOptions` of every TVM/Nimble system; ``nimble`` a NimbleModule already built from ``model`` with them (built here if None).
     Each system's ``build_s`` counts the import and the kernel choice they share (when done here), its own
     build, and loading it to run (an executor, a CUDA graph's capture); None where a part was given already.
+    A system named in ``skip`` is neither built nor returned.
     """
     from tvm_nimble.compiler.build import build_with, choose_kernels, with_nchw_fallback
     from tvm_nimble.compiler.kernel_choice import Selection, summarize
@@ -78,10 +94,11 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     target = options.target
     db = open_tuning_database(options.tuning_db) if options.tuning_db else None
     systems = []
-    t0 = time.perf_counter()
-    vm = StockVM(build_stock_vm(selection.mod, target, tuning_database=db), device, inputs)
-    systems.append(System("tvm-vm", vm, vm.sync, vm.outputs, since(t0, shared_s)))
-    if use_gpu:
+    if "tvm-vm" not in skip:
+        t0 = time.perf_counter()
+        vm = StockVM(build_stock_vm(selection.mod, target, tuning_database=db), device, inputs)
+        systems.append(System("tvm-vm", vm, vm.sync, vm.outputs, since(t0, shared_s)))
+    if use_gpu and "tvm-vm-cudagraph" not in skip:
         t0 = time.perf_counter()
         g = StockVM(build_stock_vm(selection.mod, target, cuda_graph=True, tuning_database=db), device, inputs)
         systems.append(System("tvm-vm-cudagraph", g, g.sync, g.outputs, since(t0, shared_s)))
@@ -91,12 +108,12 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     nimble = nimble or build_with(selection, options.replace(max_streams=None))
     nimble_s = since(t0, nimble_s)
     variants = [(NIMBLE_SYSTEMS[mode], nimble, mode, nimble_s) for mode in (GPU_MODES if use_gpu else ("sequential",))]
-    if use_gpu and getattr(nimble, "lowered", None) is not None:
+    if use_gpu and getattr(nimble, "lowered", None) is not None and "nimble-auto" not in skip:
         t0 = time.perf_counter()
         auto, record = choose_streams(nimble)  # the same kernels, the stream cap measured here
         print(f"[bench] {summarize_streams(record)}", flush=True)
         variants.append(("nimble-auto", auto, "cuda-graph", since(t0, nimble_s)))
-    for name, module, mode, built_s in variants:
+    for name, module, mode, built_s in [v for v in variants if v[0] not in skip]:
         t0 = time.perf_counter()
         # check_inputs stays on: the index check runs in set_input, once here, and the timed ex.run never checks
         ex = NimbleExecutor(module, device, mode=mode)
@@ -148,9 +165,11 @@ ROW_DTYPE = {"fp32": "float32", "tf32": "tf32", "fp16": "float16", "bf16": "bflo
 TORCH_COMPILE_READY_CALLS = 3
 
 
-def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32") -> tuple[list[System], list[str]]:
+def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32",
+                  skip: frozenset = frozenset()) -> tuple[list[System], list[str]]:
     """PyTorch eager, CUDA graph and torch.compile(reduce-overhead) in ``precision`` (``.half()`` /
-    ``.bfloat16()`` of the model and its float inputs, TF32 flags for tf32), when torch and a GPU exist."""
+    ``.bfloat16()`` of the model and its float inputs, TF32 flags for tf32), when torch and a GPU exist;
+    torch.compile (a minute on a large net) only when ``skip`` does not name it."""
     try:
         import torch
     except ImportError:
@@ -197,6 +216,8 @@ def torch_systems(torch_model, inputs: list[np.ndarray], precision: str = "fp32"
 
     sync()
     systems.append(System("torch-cudagraph", graph.replay, sync, replayed, time.perf_counter() - t0))  # warm-up, capture
+    if "torch-compile" in skip:
+        return systems, []
     t0 = time.perf_counter()
     compiled = torch.compile(model, mode="reduce-overhead")
 
@@ -295,8 +316,9 @@ def reference_errors(name: str, model, systems: list[System], inputs: list[np.nd
     for s in systems:
         errors[s.name] = rel_l2(s.outputs(), ref)
         print(f"[bench] {name}: {s.name} rel L2 vs {label} {errors[s.name]:.2e}", flush=True)
-    if precision != "fp32" and "torch-eager" in errors:  # as close as PyTorch's own run in that precision
-        tol = max(tol, 2 * errors["torch-eager"])
+    own = [errors[n] for n in ("torch-eager", "torch-cudagraph") if n in errors]  # PyTorch in that precision
+    if precision != "fp32" and own:  # as close as PyTorch's own run in that precision
+        tol = max(tol, 2 * own[0])
     bad = {k: v for k, v in errors.items() if not v <= tol and not k.startswith("torch")}
     if bad:
         raise AssertionError(f"{name}: outputs disagree with {label} (relative L2 > {tol:g}): {bad}")
@@ -319,8 +341,11 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
                   out_dir: str = "bench-results", tuning_db: str | None = None, torch_models: dict | None = None,
                   precision: str = "fp32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
-                  db_trials: str = "", build_extra: dict | None = None) -> tuple[list[dict], list[str]]:
+                  db_trials: str = "", build_extra: dict | None = None,
+                  skip: frozenset = frozenset()) -> tuple[list[dict], list[str]]:
     """Benchmark ``models`` ({name: builder(batch=) -> onnx model}); returns (rows, notes).
+
+    ``skip``: systems neither built nor timed (:data:`SYSTEM_NAMES`, checked by :func:`check_skip`).
 
     ``build_extra``: more build options for every TVM/Nimble system (``timing_cache``).
 
@@ -359,16 +384,21 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             inputs = list(feeds.values())
             options = BuildOptions.create(t, kernels=kernels if kernels in ("vendor", "best") else "tvm",
                                           tuning_db=tuning_db, precision=precision, **(build_extra or {}))
-            systems = tvm_systems(model, options, dev, inputs, use_gpu)
+            systems = tvm_systems(model, options, dev, inputs, use_gpu, skip=skip)
+            if not systems:
+                raise ValueError(f"--skip {','.join(sorted(skip))} leaves no TVM or Nimble system to time on "
+                                 f"{t.kind.name} (there Nimble runs as {', '.join(n for n in SYSTEM_NAMES if n.startswith('nimble') and n not in skip) or 'nothing'})")
             key = (builder, batch, precision)
             tm = (torch_models or {}).get(name)
             if baseline_cache is not None and key in baseline_cache:
                 extra, why = baseline_cache[key]
             else:
-                extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, precision)
-                trt, why_trt = tensorrt_systems(model, feeds, precision, use_gpu)
-                ort_systems, why_ort = onnxruntime_systems(model, feeds, precision, use_gpu)
-                extra, why = extra + trt + ort_systems, why + why_trt + why_ort
+                extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, precision, skip)
+                trt, why_trt = tensorrt_systems(model, feeds, precision, use_gpu) if "tensorrt" not in skip else ([], [])
+                ort_systems, why_ort = (onnxruntime_systems(model, feeds, precision, use_gpu)
+                                        if not {"ort-cuda", "ort-cuda-graph"} <= skip else ([], []))
+                extra = [s for s in extra + trt + ort_systems if s.name not in skip]
+                why += why_trt + why_ort
                 if baseline_cache is not None:
                     baseline_cache[key] = extra, why
             systems += extra
@@ -379,7 +409,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             tol = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 1e-1}[precision]
             # the TVM/Nimble systems run the same kernels: they agree tightly with each other; other
             # frameworks are checked against the PyTorch fp32 reference below, by relative L2
-            check_agreement([s for s in systems if s.name.startswith(("tvm", "nimble"))], "tvm-vm", rtol=tol, atol=tol)
+            ours = [s for s in systems if s.name.startswith(("tvm", "nimble"))]
+            check_agreement(ours, ours[0].name, rtol=tol, atol=tol)
             try:
                 errors = reference_errors(name, model, systems, inputs, precision,
                                           tm(batch) if callable(tm) and use_gpu else None)

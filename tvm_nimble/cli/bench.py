@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from tvm_nimble.bench.harness import SYSTEM_NAMES, check_skip
 from tvm_nimble.cli.options import layout_arg, merge_arg, providers_arg, timing_cache_arg, timing_cache_option
 
 
@@ -166,6 +167,10 @@ def main(argv=None):
     ap.add_argument("--optimizer", default="momentum", metavar="NAME,...",
                     help="with --training: the optimizers, a comma list of sgd, momentum, adam, adamw "
                          "(PyTorch's, default weight decays; default momentum)")
+    ap.add_argument("--skip", default="", metavar="SYSTEM,...",
+                    help="systems neither built nor timed, a comma list of: " + ", ".join(SYSTEM_NAMES) +
+                         " (e.g. tvm-vm,tvm-vm-cudagraph,nimble-multi-stream-nograph,torch-eager,ort-cuda: the "
+                         "slow ones a comparison with the peers' best does not need)")
     ap.add_argument("--report-only", action="store_true",
                     help="only regenerate RESULTS.md and results.png from --out's results.csv")
     args = ap.parse_args(argv)
@@ -222,6 +227,7 @@ def main(argv=None):
 
     for precision in args.precision.split(","):
         precision_name(precision)  # a bad name fails now, in one line, not after the first model's timing
+    skip = check_skip(args.skip.split(","))  # likewise
     _make_out_dir(args.out)  # before any build: a bad --out fails at once, in one line
     rows, notes, baseline_cache = [], [], {}  # PyTorch/TensorRT systems are built once, timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:
@@ -231,7 +237,8 @@ def main(argv=None):
                                  kernels=args.kernels if args.kernels != "tvm" else "tvm-tuned" if db else "tvm-default",
                                  db_trials=str(trials) if args.tuning_db else "",
                                  build_extra={**timing_cache_option(args), "merge": args.merge, "layout": args.layout,
-                                              **({"providers": args.providers} if args.providers else {})})
+                                              **({"providers": args.providers} if args.providers else {})},
+                                 skip=skip)
             rows += r
             notes += [x for x in n if x not in notes]
     print(f"{'model':14s} {'batch':>5s} {'dtype':8s} {'system':30s} {'median ms':>10s} {'p90 ms':>8s}")

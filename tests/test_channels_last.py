@@ -161,3 +161,21 @@ def test_cublaslt_takes_channels_last_1x1_convolutions_as_gemms(name, vendor_ref
     # exact fp32 keeps its convolutions on cuDNN's FMA kernels: no GEMM offers
     exact = OffloadToVendor(providers=[cublaslt])(_nhwc(model))
     assert not [c for c in _calls(exact, "relax.call_dps_packed") if len(c.args[1].fields[0].ty.shape.values) == 4]
+
+
+def test_the_fallback_note_says_where_a_message_less_tvm_error_was_raised():
+    from tvm_nimble.compiler import notes
+    from tvm_nimble.compiler.build import nchw_fallback
+
+    def lower_the_channels_last_module():
+        raise RuntimeError()  # what a TVM error with only its kind looks like
+
+    notes._given.clear()
+    try:
+        lower_the_channels_last_module()
+    except RuntimeError as raised:
+        err = raised
+    auto = BuildOptions.create(SM90, precision="fp16", timing_cache="off")
+    with pytest.warns(UserWarning, match=r"\(RuntimeError: RuntimeError, raised at tests/test_channels_last\.py:\d+ "
+                                         r"\(lower_the_channels_last_module\)\)"):
+        nchw_fallback(auto, err)

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
+import traceback
 
 from tvm_nimble.errors import NimbleError
 
@@ -202,10 +204,20 @@ def nchw_fallback(opts: BuildOptions, err: Exception) -> BuildOptions:
     lower channels-last should still build, as it did before channels-last existed, and say so."""
     if isinstance(err, NimbleError) or opts.layout != "auto" or opts.data_layout != "nhwc":
         raise err
-    note_once(f"TVM failed on the channels-last (NHWC) form of this model ({type(err).__name__}: {one_line(err)}); "
-              "building it in its own layout (NCHW) instead. layout='nchw' skips the attempt; layout='nhwc' "
-              "reports the error")
+    note_once(f"TVM failed on the channels-last (NHWC) form of this model ({type(err).__name__}: "
+              f"{one_line(err, whole=True)}, raised at {raised_at(err)}); building it in its own layout (NCHW) instead. "
+              "layout='nchw' skips the attempt; layout='nhwc' reports the error")
     return opts.replace(layout="nchw")
+
+
+def raised_at(err: BaseException) -> str:
+    """Where ``err`` was raised, as file:line (function) of its innermost Python frame: a TVM error whose message
+    is only its kind (one seen on nasnetalarge's one-stream fp16 build) still says which stage raised it."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "an unknown place"
+    f = frames[-1]
+    return f"{os.path.relpath(f.filename) if f.filename.startswith(os.getcwd()) else f.filename}:{f.lineno} ({f.name})"
 
 
 def _build_selected(selection: Selection, options: BuildOptions, phases: Phases) -> BuildResult:

@@ -75,3 +75,21 @@ def test_headline_shows_tensorrt_only_when_a_run_has_it():
     head = next(l for l in lines if l.startswith("| model"))
     line = next(l for l in lines if l.startswith("| net"))
     assert cells_of(line)[cells_of(head).index("TensorRT")] == "0.432"
+
+
+def test_a_run_that_skipped_stock_tvm_and_the_multi_stream_graph_keeps_its_headline_line():
+    rng = random.Random(5)
+    kept = {"nimble-auto", "torch-cudagraph"}  # bench --skip tvm-vm,tvm-vm-cudagraph,nimble-multi-stream-graph,...
+    rows = [dict(r, system="nimble-auto") if r["system"] == "nimble-multi-stream-graph" else r
+            for r in rows_for("net", "float16", rng)]
+    rows = [r for r in rows if r["system"] in kept]
+    runtime_only = [r for r in rows_for("other", "float16", rng)
+                    if r["system"].startswith("nimble")]  # no peer beside it: not a headline line
+    lines = headline_table(rows + runtime_only)
+    head = cells_of(next(l for l in lines if l.startswith("| model")))
+    table = [cells_of(l) for l in lines if l.startswith("| net") or l.startswith("| other")]
+    assert [c[0] for c in table] == ["net"]
+    by = {r["system"]: float(r["median_ms"]) for r in rows}
+    c = table[0]
+    assert c[head.index("Nimble vs PyTorch CUDA graph")] == f"{by['torch-cudagraph'] / by['nimble-auto']:.2f}x"
+    assert c[head.index("Nimble vs TVM VM+graph (same kernels)")] == "-"

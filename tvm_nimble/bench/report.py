@@ -115,14 +115,16 @@ def _medians(rs: list[dict]) -> dict[str, float]:
 
 def headline_table(rows: list[dict]) -> list[str]:
     """One table per GPU and dtype (float32 first), one line per model and batch (newest run): median ms of
-    the key systems and Nimble's ratios."""
+    the key systems and Nimble's ratios (of its multi-stream CUDA graph, or of its auto-streams build where a
+    run skipped the former)."""
     latest: dict[tuple, dict] = {}
     for key, rs in _groups(rows).items():
         device, _, _, batch, dtype = key[:5]
         if tuning_pair(key):
             continue  # tuned-vs-untuned runs have their own table
         by = _medians(rs)
-        if BASELINE_GPU in by and "nimble-multi-stream-graph" in by:
+        gpu_run = "nimble-multi-stream-graph" in by or "nimble-auto" in by  # GPU-only systems
+        if gpu_run and any(peer in by for peer in (BASELINE_GPU, "torch-cudagraph", "torch-compile", "ort-cuda-graph")):
             latest.setdefault((device, dtype), {})[(run_label(key), batch)] = by
     has_ort = any(r["system"] == "ort-cuda-graph" for r in rows)
     systems = HEADLINE_SYSTEMS[:1] + ([("nimble-auto", "Nimble auto streams")] if any(
@@ -144,13 +146,13 @@ def headline_table(rows: list[dict]) -> list[str]:
                 "them on cuDNN / cuBLASLt or TVM, whichever measured faster on that GPU (`kernels='best'`).", "",
                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for (model, batch), by in latest[(device, dtype)].items():
-            nimble = by["nimble-multi-stream-graph"]
+            nimble = by.get("nimble-multi-stream-graph", by.get("nimble-auto"))
             cells = [model, batch] + [f"{by[k]:.3f}" if k in by else "-" for k, _ in systems]
             cells += [f"**{by['torch-cudagraph'] / nimble:.2f}x**" if "torch-cudagraph" in by else "-",
                       f"**{by['torch-compile'] / nimble:.2f}x**" if "torch-compile" in by else "-"]
             if has_ort:
                 cells.append(f"**{by['ort-cuda-graph'] / nimble:.2f}x**" if "ort-cuda-graph" in by else "-")
-            cells.append(f"{by[BASELINE_GPU] / nimble:.2f}x")
+            cells.append(f"{by[BASELINE_GPU] / nimble:.2f}x" if BASELINE_GPU in by else "-")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return out[:-1]

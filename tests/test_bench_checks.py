@@ -45,12 +45,14 @@ def test_a_constant_output_model_is_refused_and_a_normal_one_timed(tmp_path):
     assert machine["device"] == rows[0]["device"] and machine["tvm"] and machine["numpy"] == np.__version__
 
 
-def test_skipped_systems_are_neither_built_nor_timed_and_the_rest_is_still_checked(tmp_path):
+def test_skipped_systems_are_neither_built_nor_timed_and_the_rest_is_still_checked(tmp_path, capsys):
     from tvm_nimble.bench.harness import check_skip
 
     models = {"incept": lambda batch: zoo.get_model("inception", blocks=2)}
     rows, _ = run_benchmark(models, "llvm", rounds=1, iters=2, out_dir=str(tmp_path), skip=check_skip(["tvm-vm"]))
     assert [r["system"] for r in rows] == ["nimble-aot-cpu"]
+    built = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[bench] build seconds: ")]
+    assert len(built) == 1 and "Nimble's build" in built[0] and "stock TVM" not in built[0]
     assert 0 <= float(rows[0]["rel_err"]) < 1e-5  # still checked against the ONNX reference evaluator
     with pytest.raises(ValueError, match="leaves no TVM or Nimble system to time on llvm"):
         run_benchmark(models, "llvm", rounds=1, iters=2, out_dir=str(tmp_path / "none"),

@@ -20,6 +20,7 @@
 // channels from L1/L2, computed in fp32 and rounded once; a thread computes one output pixel's vector. fp32,
 // fp16 and bf16. The workspace is unused (the vendor calling convention).
 #include <cstdlib>
+#include <type_traits>
 
 #include "common.h"
 
@@ -31,6 +32,7 @@ constexpr const char* kConvAdd = "nimble.depthwise.conv2d_add";
 constexpr const char* kPool = "nimble.depthwise.pool2d";
 constexpr const char* kPoolAdd = "nimble.depthwise.pool2d_add";
 constexpr int kThreads = 256;
+constexpr int kMinThreads = 64;  // the smallest block BlockThreads gives a small layer
 enum Mode : int { kDwConv = 0, kAvgValid = 1, kAvgAll = 2, kMax = 3 };
 
 struct StencilParams {
@@ -43,6 +45,33 @@ template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
+
+// One tap of the window, without a branch around it: a tap outside the input has loaded a clamped (valid) address
+// and is masked out here. With the window unrolled, all of its loads then issue back to back instead of one L2
+// round trip per tap (a 7 x 7 window took 49 of them, 12 us for a 21 x 21 x 336 layer).
+template <int MODE>
+__device__ __forceinline__ float Tap(float acc, float a, float w, bool inside, int relu_input) {
+  if (relu_input) a = fmaxf(a, 0.0f);
+  if (MODE == kDwConv) return fmaf(inside ? a : 0.0f, w, acc);
+  if (MODE == kMax) return inside ? fmaxf(acc, a) : acc;
+  return acc + (inside ? a : 0.0f);
+}
+
+// tap(r, s) over the window: unrolled when K > 0 (its size known at compile time), else kh x kw at run time.
+template <int K, typename F>
+__device__ __forceinline__ void ForWindow(int kh, int kw, F&& tap) {
+  if constexpr (K > 0) {
+#pragma unroll
+    for (int r = 0; r < K; ++r) {
+#pragma unroll
+      for (int s = 0; s < K; ++s) tap(r, s);
+    }
+  } else {
+    for (int r = 0; r < kh; ++r) {
+      for (int s = 0; s < kw; ++s) tap(r, s);
+    }
+  }
+}
 
 // Channels-last: thread -> (pixel, vector of V channels); consecutive threads read consecutive channel vectors of
 // one pixel, then the next pixel's. K > 0: a K x K window known at compile time (3, 5, 7), so the taps unroll and
@@ -68,9 +97,6 @@ __global__ void __launch_bounds__(kThreads) StencilNhwc(const T* __restrict__ x,
   int taps = 0;
   const int iy0 = oy * p.sh - p.pt, ix0 = ox * p.sw - p.pl;
   const T* xn = x + int64_t(n) * p.h * p.w * p.c + c0;
-  // No branch around a tap: an outside tap loads a clamped (valid) address and is masked out of the sum. With the
-  // window unrolled, all of its loads then issue back to back instead of one L2 round trip per tap (a 7 x 7 window
-  // took 49 of them, 12 us for a 21 x 21 x 336 layer).
   auto tap = [&](int r, int s) {
     const int iy = iy0 + r * p.dh, ix = ix0 + s * p.dw;
     const bool inside = iy >= 0 && iy < p.h && ix >= 0 && ix < p.w;
@@ -80,25 +106,11 @@ __global__ void __launch_bounds__(kThreads) StencilNhwc(const T* __restrict__ x,
     if (MODE == kDwConv) wv = *reinterpret_cast<const Pack<T, V>*>(w + (r * kw + s) * p.c + c0);
 #pragma unroll
     for (int q = 0; q < V; ++q) {
-      float a = ToF(xv.v[q]);
-      if (p.relu_input) a = fmaxf(a, 0.0f);
-      if (MODE == kDwConv) acc[q] = fmaf(inside ? a : 0.0f, ToF(wv.v[q]), acc[q]);
-      else if (MODE == kMax) acc[q] = inside ? fmaxf(acc[q], a) : acc[q];
-      else acc[q] += inside ? a : 0.0f;
+      acc[q] = Tap<MODE>(acc[q], ToF(xv.v[q]), MODE == kDwConv ? ToF(wv.v[q]) : 0.0f, inside, p.relu_input);
     }
     taps += inside;
   };
-  if constexpr (K > 0) {
-#pragma unroll
-    for (int r = 0; r < K; ++r) {
-#pragma unroll
-      for (int s = 0; s < K; ++s) tap(r, s);
-    }
-  } else {
-    for (int r = 0; r < kh; ++r) {
-      for (int s = 0; s < kw; ++s) tap(r, s);
-    }
-  }
+  ForWindow<K>(kh, kw, tap);
   const float scale = MODE == kAvgValid ? 1.0f / float(max(taps, 1)) : MODE == kAvgAll ? 1.0f / float(kh * kw) : 1.0f;
   const int64_t out = idx * V;  // (pixel, c0) in NHWC order is exactly idx * V
   Pack<T, V> bv, zv, yv;
@@ -115,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) StencilNhwc(const T* __restrict__ x,
 }
 
 // Channels-first (exact fp32 builds keep NCHW): a thread per output element, consecutive threads along a row. K as
-// in StencilNhwc, and the same branch-free taps.
+// in StencilNhwc.
 template <typename T, int MODE, int K>
 __global__ void __launch_bounds__(kThreads) StencilNchw(const T* __restrict__ x, const T* __restrict__ w,
                                                         const T* __restrict__ b, const T* __restrict__ z,
@@ -137,24 +149,11 @@ __global__ void __launch_bounds__(kThreads) StencilNchw(const T* __restrict__ x,
   auto tap = [&](int r, int s) {
     const int iy = iy0 + r * p.dh, ix = ix0 + s * p.dw;
     const bool inside = iy >= 0 && iy < p.h && ix >= 0 && ix < p.w;
-    float a = ToF(xc[min(max(iy, 0), p.h - 1) * p.w + min(max(ix, 0), p.w - 1)]);
-    if (p.relu_input) a = fmaxf(a, 0.0f);
-    if (MODE == kDwConv) acc = fmaf(inside ? a : 0.0f, ToF(w[(r * kw + s) * p.c + c]), acc);
-    else if (MODE == kMax) acc = inside ? fmaxf(acc, a) : acc;
-    else acc += inside ? a : 0.0f;
+    const float a = ToF(xc[min(max(iy, 0), p.h - 1) * p.w + min(max(ix, 0), p.w - 1)]);
+    acc = Tap<MODE>(acc, a, MODE == kDwConv ? ToF(w[(r * kw + s) * p.c + c]) : 0.0f, inside, p.relu_input);
     taps += inside;
   };
-  if constexpr (K > 0) {
-#pragma unroll
-    for (int r = 0; r < K; ++r) {
-#pragma unroll
-      for (int s = 0; s < K; ++s) tap(r, s);
-    }
-  } else {
-    for (int r = 0; r < kh; ++r) {
-      for (int s = 0; s < kw; ++s) tap(r, s);
-    }
-  }
+  ForWindow<K>(kh, kw, tap);
   float v = MODE == kAvgValid ? acc / float(max(taps, 1)) : MODE == kAvgAll ? acc / float(kh * kw) : acc;
   if (b != nullptr) v += ToF(b[c]);
   if (z != nullptr) v += ToF(z[idx]);
@@ -162,29 +161,41 @@ __global__ void __launch_bounds__(kThreads) StencilNchw(const T* __restrict__ x,
 }
 
 // Threads per block: 256, unless that leaves SMs idle (a batch-1 layer of 11 x 11 x 672 is 40 such blocks); then
-// down to 64, so the same threads spread over more SMs.
+// down to kMinThreads, so the same threads spread over more SMs.
 inline unsigned BlockThreads(int64_t total) {
   unsigned threads = kThreads;
-  while (threads > 64 && (total + threads - 1) / threads < int64_t(SmCount())) threads /= 2;
+  while (threads > kMinThreads && (total + threads - 1) / threads < int64_t(SmCount())) threads /= 2;
   return threads;
+}
+
+// launch(std::integral_constant<int, K>) with the K a window of p's size is compiled for (see StencilNhwc).
+template <int MODE, typename F>
+void WithWindow(const StencilParams& p, F&& launch) {
+  const int k = p.kh == p.kw ? p.kh : 0;
+  if constexpr (MODE == kDwConv) {  // NASNet's separable convolutions are 3x3, 5x5 and 7x7
+    if (k == 5) return launch(std::integral_constant<int, 5>{});
+    if (k == 7) return launch(std::integral_constant<int, 7>{});
+  }
+  if (k == 3) launch(std::integral_constant<int, 3>{});
+  else launch(std::integral_constant<int, 0>{});
+}
+
+// kernel over `total` threads, in blocks of BlockThreads(total).
+template <typename T, typename Kernel>
+void LaunchStencil(Kernel kernel, int64_t total, const void* x, const void* w, const void* b, const void* z, void* y,
+                   const StencilParams& p, cudaStream_t s) {
+  const unsigned threads = BlockThreads(total), blocks = unsigned((total + threads - 1) / threads);
+  kernel<<<blocks, threads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b),
+                                    static_cast<const T*>(z), static_cast<T*>(y), p);
 }
 
 template <typename T, int V, int MODE>
 void LaunchNhwcV(const void* x, const void* w, const void* b, const void* z, void* y, const StencilParams& p,
                  cudaStream_t s) {
   const int64_t total = int64_t(p.n) * p.oh * p.ow * (p.c / V);
-  const unsigned threads = BlockThreads(total), blocks = unsigned((total + threads - 1) / threads);
-  auto args = [&](auto kernel) {
-    kernel<<<blocks, threads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                       static_cast<const T*>(b), static_cast<const T*>(z), static_cast<T*>(y), p);
-  };
-  const int k = p.kh == p.kw ? p.kh : 0;
-  if constexpr (MODE == kDwConv) {  // NASNet's separable convolutions are 3x3, 5x5 and 7x7
-    if (k == 5) return args(StencilNhwc<T, V, MODE, 5>);
-    if (k == 7) return args(StencilNhwc<T, V, MODE, 7>);
-  }
-  if (k == 3) args(StencilNhwc<T, V, MODE, 3>);
-  else args(StencilNhwc<T, V, MODE, 0>);
+  WithWindow<MODE>(p, [&](auto k) {
+    LaunchStencil<T>(StencilNhwc<T, V, MODE, decltype(k)::value>, total, x, w, b, z, y, p, s);
+  });
 }
 
 // The vector of channels a thread takes: the widest (up to 16 bytes) that divides C and that every pointer is
@@ -200,7 +211,7 @@ void LaunchNhwc(const void* x, const void* w, const void* b, const void* z, void
   constexpr int kWide = 16 / sizeof(T);  // 4 floats, 8 halves
   const int64_t pixels = int64_t(p.n) * p.oh * p.ow;
   int v = fits(kWide) ? kWide : fits(2) ? 2 : 1;
-  if (v == kWide && pixels * (p.c / v) < int64_t(SmCount()) * 64 && fits(2)) v = 2;
+  if (v == kWide && pixels * (p.c / v) < int64_t(SmCount()) * kMinThreads && fits(2)) v = 2;
   if (const char* env = std::getenv("NIMBLE_DEPTHWISE_VECTOR")) {
     const int forced = std::atoi(env);
     if ((forced == kWide || forced == 2 || forced == 1) && fits(forced)) v = forced;
@@ -214,18 +225,9 @@ template <typename T, int MODE>
 void LaunchNchw(const void* x, const void* w, const void* b, const void* z, void* y, const StencilParams& p,
                 cudaStream_t s) {
   const int64_t total = int64_t(p.n) * p.c * p.oh * p.ow;
-  const unsigned threads = BlockThreads(total), blocks = unsigned((total + threads - 1) / threads);
-  auto args = [&](auto kernel) {
-    kernel<<<blocks, threads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                       static_cast<const T*>(b), static_cast<const T*>(z), static_cast<T*>(y), p);
-  };
-  const int k = p.kh == p.kw ? p.kh : 0;
-  if constexpr (MODE == kDwConv) {
-    if (k == 5) return args(StencilNchw<T, MODE, 5>);
-    if (k == 7) return args(StencilNchw<T, MODE, 7>);
-  }
-  if (k == 3) args(StencilNchw<T, MODE, 3>);
-  else args(StencilNchw<T, MODE, 0>);
+  WithWindow<MODE>(p, [&](auto k) {
+    LaunchStencil<T>(StencilNchw<T, MODE, decltype(k)::value>, total, x, w, b, z, y, p, s);
+  });
 }
 
 template <typename T>

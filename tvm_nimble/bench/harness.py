@@ -27,6 +27,13 @@ SYSTEM_NAMES = ("tvm-vm", "tvm-vm-cudagraph", *NIMBLE_SYSTEMS.values(), "nimble-
                 "torch-cudagraph", "torch-compile", "ort-cuda", "ort-cuda-graph", "tensorrt")
 
 
+def tvm_system_names(use_gpu: bool) -> tuple:
+    """The stock TVM and Nimble systems :func:`tvm_systems` builds on a GPU, or on a CPU."""
+    if use_gpu:
+        return ("tvm-vm", "tvm-vm-cudagraph", *(NIMBLE_SYSTEMS[mode] for mode in GPU_MODES), "nimble-auto")
+    return ("tvm-vm", NIMBLE_SYSTEMS["sequential"])
+
+
 def check_skip(names) -> frozenset:
     """The systems to skip, checked: known names, and at least one Nimble system left to time."""
     skip = frozenset(n for n in names if n)
@@ -379,6 +386,10 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     t = resolve_target(target if target is not None else default_kind())
     use_gpu = t.kind.name == "cuda"
     dev = tvm.cuda(0) if use_gpu else tvm.cpu(0)
+    ours = tvm_system_names(use_gpu)
+    if set(ours) <= skip:  # before any build
+        raise ValueError(f"--skip {','.join(sorted(skip))} leaves no TVM or Nimble system to time on {t.kind.name}: "
+                         f"keep one of {', '.join(ours)}")
     device = device_name(use_gpu)
     today = datetime.date.today().isoformat()
     rows, notes = [], []
@@ -394,9 +405,6 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             options = BuildOptions.create(t, kernels=kernels if kernels in ("vendor", "best") else "tvm",
                                           tuning_db=tuning_db, precision=precision, **(build_extra or {}))
             systems = tvm_systems(model, options, dev, inputs, use_gpu, skip=skip)
-            if not systems:
-                raise ValueError(f"--skip {','.join(sorted(skip))} leaves no TVM or Nimble system to time on "
-                                 f"{t.kind.name} (there Nimble runs as {', '.join(n for n in SYSTEM_NAMES if n.startswith('nimble') and n not in skip) or 'nothing'})")
             key = (builder, batch, precision)
             tm = (torch_models or {}).get(name)
             if baseline_cache is not None and key in baseline_cache:

@@ -142,12 +142,15 @@ def test_merge_choice_script_on_cpu(tmp_path):
 
 def test_build_times_script_on_cpu(tmp_path):
     """The build_times experiment (#36), dry-run on llvm: a cold and a warm build, each in a fresh process with
-    its own cache directory, the same plan both times, the phases recorded; nothing left behind."""
+    its own cache directory, in the precision asked for, the same plan both times, the phases recorded; nothing
+    left behind."""
     script("experiments/build_times.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
-           "--out", str(tmp_path / "bt"), cwd=tmp_path)
+           "--precision", "fp16", "--out", str(tmp_path / "bt"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "bt" / "build_times.json"))
-    assert row["model"] == "incept6" and row["same_plan"] is True
+    assert row["model"] == "incept6" and row["precision"] == "fp16" and row["same_plan"] is True
     assert all(row[run]["seconds"] > 0 and "lower" in row[run]["phases"] for run in ("cold", "warm"))
+    # the builds were fp16 ones: each measured its error against the fp32 build
+    assert all(0 < row[run]["accuracy"]["rel_l2"] < 5e-2 for run in ("cold", "warm"))
     assert sorted(os.listdir(tmp_path / "bt")) == ["build_times.json"]
 
 

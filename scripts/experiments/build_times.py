@@ -3,10 +3,12 @@
 Each build runs in a fresh process (nothing measured or compiled in memory). Cold: a cache directory of its
 own (``XDG_CACHE_HOME``) with nothing in it but the vendor extension, so no timing-cache entry and no
 compiled kernel is there; warm: the same directory again, as the cold build left it. Both build the same
-exported ONNX model with ``--kernels`` (default best) and auto streams; the export is not timed.
+exported ONNX model with ``--kernels`` (default best), ``--precision`` (default fp32) and auto streams; the export
+is not timed.
 
     bash scripts/gpu_session.sh "experiment build_times 580 --models tv:googlenet,tv:inception_v3,tv:densenet121"
     python3 scripts/experiments/build_times.py --models zoo:inception --target llvm --kernels tvm --out DIR
+    BUILD_PROFILE=1 bash scripts/gpu_session.sh "experiment build_times 400 --models tv:googlenet --kernels best --precision fp16"
 
 Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases and what it did with the
 compiled-kernel cache, whether the two plans are the same) and prints a table, then each warm build's phases.
@@ -27,7 +29,7 @@ import time
 import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
 
-def _one(onnx_path: str, target: str, kernels: str, profile_to: str = "") -> dict:
+def _one(onnx_path: str, target: str, kernels: str, precision: str, profile_to: str = "") -> dict:
     """This process: one build of ``onnx_path``, its wall time, phases and plan digest; ``profile_to``: a file
     for the build's cProfile summary."""
     import tvm_nimble
@@ -39,7 +41,7 @@ def _one(onnx_path: str, target: str, kernels: str, profile_to: str = "") -> dic
         profiler = cProfile.Profile()
         profiler.enable()
     t0 = time.perf_counter()
-    result = tvm_nimble.build(onnx_path, {"kind": target}, kernels=kernels)
+    result = tvm_nimble.build(onnx_path, {"kind": target}, kernels=kernels, precision=precision)
     seconds = time.perf_counter() - t0
     if profiler is not None:
         import pstats
@@ -50,12 +52,14 @@ def _one(onnx_path: str, target: str, kernels: str, profile_to: str = "") -> dic
     plan = json.dumps(result.plan.to_json(), sort_keys=True)
     return {"seconds": seconds, "phases": result.info.get("phases", {}), "streams": result.plan.num_streams,
             "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12],
-            "kernel_cache": result.info.get("kernel_cache")}  # hit: a warm build loaded its compiled kernels
+            "kernel_cache": result.info.get("kernel_cache"),  # hit: a warm build loaded its compiled kernels
+            "accuracy": result.info.get("accuracy")}  # a build in reduced precision: its error against fp32
 
 
-def _in_fresh_process(onnx_path: str, target: str, kernels: str, cache: str, profile_to: str = "") -> dict:
+def _in_fresh_process(onnx_path: str, target: str, kernels: str, precision: str, cache: str,
+                      profile_to: str = "") -> dict:
     env = dict(os.environ, XDG_CACHE_HOME=cache)
-    r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels, profile_to],
+    r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels, precision, profile_to],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["exit %d" % r.returncode]}
@@ -70,9 +74,9 @@ def _vendor_cache() -> str | None:
 
 def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--one"]:
-        print(json.dumps(_one(*sys.argv[2:6])))
+        print(json.dumps(_one(*sys.argv[2:7])))
         return
-    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True)
+    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True, precision=True)
     from tvm_nimble.cli.models import load_model
 
     kind = target.kind.name
@@ -92,10 +96,10 @@ def main(argv=None):
         vendor = _vendor_cache()
         if vendor:
             shutil.copytree(vendor, os.path.join(cache, "tvm-nimble", "vendor"))
-        row = {"model": name, "kernels": args.kernels, "target": kind}
+        row = {"model": name, "kernels": args.kernels, "precision": args.precision, "target": kind}
         for run in ("cold", "warm"):
             profile_to = os.path.join(args.out, f"profile-{run}-{name}.txt") if os.environ.get("BUILD_PROFILE") else ""
-            row[run] = _in_fresh_process(onnx_path, kind, args.kernels, cache, profile_to)
+            row[run] = _in_fresh_process(onnx_path, kind, args.kernels, args.precision, cache, profile_to)
             print(f"{run} {name}: {row[run]}", flush=True)
         row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
         rows.append(row)

@@ -8,13 +8,18 @@ import argparse
 import os
 
 
-def parse(doc: str, argv, models: str, batches_and_kernels: bool = False):
-    """(the parsed arguments, the resolved target); the output directory exists afterwards."""
+def parse(doc: str, argv, models: str, batches_and_kernels: bool = False, precision: bool = False):
+    """(the parsed arguments, the resolved target); the output directory exists afterwards. ``precision``: the
+    experiment builds in the --precision given (fp32, tf32, fp16, bf16)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--models", default=models)
     if batches_and_kernels:
         ap.add_argument("--batch", default="1")
         ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
+    if precision:
+        from tvm_nimble.relay_passes.precision import PRECISIONS
+
+        ap.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)

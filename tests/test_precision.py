@@ -43,6 +43,33 @@ def test_reduced_precision_builds_match_the_reference_and_report_their_error(nam
     assert 0 < report["rel_l2"] < BOUND[precision]
 
 
+def test_the_fp32_reference_is_kept_for_the_next_build_of_the_same_model_and_weights():
+    """The accuracy report's reference (a whole stock TVM build) is computed once per model and weights: the next
+    build of the model, in another precision, takes it from the timing cache and reports the error that a
+    reference built again gives; the same graph with other weights gets a reference of its own."""
+    import onnx
+    from onnx import numpy_helper
+
+    from tvm_nimble.compiler import accuracy, timing_cache
+
+    timing_cache.forget_in_memory()
+    model = zoo.get_model("inception")
+    first = build(model, "llvm", precision="fp16")
+    second = build(model, "llvm", precision="bf16")
+    assert first.info["accuracy"]["reference_cached"] is False
+    assert second.info["accuracy"]["reference_cached"] is True
+    timing_cache.forget_in_memory()  # a reference built again, stock TVM on this CPU, gives the same error
+    fresh = accuracy.measure(import_model(model), second, tvm.cpu())
+    assert fresh["reference_cached"] is False and fresh["rel_l2"] == second.info["accuracy"]["rel_l2"]
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    w = other.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 0.5, w.name))
+    rebuilt = build(other, "llvm", precision="bf16")
+    assert rebuilt.info["accuracy"]["reference_cached"] is False  # other weights: not the first model's reference
+    assert 0 < rebuilt.info["accuracy"]["rel_l2"] < BOUND["bf16"]
+
+
 def _dtypes_by_op(mod):
     """op name -> set of dtypes it computes in, read from the module."""
     seen = {}

@@ -3,7 +3,8 @@
 ``kernels="best"`` times every distinct chain on each provider and on TVM (:mod:`.kernel_choice`), the
 whole model both ways when the choice is mixed, and each cuBLASLt GEMM's algorithms
 (:mod:`.gemm_algorithms`); ``max_streams="auto"`` replays every candidate schedule
-(:mod:`.stream_choice`). That is minutes for a large model, and the same numbers every time on the
+(:mod:`.stream_choice`); a reduced-precision build's accuracy report runs a stock float32 build of the model
+(:mod:`.accuracy`, whose outputs are kept here too). That is minutes for a large model, and the same numbers every time on the
 same GPU, so each measurement is kept here, in a directory (``BuildOptions.timing_cache``, by default
 ``$XDG_CACHE_HOME/tvm-nimble/timings`` or ``~/.cache/tvm-nimble/timings``), like TensorRT's timing cache:
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.ir.expr import Constant
 
 from test_cudnn_graph import _reference  # the zoo model, seeded inputs, the ONNX reference's (input-dependent) output
 from tvm_nimble import NimbleExecutor, build, zoo
@@ -66,6 +67,23 @@ def test_every_convolution_and_average_pool_goes_to_cudnn_channels_last(name, ve
     result = build(offloaded, "llvm", max_streams=None, timing_cache="off")
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_in_a_tf32_build_convolutions_use_tf32_and_average_pools_stay_exact_fp32():
+    """An average pool on cuDNN is a depthwise convolution of constant weights; PyTorch's pool is exact fp32, so
+    ours asks cuDNN for no TF32 (attrs[9]) while the model's convolutions do."""
+    model, _, _ = _reference("nasnet")
+    mod = _nhwc(model, precision="tf32")
+    pools = len(_calls(mod, "relax.nn.avg_pool2d"))
+    offloaded = OffloadToVendor(allow_tf32=True, providers=[providers.get("cudnn")])(mod)
+    calls = [c for c in _calls(offloaded, "relax.call_dps_packed")
+             if c.args[0].global_symbol in (cudnn.CONV2D, cudnn.CONV2D_ADD)]
+    tf32 = {}
+    for c in calls:  # a pool's call has all-equal constant weights of 1/(kh*kw), a convolution's are the model's
+        w = c.args[1].fields[1]
+        is_pool = isinstance(w, Constant) and np.ptp(w.value.numpy()) == 0
+        tf32.setdefault("pool" if is_pool else "conv", set()).add(int(c.args[1].fields[-1].values[9]))
+    assert pools and tf32 == {"pool": {0}, "conv": {1}}
 
 
 def test_the_graph_api_takes_nhwc_convolutions_with_their_residual_adds(vendor_reference):

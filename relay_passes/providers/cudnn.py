@@ -104,7 +104,9 @@ def avg_pool(ctx, chains, var, call):
         counts = sliding_window_view(ones, (kh, kw))[::strides[0], ::strides[1]].sum(axis=(2, 3))
         weight[:] = 1.0
         scale = (1.0 / counts).reshape((1, *counts.shape, 1) if nhwc else (1, 1, *counts.shape)).astype(dtype)
-    attrs = [strides[0], strides[1], pad[0], pad[1], 1, 1, channels, ACT_NONE, -1, ctx.tf32, int(nhwc)]
+    # TF32 off whatever the build's precision: a pool computes exactly in fp32, as PyTorch's does (TF32 would round
+    # its inputs to 10 bits of mantissa, an error no other system has there)
+    attrs = [strides[0], strides[1], pad[0], pad[1], 1, 1, channels, ACT_NONE, -1, 0, int(nhwc)]
     args = [x, relax.const(weight), relax.const(np.zeros(channels, dtype=dtype)), relax.ShapeExpr(attrs)]
     return [], var, (ctx.call(CONV2D, args, out_shape, dtype), scale)
 

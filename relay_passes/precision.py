@@ -415,6 +415,68 @@ class _Widen(relax.PyExprMutator):
             super().visit_var_binding_(binding)
 
 
+#: data movement that a cast commutes with exactly (it moves the elements, rounds none)
+MOVES = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims", "relax.flatten")
+
+
+@tvm.transform.module_pass(opt_level=0, name="nimble.HoistCasts")
+def hoist_casts(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+    """Every narrowing cast read through data movement (:data:`MOVES`) moved in front of it: ``astype(reshape(
+    permute_dims(mean(x))))`` becomes ``reshape(permute_dims(astype(mean(x))))``. The values are the same, bit for
+    bit; the cast now sits on its producer and fuses into its kernel, and the movement of a tensor with unit
+    axes is a view. A half-precision classifier's input (the fp32 mean, the permutation back from channels-last,
+    the flattening reshape, the cast to the GEMM's dtype) was a kernel of its own, on every model's longest chain."""
+    updates = {gv: _Hoist(mod, func).visit_expr(func) for gv, func in mod.functions.items()
+               if isinstance(func, relax.Function)}
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, func in updates.items():
+        mod[gv] = relax.analysis.remove_all_unused(func)
+    return mod
+
+
+@relax.expr_functor.mutator
+class _Hoist(relax.PyExprMutator):
+    def __init__(self, mod, func):
+        super().__init__(mod)
+        self.values, self.uses = {}, {}
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.values[b.var] = b.value
+                for v in _reads(b.value, []):
+                    self.uses[v] = self.uses.get(v, 0) + 1
+        for v in _reads(func.body.body, []):
+            self.uses[v] = self.uses.get(v, 0) + 1
+
+    def _moved(self, var) -> list:
+        """The data movement ``var`` is computed by, outermost first, each read once (by the next)."""
+        chain = []
+        value = self.values.get(var)
+        while (self.uses.get(var, 0) == 1 and isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+               and value.op.name in MOVES and isinstance(value.args[0], relax.Var)):
+            chain.append(value)
+            var = value.args[0]
+            value = self.values.get(var)
+        return chain
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        if not (isinstance(binding.var, relax.DataflowVar) and isinstance(value, relax.Call)
+                and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.astype"
+                and isinstance(value.args[0], relax.Var)):
+            return super().visit_var_binding_(binding)
+        chain = self._moved(value.args[0])
+        to, have = str(value.attrs.dtype), _float_dtype(value.args[0])
+        narrows = have is not None and np.dtype(_NUMPY.get(to, to)).itemsize < np.dtype(_NUMPY.get(have, have)).itemsize
+        if not chain or not narrows:
+            return super().visit_var_binding_(binding)
+        out = self.builder_.emit(relax.op.astype(self.visit_expr(chain[-1].args[0]), to))
+        for move in reversed(chain):
+            out = self.builder_.emit(relax.Call(move.op, [out, *move.args[1:]], move.attrs, move.ty_args, move.span))
+        self.set_var_remap(binding.var, out)
+
+
 @tvm.transform.module_pass(opt_level=0, name="nimble.RoundOncePerKernel")
 def round_once_per_kernel(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
     """After FuseOps, in a module :func:`widen_elementwise` rewrote: inside each fused function, a float32

@@ -336,3 +336,51 @@ def test_an_opaque_te_call_keeps_the_dtypes_its_function_was_made_for(precision)
     assert _rel(ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0], ref) > 0.5
     out = NimbleExecutor(build(model, "llvm", precision=precision, max_streams=None, timing_cache="off"))(*x.values())
     assert _rel(out[0].numpy(), ref) < BOUND[precision]
+
+
+def _astype_reads(mod):
+    """For every cast in ``main``: the op that computes what it reads (None for a parameter)."""
+    values = {b.var: b.value for block in mod["main"].body.blocks for b in block.bindings}
+    return [getattr(values.get(b.value.args[0]), "op", None) for block in mod["main"].body.blocks
+            for b in block.bindings if isinstance(b.value, relax.Call) and b.value.op.name == "relax.astype"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_casts_move_before_data_movement_and_change_no_value(precision):
+    """The fp16 classifier's input: mean (fp32), the permutation back from channels-last, the reshape, the cast to
+    the GEMM's dtype. ``hoist_casts`` puts the cast on the mean; stock TVM runs both modules to the same bits."""
+    from tvm_nimble.compiler import stages
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.relay_passes.layout import to_nhwc
+    from tvm_nimble.relay_passes.precision import hoist_casts
+
+    model = zoo.get_model("inception")
+    opts = BuildOptions.create("llvm", precision=precision, layout="nhwc", timing_cache="off")
+    before = to_nhwc(stages.apply_precision(import_model(model), opts))
+    after = hoist_casts(before)
+    moves = {"relax.permute_dims", "relax.reshape"}
+    assert any(op is not None and op.name in moves for op in _astype_reads(before))
+    assert not any(op is not None and op.name in moves for op in _astype_reads(after))
+    x = list(zoo.random_inputs(model, seed=0).values())
+    outs = []
+    for mod in (before, after):
+        vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+        outs.append(vm["main"](*[tvm.runtime.tensor(a) for a in x]).numpy())
+    assert np.array_equal(outs[0], outs[1]) and np.abs(outs[0]).max() > 0
+
+
+def test_a_half_precision_classifier_reads_the_mean_kernel_directly():
+    """On a GPU target (vendor kernels, nothing compiled): the cuBLASLt GEMM of the classifier reads, through
+    views, what the mean's kernel wrote (the cast fused into it), not a permute/reshape/cast kernel of its own."""
+    result = build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, precision="fp16", kernels="vendor",
+                   compile_kernels=False, max_streams=1)
+    plan = result.plan
+
+    def root(t):
+        while plan.tensors[t].view_of is not None:
+            t = plan.tensors[t].view_of
+        return t
+
+    writer = {root(w): l.kernel for l in plan.launches for w in l.writes}
+    gemm = [l for l in plan.launches if l.kernel.startswith("nimble.cublas.")][-1]
+    assert "mean" in writer[root(gemm.args[0])]

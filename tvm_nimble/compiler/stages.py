@@ -24,7 +24,7 @@ from tvm_nimble.relay_passes.merge_siblings import ATTR_SPLITS_AS_VIEWS
 from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_function
 from tvm_nimble.relay_passes.pipeline import kernel_passes, run_passes
 from tvm_nimble.relay_passes.layout import to_nhwc
-from tvm_nimble.relay_passes.precision import to_precision
+from tvm_nimble.relay_passes.precision import hoist_casts, to_precision
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 from tvm_nimble.runtime.module import NimbleModule
@@ -64,8 +64,11 @@ def apply_precision(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
 
 
 def apply_layout(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
-    """``mod`` in the options' activation layout (``relay_passes.layout``; inputs and outputs keep theirs)."""
-    return to_nhwc(mod) if options.data_layout == "nhwc" else mod
+    """``mod`` in the options' activation layout (``relay_passes.layout``; inputs and outputs keep theirs), each
+    narrowing cast then in front of the data movement between it and its producer (``hoist_casts``: the layout
+    change adds such movement, and the cast fuses into the producer's kernel there)."""
+    mod = to_nhwc(mod) if options.data_layout == "nhwc" else mod
+    return hoist_casts(mod) if options.compute_dtype != "float32" else mod
 
 
 def vendor_library(target: tvm.target.Target) -> str:

@@ -339,19 +339,25 @@ def _reads(expr, into: list) -> list:
     return into
 
 
+def _values_and_uses(func: relax.Function) -> tuple[dict, dict]:
+    """({var: the value bound to it}, {var: how many times it is read}) of ``func``'s bindings."""
+    values, uses = {}, {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            values[b.var] = b.value
+            for v in _reads(b.value, []):
+                uses[v] = uses.get(v, 0) + 1
+    for v in _reads(func.body.body, []):
+        uses[v] = uses.get(v, 0) + 1
+    return values, uses
+
+
 @relax.expr_functor.mutator
 class _Widen(relax.PyExprMutator):
     def __init__(self, mod, dtype, ops, func):
         super().__init__(mod)
         self.dtype, self.ops = dtype, ops
-        self.values, self.uses = {}, {}
-        for block in func.body.blocks:
-            for b in block.bindings:
-                self.values[b.var] = b.value
-                for v in _reads(b.value, []):
-                    self.uses[v] = self.uses.get(v, 0) + 1
-        for v in _reads(func.body.body, []):
-            self.uses[v] = self.uses.get(v, 0) + 1
+        self.values, self.uses = _values_and_uses(func)
 
     def _listed(self, value) -> bool:
         return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in self.ops
@@ -440,14 +446,7 @@ def hoist_casts(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
 class _Hoist(relax.PyExprMutator):
     def __init__(self, mod, func):
         super().__init__(mod)
-        self.values, self.uses = {}, {}
-        for block in func.body.blocks:
-            for b in block.bindings:
-                self.values[b.var] = b.value
-                for v in _reads(b.value, []):
-                    self.uses[v] = self.uses.get(v, 0) + 1
-        for v in _reads(func.body.body, []):
-            self.uses[v] = self.uses.get(v, 0) + 1
+        self.values, self.uses = _values_and_uses(func)
 
     def _moved(self, var) -> list:
         """The data movement ``var`` is computed by, outermost first, each read once (by the next)."""

@@ -83,9 +83,9 @@ def reference_outputs(fp32_mod: tvm.IRModule, inputs: list, options, device) -> 
     cache = timing_cache.for_build(options, LocalGPU())
     key = [str(tvm_ffi.structural_hash(fp32_mod)), list(SEEDS),
            [[[list(np.shape(x)), str(np.asarray(x).dtype)] for x in xs] for xs in inputs]]
-    found = cache.get(REFERENCE_KIND, key, valid=_encoded_outputs)
+    found = cache.get(REFERENCE_KIND, key, valid=lambda value: _decoded(value) is not None)
     if found is not None:
-        return [[_decode(o) for o in outs] for outs in found], True
+        return _decoded(found), True
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
     reference = StockVM(build_stock_vm(fp32_mod, options.target), device, [])
@@ -100,18 +100,17 @@ def _encode(a: np.ndarray) -> dict:
     return {"dtype": str(a.dtype), "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
-def _decode(entry: dict) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(entry["data"]), dtype=entry["dtype"]).reshape(entry["shape"])
-
-
-def _encoded_outputs(value) -> bool:
-    """A ``valid`` for the cache: a list (per seed) of lists of encoded arrays whose bytes match their shape."""
+def _decoded(value) -> list | None:
+    """The outputs per seed that :func:`_encode` wrote into ``value``, or None when it is not that (a damaged
+    cache entry: a wrong structure, bytes that do not fill their shape)."""
+    if not (isinstance(value, list) and len(value) == len(SEEDS)
+            and all(isinstance(outs, list) and outs for outs in value)):
+        return None
     try:
-        return (isinstance(value, list) and len(value) == len(SEEDS)
-                and all(isinstance(outs, list) and outs and all(_decode(o) is not None for o in outs)
-                        for outs in value))
+        return [[np.frombuffer(base64.b64decode(o["data"]), dtype=o["dtype"]).reshape(o["shape"]) for o in outs]
+                for outs in value]
     except (KeyError, TypeError, ValueError):
-        return False
+        return None
 
 
 def _outputs(out) -> list[np.ndarray]:

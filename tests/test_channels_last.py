@@ -69,21 +69,23 @@ def test_every_convolution_and_average_pool_goes_to_cudnn_channels_last(name, ve
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_in_a_tf32_build_convolutions_use_tf32_and_average_pools_stay_exact_fp32():
-    """An average pool on cuDNN is a depthwise convolution of constant weights; PyTorch's pool is exact fp32, so
-    ours asks cuDNN for no TF32 (attrs[9]) while the model's convolutions do."""
+def test_in_a_tf32_build_dense_convolutions_use_tf32_and_pools_and_depthwise_ones_stay_exact_fp32():
+    """An average pool on cuDNN is a depthwise convolution of constant weights; PyTorch's pools and fp32 depthwise
+    convolutions are exact fp32 (no TF32), so ours ask cuDNN for no TF32 (attrs[9]) while dense convolutions do."""
     model, _, _ = _reference("nasnet")
     mod = _nhwc(model, precision="tf32")
     pools = len(_calls(mod, "relax.nn.avg_pool2d"))
+    depthwise = [c for c in _calls(mod, "relax.nn.conv2d") if int(c.attrs.groups) > 1]
     offloaded = OffloadToVendor(allow_tf32=True, providers=[providers.get("cudnn")])(mod)
     calls = [c for c in _calls(offloaded, "relax.call_dps_packed")
              if c.args[0].global_symbol in (cudnn.CONV2D, cudnn.CONV2D_ADD)]
     tf32 = {}
     for c in calls:  # a pool's call has all-equal constant weights of 1/(kh*kw), a convolution's are the model's
-        w = c.args[1].fields[1]
+        w, attrs = c.args[1].fields[1], c.args[1].fields[-1].values
         is_pool = isinstance(w, Constant) and np.ptp(w.value.numpy()) == 0
-        tf32.setdefault("pool" if is_pool else "conv", set()).add(int(c.args[1].fields[-1].values[9]))
-    assert pools and tf32 == {"pool": {0}, "conv": {1}}
+        kind = "pool" if is_pool else "depthwise" if int(attrs[6]) > 1 else "conv"
+        tf32.setdefault(kind, set()).add(int(attrs[9]))
+    assert pools and depthwise and tf32 == {"pool": {0}, "depthwise": {0}, "conv": {1}}
 
 
 def test_the_graph_api_takes_nhwc_convolutions_with_their_residual_adds(vendor_reference):

@@ -68,7 +68,12 @@ def conv_chain(ctx, chains, var, call, conv: str = CONV2D, conv_add: str = CONV2
         bias = np.zeros(channels, dtype=dtype)
     a = call.attrs
     strides, pad, dil = ints(a.strides), ints(a.padding), ints(a.dilation)
-    attrs = [strides[0], strides[1], pad[0], pad[1], dil[0], dil[1], int(a.groups), act, -1, ctx.tf32, layout]
+    # a depthwise convolution (one input channel per group) computes exactly in fp32 in a TF32 build, as PyTorch's
+    # does (its fp32 depthwise kernel is not cuDNN's and has no TF32): a reduction of kh*kw terms gains nothing
+    # from tensor cores, and rounding its inputs to 10 bits would be an error no other system has there
+    depthwise = int(a.groups) > 1 and int(a.groups) == known_shape(call.args[0])[channel_axis]
+    tf32 = 0 if depthwise else ctx.tf32
+    attrs = [strides[0], strides[1], pad[0], pad[1], dil[0], dil[1], int(a.groups), act, -1, tf32, layout]
     args = [call.args[0], call.args[1], relax.const(bias.astype(dtype))]
     name = conv
     if residual is not None:

@@ -72,3 +72,35 @@ def test_bad_skip_lists_are_one_line_before_any_build(skip, message, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "results.csv").exists()
+
+
+def test_a_peer_with_a_wrong_output_is_left_out_and_widens_no_tolerance():
+    """A peer whose output is wrong (NaN, or far off: what a broken CUDA-graph capture gives) is reported and
+    left out; PyTorch's error then no longer loosens the check of our systems, so a Nimble output as wrong as
+    that fails instead of passing under a tolerance the broken peer set."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_nimble import NimbleExecutor, build
+    from tvm_nimble.bench.harness import reference_errors
+    from tvm_nimble.bench.system import System
+
+    model = zoo.get_model("inception", blocks=2)
+    inputs = list(zoo.random_inputs(model, seed=0).values())
+    ref = [np.asarray(o) for o in ReferenceEvaluator(model).run(None, {model.graph.input[0].name: inputs[0]})]
+    ex = NimbleExecutor(build(model, "llvm", timing_cache="off"))
+
+    def system(label, outputs):
+        return System(label, run=None, sync=None, outputs=lambda: outputs)
+
+    nimble = System("nimble-aot-cpu", run=None, sync=None, outputs=lambda: [o.numpy() for o in ex(*inputs)])
+    nan_torch = system("torch-cudagraph", [np.full_like(ref[0], np.nan)])
+    negated_ort = system("ort-cuda-graph", [-ref[0]])  # relative L2 2
+    errors, wrong = reference_errors("incept", model, [nimble, nan_torch, negated_ort], inputs, "fp16")
+    assert set(wrong) == {"torch-cudagraph", "ort-cuda-graph"} and "output is wrong" in wrong["ort-cuda-graph"]
+    assert errors["nimble-aot-cpu"] < 1e-5 and errors["ort-cuda-graph"] == pytest.approx(2)
+    scaled_torch = system("torch-cudagraph", [ref[0] * 4])  # relative L2 3: no sane fp16 run
+    off_nimble = system("nimble-aot-cpu", [ref[0] * 1.5])  # relative L2 0.5, 10x the fp16 tolerance
+    with pytest.raises(AssertionError, match="outputs disagree"):  # the old check let 2x the torch error (6) pass
+        reference_errors("incept", model, [off_nimble, scaled_torch], inputs, "fp16")
+    sane_torch = system("torch-cudagraph", [ref[0] * 1.3])  # relative L2 0.3: a sane peer still sets the bound
+    assert reference_errors("incept", model, [off_nimble, sane_torch], inputs, "fp16")[1] == {}

@@ -306,11 +306,17 @@ def check_input_dependence(reference_outputs: list, other_outputs: list, tol: fl
 ONNX_REFERENCE_MAX_BYTES = 8 << 20
 
 
+#: a peer (PyTorch, ONNX Runtime) this many times further from the reference than our systems may be has a
+#: wrong output (a broken CUDA-graph capture, NaN): it is not timed, and its error widens no tolerance
+WRONG_PEER_FACTOR = 10
+
+
 def reference_errors(name: str, model, systems: list[System], inputs: list[np.ndarray], precision: str,
-                     torch_model=None) -> dict[str, float]:
-    """Relative L2 error of every system against an independent reference, after checking that the
-    reference depends on its input: PyTorch fp32 (TF32 off) when ``torch_model`` is given, else the
-    ONNX reference evaluator for small models; {} (no check) otherwise. Raises on a mismatch."""
+                     torch_model=None) -> tuple[dict[str, float], dict[str, str]]:
+    """(relative L2 error of every system against an independent reference, {peer: why its output is wrong}),
+    after checking that the reference depends on its input: PyTorch fp32 (TF32 off) when ``torch_model`` is
+    given, else the ONNX reference evaluator for small models; ({}, {}) (no check) otherwise. Raises when one of
+    our systems (TVM, Nimble) or a peer within :data:`WRONG_PEER_FACTOR` of the tolerance mismatches."""
     from tvm_nimble import zoo
 
     second = list(zoo.random_inputs(model, seed=1).values())
@@ -325,20 +331,23 @@ def reference_errors(name: str, model, systems: list[System], inputs: list[np.nd
         names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
         ref, other = ([np.asarray(o) for o in evaluator.run(None, dict(zip(names, xs)))] for xs in (inputs, second))
     else:
-        return {}
+        return {}, {}
     tol = 5e-3 if precision == "fp32" else 5e-2
     check_input_dependence(ref, other, tol, name)
     errors = {}
     for s in systems:
         errors[s.name] = rel_l2(s.outputs(), ref)
         print(f"[bench] {name}: {s.name} rel L2 vs {label} {errors[s.name]:.2e}", flush=True)
-    own = [errors[n] for n in ("torch-eager", "torch-cudagraph") if n in errors]  # PyTorch in that precision
+    wrong = {k: f"{k}'s output is wrong (relative L2 {v:.2e} against {label}, over {WRONG_PEER_FACTOR * tol:g})"
+             for k, v in errors.items() if not k.startswith(("tvm", "nimble")) and not v <= WRONG_PEER_FACTOR * tol}
+    # PyTorch in that precision, where its output is sane
+    own = [errors[n] for n in ("torch-eager", "torch-cudagraph") if n in errors and n not in wrong]
     if precision != "fp32" and own:  # as close as PyTorch's own run in that precision
         tol = max(tol, 2 * own[0])
-    bad = {k: v for k, v in errors.items() if not v <= tol and not k.startswith("torch")}
+    bad = {k: v for k, v in errors.items() if not v <= tol and not k.startswith("torch") and k not in wrong}
     if bad:
         raise AssertionError(f"{name}: outputs disagree with {label} (relative L2 > {tol:g}): {bad}")
-    return errors
+    return errors, wrong
 
 
 def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=1e-3) -> dict:
@@ -395,7 +404,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     rows, notes = [], []
     os.makedirs(out_dir, exist_ok=True)
     csv_path = os.path.join(out_dir, "results.csv")
-    failed: list[str] = []
+    failed: list[str] = []  # models not timed
+    peers_left_out: list[str] = []
     for name, builder in models.items():
         for batch in batches:
             print(f"[bench] {name} batch {batch} {dtype}: building", flush=True)
@@ -429,12 +439,16 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             ours = [s for s in systems if s.name.startswith(("tvm", "nimble"))]
             check_agreement(ours, ours[0].name, rtol=tol, atol=tol)
             try:
-                errors = reference_errors(name, model, systems, inputs, precision,
-                                          tm(batch) if callable(tm) and use_gpu else None)
+                errors, wrong = reference_errors(name, model, systems, inputs, precision,
+                                                 tm(batch) if callable(tm) and use_gpu else None)
             except AssertionError as err:  # a vacuous check or a wrong output: this model is not timed
                 failed.append(f"{name} batch {batch} {dtype}: {str(err).splitlines()[0]}")
                 print(f"[bench] NOT TIMED: {failed[-1]}", flush=True)
                 continue
+            for why in wrong.values():  # a peer with a wrong output is left out; the model and the others are timed
+                peers_left_out.append(f"{name} batch {batch} {dtype}: {why}")
+                print(f"[bench] NOT TIMED: {peers_left_out[-1]}", flush=True)
+            systems = [s for s in systems if s.name not in wrong]
             timing = interleaved_timing(systems, rounds=rounds, iters=iters)
             # providers named on top of the defaults (e.g. attention_split) are part of what a row measured
             label = kernels + "".join(f"+{p}" for p in options.providers or ()
@@ -458,7 +472,7 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
     record(out_dir, machine)
     versions = "Latest run on: " + ", ".join(f"{k} {v}" for k, v in machine.items() if k not in ("date", "device"))
     write_report(csv_path, os.path.join(out_dir, "RESULTS.md"), os.path.join(out_dir, "results.png"),
-                 notes + [f"not timed: {f}" for f in failed], versions)
+                 notes + [f"not timed: {f}" for f in failed + peers_left_out], versions)
     if failed:
         from tvm_nimble.errors import NimbleError
 

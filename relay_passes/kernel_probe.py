@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import Constant
 
@@ -84,21 +85,24 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
 
 
 def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = False,
-                providers=None, offloads=None) -> Probe | None:
+                providers=None, offloads=None, key=None) -> Probe | None:
     """The probe of ``mod[func_name]`` for the chains ``providers`` (default: all registered) would take,
     or None when there are none (``allow_tf32`` as the offload will use it: it is part of the signatures).
-    ``offloads``: what ``find_offloads`` gives for them, where the caller has it already."""
+    ``offloads``: what ``find_offloads`` gives for them, where the caller has it already. ``key``: what makes
+    two chains the same (default: their signatures; :func:`chain_keys` for the chains of several providers),
+    which the probe's ``signatures`` then hold."""
     func = mod[func_name]
     if offloads is None:
         offloads = find_offloads(func, allow_tf32=allow_tf32, providers=providers)
     if not offloads:
         return None
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    first: dict[str, Offload] = {}
-    counts: dict[str, int] = {}
+    first: dict = {}
+    counts: dict = {}
     for o in offloads:
-        first.setdefault(o.signature, o)
-        counts[o.signature] = counts.get(o.signature, 0) + 1
+        k = o.signature if key is None else key(o)
+        first.setdefault(k, o)
+        counts[k] = counts.get(k, 0) + 1
     plan = []  # (offload, {original param var: probe param}, views)
     all_params = []
     for i, o in enumerate(first.values()):
@@ -126,3 +130,14 @@ def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = F
     if mark is not None:
         probe["main"] = probe["main"].with_attr(ATTR_ELEMENTWISE_FP32, mark)
     return Probe(probe, list(first), [counts[s] for s in first])
+
+
+def chain_keys(mod: tvm.IRModule, offloads, func_name: str = "main") -> dict[str, int]:
+    """{signature: the structural hash of its chain's operators, with their inputs as parameters} for the first
+    offload of each signature: the same for every provider that takes the same chain (a signature names the
+    provider's call), so TVM's kernels for a chain several providers offer are built and timed once."""
+    keys: dict[str, int] = {}
+    for o in offloads:
+        if o.signature not in keys:
+            keys[o.signature] = tvm_ffi.structural_hash(build_probe(mod, func_name, offloads=[o]).mod["main"])
+    return keys

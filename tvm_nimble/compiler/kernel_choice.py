@@ -1,9 +1,10 @@
 """``kernels="best"``: per operator, the fastest of the kernel providers that accept it and TVM's kernel.
 
 Every provider's candidate kernels are timed on the GPU the model will run on, in graph mode, inside
-its probe module (``relay_passes.kernel_probe``: one copy of each distinct chain the provider takes):
-built once with TVM's kernels (tuned ones when a database is given) and once with that provider's
-calls, each replayed as a one-stream CUDA graph with an event pair around every launch. A chain's time
+its probe module (``relay_passes.kernel_probe``: one copy of each distinct chain the provider takes)
+built with that provider's calls, and TVM's kernels (tuned ones when a database is given) inside one
+probe of every provider's chains (:class:`TvmChainTimes`: a chain several providers offer is compiled
+once), each replayed as a one-stream CUDA graph with an event pair around every launch. A chain's time
 is the sum over the launches that feed its output (TVM may need two kernels where the provider needs
 one, e.g. a padding and a convolution). Each launch's bracket adds the same small cost on both sides.
 Per operator, the provider whose chain saves the most time against TVM's kernel for the same chain
@@ -25,7 +26,7 @@ import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
-from tvm_nimble.relay_passes.kernel_probe import build_probe
+from tvm_nimble.relay_passes.kernel_probe import Probe, build_probe, chain_keys
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, find_offloads
 from tvm_nimble.runtime.plan import Plan
 
@@ -169,14 +170,42 @@ def check_measurable(target: tvm.target.Target, timer=None):
     return timer
 
 
+class TvmChainTimes:
+    """TVM's kernel time for every distinct chain the providers take (by :func:`chain_keys`), from one probe of all
+    of them built with TVM's kernels and timed once, when a provider first needs it. Providers offer many of the
+    same chains (cuDNN's legacy and graph-API calls the same convolutions, cuBLASLt the channels-last 1x1 ones,
+    our depthwise kernel cuDNN's depthwise convolutions and pools): a TVM probe per provider compiled TVM's
+    kernels for such a chain once per provider, and TVM's candidates are most of a cold build's time (googlenet
+    fp16 on an H100: nvcc 64 s and DLight 24 s of a 108 s kernel choice)."""
+
+    def __init__(self, mod: tvm.IRModule, offloads_by_provider: dict, per_output_ms):
+        self.mod, self.offloads, self.per_output_ms = mod, offloads_by_provider, per_output_ms
+        self.keys: dict[str, dict[str, int]] = {}  # provider -> signature -> chain key, once measured
+        self._ms: dict[int, float] = {}  # chain key -> TVM's time
+        self.probe: Probe | None = None  # the probe of all chains, once built
+
+    def ms(self, provider: str, signatures: list[str]) -> list[float]:
+        """TVM's time for each of ``provider``'s chains (by signature); the first call builds and times them all
+        (a build whose chains are all in the timing cache never calls it)."""
+        if self.probe is None:
+            self.keys = {name: chain_keys(self.mod, offloads) for name, offloads in self.offloads.items()}
+            key_of = {id(o): self.keys[name][o.signature] for name, offloads in self.offloads.items() for o in offloads}
+            union = [o for offloads in self.offloads.values() for o in offloads]
+            self.probe = build_probe(self.mod, offloads=union, key=lambda o: key_of[id(o)])
+            self._ms = dict(zip(self.probe.signatures, self.per_output_ms(self.probe.mod)))
+        return [self._ms[self.keys[provider][s]] for s in signatures]
+
+
 def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: int = PROFILE_REPS,
-                    timer=None, measured: dict | None = None, offloads=None) -> list[KernelTiming]:
+                    timer=None, measured: dict | None = None, offloads=None,
+                    tvm_times: TvmChainTimes | None = None) -> list[KernelTiming]:
     """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
     ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
     ``measured``: the per-output times of the probe builds measured already, by the module's structural hash,
-    filled in here (one per ``select_kernels``): a module two measurements need (the same chains offered to
-    two providers, or a provider's probe it takes nothing of, which is TVM's) is compiled and timed once.
-    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them."""
+    filled in here (one per ``select_kernels``): a module two measurements need is compiled and timed once.
+    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them.
+    ``tvm_times``: TVM's times of every provider's chains, timed once for all (else from this provider's probe
+    built with TVM's kernels)."""
     timer = check_measurable(options.target, timer)
     probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider], offloads=offloads)
     if probe is None:
@@ -200,7 +229,9 @@ def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: in
         # not the heuristic's first: against TVM's kernel the provider competes at its best
         offloaded = stages.offload(probe.mod, options, providers=[provider])
         with_provider = per_output_ms(choose_gemm_algorithms(offloaded, options.target, timer, options)[0])
-        found = [[v, t] for v, t in zip(with_provider, per_output_ms(probe.mod))]
+        with_tvm = (tvm_times.ms(provider.name, probe.signatures) if tvm_times is not None
+                    else per_output_ms(probe.mod))
+        found = [[v, t] for v, t in zip(with_provider, with_tvm)]
         for k, f in zip(keys, found):
             cache.put("chain", k, f)
     return [KernelTiming(s, n, *f, provider=provider.name)
@@ -281,10 +312,16 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     # each provider's chains, found once: the probes, the choice and the plan's counts all read them
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
     measured: dict = {}
+
+    def per_output_ms(module):
+        return _per_output_ms(stages.build_fixed(module, one_stream(options)), PROFILE_REPS, timer)
+
+    tvm_times = TvmChainTimes(mod, {name: offloads for name, offloads in found.items() if offloads}, per_output_ms)
     timings, failed = [], []
     for p in providers:
         try:
-            timings += measure_kernels(mod, options, p, timer=timer, measured=measured, offloads=found[p.name])
+            timings += measure_kernels(mod, options, p, timer=timer, measured=measured, offloads=found[p.name],
+                                       tvm_times=tvm_times)
         except (RuntimeError, ValueError) as err:  # the provider's calls fail on this GPU: measure without it
             if p.name in {o.provider for o in found_first}:
                 raise  # the all-vendor module runs its calls: nothing to fall back to

@@ -187,12 +187,13 @@ class TvmChainTimes:
     def ms(self, provider: str, signatures: list[str]) -> list[float]:
         """TVM's time for each of ``provider``'s chains (by signature); the first call builds and times them all
         (a build whose chains are all in the timing cache never calls it)."""
-        if self.probe is None:
-            self.keys = {name: chain_keys(self.mod, offloads) for name, offloads in self.offloads.items()}
-            key_of = {id(o): self.keys[name][o.signature] for name, offloads in self.offloads.items() for o in offloads}
+        if self.probe is None:  # (a failed build or replay raises here again for the next provider that asks)
+            keys = {name: chain_keys(self.mod, offloads) for name, offloads in self.offloads.items()}
+            key_of = {id(o): keys[name][o.signature] for name, offloads in self.offloads.items() for o in offloads}
             union = [o for offloads in self.offloads.values() for o in offloads]
-            self.probe = build_probe(self.mod, offloads=union, key=lambda o: key_of[id(o)])
-            self._ms = dict(zip(self.probe.signatures, self.per_output_ms(self.probe.mod)))
+            probe = build_probe(self.mod, offloads=union, key=lambda o: key_of[id(o)])
+            self._ms = dict(zip(probe.signatures, self.per_output_ms(probe.mod)))
+            self.keys, self.probe = keys, probe
         return [self._ms[self.keys[provider][s]] for s in signatures]
 
 

@@ -26,7 +26,7 @@ import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
-from tvm_nimble.relay_passes.kernel_probe import Probe, build_probe, chain_keys
+from tvm_nimble.relay_passes.kernel_probe import build_probe, chain_keys
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, find_offloads
 from tvm_nimble.runtime.plan import Plan
 
@@ -178,35 +178,41 @@ class TvmChainTimes:
     kernels for such a chain once per provider, and TVM's candidates are most of a cold build's time (googlenet
     fp16 on an H100: nvcc 64 s and DLight 24 s of a 108 s kernel choice)."""
 
-    def __init__(self, mod: tvm.IRModule, offloads_by_provider: dict, per_output_ms):
-        self.mod, self.offloads, self.per_output_ms = mod, offloads_by_provider, per_output_ms
-        self.keys: dict[str, dict[str, int]] = {}  # provider -> signature -> chain key, once measured
-        self._ms: dict[int, float] = {}  # chain key -> TVM's time
-        self.probe: Probe | None = None  # the probe of all chains, once built
+    def __init__(self, mod: tvm.IRModule, offloads_by_provider: dict, measure):
+        """``measure``: a module's per-output times (:func:`_module_ms`)."""
+        self.mod, self.offloads, self.measure = mod, offloads_by_provider, measure
+        self._times: dict[str, dict[str, float]] | None = None  # provider -> signature -> TVM's time, once timed
 
     def ms(self, provider: str, signatures: list[str]) -> list[float]:
         """TVM's time for each of ``provider``'s chains (by signature); the first call builds and times them all
         (a build whose chains are all in the timing cache never calls it)."""
-        if self.probe is None:  # (a failed build or replay raises here again for the next provider that asks)
+        if self._times is None:  # (a failed build or replay raises here again for the next provider that asks)
             keys = {name: chain_keys(self.mod, offloads) for name, offloads in self.offloads.items()}
             key_of = {id(o): keys[name][o.signature] for name, offloads in self.offloads.items() for o in offloads}
             union = [o for offloads in self.offloads.values() for o in offloads]
             probe = build_probe(self.mod, offloads=union, key=lambda o: key_of[id(o)])
-            self._ms = dict(zip(probe.signatures, self.per_output_ms(probe.mod)))
-            self.keys, self.probe = keys, probe
-        return [self._ms[self.keys[provider][s]] for s in signatures]
+            by_key = dict(zip(probe.signatures, self.measure(probe.mod)))
+            self._times = {name: {s: by_key[k] for s, k in ks.items()} for name, ks in keys.items()}
+        return [self._times[provider][s] for s in signatures]
 
 
-def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: int = PROFILE_REPS,
-                    timer=None, measured: dict | None = None, offloads=None,
-                    tvm_times: TvmChainTimes | None = None) -> list[KernelTiming]:
+def _module_ms(module: tvm.IRModule, options: BuildOptions, reps: int, timer, measured: dict) -> list[float]:
+    """The per-output times of ``module`` built one-stream (see :func:`_per_output_ms`); ``measured`` (by structural
+    hash) keeps them, so a module two measurements need is compiled and timed once."""
+    key = (tvm_ffi.structural_hash(module), reps)
+    if key not in measured:
+        measured[key] = _per_output_ms(stages.build_fixed(module, one_stream(options)), reps, timer)
+    return measured[key]
+
+
+def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, tvm_times: TvmChainTimes,
+                    reps: int = PROFILE_REPS, timer=None, measured: dict | None = None,
+                    offloads=None) -> list[KernelTiming]:
     """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
     ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
-    ``measured``: the per-output times of the probe builds measured already, by the module's structural hash,
-    filled in here (one per ``select_kernels``): a module two measurements need is compiled and timed once.
-    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them.
-    ``tvm_times``: TVM's times of every provider's chains, timed once for all (else from this provider's probe
-    built with TVM's kernels)."""
+    ``tvm_times``: TVM's times of every provider's chains, timed once for all. ``measured``: the per-output
+    times of the probe builds measured already (:func:`_module_ms`; one per ``select_kernels``).
+    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them."""
     timer = check_measurable(options.target, timer)
     probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider], offloads=offloads)
     if probe is None:
@@ -218,21 +224,12 @@ def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, reps: in
             for s in probe.signatures]
     found = [cache.get("chain", k, valid=timing_cache.numbers(2)) for k in keys]
     if any(f is None for f in found):  # the probe holds every chain: measuring one costs the builds of all
-        measured = {} if measured is None else measured
-
-        def per_output_ms(module):  # a module measured already (same structure) is not built again
-            key = (tvm_ffi.structural_hash(module), reps)
-            if key not in measured:
-                measured[key] = _per_output_ms(stages.build_fixed(module, one_stream(options)), reps, timer)
-            return measured[key]
-
         # each cuBLASLt GEMM with the algorithm the build will run (the fastest measured, see .gemm_algorithms),
         # not the heuristic's first: against TVM's kernel the provider competes at its best
         offloaded = stages.offload(probe.mod, options, providers=[provider])
-        with_provider = per_output_ms(choose_gemm_algorithms(offloaded, options.target, timer, options)[0])
-        with_tvm = (tvm_times.ms(provider.name, probe.signatures) if tvm_times is not None
-                    else per_output_ms(probe.mod))
-        found = [[v, t] for v, t in zip(with_provider, with_tvm)]
+        with_provider = _module_ms(choose_gemm_algorithms(offloaded, options.target, timer, options)[0], options,
+                                   reps, timer, {} if measured is None else measured)
+        found = [[v, t] for v, t in zip(with_provider, tvm_times.ms(provider.name, probe.signatures))]
         for k, f in zip(keys, found):
             cache.put("chain", k, f)
     return [KernelTiming(s, n, *f, provider=provider.name)
@@ -313,16 +310,13 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     # each provider's chains, found once: the probes, the choice and the plan's counts all read them
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
     measured: dict = {}
-
-    def per_output_ms(module):
-        return _per_output_ms(stages.build_fixed(module, one_stream(options)), PROFILE_REPS, timer)
-
-    tvm_times = TvmChainTimes(mod, {name: offloads for name, offloads in found.items() if offloads}, per_output_ms)
+    tvm_times = TvmChainTimes(mod, {name: offloads for name, offloads in found.items() if offloads},
+                              lambda module: _module_ms(module, options, PROFILE_REPS, timer, measured))
     timings, failed = [], []
     for p in providers:
         try:
-            timings += measure_kernels(mod, options, p, timer=timer, measured=measured, offloads=found[p.name],
-                                       tvm_times=tvm_times)
+            timings += measure_kernels(mod, options, p, tvm_times, timer=timer, measured=measured,
+                                       offloads=found[p.name])
         except (RuntimeError, ValueError) as err:  # the provider's calls fail on this GPU: measure without it
             if p.name in {o.provider for o in found_first}:
                 raise  # the all-vendor module runs its calls: nothing to fall back to

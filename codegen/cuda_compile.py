@@ -23,6 +23,7 @@ import tempfile
 import tvm
 import tvm_ffi
 
+from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.tvm_compat import ptxas_options
 
@@ -36,7 +37,6 @@ _FATBIN_FORMAT = "units-1"
 _DRIVER_SYMBOLS = ["cuDeviceGetName", "cuFuncSetAttribute", "cuGetErrorName", "cuGetErrorString",
                    "cuLaunchKernelEx", "cuModuleGetFunction", "cuModuleLoadData", "cuModuleUnload",
                    "cuTensorMapEncodeTiled"]
-_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "tvm-nimble")
 
 
 class CudaBuildError(NimbleError):
@@ -59,7 +59,7 @@ def _driver_symbols(runtime_lib: str) -> list[str]:
 def _stub_driver(runtime_lib: str) -> str:
     """Build (once) a stub libcuda.so.1 whose functions all fail: enough to link, never to run."""
     syms = _driver_symbols(runtime_lib)
-    path = os.path.join(_CACHE, f"stub-libcuda-{abs(hash(tuple(syms))) % 10**8}", "libcuda.so.1")
+    path = os.path.join(env.cache_root(), f"stub-libcuda-{abs(hash(tuple(syms))) % 10**8}", "libcuda.so.1")
     if os.path.exists(path):
         return path
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -149,7 +149,7 @@ def fatbin_compilation(target: tvm.target.Target):
     def compile_fatbin(code, *_):
         # Stock VM, VM + CUDA graph and Nimble builds of one model share their kernels: compile once.
         key = hashlib.sha256(f"{nvcc}\0{arch}\0{_FATBIN_FORMAT}\0{code}".encode()).hexdigest()
-        cached = os.path.join(_CACHE, "fatbin", f"{key}.fatbin")
+        cached = os.path.join(env.cache_root(), "fatbin", f"{key}.fatbin")
         if os.path.exists(cached):
             with open(cached, "rb") as f:
                 return bytearray(f.read())

@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from tvm_nimble import env
+
 _KERNEL = 'extern "C" __global__'
 #: source bytes per unit: small enough to spread densenet121's probe over 16 cores, large enough that the
 #: preamble each unit parses again (about 0.3 s of preprocessing) stays a small part of a unit's time
@@ -30,7 +32,7 @@ _LABEL = re.compile(r"\$L__BB\d+_")
 
 def jobs() -> int:
     """How many compiler processes a build runs at once: ``$TVM_NIMBLE_JOBS``, else this machine's cores."""
-    value = os.environ.get("TVM_NIMBLE_JOBS", "").strip()
+    value = (env.get(env.JOBS) or "").strip()
     if value:
         try:
             n = int(value)

@@ -24,13 +24,13 @@ import subprocess
 import sys
 import tempfile
 
+from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.vendor import nvidia_roots
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor")
 LIB_NAME = "libnimble_vendor.so"
 FIX = 'pip install "tvm-nimble[vendor]" (the wheels nvidia-cudnn-cu13, nvidia-cublas and nvidia-cudnn-frontend)'
-_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "tvm-nimble", "vendor")
 
 
 class VendorBuildError(NimbleError):
@@ -42,8 +42,8 @@ def find_nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+    for home in env.cuda_homes():
+        if os.path.isfile(os.path.join(home, "bin", "nvcc")):
             return os.path.join(home, "bin", "nvcc")
     return None
 
@@ -78,7 +78,7 @@ def vendor_paths() -> dict[str, str]:
             d = os.path.join(root, rel)
             if key not in found and os.path.isfile(os.path.join(d, probe)):
                 found[key] = d
-    frontend = [os.environ.get("CUDNN_FRONTEND_INCLUDE", "")] + [
+    frontend = [env.get(env.CUDNN_FRONTEND_INCLUDE, "")] + [
         os.path.join(os.path.abspath(e or "."), "include") for e in sys.path]  # the wheel's headers: site-packages/include
     for d in frontend:
         if d and os.path.isfile(os.path.join(d, "cudnn_frontend.h")):
@@ -211,7 +211,7 @@ def build_vendor_library(arch: str, out_path: str | None = None) -> str:
     with open(__file__, "rb") as f:  # the command line (its flags) is built here
         digest.update(f.read())
     digest.update(f"\0{arch}\0{nvcc_version(nvcc)}\0{_header_versions(paths)}".encode())
-    cached = os.path.join(_CACHE, f"{arch}-{digest.hexdigest()[:24]}", LIB_NAME)
+    cached = os.path.join(env.cache_dir("vendor"), f"{arch}-{digest.hexdigest()[:24]}", LIB_NAME)
     if not os.path.exists(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(cached))

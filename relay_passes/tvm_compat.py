@@ -15,6 +15,8 @@ import math
 import os
 import sys
 
+from tvm_nimble import env
+
 # TVMScript's decorator modules; each calls ``inspect.stack()`` once per parsed function.
 _TVMSCRIPT_ENTRIES = ("tvm.tirx.script.parser.entry", "tvm.script.parser.ir.entry")
 TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
@@ -136,8 +138,7 @@ def lasting_builder(timeout_sec: float):
             if self.pool is None:
                 # a worker imports TVM, whose tvm_ffi imports PyTorch and probes torch.cuda.is_available(),
                 # initializing CUDA (seconds per worker on a GPU machine); builders need neither
-                os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
-                os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+                env.quiet_torch_interop()
                 self.pool = PopenPoolExecutor(max_workers=os.cpu_count() or 1, timeout=timeout_sec)
             self.batches += 1
             results = []
@@ -221,7 +222,7 @@ _BLOCK_PER_OUTPUT_RULES = ("Reduction", "GeneralReduction")
 #: a reduction this short over this many outputs is "short and wide" (see :func:`short_wide_reduction`)
 SHORT_REDUCTION, WIDE_OUTPUTS = 64, 65536
 #: set (to anything) to schedule short, wide reductions as stock DLight does: for experiments that compare the two
-STOCK_REDUCTIONS_ENV = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
+STOCK_REDUCTIONS_ENV = env.STOCK_REDUCTIONS
 
 
 def short_wide_reduction(func) -> bool:
@@ -353,7 +354,7 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass) -> tvm.transfor
             self.rule, self.last = rule, last
 
         def apply(self, func, target, tunable):
-            if (type(self.rule).__name__ in _BLOCK_PER_OUTPUT_RULES and not os.environ.get(STOCK_REDUCTIONS_ENV)
+            if (type(self.rule).__name__ in _BLOCK_PER_OUTPUT_RULES and not env.stock_reductions()
                     and short_wide_reduction(func)):
                 # a block per output would leave most of its threads idle: a thread per output, one kernel
                 return thread_per_output(func, target)

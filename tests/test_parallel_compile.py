@@ -53,7 +53,7 @@ def test_parallel_compilation_gives_a_byte_identical_library(tmp_path, monkeypat
     libraries = []
     for jobs in ("1", "3"):
         monkeypatch.setenv("TVM_NIMBLE_JOBS", jobs)
-        monkeypatch.setattr(cuda_compile, "_CACHE", str(tmp_path / f"cache{jobs}"))  # compile, not read back
+        monkeypatch.setenv("TVM_NIMBLE_CACHE_DIR", str(tmp_path / f"cache{jobs}"))  # compile, not read back
         built = tvm_nimble.build(model, SM90, kernels="tvm", max_streams=None, timing_cache=None)
         built.export(str(tmp_path / f"jobs{jobs}.nimble"))
         fatbins = sorted(os.listdir(tmp_path / f"cache{jobs}" / "fatbin"))

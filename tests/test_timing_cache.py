@@ -221,6 +221,7 @@ def test_timing_cache_off_writes_nothing_and_the_default_follows_xdg(nasnet, tmp
         BuildOptions.create("llvm", timing_cache=__file__)
     with pytest.raises(NimbleError, match="timing_cache must be a directory path"):
         BuildOptions.create("llvm", timing_cache=3)
+    monkeypatch.delenv("XDG_CACHE_HOME")  # the vendor extension stays in the run's cache
     _new_process()
     timer = PlanCostTimer()
     result = _build(nasnet, None, timer)

@@ -35,6 +35,7 @@ import json
 import os
 import tempfile
 
+from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 
 from .notes import note_once
@@ -52,9 +53,8 @@ _memory: dict[tuple, object] = {}  # (gpu id, context digest, kind, key) -> valu
 
 
 def default_directory() -> str:
-    """``$XDG_CACHE_HOME/tvm-nimble/timings`` (``~/.cache/...`` without it), beside the vendor extension's cache."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tvm-nimble", "timings")
+    """``timings`` under the cache root (:func:`tvm_nimble.env.cache_root`), beside the vendor extension's cache."""
+    return env.cache_dir("timings")
 
 
 def directory_option(value) -> str | None:
@@ -146,10 +146,8 @@ def context_of(target) -> dict:
     """What, besides the GPU, every measurement of a build for ``target`` depends on."""
     import tvm
 
-    from tvm_nimble.relay_passes.tvm_compat import STOCK_REDUCTIONS_ENV
-
     context = {"format": FORMAT, "tvm": tvm.__version__, "code": code_digest(), "target": str(target)}
-    if os.environ.get(STOCK_REDUCTIONS_ENV):  # an experiment's other TVM kernels: measured apart
+    if env.stock_reductions():  # an experiment's other TVM kernels: measured apart
         context["stock_reductions"] = True
     return context
 

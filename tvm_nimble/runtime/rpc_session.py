@@ -25,6 +25,8 @@ import multiprocessing
 import os
 import tarfile
 
+from tvm_nimble import env
+
 from .tvm_compat import replace_rpc_serve_loop, tvm_rpc_serve_loop
 
 
@@ -88,8 +90,7 @@ def install() -> None:
     # which initializes CUDA (10.5 s per session on the H100 image) and leaves a process that cannot fork
     # a CUDA-capable child. Sessions need neither: skip that probe (TVM-FFI's switch) and let PyTorch
     # answer from NVML should anything ask.
-    os.environ["TVM_FFI_DISABLE_TORCH_C_DLPACK"] = "1"
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    env.quiet_torch_interop(force=True)
     if "forkserver" in multiprocessing.get_all_start_methods():
         # sessions fork from one process that imported TVM once (it never touches CUDA; each session loads
         # TVM's CUDA runtime itself) instead of each spawning a fresh Python that imports it again

@@ -21,10 +21,11 @@ import os
 
 import tvm_ffi
 
+from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 
-ENV_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
-ENV_SYSTEM = "NIMBLE_VENDOR_SYSTEM_LIBS"
+ENV_LIB_DIRS = env.VENDOR_LIB_DIRS
+ENV_SYSTEM = env.VENDOR_SYSTEM_LIBS
 FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cudnn.conv2d_bwd_data",
              "nimble.cudnn.conv2d_bwd_filter", "nimble.cudnn_graph.conv2d", "nimble.cudnn_graph.conv2d_add",
              "nimble.cublas.matmul", "nimble.cublas.matmul_add",
@@ -57,9 +58,8 @@ class VendorLibraryError(NimbleError):
 
 def _site_dirs() -> list[str]:
     dirs = []
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        if entry:
-            dirs.append(os.path.abspath(entry))
+    for entry in env.python_path():
+        dirs.append(os.path.abspath(entry))
     for mod_file in (tvm_ffi.__file__, _numpy_file()):
         if mod_file:
             dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(mod_file))))
@@ -99,9 +99,9 @@ def library_search_dirs(search_dirs=None) -> list[str]:
     """Directories searched before the system loader: ``search_dirs``, else $NIMBLE_VENDOR_LIB_DIRS, else the wheels'."""
     if search_dirs is not None:
         return [str(d) for d in search_dirs]
-    env = os.environ.get(ENV_LIB_DIRS)
-    if env is not None:
-        return [d for d in env.split(os.pathsep) if d]
+    dirs_env = env.get(ENV_LIB_DIRS)
+    if dirs_env is not None:
+        return [d for d in dirs_env.split(os.pathsep) if d]
     return wheel_lib_dirs()
 
 
@@ -156,7 +156,7 @@ def preload_vendor_libraries(search_dirs=None, system: bool | None = None) -> di
     """
     dirs = library_search_dirs(search_dirs)
     if system is None:
-        system = os.environ.get(ENV_SYSTEM, "1") != "0"
+        system = env.get(ENV_SYSTEM, "1") != "0"
     loaded = {}
     for base, major, what, package in LIBRARIES:
         soname = f"{base}.so.{major}"

@@ -1,0 +1,73 @@
+"""Every environment variable tvm-nimble reads, and the one cache root; nothing else reads ``os.environ``.
+
+Each is read when asked (not at import), so a process, or a test, that sets one sees it at once.
+
+=================================  =====================================================================
+``TVM_NIMBLE_CACHE_DIR``           the cache root (default ``$XDG_CACHE_HOME/tvm-nimble``, else
+                                   ``~/.cache/tvm-nimble``): timings, compiled kernels, the vendor extension
+``XDG_CACHE_HOME``                 where the cache root goes without ``TVM_NIMBLE_CACHE_DIR``
+``TVM_NIMBLE_JOBS``                compiler processes at once (nvcc), default this machine's cores
+``NIMBLE_VENDOR_LIB_DIRS``         directories (``os.pathsep``-separated) that replace the wheels' cuDNN /
+                                   cuBLAS library directories when the vendor extension is loaded
+``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
+``NIMBLE_STOCK_REDUCTION_SCHEDULES``  ``1``: TVM's own reduction schedules instead of ours (an experiment;
+                                   measured apart in the timing cache)
+``CUDNN_FRONTEND_INCLUDE``         a directory holding ``cudnn_frontend.h``, looked in first
+``CUDA_HOME`` / ``CUDA_PATH``      where nvcc is looked for after ``$PATH``
+=================================  =====================================================================
+"""
+from __future__ import annotations
+
+import os
+
+CACHE_DIR = "TVM_NIMBLE_CACHE_DIR"
+JOBS = "TVM_NIMBLE_JOBS"
+VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
+VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
+STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
+CUDNN_FRONTEND_INCLUDE = "CUDNN_FRONTEND_INCLUDE"
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """The variable ``name`` (one of this module's), or ``default``."""
+    return os.environ.get(name, default)
+
+
+def cache_root() -> str:
+    """The one directory every tvm-nimble cache lives under (see the table above)."""
+    explicit = os.environ.get(CACHE_DIR)
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "tvm-nimble")
+
+
+def cache_dir(*parts: str) -> str:
+    """A folder under :func:`cache_root` (not created)."""
+    return os.path.join(cache_root(), *parts)
+
+
+def stock_reductions() -> bool:
+    """Whether the experiment switch for TVM's own reduction schedules is on."""
+    return bool(os.environ.get(STOCK_REDUCTIONS))
+
+
+def cuda_homes() -> list[str]:
+    """``$CUDA_HOME``, ``$CUDA_PATH`` and ``/usr/local/cuda``, those set."""
+    return [h for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if h]
+
+
+def python_path() -> list[str]:
+    """The entries of ``$PYTHONPATH`` (where the GPU machine's staged wheels are)."""
+    return [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+
+
+def quiet_torch_interop(force: bool = False) -> None:
+    """Set the two variables that keep tvm-ffi from loading PyTorch's DLPack bridge and PyTorch from starting CUDA
+    to count devices (in a process that forks RPC workers or compiles with TVM next to PyTorch); ``force``
+    overrides values already set."""
+    for name in ("TVM_FFI_DISABLE_TORCH_C_DLPACK", "PYTORCH_NVML_BASED_CUDA_CHECK"):
+        if force:
+            os.environ[name] = "1"
+        else:
+            os.environ.setdefault(name, "1")

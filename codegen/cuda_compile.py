@@ -25,9 +25,8 @@ import tvm_ffi
 
 from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.relay_passes.tvm_compat import ptxas_options
 
-from .cuda_split import compile_ptx_units, fatbin_from_ptx, jobs, merge_ptx, split_units
+from .cuda_split import compile_ptx_units, fatbin_from_ptx, jobs, merge_ptx, ptxas_options, split_units
 
 #: in the fatbin cache's key: a fatbin made from merged PTX holds other PTX text (the same machine code)
 #: than one nvcc run's, and a build reads back what this version makes

@@ -21,6 +21,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from tvm_nimble import env
+from tvm_nimble.relay_passes.tvm_compat import nvcc_ptxas_flags
 
 _KERNEL = 'extern "C" __global__'
 #: source bytes per unit: small enough to spread densenet121's probe over 16 cores, large enough that the
@@ -131,9 +132,16 @@ def compile_ptx_units(units: list[str], compile_ptx, workers: int) -> list[str]:
         return list(pool.map(compile_ptx, units))
 
 
+def ptxas_options() -> list[str]:
+    """The ptxas options of TVM's own nvcc compile, for the ptxas step of :func:`fatbin_from_ptx`: with the same
+    options, the fatbin made from merged PTX holds the machine code of TVM's one-step compile."""
+    return nvcc_ptxas_flags()
+
+
 def fatbin_from_ptx(ptx: str, nvcc: str, arch: str, ptxas_options: list[str], fmt: str = "fatbin") -> bytes:
     """ptxas and fatbinary over ``ptx`` as nvcc runs them for a ``.cu`` compiled with ``-arch arch``
-    (machine code for ``arch`` and the PTX itself); ``fmt="cubin"`` gives the machine code alone."""
+    (machine code for ``arch`` and the PTX itself); ``fmt="cubin"`` gives the machine code alone. ``ptxas_options``:
+    :func:`ptxas_options` for the machine code of TVM's own compile."""
     with tempfile.TemporaryDirectory(prefix="nimble-ptx-") as tmp:
         src, out = os.path.join(tmp, "kernels.ptx"), os.path.join(tmp, f"kernels.{fmt}")
         with open(src, "w") as f:

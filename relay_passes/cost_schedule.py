@@ -119,30 +119,51 @@ def _overlap_lost(streams: list[list[int]], closure: np.ndarray, costs) -> np.nd
     return member.T @ overlap @ member
 
 
-#: the greedy merge sequences of recent graphs (see :func:`cost_capped`), newest last
-_MERGES: dict[tuple, list[tuple[int, int]]] = {}
-_MERGES_KEPT = 8
+class MergeSequences:
+    """The greedy merge sequences (see :func:`cost_capped`) of the ``kept`` graphs asked for most recently.
+
+    Each merge depends only on the streams before it, so a smaller cap of the same graph continues the sequence of
+    a larger one: the stream choice's caps 8, 6, 4, 3, 2 of one model score each merge once, not once per cap. A
+    graph is its order, edges, streams and costs."""
+
+    def __init__(self, kept: int = 8):
+        self.kept = kept
+        self._by_graph: dict[tuple, list[tuple[int, int]]] = {}
+
+    def of(self, order, edges, streams, costs) -> list[tuple[int, int]]:
+        """The graph's merge sequence so far (a list :func:`cost_capped` extends), newest graph kept last."""
+        key = (tuple(order), tuple(map(tuple, edges)), tuple(map(tuple, streams)), tuple(map(float, costs)))
+        merges = self._by_graph.pop(key, [])
+        self._by_graph[key] = merges
+        while len(self._by_graph) > self.kept:
+            del self._by_graph[next(iter(self._by_graph))]
+        return merges
+
+    def clear(self) -> None:
+        """Forget every sequence (tests compare with a greedy that starts from nothing)."""
+        self._by_graph.clear()
+
+
+#: The merge sequences of this process. Process-wide for speed: the stream choice builds each cap of a model
+#: separately (``tvm_nimble.compiler.stream_choice`` through ``assign_streams``), with no object between the caps
+#: that could own it, and a sequence depends only on its graph. Tests call ``clear()``.
+PROCESS_MERGES = MergeSequences()
 
 
 def cost_capped(order: list[int], edges, streams: list[list[int]], cap: int, costs,
-                closure: np.ndarray) -> tuple[list[list[int]], list[int]]:
+                closure: np.ndarray, sequences: MergeSequences | None = None) -> tuple[list[list[int]], list[int]]:
     """(at most ``cap`` streams, each a union of ``streams``; a topological order that each runs its
     operators in), merging greedily by the list schedule (module doc). With many streams only the
     ``PAIRS_TRIED`` pairs that lose the least overlap are scored each time, so a 50-stream graph
     takes seconds. Ties go to the smaller merged stream, then the lowest pair. ``order`` is any
     topological order of ``edges``; ``closure[u, v]``: u reaches v; costs are >= 0.
 
-    Each merge depends only on the streams before it, so a smaller cap of the same graph continues the
-    sequence of a larger one: the sequence is kept per graph (its order, edges, streams and costs), and the
-    stream choice's caps 8, 6, 4, 3, 2 of one model score each merge once, not once per cap."""
+    The graph's merge sequence is kept in ``sequences`` (default :data:`PROCESS_MERGES`), so that a smaller cap
+    of the same graph continues it instead of scoring the same merges again."""
     n = len(order)
     if any(c < 0 for c in costs):
         raise ValueError("operator costs must be >= 0")
-    key = (tuple(order), tuple(map(tuple, edges)), tuple(map(tuple, streams)), tuple(map(float, costs)))
-    merges = _MERGES.pop(key, [])
-    _MERGES[key] = merges
-    while len(_MERGES) > _MERGES_KEPT:
-        del _MERGES[next(iter(_MERGES))]
+    merges = (PROCESS_MERGES if sequences is None else sequences).of(order, edges, streams, costs)
     priority = slack_priority(order, edges, costs)
     stream_of = stream_index(streams, n)
     lost = _overlap_lost(streams, closure, costs)

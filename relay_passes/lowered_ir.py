@@ -18,7 +18,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT  # noqa: F401
 from tvm_nimble.runtime.plan import VENDOR_PREFIXES, read_after_write
 
-from .tvm_compat import allocates_global_buffers
+from .schedules import allocates_global_buffers
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
 
@@ -62,7 +62,7 @@ class Kernel:
     records: list[int] = field(default_factory=list)
     literals: list = field(default_factory=list)  # [position, [ints]]: shape arguments of a vendor call
     #: its PrimFunc keeps an intermediate in global memory, which TVM allocates from its stream-unaware workspace
-    #: pool at every call (``tvm_compat.allocates_global_buffers``): such kernels must not overlap
+    #: pool at every call (``schedules.allocates_global_buffers``): such kernels must not overlap
     tvm_workspace: bool = False
 
 

@@ -23,7 +23,8 @@ from .concat_in_place import ConcatInPlace, FlattenConcats
 from .merge_siblings import SplitViews
 from .fold_constants import BatchedFoldConstant
 from .precision import round_once_per_kernel, widen_elementwise
-from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks, tolerant_default_schedule
+from .schedules import tolerant_default_schedule
+from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks
 
 #: the pass that ends TVM's GPU legalization: DLight's default schedules (the CPU backend has none)
 DEFAULT_SCHEDULE = "ApplyDefaultSchedule"

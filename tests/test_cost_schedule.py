@@ -188,10 +188,10 @@ def test_a_kept_merge_sequence_gives_every_cap_what_a_fresh_greedy_gives():
         caps = list(range(1, widest.num_streams))
         fresh = {}
         for cap in caps:
-            cost_schedule._MERGES.clear()
+            cost_schedule.PROCESS_MERGES.clear()
             a = assign_streams(n, edges, max_streams=cap, costs=costs)
             fresh[cap] = (a.stream_of, a.order)
-        cost_schedule._MERGES.clear()
+        cost_schedule.PROCESS_MERGES.clear()
         rng.shuffle(caps)
         for cap in caps:
             a = assign_streams(n, edges, max_streams=cap, costs=costs)

@@ -80,17 +80,17 @@ def test_a_3x3_average_pool_also_gets_a_thread_per_output():
 
 def test_the_stock_schedule_is_one_variable_away_for_experiments(monkeypatch):
     """NIMBLE_STOCK_REDUCTION_SCHEDULES gives the stock block per output back (an A/B for GPU experiments)."""
-    from tvm_nimble.relay_passes import tvm_compat
+    from tvm_nimble.relay_passes import schedules
 
     x = relax.Var("x", relax.TensorType((1, 192, 28, 28), "float32"))
     mod = _module(lambda bb: bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), (1, 1), (1, 1, 1, 1))), [x])
-    monkeypatch.setenv(tvm_compat.STOCK_REDUCTIONS_ENV, "1")
-    monkeypatch.setattr(tvm_compat, "_SCHEDULED", {})  # this process's schedules, made with the guard on
+    assert _block_counts(stages.lower(mod, SM90)) != _block_counts(_stock(mod))  # scheduled with the guard on
+    monkeypatch.setenv(schedules.STOCK_REDUCTIONS_ENV, "1")  # the same kernel again: not the guarded schedule
     assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))
     from tvm_nimble.compiler.timing_cache import context_of  # and its measurements are kept apart
 
     with_stock = context_of(SM90)
-    monkeypatch.delenv(tvm_compat.STOCK_REDUCTIONS_ENV)
+    monkeypatch.delenv(schedules.STOCK_REDUCTIONS_ENV)
     assert with_stock == {**context_of(SM90), "stock_reductions": True}
 
 
@@ -120,7 +120,7 @@ def test_a_short_reduction_with_its_epilogue_is_one_kernel_with_the_sum_in_a_reg
     kernel per function, nothing in global memory."""
     from tvm.s_tir import dlight as dl
 
-    from tvm_nimble.relay_passes.tvm_compat import allocates_global_buffers
+    from tvm_nimble.relay_passes.schedules import allocates_global_buffers
 
     x = relax.Var("x", relax.TensorType((1, 42, 42, 168), "float16"))
     w = relax.Var("w", relax.TensorType((168, 5, 5, 1), "float16"))
@@ -167,7 +167,7 @@ def test_kernels_that_take_tvms_workspace_are_ordered_one_after_another():
 def test_a_pool_with_its_residual_add_is_one_kernel_too():
     """NASNet's ``avg_pool(x) + y`` in fp16: the pool's sum, its division, the casts and the add (TVM fuses them into
     one function) computed by one thread per output, in one kernel."""
-    from tvm_nimble.relay_passes.tvm_compat import allocates_global_buffers
+    from tvm_nimble.relay_passes.schedules import allocates_global_buffers
 
     x = relax.Var("x", relax.TensorType((1, 42, 42, 168), "float16"))
     y = relax.Var("y", relax.TensorType((1, 42, 42, 168), "float16"))

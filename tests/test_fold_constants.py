@@ -75,24 +75,23 @@ def test_a_kernel_is_scheduled_once_per_process_and_gets_the_same_schedule():
     schedules each distinct kernel once, and a kernel met again gets the very schedule (names included: the
     CUDA source, and so the fatbin cache's key, must not depend on what this process lowered before)."""
     from tvm_nimble.compiler.stages import lower
-    from tvm_nimble.relay_passes import tvm_compat
+    from tvm_nimble.relay_passes.schedules import PROCESS_SCHEDULES as cache
 
     model = zoo.densenet()
     renamed = copy.deepcopy(model)  # the same kernels, but the first convolution's input named otherwise
     for node in renamed.graph.node:
         node.input[:] = ["x" if i == "input" else i for i in node.input]
     renamed.graph.input[0].name = "x"
-    tvm_compat._SCHEDULED.clear()
-    before = dict(tvm_compat.schedule_counts)
+    cache.clear()
     first = lower(from_onnx(model), CUDA)
-    scheduled = tvm_compat.schedule_counts["scheduled"] - before["scheduled"]
+    scheduled = cache.scheduled
     kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for f in first.functions.values())
     assert 0 < scheduled <= kernels
     again = lower(from_onnx(model), CUDA)
-    assert tvm_compat.schedule_counts["scheduled"] - before["scheduled"] == scheduled  # nothing scheduled again
-    assert tvm_compat.schedule_counts["reused"] - before["reused"] >= scheduled
+    assert cache.scheduled == scheduled  # nothing scheduled again
+    assert cache.reused >= scheduled
     other = lower(from_onnx(renamed), CUDA)
-    tvm_compat._SCHEDULED.clear()
+    cache.clear()
     for mod, lowered in ((model, again), (renamed, other)):  # DLight on every kernel again: the reference
         assert lowered.script() == lower(from_onnx(mod), CUDA).script()
-        tvm_compat._SCHEDULED.clear()
+        cache.clear()

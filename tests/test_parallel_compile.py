@@ -9,7 +9,7 @@ import tvm
 import tvm_nimble
 from tvm_nimble import zoo
 from tvm_nimble.codegen import cuda_compile, cuda_split
-from tvm_nimble.relay_passes.tvm_compat import ptxas_options
+from tvm_nimble.codegen.cuda_split import ptxas_options
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 SM90 = {"kind": "cuda", "arch": "sm_90"}

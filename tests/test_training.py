@@ -158,7 +158,7 @@ def test_training_step_schedules_for_cuda_without_tvms_bugs():
     from tvm_nimble.bench.training import make_case
     from tvm_nimble.compiler.target import resolve_target
     from tvm_nimble.relay_passes.pipeline import backend_for
-    from tvm_nimble.relay_passes.tvm_compat import folds_epilogue
+    from tvm_nimble.relay_passes.schedules import folds_epilogue
 
     target = resolve_target("cuda", "sm_90")
     stock = tvm.transform.Sequential(list(backend_for(target).legalize_passes(target)))

@@ -8,7 +8,8 @@ file is the one to update. Runtime only: nothing here imports ``tvm.relax``.
 """
 from __future__ import annotations
 
-#: TVM's own RPC session loop, kept when :func:`replace_rpc_serve_loop` puts another in its place.
+#: TVM's own RPC session loop, kept when :func:`replace_rpc_serve_loop` puts another in its place. Process-wide
+#: because the rebinding it remembers is: TVM's module attribute is one per process.
 _tvm_serve_loop: dict = {}
 
 

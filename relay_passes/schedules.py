@@ -1,0 +1,296 @@
+"""Our GPU schedules, and the rules deciding when DLight's default schedules give way to them.
+
+The pipeline (``relay_passes.pipeline``) schedules every GPU kernel TVM has not tuned with DLight's
+``ApplyDefaultSchedule``. :func:`tolerant_default_schedule` replaces that pass with one applying the same rules
+in the same order, each wrapped in a :class:`GuardedRule`:
+
+- a rule that raises (TVM 0.27 bugs) or folds an epilogue into a reduction's ``init`` (:func:`folds_epilogue`,
+  wrong results in TVM 0.27) is skipped, as if it had returned None;
+- where a block-per-output rule meets a short reduction over many outputs (:func:`short_wide_reduction`), the
+  kernel gets :func:`thread_per_output` instead;
+- where the last rule (``Fallback``) is skipped, the kernel gets :func:`plain_schedule`.
+
+Each PrimFunc is scheduled once per :class:`ScheduleCache` (a kernel met again gets the very schedule).
+:func:`allocates_global_buffers` reads a scheduled kernel for what the stream plan must know about it. The
+private DLight helpers these need are in ``relay_passes.tvm_compat``.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.error import InternalError
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import max_threads_per_block
+from tvm.s_tir.schedule import ScheduleError
+
+from tvm_nimble import env
+
+from .tvm_compat import default_schedule_rules, dlight_apply_rules, dlight_is_scheduled, dlight_target
+
+#: DLight rules that give each output (row) of a reduction its own thread block, the reduction across its threads
+BLOCK_PER_OUTPUT_RULES = ("Reduction", "GeneralReduction")
+#: a reduction this short over this many outputs is "short and wide" (see :func:`short_wide_reduction`)
+SHORT_REDUCTION, WIDE_OUTPUTS = 64, 65536
+#: set (to anything) to schedule short, wide reductions as stock DLight does: for experiments that compare the two
+STOCK_REDUCTIONS_ENV = env.STOCK_REDUCTIONS
+#: threads per block of :func:`thread_per_output`
+THREADS_PER_OUTPUT_BLOCK = 256
+
+
+# --- reading scheduled kernels ------------------------------------------------------------------------------------
+
+def folds_epilogue(mod) -> bool:
+    """Whether a scheduled kernel of ``mod`` has a reduction block whose ``init`` reads a buffer: an
+    epilogue folded into the reduction, which TVM 0.27 gets wrong (see :class:`GuardedRule`)."""
+    found = []
+
+    def visit_block(block):
+        if block.init is not None:
+            tvm_ffi.structural_walk(block.init, [(object, lambda n: found.append(1) if type(n).__name__ in (
+                "BufferLoad", "TensorLoad") else None)], order="post")
+
+    for func in mod.functions.values():
+        if isinstance(func, tirx.PrimFunc):
+            tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit_block)], order="post")
+    return bool(found)
+
+
+def allocates_global_buffers(func) -> bool:
+    """Whether the scheduled GPU PrimFunc ``func`` keeps an intermediate buffer in global memory (two kernels in one
+    function, one writing what the other reads: ``Fallback``'s or the plain schedule's form of a reduction with an
+    epilogue). TVM allocates it from its workspace pool at every call, and that pool knows no streams: the plan must
+    not let two such kernels overlap (``relay_passes.lowered_ir``). CPU functions (no thread bindings) run one at a
+    time on the host and are not counted."""
+    found, bound = [], []
+
+    def visit_block(block):
+        found.extend(b for b in block.alloc_buffers if b.scope() == "global")
+
+    def visit_for(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            bound.append(loop)
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit_block), (tirx.For, visit_for)], order="post")
+    return bool(found) and bool(bound)
+
+
+def short_wide_reduction(func) -> bool:
+    """Whether a reduction block of ``func`` sums at most SHORT_REDUCTION terms into at least WIDE_OUTPUTS outputs
+    (a depthwise convolution's 25 or 49 products, a 3x3 pool). DLight's (General)Reduction rules give such a kernel a
+    block per output with the terms across its 256 threads, so most threads idle and a grid of as many blocks as
+    outputs does a few multiply-adds per block. One thread per output fits it (:func:`thread_per_output`)."""
+    try:
+        infos = normalize_prim_func(s_tir.Schedule(func))
+    except Exception:  # noqa: BLE001  (a function DLight cannot analyse: leave it to the rules)
+        return False
+    for info in infos or ():
+        kinds = info.dom_kind()
+        if "R" not in kinds:
+            continue
+        doms = info.dom()
+        if not all(isinstance(d, int) for d in doms):
+            return False
+        spatial = math.prod(d for d, k in zip(doms, kinds) if k == "S")
+        reduced = math.prod(d for d, k in zip(doms, kinds) if k == "R")
+        return reduced <= SHORT_REDUCTION and spatial >= WIDE_OUTPUTS
+    return False
+
+
+# --- our schedules ------------------------------------------------------------------------------------------------
+
+def thread_per_output(func, target, threads: int = THREADS_PER_OUTPUT_BLOCK):
+    """A short, wide reduction (:func:`short_wide_reduction`) scheduled as one kernel with a thread per output: its
+    producers (padding, input casts) inlined, the sum in a register, the epilogue (the policy's rounding cast, a
+    pool's division, a residual add) computed by the same thread; None where the function is not that shape.
+
+    DLight's ``Fallback`` also gives each output a thread, but schedules a reduction fused with an epilogue as two
+    kernels with the sum in a global buffer between them. TVM allocates that buffer from its workspace pool, which
+    knows no streams, so two such kernels on two streams can be given the same memory (wrong outputs in a
+    multi-stream CUDA graph; see :func:`allocates_global_buffers`), and the sum makes a round trip through memory."""
+    try:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos:
+            return None
+        at = [i for i, info in enumerate(infos) if "R" in info.dom_kind()]
+        if len(at) != 1:
+            return None
+        red = infos[at[0]]
+        for info in infos[:at[0]]:
+            sch.compute_inline(info.block_rv)
+        epilogue = infos[at[0] + 1:]
+        for info in reversed(epilogue[1:]):  # element-wise chains fold into the first block after the sum
+            sch.reverse_compute_inline(info.block_rv)
+        loops = sch.get_loops(red.block_rv)
+        kinds = red.dom_kind()
+        spatial = [loop for loop, k in zip(loops, kinds) if k == "S"]
+        reduction = [loop for loop, k in zip(loops, kinds) if k == "R"]
+        if not spatial or len(spatial) + len(reduction) != len(loops):
+            return None
+        sch.reorder(*spatial, *reduction)
+        bx, tx = sch.split(sch.fuse(*spatial), factors=[None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        if epilogue:
+            sch.reverse_compute_at(epilogue[0].block_rv, tx)
+            sch.set_scope(red.block_rv, 0, "local")
+        sch.decompose_reduction(red.block_rv, reduction[0])
+        return sch
+    except Exception:  # noqa: BLE001  (any schedule error: the next rule takes the function)
+        return None
+
+
+def plain_schedule(func, target):
+    """Every block's spatial loops fused and bound to blocks and threads, nothing inlined, reductions decomposed:
+    the form a kernel gets where even DLight's ``Fallback`` is skipped (see :class:`GuardedRule`)."""
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    reductions = []
+    for info in infos:
+        block = info.block_rv
+        loops = sch.get_loops(block)
+        if any(sch.get(l).thread_binding is not None for l in loops):
+            continue
+        kinds = dict(zip(loops, info.dom_kind()))
+        spatial = [l for l in loops if kinds[l] == "S"] or [sch.add_unit_loop(block)]
+        rest = [l for l in loops if kinds.get(l) == "R"] + [l for l in loops if kinds.get(l) == "O"]
+        sch.reorder(*spatial, *rest)
+        bx, tx = sch.split(sch.fuse(*spatial), factors=[None, max_threads_per_block(target)])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        reduction = [l for l in loops if kinds[l] == "R"]
+        if reduction:
+            reductions.append((block, reduction[0]))
+    for block, loop in reductions:
+        sch.decompose_reduction(block, loop)
+    return sch
+
+
+# --- the rules deciding when they apply ---------------------------------------------------------------------------
+
+class GuardedRule(dl.ScheduleRule):
+    """One of DLight's default rules, with two TVM 0.27 bugs kept out of the kernels and our schedules where
+    DLight's do not fit.
+
+    A rule is meant to return None for a kernel it does not fit, and the next rule (last of all ``Fallback``)
+    takes it. Here a rule is also skipped where
+    - it raises a ScheduleError instead (``GeneralReduction`` on a max-pool gradient fused with the adds of the
+      branch gradients it joins: "does not have compact dataflow"), which failed the whole build of a training
+      step, or an InternalError (``Reduction``'s rfactor, "block_realize == old_block_realize_", on a weight
+      gradient's reduction fused beside cuDNN's gradient calls);
+    - its schedule folds an epilogue into a reduction block, so that the block's ``init`` reads a buffer:
+      ``Fallback`` inlines ``momentum * v + a @ b`` into the matmul's reduction and then adds ``momentum * v`` in
+      the init *and* in every update (``2 * momentum * v + a @ b`` for a one-element reduction: the Gemm weight
+      gradient with the optimizer's momentum update at batch 1, wrong on CUDA in stock TVM too).
+    Where the last rule is skipped, the kernel gets :func:`plain_schedule`. A block-per-output rule
+    (:data:`BLOCK_PER_OUTPUT_RULES`) gives a short, wide reduction :func:`thread_per_output` instead, unless
+    ``stock_reductions`` (``$NIMBLE_STOCK_REDUCTION_SCHEDULES``, for A/B experiments) keeps DLight's."""
+
+    def __init__(self, rule, last: bool, stock_reductions: bool):
+        self.rule, self.last, self.stock_reductions = rule, last, stock_reductions
+
+    def apply(self, func, target, tunable):
+        if (type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and not self.stock_reductions
+                and short_wide_reduction(func)):
+            # a block per output would leave most of its threads idle: a thread per output, one kernel
+            return thread_per_output(func, target)
+        try:
+            sch = self.rule.apply(func, target, tunable)
+        except (ScheduleError, InternalError):
+            sch = None
+        if sch is not None and not isinstance(sch, list) and folds_epilogue(sch.mod):
+            logging.getLogger("tvm_nimble").debug("DLight %s folded an epilogue into a reduction: skipped",
+                                                  type(self.rule).__name__)
+            sch = None
+        if sch is None and self.last:
+            return plain_schedule(func, target)
+        return sch
+
+
+# --- each kernel scheduled once -----------------------------------------------------------------------------------
+
+@dataclass
+class ScheduleCache:
+    """Scheduled PrimFuncs by (digest of the PrimFunc's JSON, target, rules): its scheduled form, or None where no
+    rule applies.
+
+    A build lowers the kernel choice's probes, both modules of its model check and the stock-TVM baselines: the same
+    element-wise and fused kernels again and again, and DLight's rules (Python) cost tens of milliseconds a kernel
+    (seconds of a large model's lowering). A schedule is a function of the PrimFunc, the target and the rules. The
+    key is the JSON, names included: structural equality ignores names, and a schedule reused from a kernel named
+    otherwise (a probe's parameters) would change the CUDA source, so a later build in a fresh process would miss
+    the fatbin cache and compile again. At ``max_entries`` the cache starts over."""
+
+    max_entries: int = 8192
+    #: kernels the rules scheduled, and kernels whose schedule was reused, since the last :meth:`clear`
+    scheduled: int = 0
+    reused: int = 0
+    _entries: dict = field(default_factory=dict, repr=False)
+
+    def schedule(self, func, target, rules: list, rules_key: tuple):
+        """``func`` scheduled by the first of ``rules`` that applies (``rules_key`` names them in the key), marked
+        scheduled; None where none applies."""
+        key = (hashlib.sha256(tvm.ir.save_json(func).encode()).hexdigest(), str(target), rules_key)
+        if key in self._entries:
+            self.reused += 1
+            return self._entries[key]
+        sch = dlight_apply_rules(func, target, rules)
+        after = None if sch is None else sch[0].mod["main"].with_attr("tirx.is_scheduled", True)
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[key] = after
+        self.scheduled += 1
+        return after
+
+    def clear(self) -> None:
+        """Forget every schedule and reset the counts (tests start from an empty cache)."""
+        self._entries.clear()
+        self.scheduled = self.reused = 0
+
+
+#: The schedules of this process. Process-wide for speed: the builds that meet the same kernels (a build's
+#: kernel choice, model check and stock baselines, each lowered by its own ``lower`` call, and later builds of the
+#: same model) share no object that could own it, and a schedule depends only on its key. Tests call ``clear()``.
+PROCESS_SCHEDULES = ScheduleCache()
+
+
+def tolerant_default_schedule(schedule_pass: tvm.transform.Pass,
+                              cache: ScheduleCache | None = None) -> tvm.transform.Pass:
+    """DLight's ``ApplyDefaultSchedule`` pass ``schedule_pass`` with each of its rules a :class:`GuardedRule`, each
+    PrimFunc scheduled once per ``cache`` (default :data:`PROCESS_SCHEDULES`). Any other pass is returned
+    unchanged. ``$NIMBLE_STOCK_REDUCTION_SCHEDULES`` is read here, and is part of the cache's key."""
+    rules = default_schedule_rules(schedule_pass)
+    if rules is None:
+        return schedule_pass
+    stock = env.stock_reductions()
+    guarded = [GuardedRule(r, i == len(rules) - 1, stock) for i, r in enumerate(rules)]
+    rules_key = tuple(type(r).__name__ for r in rules) + (("stock reductions",) if stock else ())
+    return _scheduled_once(guarded, rules_key, PROCESS_SCHEDULES if cache is None else cache)
+
+
+def _scheduled_once(rules: list, rules_key: tuple, cache: ScheduleCache) -> tvm.transform.Pass:
+    """``ApplyDefaultSchedule``'s module pass with ``rules``, through ``cache``: every PrimFunc not scheduled yet
+    gets its schedule from the cache, or from the rules once."""
+
+    @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
+    def _pass(mod, _ctx):
+        updated = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and not dlight_is_scheduled(func):
+                after = cache.schedule(func, dlight_target(func), rules, rules_key)
+                if after is not None:
+                    updated[gv] = after
+        for gv, func in updated.items():
+            mod[gv] = func
+        return mod
+
+    return _pass

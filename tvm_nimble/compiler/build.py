@@ -1,77 +1,39 @@
 """``tvm_nimble.build``: model in, one :class:`BuildResult` out.
 
-Only the policy lives here; the stages are plain functions of :mod:`.stages`, and the two choices made
-by measurement are :func:`.kernel_choice.select_kernels` and :func:`.stream_choice.choose_streams`:
+A build is one :class:`~.session.BuildSession` (options, timer, cache, notes, phase times), which runs the
+stages of :data:`~.session.STAGES` in order; this module holds the policy that strings them together:
 
-    options = BuildOptions.create(target, **options)       validated once
-    mod = import_model(model) -> apply_precision -> apply_layout   (stages)
-    selection = select_kernels(mod, options)                 which provider runs each operator
-    result = build_fixed(selection.mod, options)             lower, schedule, generate
-    result = choose_streams(result)                          with max_streams="auto"
-    accuracy.report(fp32 model, result)                      precisions other than fp32
+    import_model -> apply_precision -> apply_layout        (stages)
+    choose_merges                                           merged sibling operators, or not (measured with "auto")
+    select_kernels                                          which provider runs each operator (measured with "best")
+    build_fixed                                             lower, schedule, generate (or the model check's compile)
+    choose_streams                                          with max_streams="auto"
+    accuracy.report                                         precisions other than fp32
 
 Every consumer of a build reuses the result instead of re-running a stage: the executor and
 ``export`` (plan, kernels, params), ``explain`` (assignment, program, lowered module). Where the
-kernel choice's model check compiled the selected module already, ``build`` reschedules that build
+kernel choice's model check compiled the selected module already, the build reschedules that build
 instead of compiling the same kernels again. The lowered module and kernel library of a build are kept in
 the compiled-kernel cache (:mod:`.kernel_cache`, beside the timing cache), so the next build of the same
 module loads them instead of lowering and compiling. The seconds each phase took are in ``info["phases"]``.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import time
 import traceback
+from dataclasses import dataclass
 
 from tvm_nimble.errors import NimbleError
 
-from . import accuracy, buckets, kernel_cache, stages
+from . import accuracy, buckets, stages
 from .kernel_choice import Selection, select_kernels
 from .frontend.onnx_import import one_line
 from .merge_choice import choose_merges
-from .notes import note_once
 from .options import BuildOptions
+from .session import PHASES, STAGES, BuildSession, CacheMemory, Phases  # noqa: F401  (PHASES, Phases: public here)
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
 from .stream_choice import choose_streams, rescheduled
-from .timers import timer_for
-
-#: the phases of a build, in order (``info["phases"]`` holds those a build ran, in seconds)
-PHASES = ("import", "precision", "layout", "merge", "kernel choice", "lower", "schedule", "generate", "stream choice",
-          "accuracy")
-_phase_listeners: list = []
-
-
-class Phases:
-    """``with phases("lower"): ...`` adds the block's seconds to that phase; each listener of
-    :func:`watch_phases` is told the phase's name as it begins (the CLI's progress line)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        for listener in list(_phase_listeners):
-            listener(name)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def to_info(self) -> dict[str, float]:
-        return {name: round(self.seconds[name], 3) for name in PHASES if name in self.seconds}
-
-
-@contextlib.contextmanager
-def watch_phases(listener):
-    """Call ``listener(phase name)`` as each phase of the builds inside the block begins."""
-    _phase_listeners.append(listener)
-    try:
-        yield
-    finally:
-        _phase_listeners.remove(listener)
 
 
 def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict | None = None,
@@ -114,30 +76,115 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
 
 
 def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict: dict | None = None,
-               timer=None) -> BuildResult:
-    """:func:`build` with its options made already (what ``explain``, the CLI and the benchmarks call).
-    ``timer``: where ``best`` and ``auto`` measure (see :mod:`.timers`; default: a GPU behind the options'
-    RPC tracker, else this machine's)."""
+               timer=None, cache: CacheMemory | None = None, on_phase=None) -> BuildResult:
+    """:func:`build` with its options made already (what ``explain``, the CLI and the benchmarks call), as one
+    :class:`~.session.BuildSession`. ``timer``: where ``best`` and ``auto`` measure (see :mod:`.timers`; default:
+    a GPU behind the options' RPC tracker, else this machine's). ``cache``: what earlier builds of this process
+    measured or read, passed on (default: nothing). ``on_phase(name)``: told each phase's name as it begins."""
+    return BuildSession(opts, timer, cache, on_phase).build(model, params, shape_dict)
+
+
+@dataclass
+class _State:
+    """What the stages of one build have made so far."""
+
+    model: object
+    params: dict | None
+    shape_dict: dict | None
+    fp32_mod: object = None  # the imported model (None: the build started from a Selection)
+    mod: object = None  # the module the next stage takes
+    merge_record: dict | None = None
+    selection: Selection | None = None
+    result: BuildResult | None = None
+
+
+def _import(session: BuildSession, state: _State) -> None:
+    with session.phases("import"):
+        state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict)
+
+
+def _precision(session: BuildSession, state: _State) -> None:
+    with session.phases("precision"):
+        state.mod = stages.apply_precision(state.fp32_mod, session.options)
+
+
+def _layout(session: BuildSession, state: _State) -> None:
+    with session.phases("layout"):
+        state.mod = stages.apply_layout(state.mod, session.options)
+
+
+def _merge(session: BuildSession, state: _State) -> None:
+    with session.phases("merge"):
+        state.mod, state.merge_record = choose_merges(state.mod, session)
+
+
+def _kernels(session: BuildSession, state: _State) -> None:
+    with session.phases("kernel choice"):
+        state.selection = select_kernels(state.mod, session)
+
+
+def _build(session: BuildSession, state: _State) -> None:
+    state.result = _build_selected(state.selection, session.with_options(
+        session.options.replace(kernels=state.selection.kernels)))
+
+
+def _streams(session: BuildSession, state: _State) -> None:
+    opts, result = session.options, state.result
+    if opts.max_streams == "auto":
+        with session.phases("stream choice"):
+            state.result, record = choose_streams(result, session, memory_budget=opts.memory_budget)
+        state.result.info["streams_choice"] = record
+    elif opts.memory_budget is not None and result.plan.memory["pool_bytes"] > opts.memory_budget:
+        raise NimbleError(f"the schedule's memory pool needs {result.plan.memory['pool_bytes']} bytes, over the "
+                          f"budget of {opts.memory_budget}: use max_streams='auto' (or fewer streams) to pick one "
+                          "that fits")
+
+
+def _accuracy(session: BuildSession, state: _State) -> None:
+    if session.options.precision != "fp32":
+        with session.phases("accuracy"):
+            state.result.info["accuracy"] = accuracy.report(state.fp32_mod, state.result, session)
+        accuracy.check(state.result.info["accuracy"], session.options.max_error)
+
+
+#: each stage of :data:`~.session.STAGES`, as it runs on the session and the build's state
+_STAGES = {"import": _import, "precision": _precision, "layout": _layout, "merge": _merge, "kernels": _kernels,
+           "build": _build, "streams": _streams, "accuracy": _accuracy}
+assert tuple(_STAGES) == STAGES
+#: the stages that run again in the model's layout where TVM fails on the channels-last module (:func:`nchw_fallback`)
+_LAYOUT_DEPENDENT = ("precision", "layout", "merge", "kernels", "build")
+
+
+def _run(session: BuildSession, state: _State, names) -> _State:
+    for name in names:
+        _STAGES[name](session, state)
+    return state
+
+
+def run_stages(session: BuildSession, model, params: dict | None = None,
+               shape_dict: dict | None = None) -> BuildResult:
+    """The stages of :data:`~.session.STAGES` on ``model`` in ``session``: one bucketed build per batch size, or
+    import -> [precision -> layout -> merge -> kernels -> build, again in NCHW where TVM fails on NHWC] -> streams
+    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build)."""
+    opts = session.options
     if opts.batch_sizes:  # one build per batch size (see .buckets), put together with the weights once
         request = buckets.BucketRequest(model, opts, shape_dict)
         built = {}
         for batch, onnx_model in request.models():
             with request.building(batch):
-                built[batch] = request.checked(batch, build_with(onnx_model, request.options, params))
+                built[batch] = request.checked(batch, session.bucket(request.options).build(onnx_model, params))
         return request.module(built)
-    timer = timer or timer_for(opts.rpc_tracker, opts.rpc_key)
-    phases = Phases()
-    fp32_mod, merge_record = None, None
+    state = _State(model, params, shape_dict)
     if isinstance(model, Selection):
-        selection = model
-        result = _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
+        state.selection = model
+        _run(session, state, ("build",))
     else:
-        with phases("import"):
-            fp32_mod = stages.import_model(model, params, shape_dict)
-        (selection, merge_record, result), opts = with_nchw_fallback(
-            lambda o: _choose_and_build(fp32_mod, o, timer, phases), opts)
-    if merge_record is not None:
-        result.info["merge_choice"] = merge_record
+        _run(session, state, ("import",))
+        state, session = with_nchw_fallback(lambda s: _run(s, dataclasses.replace(state), _LAYOUT_DEPENDENT), session)
+    _run(session, state, ("streams", "accuracy"))
+    result, selection = state.result, state.selection
+    if state.merge_record is not None:
+        result.info["merge_choice"] = state.merge_record
     if selection.timings:
         result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
     if selection.operators:
@@ -150,53 +197,27 @@ def build_with(model, opts: BuildOptions, params: dict | None = None, shape_dict
         result.info["gemm_algorithms"] = selection.algorithms
     if selection.not_taken:
         result.info["not_taken"] = selection.not_taken
-    if opts.max_streams == "auto":
-        with phases("stream choice"):
-            result, record = choose_streams(result, memory_budget=opts.memory_budget, timer=timer)
-        result.info["streams_choice"] = record
-    elif opts.memory_budget is not None and result.plan.memory["pool_bytes"] > opts.memory_budget:
-        raise NimbleError(f"the schedule's memory pool needs {result.plan.memory['pool_bytes']} bytes, over the "
-                          f"budget of {opts.memory_budget}: use max_streams='auto' (or fewer streams) to pick one "
-                          "that fits")
-    if opts.precision != "fp32":
-        with phases("accuracy"):
-            result.info["accuracy"] = accuracy.report(fp32_mod, result, opts)
-        accuracy.check(result.info["accuracy"], opts.max_error)
-    result.info["phases"] = phases.to_info()
+    result.info["phases"] = session.phases.to_info()
     return result
 
 
-def choose_kernels(fp32_mod, opts: BuildOptions, timer=None, phases: Phases | None = None):
+def choose_kernels(fp32_mod, session: BuildSession):
     """precision -> layout -> merge choice -> kernel choice: (selection, merge record) of an imported model."""
-    phases = phases or Phases()
-    with phases("precision"):
-        mod = stages.apply_precision(fp32_mod, opts)
-    with phases("layout"):
-        mod = stages.apply_layout(mod, opts)
-    with phases("merge"):
-        mod, merge_record = choose_merges(mod, opts, timer)
-    with phases("kernel choice"):
-        selection = select_kernels(mod, opts, timer)
-    return selection, merge_record
+    state = _run(session, _State(None, None, None, fp32_mod=fp32_mod), ("precision", "layout", "merge", "kernels"))
+    return state.selection, state.merge_record
 
 
-def _choose_and_build(fp32_mod, opts: BuildOptions, timer, phases: Phases):
-    """:func:`choose_kernels`, then the build: (selection, merge record, result)."""
-    selection, merge_record = choose_kernels(fp32_mod, opts, timer, phases)
-    return selection, merge_record, _build_selected(selection, opts.replace(kernels=selection.kernels), phases)
-
-
-def with_nchw_fallback(attempt, opts: BuildOptions):
-    """(``attempt(opts)``, the options it ran with): where TVM fails (a RuntimeError) on the channels-last module
+def with_nchw_fallback(attempt, session: BuildSession):
+    """(``attempt(session)``, the session it ran in): where TVM fails (a RuntimeError) on the channels-last module
     that ``layout="auto"`` chose, ``attempt`` runs again in the model's layout (:func:`nchw_fallback`)."""
     try:
-        return attempt(opts), opts
+        return attempt(session), session
     except RuntimeError as err:  # TVM's errors are RuntimeErrors
-        opts = nchw_fallback(opts, err)
-        return attempt(opts), opts
+        session = session.with_options(nchw_fallback(session.options, err, session.note))
+        return attempt(session), session
 
 
-def nchw_fallback(opts: BuildOptions, err: Exception) -> BuildOptions:
+def nchw_fallback(opts: BuildOptions, err: Exception, note) -> BuildOptions:
     """The options to build again with after TVM failed (``err``) on a channels-last module that ``layout="auto"``
     chose: the model's layout, with a note. Any other failure is raised again.
 
@@ -204,7 +225,7 @@ def nchw_fallback(opts: BuildOptions, err: Exception) -> BuildOptions:
     lower channels-last should still build, as it did before channels-last existed, and say so."""
     if isinstance(err, NimbleError) or opts.layout != "auto" or opts.data_layout != "nhwc":
         raise err
-    note_once(f"TVM failed on the channels-last (NHWC) form of this model ({type(err).__name__}: "
+    note(f"TVM failed on the channels-last (NHWC) form of this model ({type(err).__name__}: "
               f"{one_line(err, whole=True)}, raised at {raised_at(err)}); building it in its own layout (NCHW) instead. "
               "layout='nchw' skips the attempt; layout='nhwc' reports the error")
     return opts.replace(layout="nchw")
@@ -220,26 +241,26 @@ def raised_at(err: BaseException) -> str:
     return f"{os.path.relpath(f.filename) if f.filename.startswith(os.getcwd()) else f.filename}:{f.lineno} ({f.name})"
 
 
-def _build_selected(selection: Selection, options: BuildOptions, phases: Phases) -> BuildResult:
-    """The selection's module lowered, scheduled and generated with ``options``. Where the model check
-    compiled that module one-stream already, with the same target, tuning database and memory plan, that
-    build is rescheduled instead: the kernels do not depend on the schedule (as in :mod:`.stream_choice`),
-    and compiling a large model's kernels again costs as much as the first time."""
-    built = selection.built
-    cache = kernel_cache.for_options(options)
+def _build_selected(selection: Selection, session: BuildSession) -> BuildResult:
+    """The selection's module lowered, scheduled and generated with the session's options. Where the model check
+    compiled that module one-stream already, with the same target, tuning database and memory plan, that build is
+    rescheduled instead: the kernels do not depend on the schedule (as in :mod:`.stream_choice`), and compiling a
+    large model's kernels again costs as much as the first time."""
+    options, built, phases = session.options, selection.built, session.phases
     if built is None or not options.compile_kernels or not _same_kernels(built.options, options):
-        return stages.build_fixed(selection.mod, options, note=True, timed=phases, cache=cache)
-    stages.note_default_schedules(selection.mod, options)
+        return stages.build_fixed(selection.mod, options, session, final=True)
+    session.remember_hash(selection.mod, built.source_hash)  # (a Selection made in another session)
+    stages.note_default_schedules(selection.mod, options, session.note)
     cap = None if options.max_streams == "auto" else options.max_streams
     with phases("schedule"):
         result = rescheduled(built, cap, options.reuse)
     info = stages.build_info(options, built.info["concats_in_place"], built.info.get("splits_as_views"))
+    cache = session.kernel_cache()
     if cache is not None:  # kept for the next build, which finds the model check in the timing cache
         with phases("generate"):
-            key = cache.key(selection.mod, options, selection.mod_hash)
+            key = session.key("kernels", selection.mod)
             info["kernel_cache"] = "present" if cache.has(key) else (
                 "stored" if cache.store(key, built.lowered, built.kernels) else "miss")
-            info["kernels_key"] = cache.digest(key)
     return dataclasses.replace(result, info=info, options=options)
 
 

@@ -41,13 +41,12 @@ import tvm
 import tvm_ffi
 
 from . import timing_cache
+from .build_stages import STAGES, run_stages
 from .kernel_cache import KernelCache
 from .notes import Notes
 from .options import BuildOptions
 from .timers import has_gpu_for, timer_for
 
-#: the stages a build runs, in order
-STAGES = ("import", "precision", "layout", "merge", "kernels", "build", "streams", "accuracy")
 #: the phases a build times, in order (``info["phases"]`` holds those a build ran, in seconds): the stages, with
 #: "build" as its three parts and the kernel and stream stages by their longer names
 PHASES = ("import", "precision", "layout", "merge", "kernel choice", "lower", "schedule", "generate", "stream choice",
@@ -266,6 +265,4 @@ class BuildSession:
     # ---- the stages --------------------------------------------------------------------------------------------
     def build(self, model, params: dict | None = None, shape_dict: dict | None = None):
         """:data:`STAGES` on ``model`` (see ``tvm_nimble.build``): a BuildResult."""
-        from .build import run_stages
-
         return run_stages(self, model, params, shape_dict)

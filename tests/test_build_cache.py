@@ -12,20 +12,17 @@ import pytest
 import tvm
 
 from tvm_nimble import load, zoo
-from tvm_nimble.compiler import kernel_cache, notes, stream_choice, timing_cache
-from tvm_nimble.compiler.build import build
+from tvm_nimble.compiler import kernel_cache, stream_choice, timing_cache
+from tvm_nimble.compiler.build import build, build_with
+from tvm_nimble.compiler.notes import Notes
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.session import CacheMemory
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.executor import NimbleExecutor
 from tvm_nimble.runtime.module import NimbleModule
 
 from test_timing_cache import SM90, PlanCostTimer, _need_vendor, nasnet  # noqa: F401 (nasnet: a fixture)
 from test_timing_cache import _build as _best
-
-
-def _new_process():
-    timing_cache.forget_in_memory()
-    notes._given.clear()
 
 
 def _outputs(module, model) -> list[np.ndarray]:
@@ -38,12 +35,9 @@ def _folders(directory) -> list[str]:
     return sorted(os.path.join(root, d) for d in os.listdir(root) if not d.startswith(".")) if os.path.isdir(root) else []
 
 
-def _counts() -> dict:
-    return dict(kernel_cache.stats)
-
-
-def _delta(before: dict) -> dict:
-    return {k: v - before[k] for k, v in kernel_cache.stats.items()}
+def _llvm(model, directory, memory: CacheMemory | None = None, **options):
+    """An llvm build into the cache ``directory``; ``memory`` counts its loads and writes (``memory.kernels``)."""
+    return build_with(model, BuildOptions.create("llvm", timing_cache=directory, **options), cache=memory)
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +49,9 @@ def inception():
 def cold(inception, tmp_path_factory):
     """A first llvm build into an empty cache: (directory, result, the counts it changed)."""
     directory = str(tmp_path_factory.mktemp("cache"))
-    _new_process()
-    before = _counts()
-    result = build(inception, "llvm", timing_cache=directory)
-    return directory, result, _delta(before)
+    memory = CacheMemory()
+    result = _llvm(inception, directory, memory)
+    return directory, result, memory.kernels
 
 
 def test_a_first_build_compiles_and_keeps_its_kernels(cold):
@@ -72,10 +65,9 @@ def test_a_first_build_compiles_and_keeps_its_kernels(cold):
 
 def test_a_second_build_loads_them_and_gives_the_same_plan_outputs_and_artifact(inception, cold, tmp_path):
     directory, first, _ = cold
-    _new_process()
-    before = _counts()
-    again = build(inception, "llvm", timing_cache=directory)
-    assert again.info["kernel_cache"] == "hit" and _delta(before)["hit"] == 1 and _delta(before)["stored"] == 0
+    memory = CacheMemory()
+    again = _llvm(inception, directory, memory)
+    assert again.info["kernel_cache"] == "hit" and memory.kernels["hit"] == 1 and memory.kernels["stored"] == 0
     assert again.plan.to_json() == first.plan.to_json()
     # the phases are those of a build; lowering and generating are now loading
     assert {"lower", "schedule", "generate"} <= set(again.info["phases"])
@@ -99,7 +91,6 @@ def test_another_model_or_lowering_option_is_another_entry(inception, cold, tmp_
     directory, _, _ = cold
     copy = str(tmp_path / "cache")
     _copy(directory, copy)
-    _new_process()
     other_weights = build(zoo.get_model("inception", seed=1), "llvm", timing_cache=copy)
     no_concat = build(inception, "llvm", timing_cache=copy, concat_in_place=False)
     assert other_weights.info["kernel_cache"] == "stored" and no_concat.info["kernel_cache"] == "stored"
@@ -119,24 +110,22 @@ def test_a_damaged_entry_is_one_note_and_a_correct_rebuild(inception, cold, tmp_
         data = f.read()
     with open(path, "wb") as f:
         f.write(data[: len(data) // 2] if damage == "truncated library" else b"\x7fELF not a library {")
-    _new_process()
-    before = _counts()
+    memory = CacheMemory()
     with pytest.warns(UserWarning, match="ignoring unreadable compiled-kernel cache entries") as caught:
-        again = build(inception, "llvm", timing_cache=copy)
+        again = _llvm(inception, copy, memory)
     assert sum("compiled-kernel cache" in str(w.message) for w in caught) == 1
-    assert again.info["kernel_cache"] == "stored" and _delta(before)["rejected"] == 1
+    assert again.info["kernel_cache"] == "stored" and memory.kernels["rejected"] == 1
     assert again.plan.to_json() == first.plan.to_json()
     for a, b in zip(_outputs(again, inception), _outputs(first, inception)):
         np.testing.assert_array_equal(a, b)
-    _new_process()
     third = build(inception, "llvm", timing_cache=copy)  # the entry was rewritten whole
     assert third.info["kernel_cache"] == "hit"
 
 
 def test_the_cache_is_off_without_a_timing_cache_or_with_kernel_cache_false(inception, tmp_path):
-    before = _counts()
-    off = build(inception, "llvm", timing_cache="off")
-    assert "kernel_cache" not in off.info and _delta(before) == {k: 0 for k in before}
+    memory = CacheMemory()
+    off = _llvm(inception, "off", memory)
+    assert "kernel_cache" not in off.info and set(memory.kernels.values()) == {0}
     no = build(inception, "llvm", timing_cache=str(tmp_path), kernel_cache=False)
     assert "kernel_cache" not in no.info and _folders(str(tmp_path)) == []
     with pytest.raises(NimbleError, match="kernel_cache must be True or False"):
@@ -149,10 +138,9 @@ def test_the_least_recently_used_entries_go_over_the_size_limit(inception, cold,
     _copy(directory, copy)
     (old,) = _folders(copy)
     os.utime(os.path.join(old, "entry.json"), (1, 1))  # long unused
-    _new_process()
     new = build(zoo.get_model("inception", seed=2), "llvm", timing_cache=copy)
     (kept,) = [f for f in _folders(copy) if f != old]
-    cache = kernel_cache.KernelCache(os.path.join(copy, timing_cache.KERNELS_FOLDER))
+    cache = kernel_cache.KernelCache(os.path.join(copy, timing_cache.KERNELS_FOLDER), CacheMemory().kernels, Notes())
     cache._prune(keep=kept, max_bytes=1)
     assert _folders(copy) == [kept] and new.info["kernel_cache"] == "stored"
 
@@ -160,11 +148,10 @@ def test_the_least_recently_used_entries_go_over_the_size_limit(inception, cold,
 def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_path):
     model = zoo.get_model("resnet")
     directory = str(tmp_path / "cache")
-    _new_process()
     first = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
-    before = _counts()
-    again = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
-    assert _delta(before)["hit"] == 2 and all(m.info["kernel_cache"] == "hit" for m in again.buckets.values())
+    memory = CacheMemory()
+    again = _llvm(model, directory, memory, batch_sizes=[1, 2])
+    assert memory.kernels["hit"] == 2 and all(m.info["kernel_cache"] == "hit" for m in again.buckets.values())
     x = zoo.random_inputs(model, seed=0)
     name, arr = next(iter(x.items()))
     batch = np.concatenate([arr, arr])
@@ -184,7 +171,6 @@ def test_a_warm_gpu_build_measures_nothing_loads_its_kernels_and_schedules_once(
     the kernels loaded, and only the chosen stream schedule made (not every candidate's), with the cold plan."""
     _need_vendor()
     directory = str(tmp_path / "cache")
-    _new_process()
     cold_timer = PlanCostTimer()
     first = _best(nasnet, directory, cold_timer)
     assert first.info["kernel_choice_check"]["kept"] == "best"  # the model check's compile was reused
@@ -194,11 +180,10 @@ def test_a_warm_gpu_build_measures_nothing_loads_its_kernels_and_schedules_once(
     made = []
     real = stream_choice.rescheduled
     monkeypatch.setattr(stream_choice, "rescheduled", lambda *a, **k: made.append(a[1]) or real(*a, **k))
-    _new_process()
-    before = _counts()
+    memory = CacheMemory()
     timer = PlanCostTimer()
-    again = _best(nasnet, directory, timer)
-    assert timer.total == 0 and again.info["kernel_cache"] == "hit" and _delta(before)["hit"] == 1
+    again = _best(nasnet, directory, timer, memory)
+    assert timer.total == 0 and again.info["kernel_cache"] == "hit" and memory.kernels["hit"] == 1
     assert len(made) <= 1  # the chosen cap's schedule (none when the widest won)
     assert _plan_digest(again) == _plan_digest(first)
     keys = ("kernel_choice", "kernel_choice_check", "gemm_algorithms", "streams_choice")
@@ -210,7 +195,6 @@ def test_a_stream_choice_entry_that_no_longer_gives_its_plan_is_not_used(nasnet,
     or damaged in a way that still parses) makes the build choose again from the cached replays."""
     _need_vendor()
     directory = str(tmp_path / "cache")
-    _new_process()
     first = _best(nasnet, directory, PlanCostTimer())
     (path,) = [os.path.join(d, f) for d, _, files in os.walk(directory) for f in files
                if os.path.basename(d) == "stream_choice"]
@@ -219,7 +203,6 @@ def test_a_stream_choice_entry_that_no_longer_gives_its_plan_is_not_used(nasnet,
     entry["value"]["plan"] = "0" * 32
     with open(path, "w") as f:
         json.dump(entry, f)
-    _new_process()
     timer = PlanCostTimer()
     again = _best(nasnet, directory, timer)
     assert timer.total == 0 and _plan_digest(again) == _plan_digest(first)
@@ -252,11 +235,9 @@ def test_a_warm_build_finds_a_capped_prioritized_stream_choice_of_an_inception_n
     googlenet build on an H100 measured its streams again and chose another plan)."""
     _need_vendor()
     directory = str(tmp_path / "cache")
-    _new_process()
     first = _best(inception, directory, _CappedSlackTimer())
     choice = first.info["streams_choice"]
     assert (choice["chosen"], choice["chosen_order"], choice["priority"]["kept"]) == (2, "slack", True)
-    _new_process()
     timer = _CappedSlackTimer()
     again = _best(inception, directory, timer)
     assert again.info["kernel_cache"] == "hit" and timer.total == 0

@@ -121,19 +121,19 @@ def test_a_bad_layout_is_one_line():
 
 
 def test_a_tvm_failure_on_the_channels_last_form_falls_back_to_the_models_layout_only_where_auto_chose_it():
-    from tvm_nimble.compiler import notes
     from tvm_nimble.compiler.build import nchw_fallback
+    from tvm_nimble.compiler.notes import Notes
 
-    notes._given.clear()
+    note = Notes()
     err = RuntimeError("InternalError: Check failed: Inconsistent buffers T_transpose and A")
     auto = BuildOptions.create(SM90, precision="fp16", timing_cache="off")
     with pytest.warns(UserWarning, match=r"TVM failed on the channels-last \(NHWC\) form .* building it in its own "
                                          r"layout \(NCHW\) instead"):
-        assert nchw_fallback(auto, err).data_layout == "nchw"
+        assert nchw_fallback(auto, err, note).data_layout == "nchw"
     for opts, error in ((auto.replace(layout="nhwc"), err), (BuildOptions.create(SM90, timing_cache="off"), err),
                         (auto, NimbleError("max_error exceeded"))):
         with pytest.raises(type(error)):
-            nchw_fallback(opts, error)
+            nchw_fallback(opts, error, note)
 
 
 def test_explain_names_the_layout_of_a_channels_last_build():
@@ -184,13 +184,12 @@ def test_cublaslt_takes_channels_last_1x1_convolutions_as_gemms(name, vendor_ref
 
 
 def test_the_fallback_note_says_where_a_message_less_tvm_error_was_raised():
-    from tvm_nimble.compiler import notes
     from tvm_nimble.compiler.build import nchw_fallback
+    from tvm_nimble.compiler.notes import Notes
 
     def lower_the_channels_last_module():
         raise RuntimeError()  # what a TVM error with only its kind looks like
 
-    notes._given.clear()
     try:
         lower_the_channels_last_module()
     except RuntimeError as raised:
@@ -198,4 +197,4 @@ def test_the_fallback_note_says_where_a_message_less_tvm_error_was_raised():
     auto = BuildOptions.create(SM90, precision="fp16", timing_cache="off")
     with pytest.warns(UserWarning, match=r"\(RuntimeError: RuntimeError, raised at tests/test_channels_last\.py:\d+ "
                                          r"\(lower_the_channels_last_module\)\)"):
-        nchw_fallback(auto, err)
+        nchw_fallback(auto, err, Notes())

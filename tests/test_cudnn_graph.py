@@ -13,7 +13,6 @@ from onnx.reference import ReferenceEvaluator
 
 from test_timing_cache import SM90, PlanCostTimer, _need_vendor
 from tvm_nimble import NimbleExecutor, build, zoo
-from tvm_nimble.compiler import notes
 from tvm_nimble.compiler.build import build_with
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.options import BuildOptions
@@ -73,7 +72,6 @@ class GraphCallsFail(PlanCostTimer):
 
 def test_a_provider_whose_calls_fail_on_the_gpu_is_left_out_with_a_note(tmp_path):
     _need_vendor()
-    notes._given.clear()
     with pytest.warns(UserWarning, match=r"cuDNN \(graph API\): its calls failed on this GPU \(.*test\); the kernel "
                                          r"choice leaves it out"):
         result = build_with(zoo.get_model("resnet"), BuildOptions.create(SM90, kernels="best", precision="tf32",

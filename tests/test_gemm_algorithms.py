@@ -10,6 +10,8 @@ import tvm
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.gemm_algorithms import choose_gemm_algorithms, gemm_calls, with_algorithms
+from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.session import BuildSession
 from tvm_nimble.relay_passes.vendor_offload import MATMUL, MATMUL_ADD, OffloadToVendor
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -44,7 +46,7 @@ def test_the_chosen_index_goes_into_those_calls_only_and_the_output_does_not_mov
 
 def test_without_a_gpu_of_the_arch_the_heuristics_first_stays():
     _, mod = _offloaded()
-    same, records = choose_gemm_algorithms(mod, CUDA)
+    same, records = choose_gemm_algorithms(mod, BuildSession(BuildOptions.create(CUDA, timing_cache="off")))
     assert records == [] and same is mod
 
 

@@ -129,9 +129,6 @@ def test_auto_without_a_gpu_here_is_vendor_with_a_note():
     ok, why = vendor_available()
     if not ok:
         pytest.skip(why)
-    from tvm_nimble.compiler import notes
-
-    notes._given.clear()
     with pytest.warns(UserWarning, match="no sm_90 GPU here"):
         result = build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, compile_kernels=False)
     assert result.info["kernels"] == "vendor" and result.plan.uses_vendor_kernels
@@ -230,21 +227,18 @@ def test_a_mix_predicted_within_one_percent_of_all_vendor_is_not_checked_and_all
     says why. A mix predicted far faster is still checked in the model."""
     from test_timing_cache import SM90, _need_vendor
 
-    from tvm_nimble.compiler import timing_cache
     from tvm_nimble.compiler.build import build_with
     from tvm_nimble.compiler.options import BuildOptions
 
     _need_vendor()
     model = zoo.get_model("inception")
     opts = BuildOptions.create(SM90, kernels="best", timing_cache=None, max_streams=1)
-    timing_cache.forget_in_memory()
     near = _NearTieTimer()
     result = build_with(model, opts, timer=near)
     assert "kernel_choice_check" not in result.info and near.calls["replay_ms"] == 0
     assert "under the 1% a model check can confirm: all-vendor kept" in result.info["kernel_choice_check_skipped"]
     assert all(t["kernel"] == "vendor" for t in result.info["kernel_choice"])
     assert result.info["kernel_choice_operators"].get("tvm", 0) == 0
-    timing_cache.forget_in_memory()  # a new process: the near tie's timings are not the far one's
     far = _NearTieTimer(faster="conv2d")
     checked = build_with(model, opts, timer=far)
     assert "kernel_choice_check" in checked.info and "kernel_choice_check_skipped" not in checked.info

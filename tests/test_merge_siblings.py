@@ -352,16 +352,16 @@ def test_auto_keeps_whichever_measured_faster_and_measures_it_once(vendor_ok, pe
     """merge='auto' on a GPU (the test's timer): the merged and the separate model, each one-stream and
     widest, replayed side by side; the faster side is built, the numbers are recorded, and a second build
     reads them from the timing cache instead of replaying again."""
-    from tvm_nimble.compiler import timing_cache
     from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.session import CacheMemory
     from tvm_nimble.relay_passes.vendor_offload import CONV2D
 
-    timing_cache.forget_in_memory()
+    memory = CacheMemory()  # what the first build measured, passed on to the second
     model = zoo.get_model("inception", blocks=1)
     options = BuildOptions.create(CUDA, kernels="vendor", merge="auto", max_streams=1, compile_kernels=False,
                                   timing_cache=None)
     timer = LaunchCountTimer(per_launch)
-    result = build_with(model, options, timer=timer)
+    result = build_with(model, options, timer=timer, cache=memory)
     record = result.info["merge_choice"]
     assert timer.replays == 1 and record["measured"]["kept"] == kept
     separate, merged_ms = record["measured"]["separate_ms"], record["measured"]["merged_ms"]
@@ -370,7 +370,7 @@ def test_auto_keeps_whichever_measured_faster_and_measures_it_once(vendor_ok, pe
     convs = sum(l.kernel == CONV2D for l in result.plan.launches)
     assert convs == (7 if kept == "merged" else 8)  # the two 1x1s feeding 3x3s merged, or apart
     again = LaunchCountTimer(per_launch)
-    assert build_with(model, options, timer=again).info["merge_choice"] == record and again.replays == 0
+    assert build_with(model, options, timer=again, cache=memory).info["merge_choice"] == record and again.replays == 0
 
 
 def test_the_cli_merges_on_compile_and_explain_shows_each_group(tmp_path):

@@ -50,22 +50,25 @@ def test_the_fp32_reference_is_kept_for_the_next_build_of_the_same_model_and_wei
     import onnx
     from onnx import numpy_helper
 
-    from tvm_nimble.compiler import accuracy, timing_cache
+    from tvm_nimble.compiler import accuracy
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.compiler.session import BuildSession, CacheMemory
 
-    timing_cache.forget_in_memory()
+    memory = CacheMemory()  # what one process's builds measured (no GPU here: nothing on disk)
     model = zoo.get_model("inception")
-    first = build(model, "llvm", precision="fp16")
-    second = build(model, "llvm", precision="bf16")
+    first = build_with(model, BuildOptions.create("llvm", precision="fp16"), cache=memory)
+    second = build_with(model, BuildOptions.create("llvm", precision="bf16"), cache=memory)
     assert first.info["accuracy"]["reference_cached"] is False
     assert second.info["accuracy"]["reference_cached"] is True
-    timing_cache.forget_in_memory()  # a reference built again, stock TVM on this CPU, gives the same error
-    fresh = accuracy.measure(import_model(model), second, tvm.cpu())
+    # a reference built again (a new session), stock TVM on this CPU, gives the same error
+    fresh = accuracy.measure(import_model(model), second, tvm.cpu(), BuildSession(second.options))
     assert fresh["reference_cached"] is False and fresh["rel_l2"] == second.info["accuracy"]["rel_l2"]
     other = onnx.ModelProto()
     other.CopyFrom(model)
     w = other.graph.initializer[0]
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 0.5, w.name))
-    rebuilt = build(other, "llvm", precision="bf16")
+    rebuilt = build_with(other, BuildOptions.create("llvm", precision="bf16"), cache=memory)
     assert rebuilt.info["accuracy"]["reference_cached"] is False  # other weights: not the first model's reference
     assert 0 < rebuilt.info["accuracy"]["rel_l2"] < BOUND["bf16"]
 
@@ -384,3 +387,32 @@ def test_a_half_precision_classifier_reads_the_mean_kernel_directly():
     writer = {root(w): l.kernel for l in plan.launches for w in l.writes}
     gemm = [l for l in plan.launches if l.kernel.startswith("nimble.cublas.")][-1]
     assert "mean" in writer[root(gemm.args[0])]
+
+
+def _overflowing_model():
+    """y = sum(1e5 * (x @ W)): finite in float32 (|y| ~ 1e6), but x @ W computes in fp16 and 1e5 times it
+    overflows fp16's 65504, so the fp16 build's sum is infinite or NaN."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((16, 16)).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "scale"], ["s"]),
+         helper.make_node("ReduceSum", ["s"], ["y"], keepdims=0)],
+        "overflow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(1e5, "float32"), "scale")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("max_error", [None, 1.0])
+def test_a_build_whose_outputs_overflow_where_float32s_are_finite_fails_in_one_line(max_error):
+    model = _overflowing_model()
+    x = zoo.random_inputs(model, seed=0)
+    assert np.all(np.isfinite(ReferenceEvaluator(model).run(None, x)[0]))  # float32 is finite
+    with pytest.raises(NimbleError, match=r"^the fp16 build's outputs hold \d+ NaN or infinite values where "
+                                          r"float32's are finite") as raised:
+        build(model, "llvm", precision="fp16", max_error=max_error, timing_cache="off")
+    assert "\n" not in str(raised.value)
+    # bf16 keeps float32's exponent: no overflow, and the build passes
+    assert np.isfinite(build(model, "llvm", precision="bf16", timing_cache="off").info["accuracy"]["rel_l2"])

@@ -16,6 +16,8 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.gemm_algorithms import choose_gemm_algorithms, gemm_calls
+from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.session import BuildSession
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
@@ -138,7 +140,7 @@ def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
     before = list(gemm_calls(mod))
     names = (simt_gemm.MATMUL, simt_gemm.MATMUL_ADD, "nimble.cublas.matmul", "nimble.cublas.batched_matmul")
     assert {name for _, name, _ in before} == set(names)  # the classifier (N = 10) and attention's on cuBLASLt
-    chosen, records = choose_gemm_algorithms(mod, target, ThirdIsFastest())
+    chosen, records = choose_gemm_algorithms(mod, BuildSession(BuildOptions.create(target, timing_cache="off"), ThirdIsFastest()))
     assert not list(gemm_calls(chosen))  # every call carries its index now
     indices = {name: {attrs[-1] for n, attrs, _ in _calls(chosen) if n == name} for name in names}
     assert indices == dict(zip(names, [{2}, {2}, {3}, {3}]))

@@ -20,10 +20,11 @@ import warnings
 import pytest
 
 from tvm_nimble import zoo
-from tvm_nimble.compiler import notes, timing_cache
+from tvm_nimble.compiler import timing_cache
 from tvm_nimble.compiler.build import PHASES, build, build_with
 from tvm_nimble.compiler.kernel_choice import select_kernels
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.session import BuildSession, CacheMemory
 from tvm_nimble.compiler.stages import apply_precision, import_model
 from tvm_nimble.compiler.timers import LocalGPU
 from tvm_nimble.errors import NimbleError
@@ -88,20 +89,15 @@ def nasnet():
     return zoo.get_model("nasnet")
 
 
-def _build(model, cache, timer):
-    return build_with(model, BuildOptions.create(SM90, kernels="best", timing_cache=cache), timer=timer)
+def _build(model, cache, timer, memory=None):
+    """A build in a session of its own (as in a new process), or sharing ``memory`` with earlier ones."""
+    return build_with(model, BuildOptions.create(SM90, kernels="best", timing_cache=cache), timer=timer, cache=memory)
 
 
 def _decisions(result) -> dict:
     """Everything the measurements decided, as the artifact records it."""
     keys = ("kernel_choice", "kernel_choice_check", "gemm_algorithms", "streams_choice")
     return {"plan": result.plan.to_json(), **{k: result.info.get(k) for k in keys}}
-
-
-def _new_process():
-    """What a new process starts with: nothing measured in memory, no note given yet."""
-    timing_cache.forget_in_memory()
-    notes._given.clear()
 
 
 def _entries(directory) -> list[str]:
@@ -116,7 +112,6 @@ def cold(nasnet, tmp_path_factory):
     """A first build, into an empty cache: (cache directory, timer, result)."""
     _need_vendor()
     directory = str(tmp_path_factory.mktemp("timings"))
-    _new_process()
     timer = PlanCostTimer()
     result = _build(nasnet, directory, timer)
     return directory, timer, result
@@ -136,7 +131,6 @@ def test_the_cold_build_measures_every_kind_and_writes_it(cold):
 
 def test_a_second_build_measures_nothing_and_gives_the_same_plan(nasnet, cold):
     directory, _, first = cold
-    _new_process()
     timer = PlanCostTimer()
     again = _build(nasnet, directory, timer)
     assert timer.calls == {"launch_ms": 0, "replay_ms": 0, "gemm_us": 0}
@@ -158,13 +152,11 @@ def test_corrupt_entries_are_one_note_and_measured_again(nasnet, cold, tmp_path)
             bad = json.dumps(entry).encode()
         with open(path, "wb") as f:
             f.write(bad)
-    _new_process()
     timer = PlanCostTimer()
     with pytest.warns(UserWarning, match="ignoring unreadable timing-cache entries") as caught:
         again = _build(nasnet, copy, timer)
     assert sum("timing-cache" in str(w.message) for w in caught) == 1  # one line, however many entries
     assert timer.calls == cold_timer.calls and _decisions(again) == _decisions(first)
-    _new_process()
     third = PlanCostTimer()
     _build(nasnet, copy, third)  # the entries were rewritten whole
     assert third.total == 0
@@ -175,7 +167,6 @@ def test_another_gpus_entries_are_ignored_with_a_note(nasnet, cold, tmp_path):
     copy = str(tmp_path / "timings")
     _copy_tree(directory, copy)
     new_driver = {**GPU_A, "driver": "2.0"}
-    _new_process()
     timer = PlanCostTimer(new_driver)
     note = r"entries of 1 other GPU.*none of this build's \(Test GPU sm_90, driver 2.0\)"
     with pytest.warns(UserWarning, match=note):
@@ -187,7 +178,6 @@ def test_another_gpus_entries_are_ignored_with_a_note(nasnet, cold, tmp_path):
     b_dir = os.path.join(copy, timing_cache.TimingCache(copy, gpu_b, {}).gpu_id)
     (a_dir,) = [d for d in os.listdir(directory) if d != timing_cache.KERNELS_FOLDER]
     _copy_tree(os.path.join(directory, a_dir), b_dir)
-    _new_process()
     timer = PlanCostTimer(gpu_b)
     with pytest.warns(UserWarning, match="ignoring timing-cache entries .* that another GPU, driver, library"):
         again = _build(nasnet, copy, timer)
@@ -204,7 +194,6 @@ def test_entries_of_another_tvm_nimble_version_are_stale(nasnet, cold, tmp_path)
         entry["context"]["code"] = "an older tvm-nimble"
         with open(path, "w") as f:
             json.dump(entry, f)
-    _new_process()
     timer = PlanCostTimer()
     with pytest.warns(UserWarning, match="another GPU, driver, library, TVM or tvm-nimble version measured"):
         again = _build(nasnet, copy, timer)
@@ -222,7 +211,6 @@ def test_timing_cache_off_writes_nothing_and_the_default_follows_xdg(nasnet, tmp
     with pytest.raises(NimbleError, match="timing_cache must be a directory path"):
         BuildOptions.create("llvm", timing_cache=3)
     monkeypatch.delenv("XDG_CACHE_HOME")  # the vendor extension stays in the run's cache
-    _new_process()
     timer = PlanCostTimer()
     result = _build(nasnet, None, timer)
     assert timer.total > 0 and result.info["kernel_choice"]
@@ -232,10 +220,9 @@ def test_timing_cache_off_writes_nothing_and_the_default_follows_xdg(nasnet, tmp
 def test_what_one_process_measured_is_not_measured_again_with_the_cache_off(nasnet):
     """The in-memory half: the stock-TVM baseline and other builds of a benchmark in one process."""
     _need_vendor()
-    _new_process()
-    first, second = PlanCostTimer(), PlanCostTimer()
-    a = _build(nasnet, "off", first)
-    b = _build(nasnet, "off", second)
+    first, second, memory = PlanCostTimer(), PlanCostTimer(), CacheMemory()
+    a = _build(nasnet, "off", first, memory)
+    b = _build(nasnet, "off", second, memory)
     assert first.total > 0 and second.total == 0 and _decisions(a) == _decisions(b)
 
 
@@ -243,10 +230,9 @@ def test_the_model_checks_build_is_rescheduled_not_compiled_again(nasnet):
     """The kept module was compiled one-stream by the model check: the build reschedules it, and gets the
     plan and info a fresh compile of the same module gives."""
     _need_vendor()
-    _new_process()
     timer = PlanCostTimer()
     opts = BuildOptions.create(SM90, kernels="best", timing_cache=None, max_streams=None)
-    selection = select_kernels(apply_precision(import_model(nasnet), opts), opts, timer)
+    selection = select_kernels(apply_precision(import_model(nasnet), opts), BuildSession(opts, timer))
     assert selection.check.kept == "best" and selection.built is not None and selection.algorithms
     reused = build_with(selection, opts, timer=timer)
     fresh = build_with(dataclasses.replace(selection, built=None), opts, timer=timer)
@@ -266,7 +252,6 @@ def test_every_probe_is_compiled_and_timed_once_and_the_attention_probe_holds_th
     stay constants, so the attention kernel takes the chain there (as a parameter the probe had TVM's kernels
     only: built and timed twice, the provider's "time" being TVM's). No probe plan is timed twice."""
     _need_vendor()
-    _new_process()
     timer = PlanCostTimer()
     result = _build(zoo.get_model("vit"), None, timer)
     (attention,) = [t for t in result.info["kernel_choice"] if t["provider"] == "attention"]
@@ -276,7 +261,6 @@ def test_every_probe_is_compiled_and_timed_once_and_the_attention_probe_holds_th
 
 def test_a_schedule_with_one_candidate_is_not_replayed():
     """A chain (densenet's dense layers) has one schedule whatever the cap: nothing to choose or measure."""
-    _new_process()
     timer = PlanCostTimer()
     result = build_with(zoo.densenet(), BuildOptions.create(SM90, kernels="tvm", timing_cache=None), timer=timer)
     record = result.info["streams_choice"]
@@ -316,9 +300,10 @@ def test_cli_timing_cache_flag_reaches_the_options(tmp_path):
 
 def test_a_machine_without_a_gpu_has_an_empty_fingerprint_and_keeps_nothing_on_disk(tmp_path):
     assert LocalGPU().fingerprint() == {}  # no GPU here: no crash, nothing to key a file by
-    cache = timing_cache.for_build(BuildOptions.create(SM90, timing_cache=str(tmp_path)), LocalGPU())
-    cache.put("chain", ["k"], [1.0, 2.0])
-    assert cache.directory is None and os.listdir(tmp_path) == [] and cache.get("chain", ["k"]) == [1.0, 2.0]
+    session = BuildSession(BuildOptions.create(SM90, timing_cache=str(tmp_path)), LocalGPU())
+    key = session.key("gemm", signature="k")
+    session.keep(key, [1.0, 2.0])
+    assert not key.persistent and os.listdir(tmp_path) == [] and session.cached(key) == [1.0, 2.0]
 
 
 def _writer(directory, n):
@@ -337,12 +322,10 @@ def test_builds_writing_at_once_never_leave_a_partial_entry(tmp_path):
     procs = [ctx.Process(target=_writer, args=(directory, 300)) for _ in range(2)]
     for p in procs:
         p.start()
-    _new_process()
     reads = 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a note about an unreadable entry fails the test
         while any(p.is_alive() for p in procs) or reads < 50:
-            timing_cache.forget_in_memory()
             value = reader.get("replay_ms", ["same key"])
             assert value is not None and len(value) == 2000 and len(set(value)) == 1
             reads += 1
@@ -385,7 +368,6 @@ def test_tvms_kernels_for_all_providers_chains_are_built_and_timed_once(nasnet):
             self.tvm_only.append(not any(l.kernel.startswith("nimble.") for l in result.plan.launches))
             return super().launch_ms(result, reps)
 
-    _new_process()
     timer = Recording()
     result = build_with(nasnet, BuildOptions.create(SM90, kernels="best", timing_cache="off"), timer=timer)
     timings = result.info["kernel_choice"]

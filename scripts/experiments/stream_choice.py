@@ -25,12 +25,13 @@ import gpu_args  # the shared command line, beside this script in scripts/experi
 def main(argv=None):
     args, target = gpu_args.parse(__doc__, argv, "tv:googlenet", batches_and_kernels=True)
     from tvm_nimble.compiler.build import build
+    from tvm_nimble.compiler.session import BuildSession
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize
 
     rows = []
     for _, batch, name, model in gpu_args.models_and_batches(args):
         widest = build(model, target, max_streams=None, kernels=args.kernels)
-        chosen, record = choose_streams(widest)
+        chosen, record = choose_streams(widest, BuildSession(widest.options))
         print(f"{name} batch {batch}: {summarize(record)}", flush=True)
         times = {(c["max_streams"], c["order"]): c.get("measured_ms") for c in record["candidates"]}
         prio = record.get("priority") or {}

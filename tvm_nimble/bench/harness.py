@@ -69,8 +69,9 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     build, and loading it to run (an executor, a CUDA graph's capture); None where a part was given already.
     A system named in ``skip`` is neither built nor returned.
     """
-    from tvm_nimble.compiler.build import build_with, choose_kernels, with_nchw_fallback
+    from tvm_nimble.compiler.build import choose_kernels, with_nchw_fallback
     from tvm_nimble.compiler.kernel_choice import Selection, summarize
+    from tvm_nimble.compiler.session import BuildSession
     from tvm_nimble.compiler.stages import import_model
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize as summarize_streams
@@ -80,11 +81,13 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     from tvm_nimble.compiler.merge_choice import summarize as summarize_merge
 
     start = time.perf_counter()
+    session = BuildSession(options)  # one timer and cache for the kernel choice, the builds and the stream choice
     if isinstance(model, Selection):
         selection = model
     else:  # the same merged (or separate) module for stock TVM and Nimble: the same kernels
         fp32_mod = import_model(model)
-        (selection, merge_record), options = with_nchw_fallback(lambda o: choose_kernels(fp32_mod, o), options)
+        (selection, merge_record), session = with_nchw_fallback(lambda s: choose_kernels(fp32_mod, s), session)
+        options = session.options
         for line in summarize_merge(merge_record)[:1]:
             print(f"[bench] {line}", flush=True)
     shared_s = None if isinstance(model, Selection) else time.perf_counter() - start
@@ -117,13 +120,13 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     t0 = time.perf_counter()
     nimble_s = None if nimble is not None else shared_s
     if nimble is None:
-        nimble = build_with(selection, options.replace(max_streams=None))
+        nimble = session.with_options(options.replace(max_streams=None)).build(selection)
         parts["Nimble's build"] = time.perf_counter() - t0
     nimble_s = since(t0, nimble_s)
     variants = [(NIMBLE_SYSTEMS[mode], nimble, mode, nimble_s) for mode in (GPU_MODES if use_gpu else ("sequential",))]
     if use_gpu and getattr(nimble, "lowered", None) is not None and "nimble-auto" not in skip:
         t0 = time.perf_counter()
-        auto, record = choose_streams(nimble)  # the same kernels, the stream cap measured here
+        auto, record = choose_streams(nimble, session)  # the same kernels, the stream cap measured here
         print(f"[bench] {summarize_streams(record)}", flush=True)
         variants.append(("nimble-auto", auto, "cuda-graph", since(t0, nimble_s)))
         parts["stream choice"] = time.perf_counter() - t0

@@ -15,7 +15,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
 
     from tvm_nimble import zoo
     from tvm_nimble.bench.harness import check_agreement, interleaved_timing, tvm_systems
-    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.session import BuildSession
     from tvm_nimble.compiler.frontend import from_onnx, load_onnx_model
     from tvm_nimble.compiler.kernel_choice import select_kernels, summarize as summarize_kernel_choice
     from tvm_nimble.compiler.options import BuildOptions
@@ -34,8 +34,9 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     print(f"model: {name}   target: {tgt.kind.name}{' ' + str(tgt.attrs['arch']) if use_gpu else ''}")
 
     options = BuildOptions(tgt, max_streams=None)  # Nimble's widest schedule
-    selection = select_kernels(from_onnx(model), options)  # the same kernels for Nimble and stock TVM
-    nimble = build_with(selection, options)
+    session = BuildSession(options)
+    selection = select_kernels(from_onnx(model), session)  # the same kernels for Nimble and stock TVM
+    nimble = session.build(selection)
     plan = nimble.plan
     if selection.kernels == "best":
         print(summarize_kernel_choice(selection.timings, selection.check, selection.operators,

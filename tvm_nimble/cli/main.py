@@ -58,15 +58,17 @@ def cmd_demo(args):
 
 def cmd_compile(args):
     from tvm_nimble.cli.progress import phase_listener, spinner
-    from tvm_nimble.compiler.build import build, watch_phases
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.explain import summarize_phases
     from tvm_nimble.runtime.artifact import check_output_path
 
     if os.path.isfile(args.model):  # (a missing model is named by the build)
         check_output_path(args.output, args.force, replace_hint="pass --force")  # before the build, not after it
     message = f"compiling {os.path.basename(args.model)} for {args.target}"
-    with spinner(message) as bar, watch_phases(phase_listener(bar, message)):
-        module = build(args.model, _target(args), shape_dict=_shape_dict(args.shape), **build_options(args))
+    with spinner(message) as bar:
+        module = build_with(args.model, BuildOptions.create(_target(args), **build_options(args)),
+                            shape_dict=_shape_dict(args.shape), on_phase=phase_listener(bar, message))
         module.export(args.output, overwrite=args.force)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "

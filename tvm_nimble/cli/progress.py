@@ -34,7 +34,7 @@ def spinner(message: str):
 
 
 def phase_listener(bar, message: str):
-    """A listener for ``compiler.build.watch_phases``: the spinner ``bar`` shows "message (phase)" while a
+    """A listener for ``compiler.build.build_with``'s ``on_phase``: the spinner ``bar`` shows "message (phase)" while a
     build phase runs (nothing without a bar)."""
     def listen(phase: str) -> None:
         if bar is not None:

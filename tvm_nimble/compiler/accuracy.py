@@ -5,9 +5,12 @@ the build's target; the inputs are seeded, and a report counts only when the ref
 depends on the input (a random-init model can collapse to a constant, and then every build agrees).
 
 Building that reference is a whole stock TVM build (13.5 of a warm googlenet fp16 build's 22.7 s on an
-H100), so its outputs are kept in the timing cache (:mod:`.timing_cache`, kind ``fp32_reference``), keyed
-by the float32 module's structural hash (its weights included), the seeds and the inputs' shapes: the
+H100), so its outputs are kept in the build session's cache (:mod:`.session`, kind ``fp32_reference``),
+keyed by the float32 module's structural hash (its weights included), the seeds and the inputs' shapes: the
 next build of the same model on the same GPU, in any precision, measures its error against them.
+
+A build whose outputs hold NaN or infinity where float32's are finite (an fp16 overflow) fails, with or without
+``max_error``: its relative L2 error is NaN, which no bound compares above.
 """
 from __future__ import annotations
 
@@ -15,11 +18,9 @@ import base64
 
 import numpy as np
 import tvm
-import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 
-from . import timing_cache
 
 #: seeds of the inputs the error is measured on
 SEEDS = (0, 1)
@@ -38,16 +39,17 @@ def rel_l2(out: list, ref: list) -> float:
 
 def unmeasurable(options) -> str | None:
     """Why this machine cannot run a build for ``options.target``, or None when it can."""
-    from .timers import LocalGPU, has_gpu_for
+    from .target import local_gpu_arch
 
-    if options.is_cuda and (options.rpc_tracker or not has_gpu_for(LocalGPU(), options.target)):
+    if options.is_cuda and (options.rpc_tracker or local_gpu_arch() != options.arch):
         return f"no GPU of the target's arch ({options.arch}) on this machine"
     return None
 
 
-def report(fp32_mod: tvm.IRModule | None, result, options) -> dict:
-    """The accuracy report of ``result`` (built with ``options``) against ``fp32_mod``, measured where
-    the build's target can run here; else the reason it is not."""
+def report(fp32_mod: tvm.IRModule | None, result, session) -> dict:
+    """The accuracy stage of a build session: the report of ``result`` against ``fp32_mod``, measured where the
+    build's target can run here; else the reason it is not."""
+    options = session.options
     why = unmeasurable(options)
     if fp32_mod is None:
         why = "the build started from a kernel selection, not the model"
@@ -55,43 +57,47 @@ def report(fp32_mod: tvm.IRModule | None, result, options) -> dict:
         why = "kernels were not compiled"
     if why is not None:
         return {"precision": options.precision, "rel_l2": None, "why": why}
-    return measure(fp32_mod, result, tvm.cuda(0) if options.is_cuda else tvm.cpu())
+    return measure(fp32_mod, result, tvm.cuda(0) if options.is_cuda else tvm.cpu(), session)
 
 
-def measure(fp32_mod: tvm.IRModule, result, device) -> dict:
+def measure(fp32_mod: tvm.IRModule, result, device, session) -> dict:
     """{precision, rel_l2 (the largest over :data:`SEEDS`), reference, input_dependent, reference_cached} of
-    ``result``."""
+    ``result``, and ``non_finite``: how many output values are NaN or infinite where the reference's are finite
+    (only where some are). The reference comes from (and goes to) ``session``'s cache."""
     from tvm_nimble.runtime.executor import NimbleExecutor
     from tvm_nimble.runtime.timing import random_inputs
 
     target = result.options.target
     inputs = [random_inputs(result.plan, seed) for seed in SEEDS]
-    refs, cached = reference_outputs(fp32_mod, inputs, result.options, device)
+    refs, cached = reference_outputs(fp32_mod, inputs, session, device)
     executor = NimbleExecutor(result, device=device)
-    errors = [rel_l2([o.numpy() for o in executor(*x)], ref) for x, ref in zip(inputs, refs)]
+    outs = [[o.numpy() for o in executor(*x)] for x in inputs]
+    errors = [rel_l2(out, ref) for out, ref in zip(outs, refs)]
     spread = rel_l2(refs[1], refs[0])
-    return {"precision": result.options.precision, "rel_l2": max(errors), "seeds": len(SEEDS),
-            "reference": f"float32, stock TVM on {target.kind.name}", "input_dependent": spread > 10 * max(errors),
-            "reference_cached": cached}
+    report = {"precision": result.options.precision, "rel_l2": max(errors), "seeds": len(SEEDS),
+              "reference": f"float32, stock TVM on {target.kind.name}", "input_dependent": spread > 10 * max(errors),
+              "reference_cached": cached}
+    non_finite = sum(int(np.sum(~np.isfinite(o) & np.isfinite(r))) for out, ref in zip(outs, refs)
+                     for o, r in zip(out, ref))
+    if non_finite:
+        report["non_finite"] = non_finite
+    return report
 
 
-def reference_outputs(fp32_mod: tvm.IRModule, inputs: list, options, device) -> tuple[list, bool]:
+def reference_outputs(fp32_mod: tvm.IRModule, inputs: list, session, device) -> tuple[list, bool]:
     """(stock TVM's float32 outputs of ``fp32_mod`` on each input list of ``inputs``, whether they came from the
-    timing cache). Computed outputs are kept there for the next build (up to :data:`MAX_CACHED_BYTES`)."""
-    from .timers import LocalGPU
-
-    cache = timing_cache.for_build(options, LocalGPU())
-    key = [str(tvm_ffi.structural_hash(fp32_mod)), list(SEEDS),
-           [[[list(np.shape(x)), str(np.asarray(x).dtype)] for x in xs] for xs in inputs]]
-    found = cache.get(REFERENCE_KIND, key, valid=lambda value: _decoded(value) is not None)
+    session's cache). Computed outputs are kept there for the next build (up to :data:`MAX_CACHED_BYTES`)."""
+    key = session.key(REFERENCE_KIND, fp32_mod, seeds=list(SEEDS),
+                      inputs=[[[list(np.shape(x)), str(np.asarray(x).dtype)] for x in xs] for xs in inputs])
+    found = session.cached(key, valid=lambda value: _decoded(value) is not None)
     if found is not None:
         return _decoded(found), True
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
-    reference = StockVM(build_stock_vm(fp32_mod, options.target), device, [])
+    reference = StockVM(build_stock_vm(fp32_mod, session.target), device, [])
     refs = [_outputs(reference.main(*[tvm.runtime.tensor(x, device) for x in xs])) for xs in inputs]
     if sum(r.nbytes for outs in refs for r in outs) <= MAX_CACHED_BYTES:
-        cache.put(REFERENCE_KIND, key, [[_encode(r) for r in outs] for outs in refs])
+        session.keep(key, [[_encode(r) for r in outs] for outs in refs])
     return refs, False
 
 
@@ -120,7 +126,12 @@ def _outputs(out) -> list[np.ndarray]:
 
 
 def check(report: dict, max_error: float | None) -> None:
-    """A one-line error when the measured error is over ``max_error``."""
+    """A one-line error when the build's outputs are NaN or infinite where float32's are finite (whatever
+    ``max_error``), or when the measured error is over ``max_error``."""
+    if report.get("non_finite"):
+        raise NimbleError(f"the {report['precision']} build's outputs hold {report['non_finite']} NaN or infinite "
+                          "values where float32's are finite (an overflow of the reduced precision): build in a wider "
+                          "precision (bf16, tf32 or fp32), or keep the overflowing operators in float32 (keep_fp32)")
     if max_error is None:
         return
     if report.get("rel_l2") is None:

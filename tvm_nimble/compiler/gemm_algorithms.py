@@ -24,7 +24,6 @@ from tvm_nimble.relay_passes.providers import cublaslt, provider_of, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
 from . import timing_cache
-from .timers import LocalGPU, has_gpu_for
 
 #: calls per candidate timing
 REPS = 20
@@ -81,26 +80,21 @@ def with_algorithms(mod: tvm.IRModule, chosen: dict[str, int]) -> tvm.IRModule:
     return out
 
 
-def choose_gemm_algorithms(mod: tvm.IRModule, target: tvm.target.Target, timer=None,
-                           options=None) -> tuple[tvm.IRModule, list[dict]]:
-    """``mod`` with each cuBLASLt call's fastest algorithm measured on ``timer``'s GPU (default: this
-    machine's; a timer that cannot time them, such as a remote one, leaves the heuristic's first), and a
-    record per distinct call: its signature, the candidates' microseconds and the index chosen.
-    ``options`` (the build's) name the timing cache; without them the times are kept in this process only."""
-    timer = timer or LocalGPU()
-    if getattr(timer, "gemm_us", None) is None or not has_gpu_for(timer, target):
+def choose_gemm_algorithms(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, list[dict]]:
+    """``mod`` with each cuBLASLt call's fastest algorithm measured on the build session's GPU (a timer that
+    cannot time them, such as a remote one, leaves the heuristic's first), and a record per distinct call: its
+    signature, the candidates' microseconds and the index chosen. The times are kept in the session's cache
+    (kind ``gemm``, by the call's signature)."""
+    timer = session.timer
+    if getattr(timer, "gemm_us", None) is None or not session.can_measure():
         return mod, []
-    cache = timing_cache.for_build(options, timer)
     chosen, records, seen = {}, [], set()
     for b, name, sig in gemm_calls(mod):
         if sig in seen:
             continue
         seen.add(sig)
-        key = [str(target.attrs["arch"]), sig, REPS]
-        us = cache.get("gemm", key, valid=timing_cache.numbers())
-        if us is None:
-            us = timer.gemm_us(_TIMINGS[name], b.value, REPS)
-            cache.put("gemm", key, us)
+        us = session.measured(session.key("gemm", signature=sig, reps=REPS),
+                              lambda: timer.gemm_us(_TIMINGS[name], b.value, REPS), valid=timing_cache.numbers())
         best = int(np.argmin(us)) if us else 0
         provider = provider_of(name).name
         # cuBLASLt's candidate 0 is its heuristic's first, the library's default: kept unless beaten by MARGIN

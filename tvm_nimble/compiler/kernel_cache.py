@@ -3,12 +3,12 @@
 With every measurement in the timing cache (:mod:`.timing_cache`), what a second build of a model still
 spent its time on was TVM's lowering (legalization, fusion, DLight or tuned schedules: the "lower" phase)
 and code generation (TIR passes, CUDA and host code, nvcc: "generate"): 7 s each for densenet121 on an
-H200, the same work every time. Like torch.compile's FX-graph cache, the build keeps both, keyed by what
-decides them: the structural hash of the Relax module that goes into lowering (its kernels already
-chosen, providers' calls and weights in it), the tuning database's contents, the lowering options
-(concatenations in place, split views), and the context of the timing cache (this format, TVM's version,
-a digest of tvm-nimble's sources, the target). The kernels do not depend on the GPU, so an entry serves
-every GPU of the target's arch. An entry is a folder beside the timing cache's GPUs:
+H200, the same work every time. Like torch.compile's FX-graph cache, the build keeps both, under the build
+session's key of kind ``kernels`` (:meth:`.session.BuildSession.key`): the structural hash of the Relax module
+that goes into lowering (its kernels already chosen, providers' calls and weights in it), the tuning database's
+contents, the lowering options (concatenations in place, split views), and the context (this format, TVM's
+version, a digest of tvm-nimble's sources, the target with its arch). The kernels do not depend on the GPU, so an
+entry serves every GPU of the target's arch. An entry is a folder beside the timing cache's GPUs:
 
     <timing cache>/kernels/<key digest>/lowered.json   the lowered module (tvm.ir.save_json), its weights
                                                        as placeholders
@@ -32,7 +32,7 @@ densenet121), once per model.
 
 ``info["kernel_cache"]`` says what the build did: "hit" (loaded from here), "stored" (compiled and kept),
 "present" (compiled by the model check, and an entry was there already) or "miss" (compiled, not kept);
-:data:`stats` counts loads, misses and writes in this process. ``kernel_cache=False`` (or
+the session's :class:`~.session.CacheMemory` counts loads, misses and writes. ``kernel_cache=False`` (or
 ``timing_cache="off"``) turns it off.
 """
 from __future__ import annotations
@@ -51,8 +51,6 @@ import tvm_ffi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.artifact import file_sha256
 
-from .notes import note_once
-from .timing_cache import KERNELS_FOLDER, context_of, tuning_db_digest
 
 #: bumped when an entry's layout or meaning changes
 FORMAT = 1
@@ -63,9 +61,6 @@ _LOWERED, _WEIGHTS, _LIBRARY, _ENTRY = "lowered.json", "weights.bin", "kernels.s
 WEIGHT_BYTES = 1024
 _PLACEHOLDER = "__nimble_cached_weight_"
 
-#: this process's counts: entries loaded ("hit"), builds that found none ("miss"), entries written ("stored"),
-#: entries ignored as unreadable or foreign ("rejected")
-stats = {"hit": 0, "miss": 0, "stored": 0, "rejected": 0}
 
 
 @dataclass
@@ -74,37 +69,19 @@ class Hit:
     library: object  # tvm.runtime.Module, loaded from the entry; its export_library copies the entry's file
 
 
-def for_options(options) -> "KernelCache | None":
-    """The compiled-kernel cache of a build with ``options``, or None when it keeps none (no timing-cache
-    directory, ``kernel_cache`` off, or no kernels compiled)."""
-    if not options.timing_cache or not options.kernel_cache or not options.compile_kernels:
-        return None
-    return KernelCache(os.path.join(options.timing_cache, KERNELS_FOLDER))
-
-
 class KernelCache:
-    """Lowered modules and kernel libraries under ``directory``: :meth:`key`, :meth:`load`, :meth:`store`."""
+    """Lowered modules and kernel libraries under ``directory``, by :class:`~.session.CacheKey`: :meth:`load`,
+    :meth:`store`. ``stats``: the counts to add to; ``note(text)``: where the one-line notes go."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
-
-    @staticmethod
-    def key(mod: tvm.IRModule, options, mod_hash: int | None = None) -> list:
-        """What the lowered module and the library of ``mod`` built with ``options`` depend on; ``mod_hash``:
-        ``mod``'s structural hash taken before it was lowered (lowering changes it in place)."""
-        mod_hash = tvm_ffi.structural_hash(mod) if mod_hash is None else mod_hash
-        return [FORMAT, context_of(options.target), str(mod_hash),
-                tuning_db_digest(options.tuning_db), bool(options.concat_in_place), options.merge != "off"]
+    def __init__(self, directory: str, stats: dict, note):
+        self.directory, self.stats, self.note = directory, stats, note
 
     @staticmethod
-    def digest(key) -> str:
-        """``key`` (see :meth:`key`) as the name of its entry: what identifies a build's kernels across processes
-        (the stream choice's measurements are kept under it; a loaded lowered module's structural hash is not
-        the one it had when it was built)."""
-        return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:40]
+    def _entry_key(key) -> list:
+        return json.loads(json.dumps([key.kind, key.what, key.context], sort_keys=True))
 
     def path(self, key) -> str:
-        return os.path.join(self.directory, self.digest(key))
+        return os.path.join(self.directory, key.digest)
 
     def has(self, key) -> bool:
         """Whether an entry of ``key`` is there (not whether it is usable)."""
@@ -118,11 +95,11 @@ class KernelCache:
             with open(os.path.join(folder, _ENTRY), encoding="utf-8") as f:
                 entry = json.load(f)
         except FileNotFoundError:
-            stats["miss"] += 1
+            self.stats["miss"] += 1
             return None
         except (OSError, ValueError):
             return self._rejected()
-        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != json.loads(json.dumps(key)):
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != self._entry_key(key):
             return self._rejected()
         files = entry.get("files")
         if not isinstance(files, dict) or set(files) != {_LOWERED, _WEIGHTS, _LIBRARY}:
@@ -150,13 +127,13 @@ class KernelCache:
             os.utime(os.path.join(folder, _ENTRY))  # recently used: the last to be dropped
         except OSError:
             pass
-        stats["hit"] += 1
+        self.stats["hit"] += 1
         return Hit(lowered, library)
 
     def _rejected(self):
-        stats["rejected"] += 1
-        stats["miss"] += 1
-        note_once(f"ignoring unreadable compiled-kernel cache entries under {self.directory}: the kernels are "
+        self.stats["rejected"] += 1
+        self.stats["miss"] += 1
+        self.note(f"ignoring unreadable compiled-kernel cache entries under {self.directory}: the kernels are "
                   "compiled again and the entries rewritten (delete the folder, or pass kernel_cache=False, if "
                   "this repeats)", stacklevel=5)
         return None
@@ -183,7 +160,7 @@ class KernelCache:
             library.export_library(os.path.join(staging, _LIBRARY))
             files[_LIBRARY] = file_sha256(os.path.join(staging, _LIBRARY))
             with open(os.path.join(staging, _ENTRY), "w", encoding="utf-8") as f:
-                json.dump({"format": FORMAT, "key": key, "files": files}, f, sort_keys=True)
+                json.dump({"format": FORMAT, "key": self._entry_key(key), "files": files}, f, sort_keys=True)
             if os.path.exists(folder):  # an unusable entry (a usable one was loaded instead): out of the way
                 old = os.path.join(self.directory, f".old-{uuid.uuid4().hex[:12]}")
                 try:
@@ -200,12 +177,12 @@ class KernelCache:
         finally:
             if os.path.isdir(staging):
                 shutil.rmtree(staging, ignore_errors=True)
-        stats["stored"] += 1
+        self.stats["stored"] += 1
         self._prune(keep=folder)
         return True
 
     def _unwritable(self, err: OSError) -> bool:
-        note_once(f"cannot write the compiled-kernel cache under {self.directory} ({err.strerror or err}): this "
+        self.note(f"cannot write the compiled-kernel cache under {self.directory} ({err.strerror or err}): this "
                   "build's kernels are not kept; give timing_cache a writable directory, or pass kernel_cache=False",
                   stacklevel=5)
         return False

@@ -8,13 +8,13 @@ once), each replayed as a one-stream CUDA graph with an event pair around every 
 is the sum over the launches that feed its output (TVM may need two kernels where the provider needs
 one, e.g. a padding and a convolution). Each launch's bracket adds the same small cost on both sides.
 Per operator, the provider whose chain saves the most time against TVM's kernel for the same chain
-wins (ties go to the provider); TVM keeps it when none saves any. Measurements are kept in the timing
-cache (:mod:`.timing_cache`: on disk, and in this process), keyed by the measuring GPU, the chain's
+wins (ties go to the provider); TVM keeps it when none saves any. Measurements are kept in the build
+session's cache (:mod:`.session`: on disk, and in memory), keyed by the measuring GPU, the chain's
 signature, the precision, TF32 and the tuning database's contents, so a second build of the model (or
 of one that shares its chains), and the stock-TVM baseline of a benchmark, measure nothing again.
-The whole-model check is kept likewise, by the structural hashes of the two modules it compares.
+The whole-model check is kept likewise, by the structural hashes of the modules it compares.
 
-:func:`select_kernels` is the stage ``build`` calls; it builds its probes and the whole-model check
+:func:`select_kernels` is the stage the build session runs; it builds its probes and the whole-model check
 with :func:`.stages.build_fixed`.
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import tvm
-import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
@@ -32,9 +31,7 @@ from tvm_nimble.runtime.plan import Plan
 
 from . import stages, timing_cache
 from .gemm_algorithms import choose_gemm_algorithms
-from .notes import note_once
 from .options import BuildOptions
-from .timers import LocalGPU, has_gpu_for
 
 #: profiled replays per build; the median per launch is kept
 PROFILE_REPS = 15
@@ -129,45 +126,43 @@ def one_stream(options: BuildOptions) -> BuildOptions:
     return options.replace(max_streams=1, compile_kernels=True, memory_budget=None)
 
 
-def replay_in_model(mods: list, options: BuildOptions, timer=None, prebuilt: list | None = None) -> tuple[list, list | None]:
-    """The modules (already offloaded) built one-stream and replayed, side by side, on ``timer``'s GPU (default:
-    this machine's): (ms of each, the builds when they were made here, else None: the timing cache knew the
-    answer). ``prebuilt``: a build of a module already made (or None), by position."""
-    timer = timer or LocalGPU()
-    key = [*(tvm_ffi.structural_hash(m) for m in mods),
-           timing_cache.tuning_db_digest(options.tuning_db), options.concat_in_place, options.reuse]
-    cache = timing_cache.for_build(options, timer)
-    known = cache.get("model_check", key, valid=timing_cache.numbers(len(mods)))
+def replay_in_model(mods: list, session, prebuilt: list | None = None) -> tuple[list, list | None]:
+    """The modules (already offloaded) built one-stream and replayed, side by side, on the session's GPU: (ms of
+    each, the builds when they were made here, else None: the session's cache knew the answer). ``prebuilt``: a
+    build of a module already made (or None), by position."""
+    options = session.options
+    key = session.key("model_check", modules=[session.module_hash(m) for m in mods])
+    known = session.cached(key, valid=timing_cache.numbers(len(mods)))
     if known is not None:
         return list(known), None
     prebuilt = prebuilt or [None] * len(mods)
-    built = [b if b is not None else stages.build_fixed(m, one_stream(options)) for m, b in zip(mods, prebuilt)]
-    times = timer.replay_ms(built)
-    cache.put("model_check", key, list(times))
-    return list(times), built
+    built = [b if b is not None else stages.build_fixed(m, one_stream(options), session)
+             for m, b in zip(mods, prebuilt)]
+    times = [float(x) for x in session.timer.replay_ms(built)]
+    session.keep(key, times)
+    return times, built
 
 
-def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, options: BuildOptions,
-                   timer=None) -> tuple[ModelCheck, list | None]:
+def check_in_model(chosen: tvm.IRModule, all_vendor: tvm.IRModule, session) -> tuple[ModelCheck, list | None]:
     """Both modules (already offloaded) built one-stream and replayed, side by side (:func:`replay_in_model`).
-    Returns the check, and the two builds when they were made here (None when the timing cache knew the answer),
-    for the build to reuse the one it keeps."""
-    times, built = replay_in_model([chosen, all_vendor], options, timer)
+    Returns the check, and the two builds when they were made here (None when the cache knew the answer), for the
+    build to reuse the one it keeps."""
+    times, built = replay_in_model([chosen, all_vendor], session)
     return ModelCheck(*times), built
 
 
-def check_measurable(target: tvm.target.Target, timer=None):
-    """``timer`` (default: this machine's GPU) if it has a GPU of ``target``'s arch, else a one-line error."""
+def check_measurable(session) -> None:
+    """A one-line error unless the session's timer has a GPU of the target's arch to measure on."""
+    target = session.target
     if target.kind.name != "cuda":
         raise NimbleError("kernels='best' measures on a CUDA GPU; use kernels='tvm' for llvm")
-    timer = timer or LocalGPU()
-    if not has_gpu_for(timer, target):
+    if not session.can_measure():
+        timer = session.timer
         arch, there = str(target.attrs["arch"]), timer.arch()
         fix = ("build there, measure there through an RPC tracker (rpc_tracker=, rpc_key=), or use kernels='vendor' "
-               "or 'tvm'") if isinstance(timer, LocalGPU) else "start the key's servers on such a GPU, or use another key"
+               "or 'tvm'") if session.measuring_here else "start the key's servers on such a GPU, or use another key"
         raise NimbleError(f"kernels='best' times the kernels on a {arch} GPU, and {timer.where} has "
                           f"{'a ' + there if there else 'none'}; {fix}")
-    return timer
 
 
 class TvmChainTimes:
@@ -196,42 +191,41 @@ class TvmChainTimes:
         return [self._times[provider][s] for s in signatures]
 
 
-def _module_ms(module: tvm.IRModule, options: BuildOptions, reps: int, timer, measured: dict) -> list[float]:
+def _module_ms(module: tvm.IRModule, session, reps: int, measured: dict) -> list[float]:
     """The per-output times of ``module`` built one-stream (see :func:`_per_output_ms`); ``measured`` (by structural
     hash) keeps them, so a module two measurements need is compiled and timed once."""
-    key = (tvm_ffi.structural_hash(module), reps)
+    key = (session.module_hash(module), reps)
     if key not in measured:
-        measured[key] = _per_output_ms(stages.build_fixed(module, one_stream(options)), reps, timer)
+        built = stages.build_fixed(module, one_stream(session.options), session)
+        measured[key] = _per_output_ms(built, reps, session.timer)
     return measured[key]
 
 
-def measure_kernels(mod: tvm.IRModule, options: BuildOptions, provider, tvm_times: TvmChainTimes,
-                    reps: int = PROFILE_REPS, timer=None, measured: dict | None = None,
-                    offloads=None) -> list[KernelTiming]:
-    """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on
-    ``timer``'s GPU (default: this machine's; a :class:`~.timers.RemoteGPU` measures through an RPC tracker).
-    ``tvm_times``: TVM's times of every provider's chains, timed once for all. ``measured``: the per-output
-    times of the probe builds measured already (:func:`_module_ms`; one per ``select_kernels``).
-    ``offloads``: the chains ``provider`` takes in ``mod`` (``find_offloads``), where the caller has them."""
-    timer = check_measurable(options.target, timer)
+def measure_kernels(mod: tvm.IRModule, session, provider, tvm_times: TvmChainTimes, reps: int = PROFILE_REPS,
+                    measured: dict | None = None, offloads=None) -> list[KernelTiming]:
+    """``provider``'s and TVM's times for every distinct chain of ``mod`` the provider takes, measured on the
+    session's GPU (a :class:`~.timers.RemoteGPU` measures through an RPC tracker). ``tvm_times``: TVM's times of
+    every provider's chains, timed once for all. ``measured``: the per-output times of the probe builds measured
+    already (:func:`_module_ms`; one per ``select_kernels``). ``offloads``: the chains ``provider`` takes in
+    ``mod`` (``find_offloads``), where the caller has them."""
+    check_measurable(session)
+    options = session.options
     probe = build_probe(mod, allow_tf32=options.allow_tf32, providers=[provider], offloads=offloads)
     if probe is None:
         return []
-    cache = timing_cache.for_build(options, timer)
-    db = timing_cache.tuning_db_digest(options.tuning_db)
     # CHAIN_TIMING names how a provider's chains were timed: a timing taken another way is measured again
-    keys = [[provider.name, s, options.precision, options.allow_tf32, db, reps, CHAIN_TIMING]
+    keys = [session.key("chain", provider=provider.name, signature=s, reps=reps, timing=CHAIN_TIMING)
             for s in probe.signatures]
-    found = [cache.get("chain", k, valid=timing_cache.numbers(2)) for k in keys]
+    found = [session.cached(k, valid=timing_cache.numbers(2)) for k in keys]
     if any(f is None for f in found):  # the probe holds every chain: measuring one costs the builds of all
         # each cuBLASLt GEMM with the algorithm the build will run (the fastest measured, see .gemm_algorithms),
         # not the heuristic's first: against TVM's kernel the provider competes at its best
         offloaded = stages.offload(probe.mod, options, providers=[provider])
-        with_provider = _module_ms(choose_gemm_algorithms(offloaded, options.target, timer, options)[0], options,
-                                   reps, timer, {} if measured is None else measured)
+        with_provider = _module_ms(choose_gemm_algorithms(offloaded, session)[0], session, reps,
+                                   {} if measured is None else measured)
         found = [[v, t] for v, t in zip(with_provider, tvm_times.ms(provider.name, probe.signatures))]
         for k, f in zip(keys, found):
-            cache.put("chain", k, f)
+            session.keep(k, f)
     return [KernelTiming(s, n, *f, provider=provider.name)
             for s, n, f in zip(probe.signatures, probe.counts, found)]
 
@@ -253,17 +247,16 @@ class Selection:
     #: ``mod`` built one-stream with its kernels compiled, where the model check built it already (the
     #: build reschedules it instead of compiling the same kernels again); None otherwise
     built: object = field(default=None, repr=False, compare=False)
-    #: the structural hash of ``mod`` before ``built`` was made from it (lowering fills in parts of the module in
-    #: place, which changes its hash): what the compiled-kernel cache keys ``built``'s kernels by
-    mod_hash: int | None = field(default=None, repr=False, compare=False)
     #: why a mix was not checked in the model and all-vendor kept instead ("": checked, or nothing to check)
     check_skipped: str = ""
 
 
-def resolve_kernels(options: BuildOptions, timer=None) -> str:
-    """``auto``: on CUDA, ``best`` (each operator on the fastest provider) when the vendor extension can be
-    built and a GPU is here (or behind ``timer``'s RPC tracker) to measure on, ``vendor`` when there is
-    none, TVM's kernels when the extension cannot be built; a one-line note says which and why."""
+def resolve_kernels(session) -> str:
+    """The session's ``kernels``, where ``auto`` is, on CUDA, ``best`` (each operator on the fastest provider) when
+    the vendor extension can be built and a GPU is here (or behind the timer's RPC tracker) to measure on,
+    ``vendor`` when there is none, TVM's kernels when the extension cannot be built; a one-line note says which
+    and why."""
+    options = session.options
     if options.kernels != "auto":
         return options.kernels
     if not options.is_cuda or not options.offload_providers():
@@ -272,32 +265,32 @@ def resolve_kernels(options: BuildOptions, timer=None) -> str:
 
     ok, why = vendor_available()
     if not ok:
-        note_once(f"vendor kernels unavailable, building with TVM's kernels: {why}")
+        session.note(f"vendor kernels unavailable, building with TVM's kernels: {why}")
         return "tvm"
-    timer = timer or LocalGPU()
-    if not has_gpu_for(timer, options.target):
-        note_once(f"no {options.arch} GPU {'here' if isinstance(timer, LocalGPU) else 'at ' + timer.where} to time "
+    if not session.can_measure():
+        session.note(f"no {options.arch} GPU {'here' if session.measuring_here else 'at ' + session.timer.where} to time "
                   "cuDNN/cuBLAS against TVM's kernels: every convolution and GEMM goes to cuDNN/cuBLAS "
                   "(kernels='vendor'); build on that GPU, or measure there through an RPC tracker, for kernels='best'")
         return "vendor"
     return "best"
 
 
-def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Selection:
+def select_kernels(mod: tvm.IRModule, session) -> Selection:
     """The kernel-choice stage: ``mod`` with its operators on the providers' kernels, all that accept them
-    (``kernels="vendor"``), none (``"tvm"``), or each on the fastest measured on ``timer``'s GPU (``"best"``;
+    (``kernels="vendor"``), none (``"tvm"``), or each on the fastest measured on the session's GPU (``"best"``;
     TVM's tuned kernels when the options have a tuning database). With ``best``, a mix of providers and
     TVM kernels is kept only if the whole model, built one-stream both ways, confirms it is faster than
     the providers' kernels everywhere (see :class:`ModelCheck`). The vendor extension is built for the
     target's arch and loaded in this process."""
-    kernels = resolve_kernels(options, timer)
+    options = session.options
+    kernels = resolve_kernels(session)
     if kernels == "tvm":
         return Selection(mod, kernels)
     if not options.is_cuda:
         raise NimbleError(f"vendor kernels (cuDNN / cuBLAS) need a CUDA target; use kernels='tvm' for "
                           f"{options.target.kind.name}")
     if kernels == "best":
-        timer = check_measurable(options.target, timer)  # before building anything for a GPU that is not there
+        check_measurable(session)  # before building anything for a GPU that is not there
     stages.vendor_library(options.target)
     report = OffloadReport()
     providers = options.offload_providers()
@@ -311,18 +304,17 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
     measured: dict = {}
     tvm_times = TvmChainTimes(mod, {name: offloads for name, offloads in found.items() if offloads},
-                              lambda module: _module_ms(module, options, PROFILE_REPS, timer, measured))
+                              lambda module: _module_ms(module, session, PROFILE_REPS, measured))
     timings, failed = [], []
     for p in providers:
         try:
-            timings += measure_kernels(mod, options, p, tvm_times, timer=timer, measured=measured,
-                                       offloads=found[p.name])
+            timings += measure_kernels(mod, session, p, tvm_times, measured=measured, offloads=found[p.name])
         except (RuntimeError, ValueError) as err:  # the provider's calls fail on this GPU: measure without it
             if p.name in {o.provider for o in found_first}:
                 raise  # the all-vendor module runs its calls: nothing to fall back to
             failed.append(p)
             lines = str(err).strip().splitlines()
-            note_once(f"{p.title}: its calls failed on this GPU ({lines[-1][:200] if lines else type(err).__name__}); "
+            session.note(f"{p.title}: its calls failed on this GPU ({lines[-1][:200] if lines else type(err).__name__}); "
                       "the kernel choice leaves it out")
     providers = [p for p in providers if p not in failed]
     offers = offers_by_anchor(mod, providers, options.allow_tf32, found)
@@ -333,14 +325,14 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
     if not all(chosen.get(s) == p for s, p in first.items()):
         gain, base = predicted_gain(timings, chosen, offers)
         if gain >= MIN_MIX_GAIN * base:
-            return _checked_mix(mod, options, timer, timings, providers, first, chosen, found, offers, all_vendor,
+            return _checked_mix(mod, session, timings, providers, first, chosen, found, offers, all_vendor,
                                 not_taken)
         skipped = (f"the mix was predicted {gain * 1e3:.1f} us faster than all-vendor ({gain / base:.2%} of the chains' "
                    f"{base:.3f} ms), under the {MIN_MIX_GAIN:.0%} a model check can confirm: all-vendor kept")
         _mark_kernels(timings, first)
     operators = record_assignment(mod, timings, providers, options.allow_tf32, first, found)
     return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators,
-                                           check_skipped=skipped), options, timer)
+                                           check_skipped=skipped), session)
 
 
 def _mark_kernels(timings: list[KernelTiming], assignment: dict[str, str]) -> None:
@@ -366,47 +358,45 @@ def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: 
     return gain, base
 
 
-def _checked_mix(mod, options, timer, timings, providers, first, chosen, found, offers, all_vendor,
+def _checked_mix(mod, session, timings, providers, first, chosen, found, offers, all_vendor,
                  not_taken) -> Selection:
     """The mix and all-vendor built one-stream and replayed (:func:`check_in_model`); where the mix loses, every
     operator on its fastest provider too (:func:`replay_in_model`, beside all-vendor again). The fastest is kept."""
+    options = session.options
     picked = stages.offload(mod, options, select=lambda o: chosen.get(o.signature) == o.provider)
     # each GEMM's algorithm before the check: the check then times what the build runs, and its build of the
     # module it keeps is the build's (no GEMM changes after it)
-    both = [choose_gemm_algorithms(m, options.target, timer, options) for m in (picked, all_vendor)]
-    hashes = [tvm_ffi.structural_hash(m) for m, _ in both]  # before the check's builds lower them
-    check, built = check_in_model(both[0][0], both[1][0], options, timer)
+    both = [choose_gemm_algorithms(m, session) for m in (picked, all_vendor)]
+    check, built = check_in_model(both[0][0], both[1][0], session)
     built = list(built) if built else [None, None]  # by position, as ``both``; None: the timing cache knew the times
     assignments = [chosen, first]
     if check.kept == "vendor":
         if built[0] is not None and check.best_ms > MIX_LOSS_PROFILED * check.vendor_ms:
-            _note_slowest_launches(check, built[0], timer)
+            _note_slowest_launches(check, built[0], session)
         # the mix lost in the model (a TVM kernel slower there than alone): the providers' own choice, each operator
         # on its fastest provider and none on TVM, may still beat the first provider everywhere (a TF32 or fp16
         # model's convolutions split between cuDNN's legacy calls and its graph API)
         alt = choose_providers(mod, timings, providers, options.allow_tf32, offers, providers_only=True)
         if not all(alt.get(s) == p for s, p in first.items()):
             picked_alt = stages.offload(mod, options, select=lambda o: alt.get(o.signature) == o.provider)
-            both.append(choose_gemm_algorithms(picked_alt, options.target, timer, options))
-            hashes.append(tvm_ffi.structural_hash(both[2][0]))
-            times, built_alt = replay_in_model([both[2][0], both[1][0]], options, timer, prebuilt=[None, built[1]])
+            both.append(choose_gemm_algorithms(picked_alt, session))
+            times, built_alt = replay_in_model([both[2][0], both[1][0]], session, prebuilt=[None, built[1]])
             check = ModelCheck(check.best_ms, times[1], times[0], check.mix_slowest)
             assignments.append(alt)
             built = [built[0], built_alt[1], built_alt[0]] if built_alt else built + [None]
     kept = {"best": 0, "vendor": 1, "providers": 2}[check.kept]
     _mark_kernels(timings, assignments[kept])
     operators = record_assignment(mod, timings, providers, options.allow_tf32, assignments[kept], found)
-    return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators,
-                     built=built[kept], mod_hash=hashes[kept])
+    return Selection(both[kept][0], "best", timings, check, both[kept][1], not_taken, operators, built=built[kept])
 
 
-def _note_slowest_launches(check: ModelCheck, mix_build, timer) -> None:
+def _note_slowest_launches(check: ModelCheck, mix_build, session) -> None:
     """The losing mix's 8 slowest launches (one profiled replay of its build) into ``check.mix_slowest``, and the
     first five in a note: what made the model slower than the chains' own times predicted."""
-    per_launch = timer.launch_ms(mix_build, 5)
+    per_launch = session.timer.launch_ms(mix_build, 5)
     slowest = sorted(zip(per_launch, (l.kernel for l in mix_build.plan.launches)), reverse=True)[:8]
     check.mix_slowest = [[k, round(ms, 4)] for ms, k in slowest]
-    note_once(f"the kernel choice's mix measured {check.best_ms:.3f} ms in the model against all-vendor's "
+    session.note(f"the kernel choice's mix measured {check.best_ms:.3f} ms in the model against all-vendor's "
               f"{check.vendor_ms:.3f}; its slowest launches: "
               + ", ".join(f"{k} {ms:.3f} ms" for k, ms in check.mix_slowest[:5]))
 
@@ -453,9 +443,9 @@ def summarize_not_taken(not_taken: list[list]) -> list[str]:
         f"  {n:4d} x {op}: {why}" for op, why, n in sorted(not_taken, key=lambda r: -r[2])]
 
 
-def _with_gemm_algorithms(selection: Selection, options: BuildOptions, timer) -> Selection:
+def _with_gemm_algorithms(selection: Selection, session) -> Selection:
     """The selection with each cuBLASLt GEMM's algorithm measured (see :mod:`.gemm_algorithms`)."""
-    selection.mod, selection.algorithms = choose_gemm_algorithms(selection.mod, options.target, timer, options)
+    selection.mod, selection.algorithms = choose_gemm_algorithms(selection.mod, session)
     return selection
 
 

@@ -7,7 +7,7 @@ with the kernels the build would give it without measuring (the providers' where
 else TVM's), compiled once and replayed as CUDA graphs side by side on the GPU, one-stream and with
 Nimble's widest schedule. Each side counts its faster schedule (separate-and-concurrent is the widest
 one); the merged model is kept only when it beats the separate one by ``MIN_GAIN``. The answer is kept
-in the timing cache, keyed by the two modules' structural hashes.
+in the build session's cache, keyed by the two modules' structural hashes.
 
 Without a GPU of the target's arch to measure on, ``auto`` keeps every group separate, with a one-line
 note, as the kernel choice falls back without one. ``on`` merges every group, ``off`` (default) none.
@@ -16,14 +16,10 @@ Each group found, and why it was or was not merged, is recorded in the build's `
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 
 from tvm_nimble.relay_passes.merge_siblings import MergeSiblings
 
 from . import stages, timing_cache
-from .notes import note_once
-from .options import BuildOptions
-from .timers import LocalGPU, has_gpu_for
 
 #: the merged model replaces the separate one only when it is at least this much faster
 MIN_GAIN = 0.01
@@ -39,8 +35,10 @@ def _record(mode: str, groups: list, **more) -> dict:
     return {"mode": mode, "groups": [g.to_info() for g in groups], **more}
 
 
-def choose_merges(mod: tvm.IRModule, options: BuildOptions, timer=None) -> tuple[tvm.IRModule, dict | None]:
-    """The merge stage: (the module to build, the record for ``info["merge_choice"]``; None with ``merge="off"``)."""
+def choose_merges(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, dict | None]:
+    """The merge stage of a build session: (the module to build, the record for ``info["merge_choice"]``; None with
+    ``merge="off"``)."""
+    options = session.options
     if options.merge == "off":
         return mod, None
     if options.merge == "on":
@@ -49,17 +47,16 @@ def choose_merges(mod: tvm.IRModule, options: BuildOptions, timer=None) -> tuple
     out, groups = merged(mod)
     if not any(g.merged for g in groups):
         return mod, _record("auto", groups)
-    timer = timer or LocalGPU()
-    if not options.is_cuda or not has_gpu_for(timer, options.target):
+    if not options.is_cuda or not session.can_measure():
         where = (f"a {options.target.kind.name} build runs on no GPU" if not options.is_cuda else
-                 f"there is no {options.arch} GPU {'here' if isinstance(timer, LocalGPU) else 'at ' + timer.where}")
-        note_once(f"merge='auto' measures merged against separate sibling operators on a GPU, and {where}: keeping "
+                 f"there is no {options.arch} GPU {'here' if session.measuring_here else 'at ' + session.timer.where}")
+        session.note(f"merge='auto' measures merged against separate sibling operators on a GPU, and {where}: keeping "
                   "them separate (merge='on' merges them)")
         _, groups = merged(mod, select=lambda g: False)
         for g in groups:
             g.why = g.why or "auto: nothing to measure on, kept separate"
         return mod, _record("auto", groups)
-    separate_ms, merged_ms = measure(mod, out, options, timer)
+    separate_ms, merged_ms = measure(mod, out, session)
     keep = min(merged_ms) < min(separate_ms) * (1 - MIN_GAIN)
     verdict = (f"auto: the model with every group merged measured {min(merged_ms):.3f} ms, separate "
                f"{min(separate_ms):.3f} ms (the faster of one stream and the widest schedule)")
@@ -68,38 +65,38 @@ def choose_merges(mod: tvm.IRModule, options: BuildOptions, timer=None) -> tuple
             g.merged = keep
             g.why = verdict + ("; merged" if keep else "; kept separate")
     measured = {"separate_ms": separate_ms, "merged_ms": merged_ms, "kept": "merged" if keep else "separate",
-                "where": timer.where}
+                "where": session.timer.where}
     return (out if keep else mod), _record("auto", groups, measured=measured)
 
 
-def _with_kernels(mod: tvm.IRModule, options: BuildOptions, timer) -> tvm.IRModule:
+def _with_kernels(mod: tvm.IRModule, session) -> tvm.IRModule:
     """``mod`` with the kernels a build gets without measuring: every chain a provider takes on it, unless
     the build uses TVM's kernels only."""
     from .kernel_choice import resolve_kernels
 
-    if resolve_kernels(options, timer) == "tvm":
+    if resolve_kernels(session) == "tvm":
         return mod
-    stages.vendor_library(options.target)
-    return stages.offload(mod, options)
+    stages.vendor_library(session.target)
+    return stages.offload(mod, session.options)
 
 
-def measure(separate: tvm.IRModule, merged_mod: tvm.IRModule, options: BuildOptions, timer) -> tuple[list, list]:
-    """([one stream, widest] ms of ``separate``, the same of ``merged_mod``), replayed side by side on
-    ``timer``'s GPU (or read from the timing cache)."""
-    mods = [_with_kernels(m, options, timer) for m in (separate, merged_mod)]
-    key = [tvm_ffi.structural_hash(m) for m in mods] + [
-        timing_cache.tuning_db_digest(options.tuning_db), options.concat_in_place, options.reuse]
-    cache = timing_cache.for_build(options, timer)
-    known = cache.get("merge_check", key, valid=timing_cache.numbers(4))
-    if known is None:
-        from .stream_choice import rescheduled
+def measure(separate: tvm.IRModule, merged_mod: tvm.IRModule, session) -> tuple[list, list]:
+    """([one stream, widest] ms of ``separate``, the same of ``merged_mod``), replayed side by side on the
+    session's GPU (or read from its cache)."""
+    from .stream_choice import rescheduled
 
+    mods = [_with_kernels(m, session) for m in (separate, merged_mod)]
+    key = session.key("merge_check", modules=[session.module_hash(m) for m in mods])
+
+    def replay() -> list[float]:
         plans = []
         for m in mods:
-            widest = stages.build_fixed(m, options.replace(max_streams=None, compile_kernels=True, memory_budget=None))
+            options = session.options.replace(max_streams=None, compile_kernels=True, memory_budget=None)
+            widest = stages.build_fixed(m, options, session)
             plans += [rescheduled(widest, 1), widest]
-        known = [float(x) for x in timer.replay_ms(plans)]
-        cache.put("merge_check", key, known)
+        return [float(x) for x in session.timer.replay_ms(plans)]
+
+    known = session.measured(key, replay, valid=timing_cache.numbers(4))
     return known[:2], known[2:]
 
 

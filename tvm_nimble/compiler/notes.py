@@ -1,13 +1,18 @@
-"""One-line notes to the user (Python warnings), each given once per process however many builds run."""
+"""One-line notes to the user (Python warnings): each build session's own, each given once per session."""
 from __future__ import annotations
 
 import warnings
 
-_given: set[str] = set()
 
+class Notes:
+    """The notes of one build session, each given (a ``UserWarning``) once however often it is raised; ``given``
+    lists them in order."""
 
-def note_once(text: str, stacklevel: int = 3) -> None:
-    """``stacklevel`` counts from the caller of ``note_once``, as in ``warnings.warn``."""
-    if text not in _given:
-        _given.add(text)
-        warnings.warn(text, stacklevel=stacklevel + 1)
+    def __init__(self):
+        self.given: list[str] = []
+
+    def __call__(self, text: str, stacklevel: int = 3) -> None:
+        """``stacklevel`` counts from the caller, as in ``warnings.warn``."""
+        if text not in self.given:
+            self.given.append(text)
+            warnings.warn(text, stacklevel=stacklevel + 1)

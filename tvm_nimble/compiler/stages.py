@@ -5,16 +5,16 @@
 ``build_fixed`` strings the last three together for a module whose kernels are already chosen: it is
 what the kernel choice (``kernel_choice``) builds its probes and model checks with, and what
 ``build`` finishes with. ``stream_choice`` and ``profile_report`` call :func:`schedule` directly to
-re-plan the same kernels under another stream cap. ``build`` (``build.py``) holds only the policy
-that strings the stages and the two choices together.
+re-plan the same kernels under another stream cap. The build session (``session.py``, ``build.py``) strings
+the stages and the measured choices together.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 
 from tvm_nimble.codegen.kernels import build_kernels
 from tvm_nimble.codegen.lower_plan import build_plan
@@ -29,7 +29,6 @@ from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 from tvm_nimble.runtime.module import NimbleModule
 
-from .notes import note_once
 from .options import BuildOptions
 from .target import target_dict
 from .tuning.database import database_applies, open_tuning_database
@@ -44,6 +43,9 @@ class BuildResult(NimbleModule):
     assignment: StreamAssignment | None = None
     tvm_target: tvm.target.Target | None = None
     options: BuildOptions | None = None
+    #: the structural hash of the Relax module the kernels were built from, taken before lowering (the build
+    #: session's :meth:`~.session.BuildSession.module_hash`): what the stream choice's measurements are keyed by
+    source_hash: str | None = None
 
 
 def import_model(model, params: dict | None = None, shape_dict: dict | None = None) -> tvm.IRModule:
@@ -161,16 +163,16 @@ def index_bounds(mod: tvm.IRModule) -> dict[str, int]:
     return bounds
 
 
-def note_default_schedules(mod: tvm.IRModule, options: BuildOptions, database=None) -> None:
-    """Say once when CUDA kernels get TVM's default schedules: no tuning database, or none of its records
-    applies to ``mod`` (the user's build says so, not its probes)."""
+def note_default_schedules(mod: tvm.IRModule, options: BuildOptions, note, database=None) -> None:
+    """Say (``note``, the session's) when CUDA kernels get TVM's default schedules: no tuning database, or none of
+    its records applies to ``mod`` (the user's build says so, not its probes)."""
     if database is None and options.tuning_db:
         database = open_tuning_database(options.tuning_db)
     if database is None and options.is_cuda and options.compile_kernels:
-        note_once("building CUDA kernels without a tuning database: kernels use TVM's default "
+        note("building CUDA kernels without a tuning database: kernels use TVM's default "
                   "schedules (several times slower than tuned ones); see `tvm-nimble tune`", stacklevel=5)
     if database is not None and not database_applies(database, mod, options.target):
-        note_once(f"nothing in the tuning database {options.tuning_db} applies to this model (none of its kernels "
+        note(f"nothing in the tuning database {options.tuning_db} applies to this model (none of its kernels "
                   "is in it: another model, shape, precision or target?); kernels use TVM's default schedules. "
                   "Tune this model with `tvm-nimble tune`", stacklevel=5)
 
@@ -185,26 +187,24 @@ def build_info(options: BuildOptions, concats_in_place: int, splits_as_views: in
     return info
 
 
-def _untimed(_phase: str):
-    return contextlib.nullcontext()
-
-
-def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, timed=None,
-                cache=None) -> BuildResult:
+def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: bool = False) -> BuildResult:
     """Lower, schedule and (unless ``options.compile_kernels`` is off) generate ``mod`` as it is: its
     kernels are chosen already (vendor calls in it stay, everything else gets TVM's kernels). A
     ``max_streams`` of ``"auto"`` schedules the widest here; choosing a cap is ``stream_choice``'s.
-    ``note``: say once when CUDA kernels get TVM's default schedules (the user's build, not a probe).
-    ``timed(phase)``: a context manager around each of "lower", "schedule" and "generate" (the build's
-    phase timer). ``cache``: a :class:`~.kernel_cache.KernelCache` to load the lowered module and the
-    kernel library from (the time to load them counted as "lower" and "generate"), or to keep them in."""
+    ``session``: the build session the module is built in (it hashes ``mod`` before lowering; None: a build of
+    its own, e.g. the ``nimble`` TVM pipeline's). ``final``: the user's build, not a probe: it notes once when
+    CUDA kernels get TVM's default schedules, times "lower", "schedule" and "generate" in the session's phases,
+    and loads the lowered module and the kernel library from the session's compiled-kernel cache (the time to
+    load them counted as "lower" and "generate"), or keeps them there."""
     t = options.target
-    timed = timed or _untimed
+    source_hash = session.module_hash(mod) if session is not None else str(tvm_ffi.structural_hash(mod))
+    timed = session.phases if final else _untimed
+    cache = session.kernel_cache(options) if final else None
     database = open_tuning_database(options.tuning_db) if options.tuning_db else None
-    if note:
-        note_default_schedules(mod, options, database)
+    if final:
+        note_default_schedules(mod, options, session.note, database)
     with timed("lower"):
-        key = cache.key(mod, options) if cache is not None else None
+        key = session.key("kernels", mod, options) if cache is not None else None
         hit = cache.load(key, t) if cache is not None else None
         # a merged build's splits read in place: Nimble's memory plan sees the views (merge="off" keeps the
         # lowering exactly as before, e.g. for the nimble TVM pipeline, whose module the Relax VM also runs)
@@ -222,7 +222,13 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, note: bool = False, ti
                       int(lowered["main"].attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None)
     if cache is not None:
         info["kernel_cache"] = "hit" if hit else "stored" if stored else "miss"
-        info["kernels_key"] = cache.digest(key)
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
     return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
-                       lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options)
+                       lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options,
+                       source_hash=source_hash)
+
+
+def _untimed(_phase: str):
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -15,8 +15,9 @@ first when streams compete for the GPU; the prioritized plan is kept only if it 
 ``MIN_GAIN``. A memory budget drops every candidate whose concurrency-safe pool does not fit.
 Without a GPU of the target's arch here, the largest cap that fits the budget is kept (Nimble's
 schedule), with a one-line note. Every measurement (the one-stream kernel times, the side-by-side
-replays, the priority trial) is kept in the timing cache (:mod:`.timing_cache`), keyed by the lowered
-module's structural hash and the digests of the plans replayed, so a second build of the same model on
+replays, the priority trial) is kept in the build session's cache (:mod:`.session`), keyed by the
+structural hash of the Relax module the kernels were built from (``BuildResult.source_hash``, the same in a warm
+build that loads the lowered module from the compiled-kernel cache) and the digests of the plans replayed, so a second build of the same model on
 the same GPU replays nothing; so is the choice itself (``stream_choice``: the chosen cap, order and
 priorities, with the kernel times the cost-aware order used), so that the second build makes only the
 chosen schedule, not every candidate's.
@@ -27,14 +28,10 @@ import dataclasses
 import hashlib
 import json
 
-import tvm_ffi
-
 from tvm_nimble.errors import NimbleError
 
 from . import timing_cache
-from .notes import note_once
 from .stages import schedule
-from .timers import LocalGPU, has_gpu_for
 
 CAPS = (1, 2, 3, 4, 6, 8)
 #: another schedule replaces the one-stream plan only when it is at least this much faster
@@ -103,32 +100,29 @@ def _slack_candidates(result, reuse, memory_budget, candidates: dict, costs) -> 
 
 
 class _Measured:
-    """The timer's two measurements of plans built from ``result``'s lowered module, through the timing
-    cache: a plan is named by the digest of its JSON, its kernels by the lowered module's structural hash."""
+    """The timer's two measurements of plans built from ``result``'s kernels, through the session's cache: a plan is
+    named by the digest of its JSON, its kernels by the Relax module they were built from (``result.source_hash``)
+    and the options that lowered it."""
 
-    def __init__(self, result, timer):
-        self.timer = timer
-        self.cache = timing_cache.for_build(getattr(result, "options", None), timer)
-        # the compiled-kernel cache's key where the build has one: the same in a warm build as in the cold one that
-        # measured (the structural hash of a lowered module loaded from that cache differs from the one it had when
-        # built, so a warm build of googlenet measured its stream choice again, and could choose another plan)
-        self.kernels = result.info.get("kernels_key") or tvm_ffi.structural_hash(result.lowered)
+    def __init__(self, result, session):
+        import tvm_ffi
+
+        self.session = session
+        self.options = getattr(result, "options", None) or session.options
+        self.kernels = getattr(result, "source_hash", None) or str(tvm_ffi.structural_hash(result.lowered))
+
+    def key(self, kind: str, **what):
+        return self.session.key(kind, options=self.options, module=self.kernels, **what)
 
     def launch_ms(self, built, reps: int) -> list[float]:
-        key = [self.kernels, _plan_digest(built), reps]
-        ms = self.cache.get("launch_ms", key, valid=timing_cache.numbers(len(built.plan.launches)))
-        if ms is None:
-            ms = [float(x) for x in self.timer.launch_ms(built, reps)]
-            self.cache.put("launch_ms", key, ms)
-        return ms
+        return self.session.measured(self.key("launch_ms", plan=_plan_digest(built), reps=reps),
+                                     lambda: [float(x) for x in self.session.timer.launch_ms(built, reps)],
+                                     valid=timing_cache.numbers(len(built.plan.launches)))
 
     def replay_ms(self, results: list) -> list[float]:
-        key = [self.kernels, [_plan_digest(r) for r in results]]
-        ms = self.cache.get("replay_ms", key, valid=timing_cache.numbers(len(results)))
-        if ms is None:
-            ms = [float(x) for x in self.timer.replay_ms(results)]
-            self.cache.put("replay_ms", key, ms)
-        return ms
+        return self.session.measured(self.key("replay_ms", plans=[_plan_digest(r) for r in results]),
+                                     lambda: [float(x) for x in self.session.timer.replay_ms(results)],
+                                     valid=timing_cache.numbers(len(results)))
 
 
 def _plan_digest(built) -> str:
@@ -146,17 +140,17 @@ def _fields(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def choose_streams(result, reuse: str | None = None, memory_budget: int | None = None, timer=None):
+def choose_streams(result, session, reuse: str | None = None, memory_budget: int | None = None):
     """The stream-choice stage: (the chosen BuildResult, a record of every candidate: cap, order, streams,
-    pool bytes, measured ms), measured on ``timer``'s GPU (default: this machine's), or read from the
-    timing cache that ``result.options`` names."""
-    timer = timer or LocalGPU()
+    pool bytes, measured ms), measured on the build session's GPU, or read from its cache."""
+    timer = session.timer
     reuse = reuse or _reuse_of(result)
     target = result.tvm_target
-    measuring = result.kernels is not None and has_gpu_for(timer, target)
+    measuring = result.kernels is not None and session.can_measure(target)
     if measuring:
-        measured = _Measured(result, timer)
-        decision_key = [measured.kernels, _plan_digest(result), reuse, memory_budget]
+        measured = _Measured(result, session)
+        decision_key = measured.key("stream_choice", plan=_plan_digest(result), reuse=reuse,
+                                    memory_budget=memory_budget)
         known = _decided(result, reuse, measured, decision_key)
         if known is not None:
             return known
@@ -168,7 +162,7 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
         return chosen, record
     if not measuring:
         if target.kind.name == "cuda" and result.kernels is not None:
-            note_once(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
+            session.note(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
                       "none: keeping Nimble's widest schedule that fits")
         key = max(candidates)
         record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1],
@@ -189,7 +183,7 @@ def choose_streams(result, reuse: str | None = None, memory_budget: int | None =
     if best[0] != 1 and costs is not None:
         chosen = _try_priorities(chosen, costs, record, measured)
     record = json.loads(json.dumps(record))  # as the timing cache gives it back (and an artifact keeps it)
-    measured.cache.put("stream_choice", decision_key, {
+    measured.session.keep(decision_key, {
         "chosen": list(best), "costs": costs, "prioritized": bool(record.get("priority", {}).get("kept")),
         "plan": _plan_digest(chosen), "record": record})
     return chosen, record
@@ -208,7 +202,7 @@ def _decided(result, reuse: str, measured: "_Measured", key):
     entry of this lowered module, widest plan, memory plan and budget), with only the chosen schedule
     built: every candidate's plan and replay are what decided it, and would be the same. None when there
     is no such entry, or the schedule built from it is not the plan chosen then."""
-    known = measured.cache.get("stream_choice", key, valid=_valid_decision)
+    known = measured.session.cached(key, valid=_valid_decision)
     if known is None:
         return None
     (cap, order), costs = known["chosen"], known["costs"]

@@ -20,8 +20,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime import timing
 from tvm_nimble.runtime.gpu_identity import gpu_fingerprint
 
-from .notes import note_once
-
+from .notes import Notes
 from .target import local_gpu_arch
 
 #: seconds a remote session may last (the kernel choice of inception_v3 takes well under a minute)
@@ -75,14 +74,15 @@ def _remote_error(err: Exception) -> NimbleError:
 
 class RemoteGPU:
     """Measure on a GPU of an RPC server registered with the tracker at ``tracker`` (HOST:PORT) under
-    ``key``; one session serves every measurement of the build."""
+    ``key``; one session serves every measurement of the build. ``note(text)``: where its one-line notes go."""
 
-    def __init__(self, tracker: str, key: str):
+    def __init__(self, tracker: str, key: str, note=None):
         from .tuning.remote import parse_tracker, servers_under_key
 
         self.host, self.port = parse_tracker(tracker)
         servers_under_key(self.host, self.port, key)  # unreachable tracker, unknown key: one line now
         self.key = key
+        self.note = note if note is not None else Notes()
         self.where = f"the RPC server under key {key!r} at {tracker}"
         self._session = None
         self._arch: str | None = None
@@ -137,7 +137,7 @@ class RemoteGPU:
             except NimbleError:
                 raise
             except Exception:
-                note_once(f"{self.where} does not report its GPU's driver and libraries (an older tvm-nimble): "
+                self.note(f"{self.where} does not report its GPU's driver and libraries (an older tvm-nimble): "
                           "its timings are not kept in the timing cache; update tvm-nimble there")
                 self._fingerprint = {}
             else:
@@ -161,11 +161,12 @@ def has_gpu_for(timer, target) -> bool:
     return target.kind.name == "cuda" and timer.arch() == str(target.attrs["arch"])
 
 
-def timer_for(rpc_tracker: str | None, rpc_key: str | None):
-    """:class:`RemoteGPU` when a tracker is given (with its key), else :class:`LocalGPU`."""
+def timer_for(rpc_tracker: str | None, rpc_key: str | None, note=None):
+    """:class:`RemoteGPU` when a tracker is given (with its key), else :class:`LocalGPU`: the one place a build's
+    timer is made (by its :class:`~.session.BuildSession`). ``note``: the session's notes."""
     if rpc_tracker is None and rpc_key is None:
         return LocalGPU()
     if not rpc_tracker or not rpc_key:
         raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
                           "its servers registered under (--rpc-tracker and --rpc-key)")
-    return RemoteGPU(rpc_tracker, rpc_key)
+    return RemoteGPU(rpc_tracker, rpc_key, note)

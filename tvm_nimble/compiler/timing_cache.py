@@ -24,8 +24,8 @@ ignored with a one-line note and measured again; an unreadable one likewise. Eac
 file, written to a temporary file and renamed into place, so builds running at once never see a half
 written entry (the last to finish wins, with a measurement as good as the other's).
 
-Every process also keeps what it measured or read in memory (also with the cache off), so the second
-build of a benchmark in one process does not read the files again.
+The keys are made by the build session (:mod:`.session`), which also keeps what it measured or read in memory
+(also with the cache off); this module is the files.
 """
 from __future__ import annotations
 
@@ -34,11 +34,10 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 
 from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
-
-from .notes import note_once
 
 #: bumped when an entry's meaning changes: older entries are then stale
 FORMAT = 1
@@ -48,9 +47,6 @@ _CODE_SUFFIXES = (".py", ".cu", ".cuh", ".h")
 
 #: the compiled-kernel cache's folder inside the directory (see :mod:`.kernel_cache`), not a GPU's
 KERNELS_FOLDER = "kernels"
-
-_memory: dict[tuple, object] = {}  # (gpu id, context digest, kind, key) -> value, for this process
-
 
 def default_directory() -> str:
     """``timings`` under the cache root (:func:`tvm_nimble.env.cache_root`), beside the vendor extension's cache."""
@@ -72,12 +68,6 @@ def directory_option(value) -> str | None:
         raise NimbleError(f"timing_cache {path} is a file, not a directory; give a directory (created when "
                           "missing) or 'off'")
     return path
-
-
-def forget_in_memory() -> None:
-    """Drop what this process measured or read (the files stay): the next build reads the directory, as a
-    new process would."""
-    _memory.clear()
 
 
 def numbers(count: int | None = None):
@@ -160,48 +150,32 @@ def describe_gpu(gpu: dict) -> str:
     return f"{gpu.get('name', '?')} {gpu.get('arch', '?')}, driver {driver}"
 
 
-def for_build(options, timer) -> "TimingCache":
-    """The cache of a build with ``options`` (a BuildOptions, or None: this process only) measuring on
-    ``timer``. A timer whose GPU has no fingerprint keeps its measurements in this process only, under
-    its ``where`` (nothing would tell its entries on disk from another GPU's)."""
-    gpu = timer.fingerprint()
-    directory = options.timing_cache if options is not None and gpu else None
-    context = context_of(options.target) if options is not None else {"format": FORMAT}
-    return TimingCache(directory, gpu or {"unidentified": timer.where}, context)
+def _warn(text: str, stacklevel: int = 3) -> None:
+    warnings.warn(text, stacklevel=stacklevel + 1)
 
 
 class TimingCache:
-    """Measurements of one GPU in one context: :meth:`get` what was measured, :meth:`put` what is new.
+    """The files of one GPU's measurements in one context under ``directory``: :meth:`get` what was measured,
+    :meth:`put` what is new. ``note(text)``: where the one-line notes go (the build session's)."""
 
-    ``directory`` None keeps them in this process only (the option off)."""
-
-    def __init__(self, directory: str | None, gpu: dict, context: dict):
+    def __init__(self, directory: str, gpu: dict, context: dict, note=_warn):
         self.gpu = json.loads(_canonical(gpu))
         self.context = json.loads(_canonical(context))
         self.directory = directory
+        self.note = note
         self.gpu_id = _digest(self.gpu)[:16]
-        self._context_id = _digest(self.context)[:16]
         self._looked_around = False
 
     # ---- the two calls -----------------------------------------------------------------
     def get(self, kind: str, key, valid=None):
         """The value measured for ``key`` (JSON: lists, strings, numbers), or None when it must be measured:
-        not in memory nor on disk, or on disk but unreadable, foreign, stale, or failing ``valid(value)``."""
-        key = json.loads(_canonical(key))
-        mem = (self.gpu_id, self._context_id, kind, _canonical(key))
-        if mem in _memory:
-            return _memory[mem]
-        value = self._read(kind, key, valid)
-        if value is not None:
-            _memory[mem] = value
-        return value
+        not on disk, or there but unreadable, foreign, stale, or failing ``valid(value)``."""
+        return self._read(kind, json.loads(_canonical(key)), valid)
 
     def put(self, kind: str, key, value) -> None:
-        """Keep ``value`` (JSON) for ``key``: in memory, and on disk when the cache has a directory."""
-        key, value = json.loads(_canonical(key)), json.loads(_canonical(value))
-        _memory[(self.gpu_id, self._context_id, kind, _canonical(key))] = value
+        """Keep ``value`` (JSON) for ``key`` on disk (while the directory is writable)."""
         if self.directory is not None:
-            self._write(kind, key, value)
+            self._write(kind, json.loads(_canonical(key)), json.loads(_canonical(value)))
 
     # ---- files -------------------------------------------------------------------------
     def path(self, kind: str, key) -> str:
@@ -223,7 +197,7 @@ class TimingCache:
         if not isinstance(entry, dict) or entry.get("kind") != kind or entry.get("key") != key:
             return self._corrupt()
         if entry.get("gpu") != self.gpu or entry.get("context") != self.context:
-            note_once(f"ignoring timing-cache entries under {self.directory} that another GPU, driver, library, "
+            self.note(f"ignoring timing-cache entries under {self.directory} that another GPU, driver, library, "
                       f"TVM or tvm-nimble version measured (this build's: {describe_gpu(self.gpu)}); they are "
                       "measured again and replaced", stacklevel=4)
             return None
@@ -233,7 +207,7 @@ class TimingCache:
         return value
 
     def _corrupt(self):
-        note_once(f"ignoring unreadable timing-cache entries under {self.directory}: they are measured again and "
+        self.note(f"ignoring unreadable timing-cache entries under {self.directory}: they are measured again and "
                   "rewritten (delete the directory, or pass timing_cache='off', if this repeats)", stacklevel=5)
         return None
 
@@ -249,7 +223,7 @@ class TimingCache:
         except OSError:
             return
         if others and not os.path.isdir(os.path.join(self.directory, self.gpu_id)):
-            note_once(f"the timing cache under {self.directory} has entries of {len(others)} other GPU, driver or "
+            self.note(f"the timing cache under {self.directory} has entries of {len(others)} other GPU, driver or "
                       f"library version(s) and none of this build's ({describe_gpu(self.gpu)}): measuring",
                       stacklevel=5)
 
@@ -264,10 +238,10 @@ class TimingCache:
                 _write_json_atomically(gpu_file, self.gpu, indent=1)
             _write_json_atomically(path, entry)
         except OSError as err:
-            note_once(f"cannot write the timing cache under {self.directory} ({err.strerror or err}): this build's "
+            self.note(f"cannot write the timing cache under {self.directory} ({err.strerror or err}): this build's "
                       "measurements are not kept; give timing_cache (--timing-cache) a writable directory, or 'off'",
                       stacklevel=4)
-            self.directory = None  # reads of what this build measures come from memory
+            self.directory = None  # reads of what this build measures come from the session's memory
 
 
 def _write_json_atomically(path: str, obj, indent: int | None = None) -> None:

@@ -18,7 +18,9 @@ from tvm_nimble import zoo
 from tvm_nimble.errors import ModelError, NimbleError
 from tvm_nimble.runtime.artifact import ArtifactError
 from tvm_nimble.runtime.buckets import arena_layout
-from tvm_nimble.runtime.executor import BucketedExecutor, InputError, NimbleExecutor
+from tvm_nimble import NimbleExecutor
+from tvm_nimble.runtime.bucketed import BucketedExecutor
+from tvm_nimble.runtime.executor import Executor, InputError
 
 SIZES = [1, 2, 4, 8]
 ROWS = 33  # every batch size 1..33: inside buckets, at their edges, one past them, and split over several runs
@@ -163,7 +165,7 @@ def test_version_1_artifacts_still_load_and_a_corrupted_bucket_is_refused(resnet
     with open(os.path.join(resnet.single_path, "manifest.json")) as f:
         assert json.load(f)["version"] == 1
     ex = NimbleExecutor(resnet.single_path)
-    assert type(ex) is NimbleExecutor
+    assert type(ex) is Executor
     np.testing.assert_allclose(ex(resnet.x[:1])[0].numpy(), resnet.ref[:1], rtol=1e-4, atol=1e-4)
     module = tvm_nimble.load(resnet.path)
     assert module.batch_sizes == SIZES and module.plan is module.buckets[8].plan

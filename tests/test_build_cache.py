@@ -16,7 +16,7 @@ from tvm_nimble.compiler import kernel_cache, notes, stream_choice, timing_cache
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.runtime.executor import NimbleExecutor
+from tvm_nimble import NimbleExecutor
 from tvm_nimble.runtime.module import NimbleModule
 
 from test_timing_cache import SM90, PlanCostTimer, _need_vendor, nasnet  # noqa: F401 (nasnet: a fixture)

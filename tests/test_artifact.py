@@ -215,3 +215,23 @@ def test_cuda_executable_without_a_cuda_runtime_says_so(tmp_path):
     assert "not built with relax_pipeline" not in msg
     assert "NVIDIA GPU" in msg and ("CUDA kernels that this process cannot load" in msg or "none is visible" in msg)
     assert "export_library" in msg or "none is visible" in msg
+
+
+def test_a_bf16_artifact_loads_back_and_runs_as_built(tmp_path):
+    """np.savez stores bfloat16 constants as raw bytes ('|V2'); loading views them as the plan's bfloat16
+    again, so a fresh executor of the exported artifact gives exactly the in-memory build's outputs."""
+    from tvm_nimble import zoo
+
+    model = zoo.get_model("inception", blocks=1)
+    module = tvm_nimble.build(model, "llvm", precision="bf16")
+    assert any(module.plan.tensors[c].dtype == "bfloat16" for c in module.plan.constants)
+    inputs = zoo.random_inputs(model, seed=0)
+    with NimbleExecutor(module) as ex:
+        want = [o.numpy() for o in ex(**inputs)]
+    path = str(tmp_path / "bf16.nimble")
+    module.export(path)
+    with NimbleExecutor(path) as ex:
+        got = [o.numpy() for o in ex(**inputs)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert np.abs(want[0]).max() > 1e-3  # a non-degenerate output

@@ -18,7 +18,9 @@ from tvm_nimble import zoo
 from tvm_nimble.errors import ModelError, NimbleError
 from tvm_nimble.runtime.artifact import ArtifactError
 from tvm_nimble.runtime.buckets import arena_layout
-from tvm_nimble.runtime.executor import BucketedExecutor, InputError, NimbleExecutor
+from tvm_nimble import NimbleExecutor
+from tvm_nimble.runtime.bucketed import BucketedExecutor
+from tvm_nimble.runtime.executor import Executor, InputError
 
 SIZES = [1, 2, 4, 8]
 ROWS = 33  # every batch size 1..33: inside buckets, at their edges, one past them, and split over several runs
@@ -163,7 +165,7 @@ def test_version_1_artifacts_still_load_and_a_corrupted_bucket_is_refused(resnet
     with open(os.path.join(resnet.single_path, "manifest.json")) as f:
         assert json.load(f)["version"] == 1
     ex = NimbleExecutor(resnet.single_path)
-    assert type(ex) is NimbleExecutor
+    assert type(ex) is Executor
     np.testing.assert_allclose(ex(resnet.x[:1])[0].numpy(), resnet.ref[:1], rtol=1e-4, atol=1e-4)
     module = tvm_nimble.load(resnet.path)
     assert module.batch_sizes == SIZES and module.plan is module.buckets[8].plan
@@ -307,3 +309,61 @@ def test_a_bucketed_artifact_runs_with_runtime_only_tvm(resnet, tmp_path):
 
     y = run_runtime_only(tmp_path, resnet.path, resnet.x[:13])  # 13 rows: 8 + 5 padded to 8
     np.testing.assert_allclose(y, resnet.ref[:13], rtol=1e-4, atol=1e-4)
+
+
+# ---- the bucketed executor checks and profiles as the plain one does ---------------------------------------
+def test_a_tampered_weight_is_refused_by_checksum(resnet, tmp_path):
+    import shutil
+
+    bad = str(tmp_path / "tampered.nimble")
+    shutil.copytree(resnet.path, bad)
+    with np.load(os.path.join(bad, "params.npz")) as data:
+        weights = {k: data[k] for k in data.files}
+    name = max(weights, key=lambda k: weights[k].size)
+    weights[name] = weights[name] * 2  # same shape and dtype: only the checksum can tell
+    np.savez(os.path.join(bad, "params.npz"), **weights)
+    for call in (tvm_nimble.load, NimbleExecutor):
+        with pytest.raises(ArtifactError, match="params.npz does not match its checksum") as err:
+            call(bad)
+        _one_line(err)
+
+
+def test_bad_inputs_give_the_plain_executors_one_line_errors(resnet):
+    import tvm
+
+    plain, bucketed = NimbleExecutor(resnet.single_path), NimbleExecutor(resnet.path)
+    x = resnet.x[:1]
+    bad = [("set_input", ("nope", x)), ("set_input", (3, x)), ("set_input", (0, x.astype("float64"))),
+           ("set_input", (0, tvm.runtime.tensor(x.astype("float64")))), ("set_input", (0, object())),
+           ("__call__", (x, x)), ("__call__", (tvm.runtime.tensor(x.astype("float64")),))]
+    for method, args in bad:
+        errors = []
+        for ex in (plain, bucketed):
+            with pytest.raises(NimbleError) as err:
+                getattr(ex, method)(*args)
+            errors.append((type(err.value), _one_line(err)))
+        assert errors[0] == errors[1], (method, errors)
+        assert errors[1][0] is InputError
+    with pytest.raises(InputError, match="dtype float64, the model expects float32; cast it first"):
+        bucketed(tvm.runtime.tensor(resnet.x[:5].astype("float64")))
+
+
+def test_profile_is_the_buckets_profile(resnet):
+    """On the CPU profile() is refused as the plain executor refuses it (it needs GPU streams); the bucketed
+    executor hands it to the bucket that serves the batch, or to every bucket."""
+    plain, bucketed = NimbleExecutor(resnet.single_path), NimbleExecutor(resnet.path)
+    with pytest.raises(ValueError) as want:
+        plain.profile()
+    for call in (bucketed.profile, lambda: bucketed.profile(batch=3), bucketed.bucket(4).profile):
+        with pytest.raises(ValueError) as got:
+            call()
+        assert str(got.value) == str(want.value)
+    assert bucketed.bucket_for(3) == 4 and bucketed.bucket_for(8) == 8 and bucketed.bucket_for(30) == 8
+
+
+def test_each_bucket_is_a_plain_executor_on_the_shared_weights(resnet):
+    ex = NimbleExecutor(resnet.path)
+    assert all(type(ex.bucket(b)) is Executor for b in SIZES)
+    # a bucket run on its own gives the reference too (it runs on the weights loaded once)
+    np.testing.assert_allclose(ex.bucket(2)(resnet.x[:2])[0].numpy(), resnet.ref[:2], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ex(resnet.x[:2])[0].numpy(), resnet.ref[:2], rtol=1e-4, atol=1e-4)

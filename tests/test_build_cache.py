@@ -18,7 +18,7 @@ from tvm_nimble.compiler.notes import Notes
 from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.compiler.session import CacheMemory
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.runtime.executor import NimbleExecutor
+from tvm_nimble import NimbleExecutor
 from tvm_nimble.runtime.module import NimbleModule
 
 from test_timing_cache import SM90, PlanCostTimer, _need_vendor, nasnet  # noqa: F401 (nasnet: a fixture)

@@ -66,3 +66,56 @@ def test_check_inputs_false_opts_out(gather):
     np.testing.assert_allclose(ex(ids)[0].numpy(), _reference(model, ids))
     with tvm_nimble.NimblePool(module, replicas=1, check_inputs=False) as pool:
         assert all(not e.check_inputs for e in pool._executors)
+
+
+# ---- check_finite: a NaN or an infinity refused, naming the input ------------------------------------------
+@pytest.fixture(scope="module")
+def relu_net():
+    """The zoo inception (convolutions and ReLUs) built at batch 1 and with buckets [1, 2]."""
+    from tvm_nimble import zoo
+
+    model = zoo.inception(blocks=1, hw=8)
+    return model, tvm_nimble.build(model, "llvm"), tvm_nimble.build(model, "llvm", batch_sizes=[1, 2])
+
+
+def test_check_finite_refuses_a_nan_or_an_infinity_in_one_line(relu_net):
+    import tvm
+
+    model, module, bucketed = relu_net
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
+    nan = x.copy()
+    nan[0, 1, 2, 3] = np.nan
+    inf = x.copy()
+    inf[0, 0, 0, 5] = -np.inf
+    for m in (module, bucketed):
+        ex = tvm_nimble.NimbleExecutor(m, check_finite=True)
+        assert ex.check_finite is True
+        for bad, what in ((nan, r"holds nan at \[0, 1, 2, 3\]"), (inf, r"holds -inf at \[0, 0, 0, 5\]")):
+            for value in (bad, tvm.runtime.tensor(bad)):
+                with pytest.raises(InputError, match=rf"input 'input' {what}.*check_finite=False") as err:
+                    ex(value)
+                assert "\n" not in str(err.value)
+                with pytest.raises(InputError, match=what):
+                    ex.set_input("input", value)
+        np.testing.assert_allclose(ex(x)[0].numpy(), ReferenceEvaluator(model).run(None, {"input": x})[0],
+                                   rtol=1e-4, atol=1e-4)  # finite inputs run as before
+    # off by default: the NaN input runs (what comes out is the kernels' business)
+    assert tvm_nimble.NimbleExecutor(module).check_finite is False
+    tvm_nimble.NimbleExecutor(module)(nan)
+    with tvm_nimble.NimblePool(module, replicas=1, check_finite=True) as pool:
+        with pytest.raises(InputError, match="holds nan"):
+            pool(nan)
+
+
+def test_the_batcher_refuses_a_non_finite_request_alone(relu_net):
+    from tvm_nimble.runtime.batcher import Batcher
+
+    model, _, bucketed = relu_net
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype("float32")
+    nan = x[:1].copy()
+    nan[0, 0, 0, 0] = np.nan
+    with Batcher(bucketed, max_delay_ms=0, check_finite=True) as batcher:
+        with pytest.raises(InputError, match="input 'input' holds nan at"):
+            batcher(nan)
+        want = np.concatenate([ReferenceEvaluator(model).run(None, {"input": x[i:i + 1]})[0] for i in range(2)])
+        np.testing.assert_allclose(batcher(x)[0].numpy(), want, rtol=1e-4, atol=1e-4)

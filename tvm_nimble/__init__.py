@@ -21,7 +21,10 @@ if _os.path.isfile(_os.path.join(_root, "relay_passes", "__init__.py")) and _roo
 __version__ = "0.1.0"
 
 from .errors import ModelError, NimbleError, ShapeError, UnsupportedOperatorError  # noqa: E402
-from .runtime.executor import ConcurrentUseError, NimbleExecutor, NotReadyError  # noqa: E402
+from .runtime.bucketed import BucketedExecutor  # noqa: E402
+from .runtime.executor import ConcurrentUseError, Executor, NotReadyError  # noqa: E402
+from .runtime.inputs import InputError  # noqa: E402
+from .runtime.loading import NimbleExecutor  # noqa: E402
 from .runtime.module import NimbleModule, load  # noqa: E402
 from .runtime.pool import NimblePool  # noqa: E402
 
@@ -60,5 +63,5 @@ def _register_with_tvm():
 
 _register_with_tvm()
 
-__all__ = ["NimbleExecutor", "NimblePool", "NimbleModule", "load", "ConcurrentUseError", "NotReadyError", "build", "BuildResult", "from_onnx", "assign_streams", "AnnotateStreams",
+__all__ = ["NimbleExecutor", "Executor", "BucketedExecutor", "InputError", "NimblePool", "NimbleModule", "load", "ConcurrentUseError", "NotReadyError", "build", "BuildResult", "from_onnx", "assign_streams", "AnnotateStreams",
            "explain_model", "NimbleError", "ModelError", "ShapeError", "UnsupportedOperatorError"]

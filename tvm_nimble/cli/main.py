@@ -85,7 +85,7 @@ def cmd_compile(args):
 def cmd_run(args):
     import numpy as np
 
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
 
     if args.output_dir:
         _check_output_dir(args.output_dir)  # before the run: a bad --output-dir fails at once

@@ -208,10 +208,28 @@ def load_artifact_files(path: str) -> tuple[dict, Plan, str, dict[str, np.ndarra
     check_tvm_version(path, manifest)
     _check_sums(path, manifest, FILES)
     plan = _read_plan(path, "plan.json", manifest)
-    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
-        params = {k: data[k] for k in data.files}
+    params = _read_params(path, {f"c{c}": plan.tensors[c].dtype for c in plan.constants})
     _check_constants(path, plan, {f"c{c}": f"c{c}" for c in plan.constants}, params)
     return manifest, plan, os.path.join(path, "kernels.so"), params
+
+
+def _read_params(path: str, dtypes: dict[str, str]) -> dict[str, np.ndarray]:
+    """The arrays of ``path``/params.npz. numpy stores the dtypes that ml_dtypes adds (bfloat16, float8_*) as
+    raw bytes, which read back as void (``|V2``): each such array is viewed as the dtype the plan gives it
+    (``dtypes``: array name -> dtype), its bytes unchanged."""
+    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
+        return {k: _as_dtype(data[k], dtypes.get(k)) for k in data.files}
+
+
+def _as_dtype(arr: np.ndarray, dtype: str | None) -> np.ndarray:
+    if arr.dtype.kind != "V" or dtype is None:
+        return arr
+    import ml_dtypes
+
+    want = getattr(ml_dtypes, dtype, None)
+    if want is None or np.dtype(want).itemsize != arr.dtype.itemsize:
+        return arr  # (_check_constants names the mismatch)
+    return arr.view(want)
 
 
 def _check_sums(path: str, manifest: dict, files) -> None:
@@ -301,11 +319,12 @@ def load_bucketed_files(path: str) -> tuple[dict, list, dict[str, np.ndarray]]:
     if any((p, k) != bucket_files(b) for b, p, k, _ in specs):
         raise ArtifactError(f"{path}/manifest.json names unexpected bucket files; rebuild the artifact")
     _check_sums(path, manifest, [f for _, p, k, _ in specs for f in (p, k)] + ["params.npz"])
-    with np.load(os.path.join(path, "params.npz"), allow_pickle=False) as data:
-        weights = {k: data[k] for k in data.files}
+    plans = [_read_plan(path, plan_file, manifest) for _, plan_file, _, _ in specs]
+    dtypes = {names.get(f"c{c}"): plan.tensors[c].dtype
+              for plan, (_, _, _, names) in zip(plans, specs) for c in plan.constants}
+    weights = _read_params(path, dtypes)
     out = []
-    for batch, plan_file, kernels_file, names in specs:
-        plan = _read_plan(path, plan_file, manifest)
+    for plan, (batch, _, kernels_file, names) in zip(plans, specs):
         _check_constants(path, plan, names, weights)
         out.append((batch, plan, os.path.join(path, kernels_file), names))
     return manifest, out, weights

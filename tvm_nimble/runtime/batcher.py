@@ -7,7 +7,7 @@
 A request is any number of rows (the leading dimension of every input). A worker takes the oldest
 waiting request, then gathers the ones behind it, in arrival order, until the batch holds the
 largest bucket's rows or ``max_delay_ms`` have passed since that oldest request arrived, and runs
-them as one batch (:class:`~tvm_nimble.runtime.buckets.BucketedExecutor`: the smallest bucket that
+them as one batch (:class:`~tvm_nimble.runtime.bucketed.BucketedExecutor`: the smallest bucket that
 holds it, padded). Each caller gets exactly its own rows of every output, in order. A request never
 straddles two runs: one that would overflow the batch waits for the next, and one larger than the
 largest bucket runs alone, split. Over a :class:`~tvm_nimble.runtime.pool.NimblePool` there is one
@@ -31,7 +31,9 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError, ShapeError
 
-from .executor import InputError, NimbleExecutor
+from .bucketed import BucketedExecutor
+from .executor import Executor
+from .inputs import InputError, refuse_non_finite
 from .pool import NimblePool
 
 
@@ -48,8 +50,8 @@ class _Request:
 class Batcher:
     """Gathers requests from many threads into bucketed runs (see the module docstring).
 
-    ``model``: a :class:`NimblePool` (one worker per replica), a :class:`NimbleExecutor`, or what they
-    load (a module or an artifact path; then ``replicas`` executors are made, default 1); or a function
+    ``model``: a :class:`NimblePool` (one worker per replica), an executor (``tvm_nimble.NimbleExecutor``), or
+    what they load (a module or an artifact path; then ``replicas`` executors are made, default 1); or a function
     ``fn(*inputs) -> outputs`` of numpy arrays stacked along the first axis whose outputs have one row per
     input row (sliced per request with ``out[a:b]``, so they must not be reused buffers), called from one
     worker; it needs ``max_batch``.
@@ -59,22 +61,26 @@ class Batcher:
     a slice per request) instead of TVM tensors on the model's device.
     ``warm``: before taking requests, run every bucket of every executor once (:meth:`BucketedExecutor.warm`),
     so that no request pays a bucket's first use (a function is the caller's to warm).
+    ``check_inputs``: as the executor's (index inputs within their tables). ``check_finite``: a request
+    holding a NaN or an infinity is refused in its caller's thread (the executor's option, checked per
+    request, so that one bad request does not fail the others gathered with it).
     ``stats`` counts requests, rows and runs (``batches`` lists each run's rows).
     """
 
     def __init__(self, model, max_delay_ms: float = 2.0, max_batch: int | None = None, replicas: int | None = None,
-                 check_inputs: bool = True, to_numpy: bool = False, warm: bool = True):
+                 check_inputs: bool = True, to_numpy: bool = False, warm: bool = True, check_finite: bool = False):
         if not isinstance(max_delay_ms, (int, float)) or isinstance(max_delay_ms, bool) or max_delay_ms < 0:
             raise ValueError(f"max_delay_ms must be a number >= 0, got {max_delay_ms!r}")
         self._owned = None
         self.to_numpy = bool(to_numpy)
+        self.check_finite = bool(check_finite)
         self._fn = None
         self.plan = None
-        if callable(model) and not isinstance(model, (NimblePool, NimbleExecutor)):
+        if callable(model) and not isinstance(model, (NimblePool, Executor, BucketedExecutor)):
             if max_batch is None:
                 raise ValueError("a Batcher over a function needs max_batch (the most rows it takes at once)")
             self._fn = model
-        elif isinstance(model, (NimblePool, NimbleExecutor)):
+        elif isinstance(model, (NimblePool, Executor, BucketedExecutor)):
             self._target = model
         else:
             self._target = self._owned = NimblePool(model, replicas=replicas or 1, check_inputs=check_inputs)
@@ -85,7 +91,7 @@ class Batcher:
             probe = self._target._executors[0]
         else:
             workers, probe = 1, self._target
-        if probe is not None and not hasattr(probe, "batch_sizes"):  # a model built for one batch: serve it as a one-bucket model
+        if isinstance(probe, Executor):  # a model built for one batch: serve it as a one-bucket model
             if self._owned is not None:
                 self._owned.close()
             pool = self._target if isinstance(self._target, NimblePool) else None
@@ -144,6 +150,8 @@ class Batcher:
                                  f"(a request is [N, {', '.join(map(str, rest))}])")
             if str(arr.dtype) != dtype:
                 raise InputError(f"input {name!r} has dtype {arr.dtype}, the model expects {dtype}; cast it first")
+            if self.check_finite:
+                refuse_non_finite(name, arr)
             arrays.append(arr)
         return arrays, self._rows_of(arrays)
 

@@ -3,7 +3,7 @@
 A CUDA graph fixes every shape, so a plan serves one batch size. A model built with
 ``batch_sizes=[1, 2, 4, 8]`` holds one plan (and kernel library) per size, a *bucket*, and one copy
 of the weights (:class:`BucketedModule`; the artifact's ``params.npz`` stores each distinct
-constant once, by content). :class:`BucketedExecutor` takes any batch:
+constant once, by content). :class:`~tvm_nimble.runtime.bucketed.BucketedExecutor` takes any batch:
 
 - ``n`` rows up to the largest bucket run on the smallest bucket that holds them: the inputs are
   copied into that bucket's input buffers, the rows past ``n`` set to zeros (copied on the device from
@@ -21,7 +21,7 @@ The batch is the leading dimension of every input and every output (the build ch
 
 Here: the pieces (buffer layout, weights by content, row views); the module is
 :class:`~tvm_nimble.runtime.module.BucketedModule`, the executor
-:class:`~tvm_nimble.runtime.executor.BucketedExecutor`.
+:class:`~tvm_nimble.runtime.bucketed.BucketedExecutor`.
 """
 from __future__ import annotations
 
@@ -138,14 +138,14 @@ def check_buckets(buckets: dict) -> None:
 
 
 class SharedWorkspace(Workspace):
-    """A bucket's workspace over buffers allocated by its :class:`BucketedExecutor`."""
+    """A bucket's workspace over buffers allocated by its
+    :class:`~tvm_nimble.runtime.bucketed.BucketedExecutor`."""
 
     def __init__(self, plan, device, storages):  # (no allocation: Workspace.__init__ is not called)
         self.plan = plan
         self.device = device
         self.storages = storages
         self.tensors = self.views()
-
 
 
 def row_view(t, start: int, rows: int, row_bytes: int):

@@ -19,7 +19,9 @@ import threading
 
 from tvm_nimble.errors import NimbleError
 
-from .executor import NimbleExecutor, load_module
+from .bucketed import BucketedExecutor
+from .executor import Executor
+from .loading import NimbleExecutor, load_module
 
 #: Default upper bound on the replicas a pool creates when ``replicas`` is not given.
 MAX_REPLICAS = 4
@@ -56,28 +58,29 @@ def default_replicas(plan, device=None, max_replicas: int = MAX_REPLICAS, nbytes
 
 
 class NimblePool:
-    """``replicas`` :class:`NimbleExecutor` s of one model, shared by threads.
+    """``replicas`` executors (``tvm_nimble.NimbleExecutor``) of one model, shared by threads.
 
     ``pool(*inputs, **named)`` runs one inference on an idle replica (waiting for one when all
     are busy) and returns the outputs as tensors the caller owns. ``replicas`` defaults to
-    :func:`default_replicas`. ``device``, ``mode`` and ``check_inputs`` are passed to every executor.
+    :func:`default_replicas`. ``device``, ``mode``, ``check_inputs`` and ``check_finite`` are passed to every
+    executor.
     """
 
     def __init__(self, module_or_artifact, replicas: int | None = None, device=None, mode: str | None = None,
-                 max_replicas: int = MAX_REPLICAS, check_inputs: bool = True):
+                 max_replicas: int = MAX_REPLICAS, check_inputs: bool = True, check_finite: bool = False):
         self.module = load_module(module_or_artifact)
         self.plan = self.module.plan
         if replicas is None:
             replicas = default_replicas(self.plan, device, max_replicas, module_bytes(self.module))
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-        self._executors: list[NimbleExecutor] = []
+        self._executors: list[Executor | BucketedExecutor] = []
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._lock = threading.Lock()
         try:
             for _ in range(replicas):
-                ex = NimbleExecutor(self.module, device, mode, check_inputs=check_inputs)
+                ex = NimbleExecutor(self.module, device, mode, check_inputs=check_inputs, check_finite=check_finite)
                 self._executors.append(ex)
                 self._idle.put(ex)
         except BaseException:

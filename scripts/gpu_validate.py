@@ -77,7 +77,7 @@ def validate_model(log, name, meta, d, gpu, dev, args, first):
     from tvm.runtime.vm import VirtualMachine
 
     from tvm_nimble.bench.harness import GPU_MODES, NIMBLE_SYSTEMS, System, interleaved_timing
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
     from tvm_nimble.runtime.module import load
     from tvm_nimble.bench.timing import host_cost_us
 
@@ -149,7 +149,7 @@ def validate_model(log, name, meta, d, gpu, dev, args, first):
 def reliability_checks(log, module, inputs, dev):
     """The #9 checks that need a GPU, on one model."""
     from tvm_nimble.errors import NimbleError
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
     from tvm_nimble.runtime.module import NimbleModule
 
     checks = log.data.setdefault("checks", {})

@@ -25,7 +25,7 @@ import gpu_args  # the shared command line, beside this script in scripts/experi
 
 
 def _outputs(result, x, device, mode: str):
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
 
     with NimbleExecutor(result, device, mode=mode) as ex:
         return [o.numpy() for o in ex(x)]

@@ -76,7 +76,7 @@ def latency(ex, iters: int = 200) -> float:
 def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32") -> dict:
     from tvm_nimble.cli.bench import model_builders
     from tvm_nimble.compiler.build import build
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
 
     if spec.startswith("hf:"):
         from tvm_nimble.bench.hf_models import hf_builders

@@ -82,7 +82,7 @@ def load_model(spec: str):
 
 def bench_model(spec: str, target: str, kernels: str, seconds: float, runs: int) -> dict:
     from tvm_nimble.compiler.build import build
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
     from tvm_nimble.runtime.pool import NimblePool
 
     name, model = load_model(spec)

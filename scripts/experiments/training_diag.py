@@ -39,7 +39,7 @@ def main(argv=None):
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
     from tvm_nimble.compiler.target import resolve_target
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
 
     case = make_case(args.model, args.batch, steps=max(args.steps, 1), small=args.small)
     inputs = step_inputs(case)
@@ -85,7 +85,7 @@ def _steps(case, cpu, gpu, dev, modes) -> dict:
 
     from tvm_nimble.bench.training import nimble_losses
     from tvm_nimble.compiler.training import NimbleTrainer
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
 
     reference = nimble_losses(NimbleTrainer(cpu, case.step), case)
     print(f"diag cpu trainer losses {np.round(reference, 5).tolist()}")

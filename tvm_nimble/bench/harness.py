@@ -76,7 +76,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
     from tvm_nimble.compiler.stream_choice import choose_streams, summarize as summarize_streams
     from tvm_nimble.compiler.tuning.database import open_tuning_database
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
 
     from tvm_nimble.compiler.merge_choice import summarize as summarize_merge
 

@@ -64,7 +64,7 @@ def measure(fp32_mod: tvm.IRModule, result, device, session) -> dict:
     """{precision, rel_l2 (the largest over :data:`SEEDS`), reference, input_dependent, reference_cached} of
     ``result``, and ``non_finite``: how many output values are NaN or infinite where the reference's are finite
     (only where some are). The reference comes from (and goes to) ``session``'s cache."""
-    from tvm_nimble.runtime.executor import NimbleExecutor
+    from tvm_nimble.runtime.loading import NimbleExecutor
     from tvm_nimble.runtime.timing import random_inputs
 
     target = result.options.target

@@ -307,7 +307,7 @@ class NimbleTrainer:
 
     def __init__(self, module, step: TrainingStep, device=None, mode: str | None = None):
         """``mode``: the executor's (``single-stream`` replays the same kernels on one stream)."""
-        from tvm_nimble.runtime.executor import NimbleExecutor
+        from tvm_nimble.runtime.loading import NimbleExecutor
 
         self.module = module
         self.param_names = list(step.params)

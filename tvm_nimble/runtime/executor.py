@@ -33,7 +33,7 @@ from .inputs import InputError, InputRules
 from .module import BucketedModule, NimbleModule, resolve_kernels
 from .turns import ConcurrentUseError, NotReadyError, Turns
 
-__all__ = ["Executor", "NimbleExecutor", "InputError", "NotReadyError", "ConcurrentUseError", "MODES", "owned_copy"]
+__all__ = ["Executor", "InputError", "NotReadyError", "ConcurrentUseError", "MODES", "owned_copy"]
 
 MODES = ("cuda-graph", "single-stream", "streams", "sequential")
 
@@ -342,8 +342,3 @@ class Executor:
             self.close()
         except Exception:
             pass
-
-
-#: The compile side's spelling of the one-plan executor (it runs the modules it builds); users open any model,
-#: batch buckets included, with ``tvm_nimble.NimbleExecutor`` (:func:`tvm_nimble.runtime.loading.NimbleExecutor`).
-NimbleExecutor = Executor

@@ -34,9 +34,9 @@ def set_random_inputs(ex, plan, seed: int = 0):
 
 def _executor(module):
     """CUDA-graph executor on the GPU for a CUDA plan, the sequential one on the CPU otherwise."""
-    from .executor import NimbleExecutor
+    from .executor import Executor
 
-    return NimbleExecutor(module, mode="cuda-graph" if module.plan.target.get("kind") == "cuda" else None)
+    return Executor(module, mode="cuda-graph" if module.plan.target.get("kind") == "cuda" else None)
 
 
 #: a round of one module runs about this long at most (fewer iterations for slow runs, at least MIN_ITERS):

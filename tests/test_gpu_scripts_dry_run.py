@@ -163,3 +163,13 @@ def test_training_profile_script_on_cpu(tmp_path):
     assert r["single"]["streams"] == 1 < r["multi"]["streams"]
     assert abs(r["single"]["first_loss"] - r["multi"]["first_loss"]) <= 1e-5 * abs(r["multi"]["first_loss"])
     assert "built and ran one step" in out
+
+
+def test_artifact_reload_script_on_cpu(tmp_path):
+    """The artifact_reload experiment (#54), dry-run on llvm: bf16 and fp16 artifacts exported, loaded in a fresh
+    process and run give exactly the building process's output."""
+    script("experiments/artifact_reload.py", "--models", "zoo:inception", "--target", "llvm", "--precisions",
+           "bf16,fp16", "--out", str(tmp_path / "ar"), cwd=tmp_path)
+    rows = json.load(open(tmp_path / "ar" / "artifact_reload.json"))
+    assert [r["precision"] for r in rows] == ["bf16", "fp16"]
+    assert all(r["reloaded"] and r["finite"] and r["vs_build"] == 0.0 for r in rows), rows

@@ -20,7 +20,7 @@ from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, from_inf
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES
+from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 
 MODELS = ["inception", "nasnet", "resnet"]
 

@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm_nimble.runtime import cuda_graph
 from tvm_nimble.runtime.issue import LAUNCH, RECORD, WAIT, Op, check_sequence, issue_sequence
 from tvm_nimble.runtime.module import NimbleModule
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 from tvm_nimble.runtime.race_check import POISON, check_races
 
 OPSET = [helper.make_opsetid("", 17)]

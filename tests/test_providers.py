@@ -20,8 +20,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import Provider, cudnn
 from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor, find_offloads
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES
-from tvm_nimble.runtime.vendor import FUNCTIONS
+from tvm_nimble.contract.vendor_abi import FUNCTIONS, VENDOR_PREFIXES
 
 
 def test_every_provider_declares_what_it_takes_and_the_runtime_serves_its_calls():

@@ -9,7 +9,7 @@ at import (``providers/__init__.py`` imports each one: one line per provider). I
   the plan takes as a launch like any TIR kernel (:mod:`..vendor_offload` does the rewriting);
 - where the runtime finds that function (``runtime_library``: ``"vendor"`` is the cuDNN/cuBLASLt
   extension, ``codegen/vendor``, whose functions the runtime resolves by the prefixes in
-  ``tvm_nimble.runtime.plan.VENDOR_PREFIXES``).
+  ``tvm_nimble.contract.vendor_abi.VENDOR_PREFIXES``).
 
 TVM's own kernels are the provider ``tvm``: it takes every operator no other provider took, with no
 rewriting. ``kernels="best"`` (``compiler.kernel_choice``) measures every provider that accepts an

@@ -92,7 +92,7 @@ def tensor_at(storage, shape, dtype: str, offset: int):
     inside its storage (a slice of a concatenation built in place) gets its data pointer advanced
     instead. TVM does that only for offsets aligned to its allocation alignment (64 bytes) and would
     otherwise copy, which here would silently lose the kernel's writes: the plan guarantees the
-    alignment (:data:`tvm_nimble.runtime.plan.SLICE_ALIGN`)."""
+    alignment (:data:`tvm_nimble.contract.plan.SLICE_ALIGN`)."""
     view = tensor_view(storage, shape, dtype, offset)
     if offset == 0:
         return view

@@ -24,6 +24,7 @@ import tvm_ffi
 from tvm_nimble import env
 from tvm_nimble.contract.vendor_abi import CUDNN_CONV2D_ALGOS, FUNCTIONS, VENDOR_VERSIONS
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.native_libs import nvidia_roots
 
 ENV_LIB_DIRS = env.VENDOR_LIB_DIRS
 ENV_SYSTEM = env.VENDOR_SYSTEM_LIBS
@@ -39,34 +40,6 @@ _extensions: dict[str, ctypes.CDLL] = {}
 
 class VendorLibraryError(NimbleError):
     """cuDNN / cuBLAS or the vendor extension cannot be loaded."""
-
-
-def _site_dirs() -> list[str]:
-    dirs = []
-    for entry in env.python_path():
-        dirs.append(os.path.abspath(entry))
-    for mod_file in (tvm_ffi.__file__, _numpy_file()):
-        if mod_file:
-            dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(mod_file))))
-    seen: list[str] = []
-    for d in dirs:
-        if d not in seen:
-            seen.append(d)
-    return seen
-
-
-def _numpy_file() -> str | None:
-    try:
-        import numpy
-
-        return numpy.__file__
-    except ImportError:
-        return None
-
-
-def nvidia_roots() -> list[str]:
-    """The ``nvidia/`` folders of the pip wheels, in the site directories of tvm_ffi and numpy."""
-    return [os.path.join(d, "nvidia") for d in _site_dirs() if os.path.isdir(os.path.join(d, "nvidia"))]
 
 
 def wheel_lib_dirs() -> list[str]:

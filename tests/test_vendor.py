@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _available():
-    from codegen.vendor_build import vendor_available
+    from tvm_nimble.codegen.vendor_build import vendor_available
 
     return vendor_available()
 
@@ -30,7 +30,7 @@ def built_lib():
     ok, why = _available()
     if not ok:
         pytest.skip(f"cannot build the vendor extension here: {why}")
-    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
 
     return build_vendor_library("sm_90")
 
@@ -48,7 +48,7 @@ def _readelf_dynamic(path):
 
 
 def test_extension_builds_for_sm90_without_rpath(built_lib, tmp_path):
-    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
 
     assert os.path.isfile(built_lib) and built_lib.endswith(".so")
     assert os.sep + os.path.join("tvm-nimble", "vendor") + os.sep in built_lib  # the cache
@@ -63,7 +63,7 @@ def test_extension_builds_for_sm90_without_rpath(built_lib, tmp_path):
 
 
 def test_build_errors_are_one_line(monkeypatch):
-    from codegen import vendor_build
+    from tvm_nimble.codegen import vendor_build
 
     with pytest.raises(vendor_build.VendorBuildError, match="sm_90"):
         vendor_build.build_vendor_library("hopper")

@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     lib = args.lib
     built_here = False
     if not lib or not os.path.isfile(lib):
-        from codegen.vendor_build import build_vendor_library
+        from tvm_nimble.codegen.vendor_build import build_vendor_library
 
         major, minor = torch.cuda.get_device_capability(0)
         print(f"building the extension for sm_{major}{minor} (--lib {'absent' if not lib else lib + ' not found'})",

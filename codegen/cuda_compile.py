@@ -25,6 +25,7 @@ import tvm_ffi
 
 from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.native_libs import load_tvm_cuda_runtime
 
 from .cuda_split import compile_ptx_units, fatbin_from_ptx, jobs, merge_ptx, ptxas_options, split_units
 
@@ -77,10 +78,8 @@ def _stub_driver(runtime_lib: str) -> str:
 def load_cuda_runtime() -> None:
     """Register TVM's CUDA runtime in this process, also where no GPU driver is installed.
 
-    The runtime loader proper is ``tvm_nimble.runtime.device.ensure_cuda_runtime``; at build time
-    ``libcuda.so.1`` may be missing, so a stub is loaded first to satisfy the linker."""
-    from tvm_nimble.runtime.device import ensure_cuda_runtime
-
+    The libraries are :func:`tvm_nimble.native_libs.cuda_runtime_libraries` (what the runtime loads too); at
+    build time ``libcuda.so.1`` may be missing, so a stub is loaded first to satisfy the linker."""
     if "ffi.Module.load_from_bytes.cuda" in tvm_ffi.registry.list_global_func_names():
         return
     runtime_lib = os.path.join(tvm_lib_dir(), "libtvm_runtime_cuda.so")
@@ -90,7 +89,10 @@ def load_cuda_runtime() -> None:
         ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
     except OSError:
         ctypes.CDLL(_stub_driver(runtime_lib), mode=ctypes.RTLD_GLOBAL)
-    ensure_cuda_runtime()
+    try:
+        load_tvm_cuda_runtime()
+    except OSError as err:
+        raise CudaBuildError(f"cannot load TVM's CUDA runtime {runtime_lib}: {err}") from None
 
 
 def _arch(target: tvm.target.Target, nvcc: str) -> str:

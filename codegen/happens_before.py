@@ -67,6 +67,6 @@ def write_ready(launches, root, before: list[int]) -> dict[int, int]:
 
 
 def plan_happens_before(plan) -> list[int]:
-    """:func:`happens_before` of a :class:`tvm_nimble.runtime.plan.Plan`."""
+    """:func:`happens_before` of a :class:`tvm_nimble.contract.plan.Plan`."""
     return happens_before([l.stream for l in plan.launches], [l.waits for l in plan.launches],
                           [l.records for l in plan.launches])

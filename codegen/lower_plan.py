@@ -1,4 +1,4 @@
-"""Lower a stream-annotated Relax module to a :class:`tvm_nimble.runtime.plan.Plan`.
+"""Lower a stream-annotated Relax module to a :class:`tvm_nimble.contract.plan.Plan`.
 
 Input: the output of stage 1 (``relay_passes``): ``main`` after ``CallTIRRewrite`` with
 ``nimble.*`` markers. Output: the launch plan with a concurrency-safe memory plan, plus the
@@ -10,12 +10,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_nimble.contract.plan import CONST, INPUT, INTERMEDIATE, OUTPUT, POOL, Launch, Plan, Storage, TensorSlot
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
 from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
 
 from .happens_before import access_masks, happens_before, sequential_order, write_ready
 from .memory_plan import best_pool_plan, no_reuse_bytes
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
 
 #: How tensors share storage: "concurrent" (safe under the schedule's happens-before),
 #: "sequential" (TVM-style, only safe on one stream; kept to demonstrate the race) or "none".
@@ -23,19 +23,20 @@ REUSE_MODES = ("concurrent", "sequential", "none")
 
 
 def _kinds(program: LoweredProgram) -> dict[int, str]:
+    """value id -> the plan's tensor kind: its root's, an input's or constant's views included."""
     kinds = {}
     output_roots = {program.root(o) for o in program.outputs}
     for v in program.values:
         r = program.root(v.id)
         base = program.values[r].kind
         if base == "input":
-            kinds[v.id] = "input"
+            kinds[v.id] = INPUT
         elif base == "const":
-            kinds[v.id] = "const"
+            kinds[v.id] = CONST
         elif r in output_roots:
-            kinds[v.id] = "output"
+            kinds[v.id] = OUTPUT
         else:
-            kinds[v.id] = "intermediate"
+            kinds[v.id] = INTERMEDIATE
     return kinds
 
 
@@ -59,10 +60,10 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
     storage_of: dict[int, int] = {}
     storages: list[Storage] = []
     for r in roots:
-        if kinds[r] != "intermediate":
+        if kinds[r] != INTERMEDIATE:
             storage_of[r] = len(storages)
             storages.append(Storage(len(storages), program.values[r].nbytes, kinds[r]))
-    pool = [r for r in roots if kinds[r] == "intermediate"]
+    pool = [r for r in roots if kinds[r] == INTERMEDIATE]
     nbytes = _root_bytes(program)
     first_write, accesses = access_masks(((k.index, k.args, k.writes) for k in program.kernels), program.root)
     pool = [r for r in pool if r in first_write]  # allocated but never written: dead
@@ -79,7 +80,7 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
     else:
         block_of, sizes = chosen.block_of, chosen.block_sizes
     base = len(storages)
-    storages += [Storage(base + i, s, "pool") for i, s in enumerate(sizes)]
+    storages += [Storage(base + i, s, POOL) for i, s in enumerate(sizes)]
     for r in pool:
         storage_of[r] = base + block_of[r]
 
@@ -88,7 +89,7 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
         r = program.root(v.id)
         if r not in storage_of:  # never written, never read: give it its own (empty) storage
             storage_of[r] = len(storages)
-            storages.append(Storage(len(storages), nbytes[r], "pool"))
+            storages.append(Storage(len(storages), nbytes[r], POOL))
         offset = program.region(v.id)[1]  # roots sit at the start of their storage
         tensors.append(TensorSlot(v.id, v.name, list(v.shape), v.dtype, kinds[v.id], storage_of[r], offset, v.base))
     constants = [v.id for v in program.values if v.kind == "const"]

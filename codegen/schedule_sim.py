@@ -11,7 +11,7 @@ An event-driven simulation of one replay of the plan's CUDA graph:
     half of it run in the time of one.
 Durations come from a graph-mode profile of the one-stream replay (``scripts/experiments/kernel_profile.py``),
 fills from the kernels' launch shapes or, lacking them, from a calibration against measured
-multi-stream runs. Plain Python on a :class:`~tvm_nimble.runtime.plan.Plan`: no GPU, no TVM.
+multi-stream runs. Plain Python on a :class:`~tvm_nimble.contract.plan.Plan`: no GPU, no TVM.
 """
 from __future__ import annotations
 

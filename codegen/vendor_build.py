@@ -26,7 +26,7 @@ import tempfile
 
 from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.runtime.vendor import nvidia_roots
+from tvm_nimble.native_libs import nvidia_roots
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor")
 LIB_NAME = "libnimble_vendor.so"

@@ -17,7 +17,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .lowered_ir import RECORD_EVENT, SET_STREAM, WAIT_EVENT, is_vendor_call, read_lowered_function
+from tvm_nimble.contract.markers import RECORD_EVENT, SET_STREAM, WAIT_EVENT
+
+from .lowered_ir import is_vendor_call, read_lowered_function
 from .stream_assignment import StreamAssignment, assign_streams
 
 ATTR_NUM_STREAMS = "nimble_num_streams"

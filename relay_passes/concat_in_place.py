@@ -32,8 +32,8 @@ from fractions import Fraction
 import tvm
 from tvm import relax
 
-from tvm_nimble.runtime.executable import SLICE_VIEW
-from tvm_nimble.runtime.plan import SLICE_ALIGN
+from tvm_nimble.contract.markers import SLICE_VIEW
+from tvm_nimble.contract.plan import SLICE_ALIGN
 
 from .concat_kernel import slice_starts, tiles_output
 from .lowered_ir import op_name, static_shape

@@ -14,9 +14,10 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from tvm_nimble.contract.markers import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT
+from tvm_nimble.contract.plan import read_after_write
+from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.runtime.executable import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT  # noqa: F401
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES, read_after_write
 
 from .schedules import allocates_global_buffers
 

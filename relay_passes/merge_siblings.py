@@ -35,8 +35,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.runtime.executable import SLICE_VIEW
-from tvm_nimble.runtime.plan import SLICE_ALIGN
+from tvm_nimble.contract.markers import SLICE_VIEW
+from tvm_nimble.contract.plan import SLICE_ALIGN
 
 from .providers.chains import Chains, activation, ints, known_shape, operator_of, use_counts
 

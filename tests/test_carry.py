@@ -104,7 +104,7 @@ def test_an_input_a_kernel_writes_cannot_be_carried():
     written input, but a loaded plan can hold anything). The buffer swap is argued safe only for inputs
     that no launch writes (see tvm_nimble.runtime.carry), so such an input is refused, in one line."""
     from tvm_nimble.runtime.module import NimbleModule
-    from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+    from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 
     def halve_in_place(h):
         h.copyfrom(h.numpy() / 2)

@@ -16,6 +16,7 @@ from test_cudnn_graph import _reference  # the zoo model, seeded inputs, the ONN
 from tvm_nimble import NimbleExecutor, build, zoo
 from tvm_nimble.compiler import stages
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import cudnn, cudnn_graph
@@ -173,7 +174,7 @@ def test_cublaslt_takes_channels_last_1x1_convolutions_as_gemms(name, vendor_ref
     cublaslt = providers.get("cublaslt")
     offloaded = OffloadToVendor(allow_tf32=True, providers=[cublaslt])(mod)
     gemms = [c for c in _calls(offloaded, "relax.call_dps_packed") if str(c.args[0].global_symbol).startswith(
-        "nimble.cublas.matmul") and len(c.args[1].fields[0].ty.shape.values) == 4]  # not the classifier
+        vendor_abi.CUBLAS_MATMUL) and len(c.args[1].fields[0].ty.shape.values) == 4]  # not the classifier
     assert len(gemms) == len(pointwise)
     result = build(offloaded, "llvm", max_streams=None, timing_cache="off")
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tvm_nimble.codegen.critical_path import critical_path, critical_stream_priority, dependency_edges, serial_sum
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 
 
 def make_plan(ops, n_tensors, views=None):

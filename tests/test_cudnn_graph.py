@@ -66,7 +66,7 @@ class GraphCallsFail(PlanCostTimer):
 
     def launch_ms(self, result, reps):
         if any(l.kernel == cudnn_graph.CONV2D for l in result.plan.launches):
-            raise RuntimeError("nimble.cudnn_graph.conv2d: executing cuDNN's plan failed: test")
+            raise RuntimeError(f"{cudnn_graph.CONV2D}: executing cuDNN's plan failed: test")
         return super().launch_ms(result, reps)
 
 

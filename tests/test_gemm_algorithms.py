@@ -53,8 +53,8 @@ def test_without_a_gpu_of_the_arch_the_heuristics_first_stays():
 def test_explain_lists_the_gemms_that_run_another_algorithm():
     from tvm_nimble.compiler.gemm_algorithms import summarize
 
-    records = [{"signature": "nimble.cublas.matmul(a) -> y", "candidates_us": [27.1, 20.0, 16.6], "chosen": 2},
-               {"signature": "nimble.cublas.matmul(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0}]
+    records = [{"signature": f"{MATMUL}(a) -> y", "candidates_us": [27.1, 20.0, 16.6], "chosen": 2},
+               {"signature": f"{MATMUL}(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0}]
     assert summarize(records) == [
         "cuBLASLt algorithms: 2 distinct GEMMs timed, 1 run a faster one than the heuristic's first",
         "  algorithm 2: 16.6 us (first: 27.1 us)  nimble.cublas.matmul(a) -> y"]

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from tvm_nimble.codegen.happens_before import happens_before, plan_happens_before
 from tvm_nimble.runtime.issue import LAUNCH, ancestors, check_sequence, issue_sequence
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 
 
 @st.composite

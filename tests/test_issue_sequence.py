@@ -9,7 +9,7 @@ import pytest
 
 from tvm_nimble.runtime.issue import LAUNCH, RECORD, WAIT, Op, check_sequence, event_count, issue_sequence
 from tvm_nimble.runtime.module import NimbleModule
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 from tvm_nimble.runtime.race_check import check_races
 
 MULTI_STREAM = ["inception", "nasnet", "random_dag"]

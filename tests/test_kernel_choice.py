@@ -17,10 +17,10 @@ from tvm_nimble import NimbleExecutor, zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, from_info, launches_per_output, summarize
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES
 
 MODELS = ["inception", "nasnet", "resnet"]
 
@@ -145,7 +145,7 @@ def test_allow_tf32_reaches_every_vendor_call_and_the_probe():
         result = build(model, {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", compile_kernels=False,
                        allow_tf32=allow)
         # attrs [..., algo, allow_tf32, layout]: TF32 builds are channels-last (layout 1), fp32 ones NCHW
-        attrs = [lit[1] for l in result.plan.launches if l.kernel.startswith("nimble.cudnn.") for lit in l.literals]
+        attrs = [lit[1] for l in result.plan.launches if l.kernel.startswith(vendor_abi.CUDNN.prefix) for lit in l.literals]
         assert attrs and {a[9] for a in attrs} == {int(allow)} and {a[10] for a in attrs} == {int(allow)}
         probe = build_probe(from_onnx(model), allow_tf32=allow)
         assert all(s.endswith(f",{int(allow)},0])") for s in probe.signatures if "cudnn" in s)
@@ -181,13 +181,13 @@ def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it
     for t in timings:
         assert t.taken_by in (t.provider, providers.TVM) or operators.get(t.taken_by)
         if t.taken_by == "attention":
-            assert any(k.startswith("nimble.attention.") for k in ran)
+            assert any(k.startswith(vendor_abi.ATTENTION.prefix) for k in ran)
     line = summarize(timings, None, operators)
     assert "on attention" in line and line.count(" on ") == len(operators)
     # an operator counted on TVM runs in a TVM kernel: every anchor is a matmul or a convolution, so there are at
     # least as many TVM launches of one (an attention's P·V, absorbed by the attention call, is not on TVM)
     tvm_anchor_kernels = [k for k in (l.kernel for l in result.plan.launches)
-                          if not k.startswith(VENDOR_PREFIXES) and ("matmul" in k or "conv" in k)]
+                          if not k.startswith(vendor_abi.VENDOR_PREFIXES) and ("matmul" in k or "conv" in k)]
     assert operators.get(providers.TVM, 0) <= len(tvm_anchor_kernels), (operators, tvm_anchor_kernels)
 
 
@@ -249,7 +249,7 @@ class _MixLosesInModel(PlanCostTimer):
     replayed model TVM's kernels cost 10 each: the mix of providers and TVM kernels loses to all-vendor there."""
 
     def _cost(self, kernel: str) -> float:
-        if kernel.startswith("nimble.cudnn_graph."):
+        if kernel.startswith(vendor_abi.CUDNN_GRAPH.prefix):
             return 0.6
         return 1.0 if kernel.startswith("nimble.") else 0.5
 

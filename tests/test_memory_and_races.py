@@ -127,7 +127,7 @@ def _stale_but_right_module(synced: bool):
     (event e0). If out = B + C does not wait for B's write (e1), it reads storage 1 early, where A's
     stale bytes hold exactly B's values: only the poison written when A dies reveals the missing sync."""
     from tvm_nimble.runtime.module import NimbleModule
-    from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+    from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 
     shape, nb = [4, 8], 128
     tensors = [TensorSlot(0, "x", shape, "float32", "input", 0),

@@ -15,7 +15,6 @@ from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.providers.attention import SDPA_BIAS, reshape_strides
 from tvm_nimble.relay_passes.vendor_offload import MATMUL, OffloadToVendor
-from tvm_nimble.runtime.executable import SLICE_VIEW
 from tvm_nimble.runtime.race_check import check_races
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tvm_nimble.runtime.plan import Plan, PlanError
+from tvm_nimble.contract.plan import Plan, PlanError
 
 
 def test_json_round_trip(zoo_built):

@@ -16,10 +16,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.runtime import cuda_graph
 from tvm_nimble.runtime.issue import LAUNCH, RECORD, WAIT, Op, check_sequence, issue_sequence
 from tvm_nimble.runtime.module import NimbleModule
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 from tvm_nimble.runtime.race_check import POISON, check_races
 
 OPSET = [helper.make_opsetid("", 17)]
@@ -242,7 +243,7 @@ def test_an_offloaded_clip_keeps_its_bounds(source, case, hi, vendor_reference):
     assert unclipped.max() > 6 + 1 and unclipped.min() < -1  # both bounds bite (and a relu6 differs from hi=4)
     module = _offloaded(_relax_module(model, relax_body, hi) if source == "relax" else model)
     if source == "relax" and case is _conv_case and hi == 6:  # the fusion under test does happen
-        assert all(l.kernel.startswith("nimble.cudnn.") for l in module.plan.launches)
+        assert all(l.kernel.startswith(vendor_abi.CUDNN.prefix) for l in module.plan.launches)
     out = NimbleExecutor(module)(x)[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 

@@ -10,6 +10,7 @@ from onnx.reference import ReferenceEvaluator
 from tvm import relax
 
 from tvm_nimble import NimbleExecutor, build, zoo
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.runtime.timing import random_inputs
 from tvm_nimble.compiler.stages import import_model
 from tvm_nimble.errors import NimbleError
@@ -385,7 +386,7 @@ def test_a_half_precision_classifier_reads_the_mean_kernel_directly():
         return t
 
     writer = {root(w): l.kernel for l in plan.launches for w in l.writes}
-    gemm = [l for l in plan.launches if l.kernel.startswith("nimble.cublas.")][-1]
+    gemm = [l for l in plan.launches if l.kernel.startswith(vendor_abi.CUBLAS.prefix)][-1]
     assert "mean" in writer[root(gemm.args[0])]
 
 

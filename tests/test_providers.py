@@ -20,8 +20,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import Provider, cudnn
 from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor, find_offloads
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES
-from tvm_nimble.runtime.vendor import FUNCTIONS
+from tvm_nimble.contract.vendor_abi import FUNCTIONS, VENDOR_PREFIXES
 
 
 def test_every_provider_declares_what_it_takes_and_the_runtime_serves_its_calls():
@@ -100,7 +99,7 @@ def test_the_choice_between_providers_follows_the_largest_measured_saving():
     """Two providers taking every convolution (cuDNN, and the same matcher under a second name): for every
     assignment of made-up times to their chains, the choice is the brute-force best per operator."""
     mod = from_onnx(zoo.get_model("resnet"))
-    twin = Provider(name="cudnn_twin", title="cuDNN twin", kernel_prefix="nimble.cudnn.",
+    twin = Provider(name="cudnn_twin", title="cuDNN twin", kernel_prefix=cudnn.PROVIDER.kernel_prefix,
                     matchers={"relax.nn.conv2d": cudnn.conv_chain}, dtypes=cudnn.PROVIDER.dtypes)
     pair = [cudnn.PROVIDER, twin]
     per_provider = {p.name: find_offloads(mod["main"], providers=[p]) for p in pair}
@@ -129,7 +128,7 @@ def test_the_choice_between_providers_follows_the_largest_measured_saving():
 
 def test_providers_claim_an_operator_in_registration_order():
     mod = from_onnx(zoo.get_model("resnet"))
-    twin = Provider(name="cudnn_twin", title="cuDNN twin", kernel_prefix="nimble.cudnn.",
+    twin = Provider(name="cudnn_twin", title="cuDNN twin", kernel_prefix=cudnn.PROVIDER.kernel_prefix,
                     matchers={"relax.nn.conv2d": cudnn.conv_chain}, dtypes=cudnn.PROVIDER.dtypes)
     for order in itertools.permutations([cudnn.PROVIDER, twin]):
         found = find_offloads(mod["main"], providers=list(order))

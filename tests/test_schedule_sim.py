@@ -3,7 +3,7 @@ one stream is best (kernels that each fill the GPU), and one where a cap of 2 st
 import pytest
 
 from tvm_nimble.codegen.schedule_sim import GPUModel, best_schedule, simulate
-from tvm_nimble.runtime.plan import Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import Launch, Plan, Storage, TensorSlot
 
 
 def fork_join(streams_of_branches, n_branches=4):

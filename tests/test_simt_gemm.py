@@ -18,6 +18,7 @@ from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.gemm_algorithms import choose_gemm_algorithms, gemm_calls
 from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.compiler.session import BuildSession
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers import simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
@@ -52,14 +53,14 @@ def test_it_takes_the_linears_on_tokens_with_their_gelu_and_residual_and_matches
     assert len(offloads) == 4 * depth and {o.provider for o in offloads} == {"simt_gemm"}
     assert ("matmul", f"our fp32 GEMM takes {simt_gemm.MIN_ROWS} rows or more") in report.kept
     offloaded = OffloadToVendor(providers=ONLY)(mod)
-    calls = [c for c in _calls(offloaded) if c[0].startswith("nimble.gemm.")]
+    calls = [c for c in _calls(offloaded) if c[0].startswith(vendor_abi.GEMM.prefix)]
     assert [name for name, _, _ in calls].count(simt_gemm.MATMUL_ADD) == 2 * depth
     assert sorted(attrs[0] for _, attrs, _ in calls) == [0] * (3 * depth) + [3] * depth  # GELU after fc1 only
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     for _, _, w in calls:  # [K, N], the model's own matrix (the exporter stores a Linear's weight [K, N])
         assert any(v.shape == w.shape and np.array_equal(v, w) for v in weights.values())
     result = build(offloaded, "llvm", max_streams=None)
-    assert sum(l.kernel.startswith("nimble.gemm.") for l in result.plan.launches) == 4 * depth
+    assert sum(l.kernel.startswith(vendor_abi.GEMM.prefix) for l in result.plan.launches) == 4 * depth
     assert not [l for l in result.plan.launches if "gelu" in l.kernel or "erf" in l.kernel]
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     np.testing.assert_allclose(out, ref[0], rtol=1e-4, atol=1e-4)
@@ -82,7 +83,7 @@ def test_transposed_weights_are_stored_k_by_n(vendor_reference):
     """A Gemm with transB = 1 (W stored [N, K]) gets Wᵀ, and its output still matches the reference."""
     model, w = _gemm(20, 12)
     offloaded = OffloadToVendor(providers=ONLY)(from_onnx(model))
-    calls = [c for c in _calls(offloaded) if c[0].startswith("nimble.gemm.")]
+    calls = [c for c in _calls(offloaded) if c[0].startswith(vendor_abi.GEMM.prefix)]
     assert len(calls) == 1 and np.array_equal(calls[0][2], w.T)
     x = {"x": np.random.default_rng(1).standard_normal((20, 8)).astype(np.float32)}
     out = NimbleExecutor(build(offloaded, "llvm", max_streams=None))(*x.values())[0].numpy()
@@ -130,7 +131,7 @@ class ThirdIsFastest:
         return {}  # no identity: its times stay in this process
 
     def gemm_us(self, timings_func, call, reps):
-        return [5.0, 5.5, 4.0, 6.0] if timings_func.startswith("nimble.gemm.") else [5.0, 5.1, 4.9, 4.0]
+        return [5.0, 5.5, 4.0, 6.0] if timings_func.startswith(vendor_abi.GEMM.prefix) else [5.0, 5.1, 4.9, 4.0]
 
 
 def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
@@ -138,7 +139,7 @@ def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
     mod = OffloadToVendor(providers=ONLY + [providers.get("cublaslt")])(from_onnx(model))
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     before = list(gemm_calls(mod))
-    names = (simt_gemm.MATMUL, simt_gemm.MATMUL_ADD, "nimble.cublas.matmul", "nimble.cublas.batched_matmul")
+    names = (simt_gemm.MATMUL, simt_gemm.MATMUL_ADD, vendor_abi.CUBLAS_MATMUL, vendor_abi.CUBLAS_BATCHED_MATMUL)
     assert {name for _, name, _ in before} == set(names)  # the classifier (N = 10) and attention's on cuBLASLt
     chosen, records = choose_gemm_algorithms(mod, BuildSession(BuildOptions.create(target, timing_cache="off"), ThirdIsFastest()))
     assert not list(gemm_calls(chosen))  # every call carries its index now
@@ -150,8 +151,8 @@ def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
 def test_explain_says_how_many_gemms_ran_our_kernel():
     from tvm_nimble.compiler.gemm_algorithms import summarize
 
-    records = [{"signature": "nimble.gemm.matmul(a) -> y", "candidates_us": [9.0, 7.7], "chosen": 1, "provider": "simt_gemm"},
-               {"signature": "nimble.cublas.matmul(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0,
+    records = [{"signature": f"{simt_gemm.MATMUL}(a) -> y", "candidates_us": [9.0, 7.7], "chosen": 1, "provider": "simt_gemm"},
+               {"signature": f"{vendor_abi.CUBLAS_MATMUL}(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0,
                 "provider": "cublaslt"}]
     assert summarize(records) == [
         "cuBLASLt algorithms: 1 distinct GEMMs timed, 0 run a faster one than the heuristic's first",

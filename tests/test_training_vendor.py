@@ -13,6 +13,7 @@ from tvm.relax.training import Trainer
 from tvm_nimble import zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.training import NimbleTrainer, build_step, training_step
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.relay_passes import providers
 from tvm_nimble.relay_passes.providers.cudnn import CONV2D
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
@@ -82,9 +83,9 @@ def test_every_convolution_and_its_gradients_go_to_cudnn(step):
     kernels = [l.kernel for l in result.plan.launches]
     assert kernels.count(CONV2D_BWD_DATA) == transposes and kernels.count(CONV2D_BWD_FILTER) == transposes + 1
     assert kernels.count(CONV2D) + kernels.count(CONV2D + "_add") == transposes + 1
-    used = {providers.provider_of(k).name for k in kernels if k.startswith("nimble.")}
+    used = {providers.provider_of(k).name for k in kernels if k.startswith(vendor_abi.VENDOR_PREFIXES)}
     assert {"cudnn", "cudnn_grad"} <= used <= {"cudnn", "cudnn_grad", "depthwise"}
-    assert all(k.startswith("nimble.depthwise.pool2d") for k in kernels if providers.provider_of(k).name == "depthwise")
+    assert all(k.startswith(vendor_abi.DEPTHWISE_POOL2D) for k in kernels if providers.provider_of(k).name == "depthwise")
     # (the forward max pools cuDNN does not take; the depthwise convolutions' weights are inputs here: cuDNN's)
     # the default (kernels="auto"), as for inference: with no GPU here to measure on, vendor where the extension
     # can be built (the same plan as above), else TVM's kernels

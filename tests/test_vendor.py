@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tvm_ffi
 
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime import vendor
 
@@ -20,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _available():
-    from codegen.vendor_build import vendor_available
+    from tvm_nimble.codegen.vendor_build import vendor_available
 
     return vendor_available()
 
@@ -30,7 +31,7 @@ def built_lib():
     ok, why = _available()
     if not ok:
         pytest.skip(f"cannot build the vendor extension here: {why}")
-    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
 
     return build_vendor_library("sm_90")
 
@@ -48,7 +49,7 @@ def _readelf_dynamic(path):
 
 
 def test_extension_builds_for_sm90_without_rpath(built_lib, tmp_path):
-    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
 
     assert os.path.isfile(built_lib) and built_lib.endswith(".so")
     assert os.sep + os.path.join("tvm-nimble", "vendor") + os.sep in built_lib  # the cache
@@ -63,7 +64,7 @@ def test_extension_builds_for_sm90_without_rpath(built_lib, tmp_path):
 
 
 def test_build_errors_are_one_line(monkeypatch):
-    from codegen import vendor_build
+    from tvm_nimble.codegen import vendor_build
 
     with pytest.raises(vendor_build.VendorBuildError, match="sm_90"):
         vendor_build.build_vendor_library("hopper")
@@ -81,13 +82,13 @@ def test_build_errors_are_one_line(monkeypatch):
 
 
 def test_loading_registers_the_functions(funcs, built_lib):
-    assert set(vendor.FUNCTIONS) <= set(funcs)
-    for name in vendor.FUNCTIONS:
+    assert set(vendor_abi.FUNCTIONS) <= set(funcs)
+    for name in vendor_abi.FUNCTIONS:
         assert tvm_ffi.get_global_func(name) is not None
     # host-only queries: answer without a GPU ("driver none" here)
     versions = vendor.vendor_versions()
     assert re.fullmatch(r"cudnn 9\.\d+\.\d+, cublas 13\.\d+\.\d+, cudart \d+\.\d+, driver (none|\d+\.\d+)", versions), versions
-    assert list(funcs["nimble.vendor.plans"]()) == []
+    assert list(funcs[vendor_abi.VENDOR_PLANS]()) == []
     # loading again is a no-op
     assert set(vendor.load_vendor_library(built_lib)) == set(funcs)
 
@@ -105,27 +106,28 @@ def _error(fn, *args):
 
 
 def test_arguments_are_checked_before_any_cuda_call(funcs):
-    conv, conv_add, mm = (funcs[n] for n in ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cublas.matmul"))
+    conv, conv_add, mm = (funcs[n] for n in (vendor_abi.CUDNN_CONV2D, vendor_abi.CUDNN_CONV2D_ADD,
+                                            vendor_abi.CUBLAS_MATMUL))
     x, w, b, y, ws = _cpu((1, 3, 8, 8)), _cpu((4, 3, 3, 3)), _cpu((4,)), _cpu((1, 4, 8, 8)), _cpu((1,), np.uint8)
     good = tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 1, -1, 0])
     err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 0, -1]), y, ws)
-    assert err.type is ValueError and "nimble.cudnn.conv2d: attrs must have 10 or 11 entries" in str(err.value)
+    assert err.type is ValueError and f"{vendor_abi.CUDNN_CONV2D}: attrs must have 10 or 11 entries" in str(err.value)
     err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 3, -1, 0]), y, ws)
     assert "activation must be 0 (identity), 1 (relu) or 2 (relu6)" in str(err.value)
     err = _error(conv, x, w, b, tvm_ffi.Shape([1, 1, 1, 1, 1, 1, 1, 0, 8, 0]), y, ws)
     assert "algo must be -1 (choose)" in str(err.value)
     err = _error(conv, x, w, b, good, y, ws)
-    assert err.type is ValueError and str(err.value) == "nimble.cudnn.conv2d: x must be a CUDA tensor, got device type 1"
+    assert err.type is ValueError and str(err.value) == f"{vendor_abi.CUDNN_CONV2D}: x must be a CUDA tensor, got device type 1"
     err = _error(conv_add, x, w, b, y, good, y, ws)
-    assert "nimble.cudnn.conv2d_add: x must be a CUDA tensor" in str(err.value)
+    assert f"{vendor_abi.CUDNN_CONV2D_ADD}: x must be a CUDA tensor" in str(err.value)
     err = _error(mm, _cpu((2, 3)), _cpu((4, 3)), _cpu((4,)), tvm_ffi.Shape([1, 2, 0]), _cpu((2, 4)), ws)
-    assert "nimble.cublas.matmul: a must be a CUDA tensor" in str(err.value)
+    assert f"{vendor_abi.CUBLAS_MATMUL}: a must be a CUDA tensor" in str(err.value)
     err = _error(mm, _cpu((2, 3)), _cpu((4, 3)), _cpu((4,)), tvm_ffi.Shape([2, 0, 0]), _cpu((2, 4)), ws)
     assert "transpose_b and allow_tf32 must be 0 or 1" in str(err.value)
     # the algorithm query needs a GPU: a clean error, not a crash
-    err = _error(funcs["nimble.cudnn.conv2d_algos"], tvm_ffi.Shape([1, 3, 8, 8]), tvm_ffi.Shape([4, 3, 3, 3]), good,
+    err = _error(funcs[vendor_abi.CUDNN_CONV2D_ALGOS], tvm_ffi.Shape([1, 3, 8, 8]), tvm_ffi.Shape([4, 3, 3, 3]), good,
                  "float32", 0)
-    assert "nimble.cudnn.conv2d_algos" in str(err.value)
+    assert vendor_abi.CUDNN_CONV2D_ALGOS in str(err.value)
 
 
 def _cublas_dir():
@@ -179,9 +181,12 @@ def test_runtime_loader_imports_only_the_runtime():
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "tvm_nimble":
+            mods |= {f"tvm_nimble.{a.name}" for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            mods.add((node.module or "").split(".")[0] if node.module != "tvm_nimble.errors" else "tvm_nimble.errors")
-    assert mods <= {"__future__", "os", "ctypes", "tvm_ffi", "numpy", "tvm_nimble.errors"}, mods
+            mods.add(node.module if node.module.startswith("tvm_nimble.") else node.module.split(".")[0])
+    assert mods <= {"__future__", "os", "ctypes", "tvm_ffi", "numpy", "tvm_nimble.errors", "tvm_nimble.env",
+                    "tvm_nimble.native_libs", "tvm_nimble.contract.vendor_abi"}, mods
 
 
 def test_gpu_check_script_fails_fast_without_a_gpu(tmp_path):

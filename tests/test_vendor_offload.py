@@ -17,6 +17,7 @@ from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 from tvm_nimble.compiler.target import resolve_target
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.vendor_offload import CONV2D, CONV2D_ADD, MATMUL, OffloadReport, OffloadToVendor
 
@@ -50,7 +51,7 @@ def test_cuda_plan_gives_each_concurrent_call_its_own_workspace():
     mod = OffloadToVendor()(from_onnx(zoo.get_model("inception")))
     result = build(mod, {"kind": "cuda", "arch": "sm_90"}, compile_kernels=False)
     plan = result.plan
-    vendor = [l for l in plan.launches if l.kernel.startswith("nimble.cudnn.")]
+    vendor = [l for l in plan.launches if l.kernel.startswith(vendor_abi.CUDNN.prefix)]
     assert len(vendor) > 10 and plan.num_streams > 1
     assert len({l.stream for l in vendor}) > 1
     assert check_plan(plan) == []

@@ -22,23 +22,25 @@ import struct
 import numpy as np
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from .chains import const_value, dtype_of, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
-SDPA = "nimble.attention.sdpa"
-SDPA_BIAS = "nimble.attention.sdpa_bias"
-CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
+SDPA = vendor_abi.ATTENTION_SDPA
+SDPA_BIAS = vendor_abi.ATTENTION_SDPA_BIAS
+CUDNN_SDPA = vendor_abi.ATTENTION_CUDNN_SDPA
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
-SPLIT_SDPA = "nimble.attention.split_sdpa"
-SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
+SPLIT_SDPA = vendor_abi.ATTENTION_SPLIT_SDPA
+SPLIT_SDPA_BIAS = vendor_abi.ATTENTION_SPLIT_SDPA_BIAS
 #: the tile kernel (codegen/vendor/attention_tile.cu: register-tiled Q·Kᵀ and P·V, the head's K and V in shared
 #: memory), same attrs; provider ``attention_tile``
-TILE_SDPA = "nimble.attention.tile_sdpa"
-TILE_SDPA_BIAS = "nimble.attention.tile_sdpa_bias"
+TILE_SDPA = vendor_abi.ATTENTION_TILE_SDPA
+TILE_SDPA_BIAS = vendor_abi.ATTENTION_TILE_SDPA_BIAS
 #: the key-split fp32 kernel (codegen/vendor/attention_cluster.cu: a query tile's key chunks on the blocks of a
 #: thread-block cluster), same attrs; provider ``attention_cluster``
-CLUSTER_SDPA = "nimble.attention.cluster_sdpa"
-CLUSTER_SDPA_BIAS = "nimble.attention.cluster_sdpa_bias"
+CLUSTER_SDPA = vendor_abi.ATTENTION_CLUSTER_SDPA
+CLUSTER_SDPA_BIAS = vendor_abi.ATTENTION_CLUSTER_SDPA_BIAS
 MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
 _DTYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
@@ -371,12 +373,12 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
 #: cuDNN's fused attention (the cuDNN frontend's SDPA graph) for the fp16/bf16 chains it takes; registered
 #: first, so that kernels="vendor" gives it those, and "best" measures it against our kernel
 CUDNN_PROVIDER = register(Provider(
-    name="cudnn_sdpa", title="cuDNN fused attention", kernel_prefix="nimble.attention.cudnn_",
+    name="cudnn_sdpa", title="cuDNN fused attention", kernel_prefix=vendor_abi.family(CUDNN_SDPA),
     matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, cudnn=True)},
     dtypes=_HALF, layouts=("row-major",)))
 
 PROVIDER = register(Provider(
-    name="attention", title="fused attention", kernel_prefix="nimble.attention.sdpa",
+    name="attention", title="fused attention", kernel_prefix=vendor_abi.family(SDPA, SDPA_BIAS),
     matchers={"relax.matmul": attention_chain}, dtypes=_DTYPES, layouts=("row-major",)))
 
 #: the split-key attention kernel (a block's warps on separate key tiles, for head dimensions up to 64; larger
@@ -384,7 +386,8 @@ PROVIDER = register(Provider(
 #: H100 (scripts/experiments/attention_check.py): faster than ours on ViT-S's shape (15.5 vs 17.7 us) and long
 #: sequences, slower on ViT-B's, so it is one more candidate the kernel choice measures per operator
 SPLIT_PROVIDER = register(Provider(
-    name="attention_split", title="fused attention (split-key kernel)", kernel_prefix="nimble.attention.split_",
+    name="attention_split", title="fused attention (split-key kernel)",
+    kernel_prefix=vendor_abi.family(SPLIT_SDPA, SPLIT_SDPA_BIAS),
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(SPLIT_SDPA, SPLIT_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))
 
@@ -393,7 +396,8 @@ SPLIT_PROVIDER = register(Provider(
 #: the row-per-warp kernel inside the same call). Checked and timed on an H100 (attention_check, sixteenth
 #: session): ViT-B's shape 21.4 us against ours 26.4 (fp32), slower on small heads; measured per operator
 TILE_PROVIDER = register(Provider(
-    name="attention_tile", title="fused attention (tile kernel)", kernel_prefix="nimble.attention.tile_",
+    name="attention_tile", title="fused attention (tile kernel)",
+    kernel_prefix=vendor_abi.family(TILE_SDPA, TILE_SDPA_BIAS),
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(TILE_SDPA, TILE_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))
 
@@ -404,7 +408,7 @@ TILE_PROVIDER = register(Provider(
 #: kernel inside the same call; measured per operator like the others
 CLUSTER_PROVIDER = register(Provider(
     name="attention_cluster", title="fused attention (key-split cluster kernel)",
-    kernel_prefix="nimble.attention.cluster_",
+    kernel_prefix=vendor_abi.family(CLUSTER_SDPA, CLUSTER_SDPA_BIAS),
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(CLUSTER_SDPA, CLUSTER_SDPA_BIAS),
                                                 dtypes=_FP32)},
     dtypes=_FP32, layouts=("row-major",)))

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
 from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, epilogue, gelu_of,
                      ints, known_shape, operator_of, other_operand)
 from .registry import Provider, register
 
-MATMUL = "nimble.cublas.matmul"
-MATMUL_ADD = "nimble.cublas.matmul_add"
-BATCHED_MATMUL = "nimble.cublas.batched_matmul"
+MATMUL = vendor_abi.CUBLAS_MATMUL
+MATMUL_ADD = vendor_abi.CUBLAS_MATMUL_ADD
+BATCHED_MATMUL = vendor_abi.CUBLAS_BATCHED_MATMUL
 
 
 @dataclass
@@ -170,6 +172,6 @@ def pointwise_chain(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="cublaslt", title="cuBLASLt", kernel_prefix="nimble.cublas.",
+    name="cublaslt", title="cuBLASLt", kernel_prefix=vendor_abi.CUBLAS.prefix,
     matchers={"relax.matmul": matmul_chain, "relax.nn.conv2d": pointwise_chain}, dtypes=DTYPES,
     layouts=("row-major", "NHWC/OHWI")))

@@ -15,12 +15,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import DTYPES, compute_dtype
 from .chains import ACT_NONE, dtype_of, epilogue, ints, known_shape
 from .registry import Provider, register
 
-CONV2D = "nimble.cudnn.conv2d"
-CONV2D_ADD = "nimble.cudnn.conv2d_add"
+CONV2D = vendor_abi.CUDNN_CONV2D
+CONV2D_ADD = vendor_abi.CUDNN_CONV2D_ADD
 #: (data, kernel, output) layouts of a forward convolution -> the code the vendor calls take as their last attr
 LAYOUT_CODES = {("NCHW", "OIHW", "NCHW"): 0, ("NHWC", "OHWI", "NHWC"): 1}
 
@@ -117,6 +119,6 @@ def avg_pool(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="cudnn", title="cuDNN", kernel_prefix="nimble.cudnn.",
+    name="cudnn", title="cuDNN", kernel_prefix=vendor_abi.CUDNN.prefix,
     matchers={"relax.nn.conv2d": conv_chain, "relax.nn.avg_pool2d": avg_pool},
     dtypes=DTYPES, layouts=("NCHW/OIHW", "NHWC/OHWI")))

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import DTYPES
 from .chains import ACT_NONE, dtype_of, ints, known_shape, operator_of
 from .cudnn import conv_reason
 from .registry import Provider, register
 
-CONV2D_BWD_DATA = "nimble.cudnn.conv2d_bwd_data"
-CONV2D_BWD_FILTER = "nimble.cudnn.conv2d_bwd_filter"
+CONV2D_BWD_DATA = vendor_abi.CUDNN_CONV2D_BWD_DATA
+CONV2D_BWD_FILTER = vendor_abi.CUDNN_CONV2D_BWD_FILTER
 _FILTER_LAYOUTS = ("CNHW", "IOHW", "CNHW")
 
 
@@ -89,6 +91,7 @@ def filter_gradient(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="cudnn_grad", title="cuDNN convolution gradients", kernel_prefix="nimble.cudnn.conv2d_bwd_",
+    name="cudnn_grad", title="cuDNN convolution gradients",
+    kernel_prefix=vendor_abi.family(CONV2D_BWD_DATA, CONV2D_BWD_FILTER),
     matchers={"relax.nn.conv2d": filter_gradient, "relax.nn.conv2d_transpose": data_gradient},
     dtypes=DTYPES, layouts=("NCHW/IOHW", "CNHW/IOHW"), by_default=False))

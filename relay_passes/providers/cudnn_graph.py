@@ -12,12 +12,14 @@ has what the engines have, and a provider that takes nothing costs the kernel ch
 """
 from __future__ import annotations
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import DTYPES, REDUCED_DTYPES, compute_dtype
 from .cudnn import conv_chain
 from .registry import Provider, register
 
-CONV2D = "nimble.cudnn_graph.conv2d"
-CONV2D_ADD = "nimble.cudnn_graph.conv2d_add"
+CONV2D = vendor_abi.CUDNN_GRAPH_CONV2D
+CONV2D_ADD = vendor_abi.CUDNN_GRAPH_CONV2D_ADD
 
 
 def graph_conv_chain(ctx, chains, var, call):
@@ -27,6 +29,6 @@ def graph_conv_chain(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="cudnn_graph", title="cuDNN (graph API)", kernel_prefix="nimble.cudnn_graph.",
+    name="cudnn_graph", title="cuDNN (graph API)", kernel_prefix=vendor_abi.CUDNN_GRAPH.prefix,
     matchers={"relax.nn.conv2d": graph_conv_chain},
     dtypes=DTYPES, layouts=("NCHW/OIHW", "NHWC/OHWI")))

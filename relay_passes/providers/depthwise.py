@@ -19,14 +19,16 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import DTYPES, compute_dtype
 from .chains import dtype_of, epilogue, ints, known_shape, operator_of
 from .registry import Provider, register
 
-CONV2D = "nimble.depthwise.conv2d"
-CONV2D_ADD = "nimble.depthwise.conv2d_add"
-POOL2D = "nimble.depthwise.pool2d"
-POOL2D_ADD = "nimble.depthwise.pool2d_add"
+CONV2D = vendor_abi.DEPTHWISE_CONV2D
+CONV2D_ADD = vendor_abi.DEPTHWISE_CONV2D_ADD
+POOL2D = vendor_abi.DEPTHWISE_POOL2D
+POOL2D_ADD = vendor_abi.DEPTHWISE_POOL2D_ADD
 #: the kernel's modes (attrs[11])
 MODE_CONV, MODE_AVG_VALID, MODE_AVG_ALL, MODE_MAX = 0, 1, 2, 3
 _LAYOUTS = {"NCHW": 0, "NHWC": 1}
@@ -105,7 +107,7 @@ def pool_chain(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="depthwise", title="depthwise convolutions and pools (ours)", kernel_prefix="nimble.depthwise.",
+    name="depthwise", title="depthwise convolutions and pools (ours)", kernel_prefix=vendor_abi.DEPTHWISE.prefix,
     matchers={"relax.nn.conv2d": depthwise_chain, "relax.nn.avg_pool2d": pool_chain,
               "relax.nn.max_pool2d": pool_chain},
     dtypes=DTYPES, layouts=("NCHW/OIHW", "NHWC/OHWI")))

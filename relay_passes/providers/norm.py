@@ -18,11 +18,13 @@ import struct
 
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import DTYPES, REDUCED_DTYPES
 from .chains import dtype_of, ints, known_shape, operator_of
 from .registry import Provider, register
 
-LAYER_NORM = "nimble.norm.layer_norm"
+LAYER_NORM = vendor_abi.NORM_LAYER_NORM
 MAX_CHANNELS = 1024  # codegen/vendor/layer_norm.cu: kMaxC
 
 
@@ -65,5 +67,5 @@ def layer_norm_chain(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="layer_norm", title="fused LayerNorm", kernel_prefix="nimble.norm.",
+    name="layer_norm", title="fused LayerNorm", kernel_prefix=vendor_abi.NORM.prefix,
     matchers={"relax.nn.layer_norm": layer_norm_chain}, dtypes=DTYPES, layouts=("row-major",), by_default=False))

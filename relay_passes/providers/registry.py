@@ -1,7 +1,8 @@
 """Kernel providers: who can run an operator, registered by name.
 
 A provider is one module of this package that builds a :class:`Provider` and calls :func:`register`
-at import (``providers/__init__.py`` imports each one: one line per provider). It declares
+at import (``providers/__init__.py`` imports each one: one line per provider); its place among the others
+is its place in :data:`PRIORITY`. It declares
 - which Relax operators anchor its patterns (``matchers``: op name -> matcher), for which compute
   dtypes (``dtypes``, see :mod:`..precision`) and layouts, on which target kinds;
 - how it is lowered to a launch of the plan: a matcher replaces a chain of bindings with one
@@ -9,7 +10,7 @@ at import (``providers/__init__.py`` imports each one: one line per provider). I
   the plan takes as a launch like any TIR kernel (:mod:`..vendor_offload` does the rewriting);
 - where the runtime finds that function (``runtime_library``: ``"vendor"`` is the cuDNN/cuBLASLt
   extension, ``codegen/vendor``, whose functions the runtime resolves by the prefixes in
-  ``tvm_nimble.runtime.plan.VENDOR_PREFIXES``).
+  ``tvm_nimble.contract.vendor_abi.VENDOR_PREFIXES``).
 
 TVM's own kernels are the provider ``tvm``: it takes every operator no other provider took, with no
 rewriting. ``kernels="best"`` (``compiler.kernel_choice``) measures every provider that accepts an
@@ -22,6 +23,25 @@ from typing import Callable
 
 #: the provider that runs whatever no other provider took
 TVM = "tvm"
+
+#: The order in which the providers claim an operator several of them accept (``kernels="vendor"`` keeps the first;
+#: ``"best"`` breaks ties of measured time by it), and in which they are listed. Every provider has its place here:
+#: :func:`register` refuses a name this list does not hold, so the order never follows the import order.
+PRIORITY = (
+    TVM,  # TVM's own kernels: everything no one else took
+    "cudnn",  # convolutions, average pools
+    "cudnn_grad",  # a convolution's gradients (training; only when named)
+    "cudnn_graph",  # convolutions through cuDNN's graph API (after cudnn: "vendor" keeps cudnn)
+    "depthwise",  # our depthwise convolutions and pools (after cuDNN: "vendor" keeps cuDNN)
+    "cudnn_sdpa",  # cuDNN's fused attention, fp16/bf16 (before ours: "vendor" gives it those chains)
+    "attention",  # our fused attention (claims Q·Kᵀ before the GEMMs do)
+    "attention_split",  # our other attention kernels, one more candidate each for "best"
+    "attention_tile",
+    "attention_cluster",
+    "cublaslt",  # GEMMs
+    "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
+    "layer_norm",  # LayerNorm
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,8 @@ _REGISTRY: dict[str, Provider] = {}
 
 
 def register(provider: Provider) -> Provider:
+    if provider.name not in PRIORITY:
+        raise ValueError(f"kernel provider {provider.name!r} has no place in registry.PRIORITY: add it there")
     if provider.name in _REGISTRY and _REGISTRY[provider.name] != provider:
         raise ValueError(f"a kernel provider named {provider.name!r} is registered already")
     _REGISTRY[provider.name] = provider
@@ -53,12 +75,12 @@ def register(provider: Provider) -> Provider:
 
 
 def registered() -> list[Provider]:
-    """Every provider, in registration order (the order in which they claim an operator)."""
-    return list(_REGISTRY.values())
+    """Every provider, in :data:`PRIORITY` order (the order in which they claim an operator)."""
+    return sorted(_REGISTRY.values(), key=lambda p: PRIORITY.index(p.name))
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return tuple(p.name for p in registered())
 
 
 def get(name: str) -> Provider:
@@ -67,13 +89,13 @@ def get(name: str) -> Provider:
 
 def offloading(target_kind: str, only: tuple[str, ...] | None = None) -> list[Provider]:
     """The providers other than TVM that run on ``target_kind`` (those named in ``only``, when given; else
-    those used by default), in registration order."""
-    return [p for p in _REGISTRY.values() if p.name != TVM and target_kind in p.targets
+    those used by default), in :data:`PRIORITY` order."""
+    return [p for p in registered() if p.name != TVM and target_kind in p.targets
             and (p.name in only if only is not None else p.by_default)]
 
 
 def provider_of(kernel: str) -> Provider:
     """The provider whose call a plan launch of ``kernel`` is (TVM for a TIR kernel): of those whose prefix it
     has, the one with the longest (cudnn_grad's "nimble.cudnn.conv2d_bwd_" within cudnn's "nimble.cudnn.")."""
-    owners = [p for p in _REGISTRY.values() if p.owns(kernel)]
+    owners = [p for p in registered() if p.owns(kernel)]
     return max(owners, key=lambda p: len(p.kernel_prefix)) if owners else _REGISTRY[TVM]

@@ -16,12 +16,14 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
+
 from ..precision import compute_dtype
 from .cublaslt import linear_of, static_matmul
 from .registry import Provider, register
 
-MATMUL = "nimble.gemm.matmul"
-MATMUL_ADD = "nimble.gemm.matmul_add"
+MATMUL = vendor_abi.GEMM_MATMUL
+MATMUL_ADD = vendor_abi.GEMM_MATMUL_ADD
 #: the fewest rows (M: the input's leading dimensions folded) it takes: its tiles are 32 rows and more, so a
 #: classifier's single row at batch 1 is cuBLASLt's (ViT-B's head on an H100: 9.8 us ours, 7.8 TVM's); and a
 #: convolutional net's only Linear then costs the kernel choice no probe build
@@ -54,5 +56,5 @@ def simt_chain(ctx, chains, var, call):
 
 
 PROVIDER = register(Provider(
-    name="simt_gemm", title="fp32 GEMM (ours: small tiles, cluster split-K)", kernel_prefix="nimble.gemm.",
+    name="simt_gemm", title="fp32 GEMM (ours: small tiles, cluster split-K)", kernel_prefix=vendor_abi.GEMM.prefix,
     matchers={"relax.matmul": simt_chain}, dtypes=("float32",), layouts=("row-major",)))

@@ -59,15 +59,17 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     import tvm_ffi
 
-    sdpa = tvm_ffi.get_global_func("nimble.attention.sdpa")
-    sdpa_bias = tvm_ffi.get_global_func("nimble.attention.sdpa_bias")
-    split = tvm_ffi.get_global_func("nimble.attention.split_sdpa")
-    split_bias = tvm_ffi.get_global_func("nimble.attention.split_sdpa_bias")
-    cudnn_sdpa = tvm_ffi.get_global_func("nimble.attention.cudnn_sdpa")
-    tile = tvm_ffi.get_global_func("nimble.attention.tile_sdpa")
-    tile_bias = tvm_ffi.get_global_func("nimble.attention.tile_sdpa_bias")
-    cluster = tvm_ffi.get_global_func("nimble.attention.cluster_sdpa")
-    cluster_bias = tvm_ffi.get_global_func("nimble.attention.cluster_sdpa_bias")
+    from tvm_nimble.contract import vendor_abi
+
+    sdpa = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SDPA)
+    sdpa_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SDPA_BIAS)
+    split = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SPLIT_SDPA)
+    split_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
+    cudnn_sdpa = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_SDPA)
+    tile = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA)
+    tile_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA_BIAS)
+    cluster = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CLUSTER_SDPA)
+    cluster_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CLUSTER_SDPA_BIAS)
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     os.environ.pop(TILE_ENV, None)
     os.environ.pop(CLUSTER_ENV, None)

@@ -81,7 +81,7 @@ def main(argv=None):
 
     kind = target.kind.name
     if kind == "cuda" and args.kernels == "best":
-        from codegen.vendor_build import build_vendor_library
+        from tvm_nimble.codegen.vendor_build import build_vendor_library
 
         build_vendor_library(str(target.attrs["arch"]))  # once, before any timed build
     rows = []

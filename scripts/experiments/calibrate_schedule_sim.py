@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 
 from tvm_nimble.codegen.schedule_sim import Case, calibrate, predict
-from tvm_nimble.runtime.plan import Plan
+from tvm_nimble.contract.plan import Plan
 
 
 def load_cases(path: str) -> list[Case]:

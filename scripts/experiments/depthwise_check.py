@@ -48,9 +48,11 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     import tvm_ffi
 
+    from tvm_nimble.contract import vendor_abi
+
     os.environ.pop(VECTOR_ENV, None)
-    fns = {n: tvm_ffi.get_global_func("nimble.depthwise." + n) for n in ("conv2d", "conv2d_add", "pool2d", "pool2d_add")}
-    cudnn_conv = tvm_ffi.get_global_func("nimble.cudnn.conv2d")
+    fns = {n: tvm_ffi.get_global_func(vendor_abi.DEPTHWISE.prefix + n) for n in ("conv2d", "conv2d_add", "pool2d", "pool2d_add")}
+    cudnn_conv = tvm_ffi.get_global_func(vendor_abi.CUDNN_CONV2D)
     dev = tvm_ffi.device("cuda", 0)
     t = tvm_ffi.from_dlpack
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")

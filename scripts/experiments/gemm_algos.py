@@ -39,8 +39,10 @@ def main(argv=None) -> int:
     import torch
     import tvm_ffi
 
-    mm_t = tvm_ffi.get_global_func("nimble.cublas.matmul_timings")
-    bmm_t = tvm_ffi.get_global_func("nimble.cublas.batched_matmul_timings")
+    from tvm_nimble.contract import vendor_abi
+
+    mm_t = tvm_ffi.get_global_func(vendor_abi.CUBLAS_MATMUL_TIMINGS)
+    bmm_t = tvm_ffi.get_global_func(vendor_abi.CUBLAS_BATCHED_MATMUL_TIMINGS)
     dev = tvm_ffi.device("cuda", 0)
     stream = torch.cuda.current_stream().cuda_stream
     ws = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")  # the offload's GEMM workspace

@@ -32,9 +32,11 @@ def main(argv=None) -> int:
     import torch
     import tvm_ffi
 
-    f = {n: tvm_ffi.get_global_func(n) for n in ("nimble.gemm.matmul", "nimble.gemm.matmul_add",
-                                                  "nimble.gemm.matmul_timings", "nimble.gemm.candidates",
-                                                  "nimble.cublas.matmul_timings")}
+    from tvm_nimble.contract import vendor_abi
+
+    f = {n: tvm_ffi.get_global_func(n) for n in (vendor_abi.GEMM_MATMUL, vendor_abi.GEMM_MATMUL_ADD,
+                                                  vendor_abi.GEMM_MATMUL_TIMINGS, vendor_abi.GEMM_CANDIDATES,
+                                                  vendor_abi.CUBLAS_MATMUL_TIMINGS)}
     dev = tvm_ffi.device("cuda", 0)
     stream = torch.cuda.current_stream().cuda_stream
     t = tvm_ffi.from_dlpack
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
         a, w, b = randn(1, M, K), randn(K, N, scale=K ** -0.5), randn(N, scale=0.5)
         z = randn(1, M, N)
         plain = a.double() @ w.double() + b.double()
-        names = list(f["nimble.gemm.candidates"](M, N, K, major >= 9))
+        names = list(f[vendor_abi.GEMM_CANDIDATES](M, N, K, major >= 9))
         with tvm_ffi.use_raw_stream(dev, stream):
             for idx in [None] + list(range(len(names))):
                 cand = "auto" if idx is None else names[idx]
@@ -74,21 +76,21 @@ def main(argv=None) -> int:
                 for act in (0, 3):
                     y = torch.full((1, M, N), float("nan"), device="cuda")
                     attrs = tvm_ffi.Shape([act] if idx is None else [act, idx])
-                    check("matmul", lambda: f["nimble.gemm.matmul"](t(a), t(w), t(b), attrs, t(y), t(ws1)), y,
+                    check("matmul", lambda: f[vendor_abi.GEMM_MATMUL](t(a), t(w), t(b), attrs, t(y), t(ws1)), y,
                           gelu(plain) if act else plain, act)
                 y = torch.full((1, M, N), float("nan"), device="cuda")
                 attrs = tvm_ffi.Shape([0] if idx is None else [0, idx])
-                check("matmul_add", lambda: f["nimble.gemm.matmul_add"](t(a), t(w), t(b), t(z), attrs, t(y), t(ws1)), y,
+                check("matmul_add", lambda: f[vendor_abi.GEMM_MATMUL_ADD](t(a), t(w), t(b), t(z), attrs, t(y), t(ws1)), y,
                       plain + z.double())
                 inplace = z.clone()
-                check("matmul_add z=y", lambda: f["nimble.gemm.matmul_add"](t(a), t(w), t(b), t(inplace), attrs,
+                check("matmul_add z=y", lambda: f[vendor_abi.GEMM_MATMUL_ADD](t(a), t(w), t(b), t(inplace), attrs,
                                                                              t(inplace), t(ws1)),
                       inplace, plain + z.double())
             torch_rel = rel(torch.nn.functional.linear(a, w.t(), b), plain)
             if (name, M, N, K) not in LINEARS:
                 continue
-            ours = list(f["nimble.gemm.matmul_timings"](t(a), t(w), t(b), tvm_ffi.Shape([0]), t(y), t(ws1), args.reps))
-            theirs = list(f["nimble.cublas.matmul_timings"](t(a), t(w), t(b), tvm_ffi.Shape([0, 0, 0]), t(y), t(ws),
+            ours = list(f[vendor_abi.GEMM_MATMUL_TIMINGS](t(a), t(w), t(b), tvm_ffi.Shape([0]), t(y), t(ws1), args.reps))
+            theirs = list(f[vendor_abi.CUBLAS_MATMUL_TIMINGS](t(a), t(w), t(b), tvm_ffi.Shape([0, 0, 0]), t(y), t(ws),
                                                             args.reps))
         torch_graph = gpu_args.graph_us(lambda: torch.nn.functional.linear(a, w.t(), b))
         best = min(range(len(ours)), key=ours.__getitem__)

@@ -50,7 +50,7 @@ def parse_kernel_bench(doc: str, argv, out: str):
     os.makedirs(args.out, exist_ok=True)
     import torch
 
-    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
     from tvm_nimble.runtime.vendor import load_vendor_library
 
     torch.backends.cuda.matmul.allow_tf32 = False

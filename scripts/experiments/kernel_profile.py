@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from tvm_nimble.codegen.critical_path import critical_path, serial_sum
-from tvm_nimble.runtime.plan import VENDOR_PREFIXES
+from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 
 
 def family(kernel: str) -> str:

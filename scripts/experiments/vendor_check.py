@@ -37,9 +37,11 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # for codegen.vendor_build
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # for tvm_nimble
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from tvm_nimble.contract import vendor_abi  # noqa: E402
 
 TOL = {"float32": 1e-5, "float16": 1e-2}
 WORKSPACE_BYTES = 64 << 20
@@ -170,7 +172,7 @@ class Check:
                     y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                     err, rel = None, float("inf")
                     try:
-                        self.call("nimble.cudnn.conv2d", x, w, b, self.tvm_ffi.Shape(self.conv_attrs(cfg, act)), y, ws)
+                        self.call(vendor_abi.CUDNN_CONV2D, x, w, b, self.tvm_ffi.Shape(self.conv_attrs(cfg, act)), y, ws)
                         rel = self.rel_l2(y, ref)
                     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                         err = one_line(e)
@@ -187,7 +189,7 @@ class Check:
                         y = z.clone() if inplace else torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                         err, rel = None, float("inf")
                         try:
-                            self.call("nimble.cudnn.conv2d_add", x, w, b, y if inplace else z,
+                            self.call(vendor_abi.CUDNN_CONV2D_ADD, x, w, b, y if inplace else z,
                                       self.tvm_ffi.Shape(self.conv_attrs(cfg, act)), y, ws)
                             rel = self.rel_l2(y, ref)
                         except Exception as e:  # noqa: BLE001
@@ -203,7 +205,7 @@ class Check:
                     y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                     err, rel = None, float("inf")
                     try:
-                        self.call("nimble.cudnn.conv2d", x, w, b, self.tvm_ffi.Shape(self.conv_attrs(cfg, act, algo)),
+                        self.call(vendor_abi.CUDNN_CONV2D, x, w, b, self.tvm_ffi.Shape(self.conv_attrs(cfg, act, algo)),
                                   y, ws)
                         rel = self.rel_l2(y, ref)
                     except Exception as e:  # noqa: BLE001
@@ -231,7 +233,7 @@ class Check:
                     out.fill_(float("nan"))
                     err, rel = None, float("inf")
                     try:
-                        self.call(f"nimble.cudnn.{op}", *args, attrs, out, ws)
+                        self.call(f"{vendor_abi.CUDNN.prefix}{op}", *args, attrs, out, ws)
                         torch.cuda.synchronize()
                         rel = self.rel_l2(out, ref)
                     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
@@ -254,7 +256,7 @@ class Check:
                 full_b = bmat.double().t() if tb else bmat.double()
                 ref_plain = a.double() @ full_b + bias.double()
                 # every candidate (with the bias epilogue, then without: our bias kernel), identity and gelu
-                n_cand = len(self.funcs["nimble.cublas.matmul_timings"](
+                n_cand = len(self.funcs[vendor_abi.CUBLAS_MATMUL_TIMINGS](
                     self.t(a), self.t(bmat), self.t(bias), self.tvm_ffi.Shape([tb, 0, 0]),
                     self.t(torch.empty(ref_plain.shape, dtype=dtype, device="cuda")), self.t(ws), 1))
                 for act, algo in [(a_, 0) for a_ in MATMUL_ACTS] + [(a_, i) for a_ in (0, 3) for i in range(1, n_cand)]:
@@ -265,7 +267,7 @@ class Check:
                         y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                     err, rel = None, float("inf")
                     try:
-                        self.call("nimble.cublas.matmul", a, bmat, bias, self.tvm_ffi.Shape([tb, act, 0, algo]), y, ws)
+                        self.call(vendor_abi.CUBLAS_MATMUL, a, bmat, bias, self.tvm_ffi.Shape([tb, act, 0, algo]), y, ws)
                         rel = self.rel_l2(y, ref)
                     except Exception as e:  # noqa: BLE001
                         err = one_line(e)
@@ -279,7 +281,7 @@ class Check:
                     y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                     err, rel = None, float("inf")
                     try:
-                        self.call("nimble.cublas.matmul_add", a, bmat, bias, z, self.tvm_ffi.Shape([tb, 0, 0, algo]), y, ws)
+                        self.call(vendor_abi.CUBLAS_MATMUL_ADD, a, bmat, bias, z, self.tvm_ffi.Shape([tb, 0, 0, algo]), y, ws)
                         rel = self.rel_l2(y, ref)
                     except Exception as e:  # noqa: BLE001
                         err = one_line(e)
@@ -301,7 +303,7 @@ class Check:
                     y = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
                     err, rel = None, float("inf")
                     try:
-                        self.call("nimble.cublas.batched_matmul", a, b, self.tvm_ffi.Shape([tb, 0]), y, ws)
+                        self.call(vendor_abi.CUBLAS_BATCHED_MATMUL, a, b, self.tvm_ffi.Shape([tb, 0]), y, ws)
                         rel = self.rel_l2(y, ref)
                     except Exception as e:  # noqa: BLE001
                         err = one_line(e)
@@ -324,13 +326,13 @@ class Check:
         needy = [a["algo"] for a in conv2d_algos(x.shape, w.shape, self.conv_attrs(cfg, 1))
                  if a["status"] == 0 and a["workspace_bytes"] > 256]
         bad = {
-            "y wrong shape": ("nimble.cudnn.conv2d", x, w, b, attrs, torch.empty((8, 64, 27, 28), device="cuda"), ws),
-            "w dtype mismatch": ("nimble.cudnn.conv2d", x, w.half(), b, attrs, y, ws),
-            "x not contiguous": ("nimble.cudnn.conv2d", x.transpose(2, 3), w, b, attrs, y, ws),
+            "y wrong shape": (vendor_abi.CUDNN_CONV2D, x, w, b, attrs, torch.empty((8, 64, 27, 28), device="cuda"), ws),
+            "w dtype mismatch": (vendor_abi.CUDNN_CONV2D, x, w.half(), b, attrs, y, ws),
+            "x not contiguous": (vendor_abi.CUDNN_CONV2D, x.transpose(2, 3), w, b, attrs, y, ws),
             **({"forced algo needing a workspace, 1-byte workspace": (
-                "nimble.cudnn.conv2d", x, w, b, self.tvm_ffi.Shape(self.conv_attrs(cfg, 1, algo=needy[0])), y,
+                vendor_abi.CUDNN_CONV2D, x, w, b, self.tvm_ffi.Shape(self.conv_attrs(cfg, 1, algo=needy[0])), y,
                 self.workspace(1))} if needy else {}),
-            "matmul K mismatch": ("nimble.cublas.matmul", torch.empty((4, 8), device="cuda"),
+            "matmul K mismatch": (vendor_abi.CUBLAS_MATMUL, torch.empty((4, 8), device="cuda"),
                                   torch.empty((16, 9), device="cuda"), torch.empty((16,), device="cuda"),
                                   self.tvm_ffi.Shape([1, 0, 0]), torch.empty((4, 16), device="cuda"), ws),
         }
@@ -370,10 +372,10 @@ class Check:
         a3b = self.tvm_ffi.Shape(self.conv_attrs(c3, 2))
         a1 = self.tvm_ffi.Shape(self.conv_attrs(c1, 2))
         calls = [  # (stream index, function, args)
-            (0, "nimble.cudnn.conv2d", (x3, w3, b3, a3, y3, ws[0])),
-            (1, "nimble.cudnn.conv2d_add", (x1, w1, b1, z1, a1, y1, ws[1])),
-            (1, "nimble.cublas.matmul", (am, bm, biasm, self.tvm_ffi.Shape([1, 1, 0]), ym, ws[1])),
-            (0, "nimble.cudnn.conv2d", (y3, w3, b3, a3b, y3b, ws[0])),
+            (0, vendor_abi.CUDNN_CONV2D, (x3, w3, b3, a3, y3, ws[0])),
+            (1, vendor_abi.CUDNN_CONV2D_ADD, (x1, w1, b1, z1, a1, y1, ws[1])),
+            (1, vendor_abi.CUBLAS_MATMUL, (am, bm, biasm, self.tvm_ffi.Shape([1, 1, 0]), ym, ws[1])),
+            (0, vendor_abi.CUDNN_CONV2D, (y3, w3, b3, a3b, y3b, ws[0])),
         ]
         converted = [(s, fn, [self.t(a) if isinstance(a, torch.Tensor) else a for a in args]) for s, fn, args in calls]
 
@@ -444,7 +446,7 @@ class Check:
                 x, w, b = self.conv_data(cfg, dtype)
                 y = torch.empty(self.conv_ref(x, w, b, None, cfg, 0).shape, dtype=dtype, device="cuda")
                 args = [self.t(v) for v in (x, w, b)] + [self.tvm_ffi.Shape(self.conv_attrs(cfg, 1)), self.t(y), self.t(ws)]
-                fn = self.funcs["nimble.cudnn.conv2d"]
+                fn = self.funcs[vendor_abi.CUDNN_CONV2D]
 
                 def ours():
                     with self.tvm_ffi.use_raw_stream(self.dev, stream):
@@ -488,7 +490,7 @@ def main(argv=None) -> int:
     lib = args.lib
     built_here = False
     if not lib or not os.path.isfile(lib):
-        from codegen.vendor_build import build_vendor_library
+        from tvm_nimble.codegen.vendor_build import build_vendor_library
 
         major, minor = torch.cuda.get_device_capability(0)
         print(f"building the extension for sm_{major}{minor} (--lib {'absent' if not lib else lib + ' not found'})",
@@ -503,7 +505,7 @@ def main(argv=None) -> int:
     chk = Check(args)
     chk.funcs = funcs
     log = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "lib": os.path.abspath(lib),
-           "built_here": built_here, "versions": str(funcs["nimble.vendor.versions"]())}
+           "built_here": built_here, "versions": str(funcs[vendor_abi.VENDOR_VERSIONS]())}
     print(f"{log['device']}: {log['versions']}; torch {torch.__version__}", flush=True)
     out_path = os.path.join(args.out, "vendor_check.json")
 
@@ -529,7 +531,7 @@ def main(argv=None) -> int:
             log["section_errors"][name] = traceback.format_exc()
             print(f"  {name} failed: {one_line(e)}", flush=True)
         log["cases"], log["error_checks"] = chk.cases, chk.errors
-        log["plans"] = [str(p) for p in funcs["nimble.vendor.plans"]()]
+        log["plans"] = [str(p) for p in funcs[vendor_abi.VENDOR_PLANS]()]
         save()
 
     ok_cases = all(c["ok"] for c in chk.cases) and bool(chk.cases)

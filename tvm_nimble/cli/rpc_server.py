@@ -25,7 +25,7 @@ import time
 
 def load_library() -> str | None:
     """TVM's CUDA runtime libraries as ``--load-library`` wants them, or None without an NVIDIA driver."""
-    from tvm_nimble.runtime.device import cuda_runtime_libraries
+    from tvm_nimble.native_libs import cuda_runtime_libraries
 
     try:
         ctypes.CDLL("libcuda.so.1")

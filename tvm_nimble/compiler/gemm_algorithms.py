@@ -20,6 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.relay_passes.providers import cublaslt, provider_of, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
@@ -30,9 +31,9 @@ REPS = 20
 #: how much faster than the heuristic's first a candidate must be to be chosen
 MARGIN = 0.97
 
-_TIMINGS = {MATMUL: "nimble.cublas.matmul_timings", MATMUL_ADD: "nimble.cublas.matmul_add_timings",
-            BATCHED_MATMUL: "nimble.cublas.batched_matmul_timings",
-            simt_gemm.MATMUL: "nimble.gemm.matmul_timings", simt_gemm.MATMUL_ADD: "nimble.gemm.matmul_add_timings"}
+_TIMINGS = {MATMUL: vendor_abi.CUBLAS_MATMUL_TIMINGS, MATMUL_ADD: vendor_abi.CUBLAS_MATMUL_ADD_TIMINGS,
+            BATCHED_MATMUL: vendor_abi.CUBLAS_BATCHED_MATMUL_TIMINGS,
+            simt_gemm.MATMUL: vendor_abi.GEMM_MATMUL_TIMINGS, simt_gemm.MATMUL_ADD: vendor_abi.GEMM_MATMUL_ADD_TIMINGS}
 _ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2,  # without the algorithm index
               simt_gemm.MATMUL: 1, simt_gemm.MATMUL_ADD: 1}
 

@@ -27,7 +27,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
 from tvm_nimble.relay_passes.kernel_probe import build_probe, chain_keys
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, find_offloads
-from tvm_nimble.runtime.plan import Plan
+from tvm_nimble.contract.plan import Plan
 
 from . import stages, timing_cache
 from .gemm_algorithms import choose_gemm_algorithms

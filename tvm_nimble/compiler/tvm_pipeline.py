@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import tvm
 
-from tvm_nimble.runtime.executable import PARAMS_FUNC, PLAN_FUNC, register_markers
+from tvm_nimble.contract.markers import PARAMS_FUNC, PLAN_FUNC
+from tvm_nimble.runtime.executable import register_markers
 
 from .target import CUDA_LIMITS, resolve_target
 

@@ -20,9 +20,8 @@ import warnings
 
 import numpy as np
 
+from tvm_nimble.contract.plan import Plan
 from tvm_nimble.errors import NimbleError
-
-from .plan import Plan
 
 ARTIFACT_FORMAT = "tvm-nimble-artifact"
 ARTIFACT_VERSION = 1

@@ -5,12 +5,10 @@ have no TVM compiler.
 """
 from __future__ import annotations
 
-import ctypes
-import os
-
 import numpy as np
 
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.native_libs import load_tvm_cuda_runtime
 
 from .tvm_compat import tensor_view, zero_offset
 
@@ -25,27 +23,12 @@ def _tvm():
     return tvm
 
 
-def cuda_runtime_libraries() -> list[str]:
-    """TVM's CUDA runtime libraries, in load order. The apache-tvm wheel keeps them apart from
-    ``libtvm_runtime``: ``import tvm`` does not load them, so neither does a plain
-    ``python -m tvm.exec.rpc_server`` (``tvm-nimble rpc-server`` passes them as ``--load-library``)."""
-    lib_dir = os.path.join(os.path.dirname(_tvm().__file__), "lib")
-    paths = [os.path.join(lib_dir, n) for n in ("libtvm_runtime_extra.so", "libtvm_runtime_cuda.so")]
-    return [p for p in paths if os.path.exists(p)]
-
-
 def ensure_cuda_runtime() -> None:
     """Load TVM's CUDA runtime library (needed when only the runtime part of TVM is installed)."""
-    import tvm_ffi
-
-    if "ffi.Module.load_from_bytes.cuda" in tvm_ffi.registry.list_global_func_names():
-        return
-    for path in cuda_runtime_libraries():
-        try:
-            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        except OSError as err:
-            if "cuda" in os.path.basename(path):
-                raise DeviceError(f"cannot load TVM's CUDA runtime ({err}): is an NVIDIA driver installed?") from None
+    try:
+        load_tvm_cuda_runtime()
+    except OSError as err:
+        raise DeviceError(f"cannot load TVM's CUDA runtime ({err}): is an NVIDIA driver installed?") from None
 
 
 def gpu_arch() -> str | None:
@@ -92,7 +75,7 @@ def tensor_at(storage, shape, dtype: str, offset: int):
     inside its storage (a slice of a concatenation built in place) gets its data pointer advanced
     instead. TVM does that only for offsets aligned to its allocation alignment (64 bytes) and would
     otherwise copy, which here would silently lose the kernel's writes: the plan guarantees the
-    alignment (:data:`tvm_nimble.runtime.plan.SLICE_ALIGN`)."""
+    alignment (:data:`tvm_nimble.contract.plan.SLICE_ALIGN`)."""
     view = tensor_view(storage, shape, dtype, offset)
     if offset == 0:
         return view

@@ -2,7 +2,8 @@
 
 The ``nimble`` pipeline embeds the launch plan and the constants in the executable as two
 extra Relax functions, and leaves ``nimble.*`` marker calls in ``main``. This module is the
-runtime side of that contract: the names, no-op markers for the Relax VM, and the loader.
+runtime side of that contract (the names are :mod:`tvm_nimble.contract.markers`): no-op markers for the
+Relax VM, and the loader.
 It needs only the TVM runtime, so a ``.so`` built elsewhere loads on a deploy machine.
 """
 from __future__ import annotations
@@ -10,22 +11,11 @@ from __future__ import annotations
 import numpy as np
 import tvm_ffi
 
+from tvm_nimble.contract.markers import MARKERS, PARAMS_FUNC, PLAN_FUNC, SLICE_VIEW
+from tvm_nimble.contract.plan import Plan
 from tvm_nimble.errors import NimbleError
 
 from .module import NimbleModule
-from .plan import Plan
-
-#: Marker calls the stream annotation leaves in ``main`` (see ``relay_passes.annotate``).
-SET_STREAM = "nimble.set_stream"
-WAIT_EVENT = "nimble.wait_event"
-RECORD_EVENT = "nimble.record_event"
-MARKERS = (SET_STREAM, WAIT_EVENT, RECORD_EVENT)
-#: ``nimble.slice_view(base, byte_offset, shape, dtype)``: a tensor over bytes of ``base``, left in
-#: ``main`` by ``relay_passes.concat_in_place`` where a kernel writes its slice of a concatenation
-SLICE_VIEW = "nimble.slice_view"
-
-PLAN_FUNC = "__nimble_plan__"
-PARAMS_FUNC = "__nimble_params__"
 
 
 def _slice_view(base, offset, shape, dtype):

@@ -64,7 +64,7 @@ class InputRules:
     """How an executor of ``plan`` takes its inputs. ``buckets`` (a bucketed executor's batch sizes): any
     number of rows (the leading dimension); empty: exactly the plan's shapes."""
 
-    plan: object  # tvm_nimble.runtime.plan.Plan
+    plan: object  # tvm_nimble.contract.plan.Plan
     device: object
     check_inputs: bool = True
     check_finite: bool = False

@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tvm_nimble.contract.plan import Plan
+from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 from tvm_nimble.errors import NimbleError
 
 from .artifact import (VENDOR_FILE, ArtifactError, load_artifact_files, load_bucketed_files, read_manifest,
                        save_artifact, save_bucketed_artifact)
 from .buckets import arena_layout, check_buckets, dedupe_weights, padding_bytes
-from .plan import VENDOR_PREFIXES, Plan
 
 
 class KernelNotFoundError(ArtifactError):

@@ -22,26 +22,12 @@ import os
 import tvm_ffi
 
 from tvm_nimble import env
+from tvm_nimble.contract.vendor_abi import CUDNN_CONV2D_ALGOS, FUNCTIONS, VENDOR_VERSIONS
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.native_libs import nvidia_roots
 
 ENV_LIB_DIRS = env.VENDOR_LIB_DIRS
 ENV_SYSTEM = env.VENDOR_SYSTEM_LIBS
-FUNCTIONS = ("nimble.cudnn.conv2d", "nimble.cudnn.conv2d_add", "nimble.cudnn.conv2d_bwd_data",
-             "nimble.cudnn.conv2d_bwd_filter", "nimble.cudnn_graph.conv2d", "nimble.cudnn_graph.conv2d_add",
-             "nimble.cublas.matmul", "nimble.cublas.matmul_add",
-             "nimble.cublas.batched_matmul", "nimble.gemm.matmul", "nimble.gemm.matmul_add",
-             "nimble.attention.sdpa", "nimble.attention.sdpa_bias", "nimble.attention.cudnn_sdpa",
-             "nimble.attention.split_sdpa", "nimble.attention.split_sdpa_bias",
-             "nimble.attention.tile_sdpa", "nimble.attention.tile_sdpa_bias",
-             "nimble.attention.cluster_sdpa", "nimble.attention.cluster_sdpa_bias",
-             "nimble.norm.layer_norm",
-             "nimble.depthwise.conv2d", "nimble.depthwise.conv2d_add", "nimble.depthwise.pool2d",
-             "nimble.depthwise.pool2d_add",
-             "nimble.cudnn.conv2d_algos",
-             "nimble.cublas.matmul_timings", "nimble.cublas.matmul_add_timings", "nimble.cublas.batched_matmul_timings",
-             "nimble.gemm.matmul_timings", "nimble.gemm.matmul_add_timings", "nimble.gemm.candidates",
-             "nimble.vendor.versions",
-             "nimble.vendor.plans")
 
 # (library, major, what, pip package), in load order: cuDNN's engines use cuBLASLt.
 LIBRARIES = (("libcublasLt", 13, "cuBLASLt 13", "nvidia-cublas"),
@@ -54,34 +40,6 @@ _extensions: dict[str, ctypes.CDLL] = {}
 
 class VendorLibraryError(NimbleError):
     """cuDNN / cuBLAS or the vendor extension cannot be loaded."""
-
-
-def _site_dirs() -> list[str]:
-    dirs = []
-    for entry in env.python_path():
-        dirs.append(os.path.abspath(entry))
-    for mod_file in (tvm_ffi.__file__, _numpy_file()):
-        if mod_file:
-            dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(mod_file))))
-    seen: list[str] = []
-    for d in dirs:
-        if d not in seen:
-            seen.append(d)
-    return seen
-
-
-def _numpy_file() -> str | None:
-    try:
-        import numpy
-
-        return numpy.__file__
-    except ImportError:
-        return None
-
-
-def nvidia_roots() -> list[str]:
-    """The ``nvidia/`` folders of the pip wheels, in the site directories of tvm_ffi and numpy."""
-    return [os.path.join(d, "nvidia") for d in _site_dirs() if os.path.isdir(os.path.join(d, "nvidia"))]
 
 
 def wheel_lib_dirs() -> list[str]:
@@ -220,7 +178,7 @@ def load_vendor_library(path: str, search_dirs=None, system: bool | None = None)
 
 def vendor_versions() -> str:
     """cuDNN / cuBLAS / CUDA runtime versions, as the loaded extension reports them."""
-    fn = tvm_ffi.get_global_func("nimble.vendor.versions", allow_missing=True)
+    fn = tvm_ffi.get_global_func(VENDOR_VERSIONS, allow_missing=True)
     if fn is None:
         raise VendorLibraryError("the vendor extension is not loaded: call load_vendor_library(path) first")
     return str(fn())
@@ -233,7 +191,7 @@ def conv2d_algos(x_shape, w_shape, attrs, dtype: str = "float32", device_id: int
     workspace_bytes, math_type (cudnnMathType_t this extension would use), determinism. With
     attrs[8] = -1, ``nimble.cudnn.conv2d`` takes the first usable one whose workspace fits.
     """
-    fn = tvm_ffi.get_global_func("nimble.cudnn.conv2d_algos", allow_missing=True)
+    fn = tvm_ffi.get_global_func(CUDNN_CONV2D_ALGOS, allow_missing=True)
     if fn is None:
         raise VendorLibraryError("the vendor extension is not loaded: call load_vendor_library(path) first")
     rows = fn(tvm_ffi.Shape(list(x_shape)), tvm_ffi.Shape(list(w_shape)), tvm_ffi.Shape(list(attrs)), dtype, device_id)

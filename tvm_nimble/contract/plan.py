@@ -13,16 +13,24 @@ from dataclasses import asdict, dataclass, field
 
 from tvm_nimble.errors import NimbleError
 
-#: Kernel names served by the vendor extension (cuDNN / cuBLASLt, ``codegen/vendor``), not by the kernel library.
-VENDOR_PREFIXES = ("nimble.cudnn.", "nimble.cudnn_graph.", "nimble.cublas.", "nimble.gemm.", "nimble.attention.", "nimble.norm.",
-                   "nimble.depthwise.")
+from .vendor_abi import VENDOR_PREFIXES
 
 #: Byte alignment of a view that starts inside its storage (see :func:`tvm_nimble.runtime.device.tensor_at`)
 SLICE_ALIGN = 64
 
 PLAN_FORMAT = "tvm-nimble-plan"
 PLAN_VERSION = 1
-TENSOR_KINDS = ("input", "output", "const", "intermediate")
+
+# What a tensor is to the model (``TensorSlot.kind``) ...
+INPUT = "input"
+OUTPUT = "output"
+CONST = "const"
+INTERMEDIATE = "intermediate"
+TENSOR_KINDS = (INPUT, OUTPUT, CONST, INTERMEDIATE)
+# ... and what its storage is (``Storage.kind``): inputs, outputs and constants have their own, the
+# intermediates share the pool blocks the memory plan proves safe
+POOL = "pool"
+STORAGE_KINDS = (INPUT, OUTPUT, CONST, POOL)
 
 
 class PlanError(NimbleError):
@@ -56,7 +64,7 @@ class Storage:
 
     id: int
     nbytes: int
-    kind: str  # "input" | "output" | "const" | "pool"
+    kind: str  # one of STORAGE_KINDS
 
 
 @dataclass
@@ -187,6 +195,7 @@ class Plan:
             _check(t.offset % SLICE_ALIGN == 0, f"tensor {i} starts at byte {t.offset}, not a multiple of {SLICE_ALIGN}")
         for i, s in enumerate(self.storages):
             _check(s.id == i and s.nbytes >= 0, f"storage {i} is malformed")
+            _check(s.kind in STORAGE_KINDS, f"storage {i} has unknown kind {s.kind!r}")
         _check(self.num_streams >= 1 or not self.launches, "num_streams must be >= 1")
         _check(not self.stream_priority or (len(self.stream_priority) == self.num_streams
                                             and set(self.stream_priority) <= {0, 1}),

@@ -1,0 +1,24 @@
+"""The names the compiler leaves in a Relax module and the runtime looks up: the stream markers in ``main``
+and the two functions a ``relax_pipeline="nimble"`` executable embeds.
+
+``relay_passes.annotate`` writes the markers, ``relay_passes.lowered_ir`` reads them back,
+``compiler.tvm_pipeline`` embeds the plan and constants, and ``runtime.executable`` registers the markers as
+no-ops for the Relax VM and reads the plan out of the executable.
+"""
+from __future__ import annotations
+
+#: ``nimble.set_stream(s)``: the next kernel runs on stream ``s``.
+SET_STREAM = "nimble.set_stream"
+#: ``nimble.wait_event(e)``: the next kernel waits for event ``e``.
+WAIT_EVENT = "nimble.wait_event"
+#: ``nimble.record_event(e)``: the previous kernel records event ``e``.
+RECORD_EVENT = "nimble.record_event"
+MARKERS = (SET_STREAM, WAIT_EVENT, RECORD_EVENT)
+#: ``nimble.slice_view(base, byte_offset, shape, dtype)``: a tensor over bytes of ``base``, left in ``main``
+#: by ``relay_passes.concat_in_place`` and ``merge_siblings`` where a kernel writes its slice of a concatenation
+SLICE_VIEW = "nimble.slice_view"
+
+#: The Relax function of an executable that returns the plan's JSON.
+PLAN_FUNC = "__nimble_plan__"
+#: The Relax function of an executable that returns the plan's constants.
+PARAMS_FUNC = "__nimble_params__"

@@ -1,0 +1,117 @@
+"""The vendor extension's ABI: the name of every global function ``codegen/vendor`` registers, spelled once.
+
+The passes emit calls of these functions (``relay_passes/providers``), the plan launches them, the runtime
+resolves them in the loaded extension (``tvm_nimble.runtime.vendor``), and the CUDA sources register them
+(``Register(name, ...)`` in ``codegen/vendor/*.cu``; ``tests/test_layering.py`` checks that the two sets are
+equal). Each function is ``nimble.<library>.<op>``; a library's *kernels* are the destination-passing calls a
+plan launches, its *utilities* the functions called from Python (cuDNN's heuristics, the GEMM timings,
+versions), never launched.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: The namespace of every global function and marker tvm-nimble defines.
+ROOT = "nimble."
+
+
+@dataclass(frozen=True)
+class VendorLibrary:
+    """One library of the vendor extension: its functions are ``nimble.<name>.<op>``."""
+
+    name: str
+    kernels: tuple[str, ...] = ()  # launched by a plan
+    utilities: tuple[str, ...] = ()  # called from Python only
+
+    def __post_init__(self):
+        stray = [f for f in self.functions if not f.startswith(self.prefix)]
+        if stray:
+            raise ValueError(f"vendor functions {stray} are not in library {self.prefix!r}")
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}{self.name}."
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        return self.kernels + self.utilities
+
+
+def family(*names: str) -> str:
+    """The longest prefix ``names`` share: the ``kernel_prefix`` of a provider that emits exactly them."""
+    return os.path.commonprefix(list(names))
+
+
+# ---- cuDNN, legacy API (codegen/vendor/nimble_vendor.cu) -------------------------------------------------
+CUDNN_CONV2D = "nimble.cudnn.conv2d"
+CUDNN_CONV2D_ADD = "nimble.cudnn.conv2d_add"
+CUDNN_CONV2D_BWD_DATA = "nimble.cudnn.conv2d_bwd_data"
+CUDNN_CONV2D_BWD_FILTER = "nimble.cudnn.conv2d_bwd_filter"
+CUDNN_CONV2D_ALGOS = "nimble.cudnn.conv2d_algos"
+CUDNN = VendorLibrary("cudnn", kernels=(CUDNN_CONV2D, CUDNN_CONV2D_ADD, CUDNN_CONV2D_BWD_DATA, CUDNN_CONV2D_BWD_FILTER),
+                      utilities=(CUDNN_CONV2D_ALGOS,))
+
+# ---- cuDNN, graph API (codegen/vendor/cudnn_conv_graph.cu) ------------------------------------------------
+CUDNN_GRAPH_CONV2D = "nimble.cudnn_graph.conv2d"
+CUDNN_GRAPH_CONV2D_ADD = "nimble.cudnn_graph.conv2d_add"
+CUDNN_GRAPH = VendorLibrary("cudnn_graph", kernels=(CUDNN_GRAPH_CONV2D, CUDNN_GRAPH_CONV2D_ADD))
+
+# ---- cuBLASLt (codegen/vendor/nimble_vendor.cu) -----------------------------------------------------------
+CUBLAS_MATMUL = "nimble.cublas.matmul"
+CUBLAS_MATMUL_ADD = "nimble.cublas.matmul_add"
+CUBLAS_BATCHED_MATMUL = "nimble.cublas.batched_matmul"
+CUBLAS_MATMUL_TIMINGS = "nimble.cublas.matmul_timings"
+CUBLAS_MATMUL_ADD_TIMINGS = "nimble.cublas.matmul_add_timings"
+CUBLAS_BATCHED_MATMUL_TIMINGS = "nimble.cublas.batched_matmul_timings"
+CUBLAS = VendorLibrary("cublas", kernels=(CUBLAS_MATMUL, CUBLAS_MATMUL_ADD, CUBLAS_BATCHED_MATMUL),
+                       utilities=(CUBLAS_MATMUL_TIMINGS, CUBLAS_MATMUL_ADD_TIMINGS, CUBLAS_BATCHED_MATMUL_TIMINGS))
+
+# ---- our SIMT GEMM (codegen/vendor/gemm_simt.cu) ----------------------------------------------------------
+GEMM_MATMUL = "nimble.gemm.matmul"
+GEMM_MATMUL_ADD = "nimble.gemm.matmul_add"
+GEMM_MATMUL_TIMINGS = "nimble.gemm.matmul_timings"
+GEMM_MATMUL_ADD_TIMINGS = "nimble.gemm.matmul_add_timings"
+GEMM_CANDIDATES = "nimble.gemm.candidates"
+GEMM = VendorLibrary("gemm", kernels=(GEMM_MATMUL, GEMM_MATMUL_ADD),
+                     utilities=(GEMM_MATMUL_TIMINGS, GEMM_MATMUL_ADD_TIMINGS, GEMM_CANDIDATES))
+
+# ---- fused attention (codegen/vendor/attention*.cu, cudnn_attention.cu) ----------------------------------
+ATTENTION_SDPA = "nimble.attention.sdpa"
+ATTENTION_SDPA_BIAS = "nimble.attention.sdpa_bias"
+ATTENTION_CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
+ATTENTION_SPLIT_SDPA = "nimble.attention.split_sdpa"
+ATTENTION_SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
+ATTENTION_TILE_SDPA = "nimble.attention.tile_sdpa"
+ATTENTION_TILE_SDPA_BIAS = "nimble.attention.tile_sdpa_bias"
+ATTENTION_CLUSTER_SDPA = "nimble.attention.cluster_sdpa"
+ATTENTION_CLUSTER_SDPA_BIAS = "nimble.attention.cluster_sdpa_bias"
+ATTENTION = VendorLibrary("attention", kernels=(
+    ATTENTION_SDPA, ATTENTION_SDPA_BIAS, ATTENTION_CUDNN_SDPA, ATTENTION_SPLIT_SDPA, ATTENTION_SPLIT_SDPA_BIAS,
+    ATTENTION_TILE_SDPA, ATTENTION_TILE_SDPA_BIAS, ATTENTION_CLUSTER_SDPA, ATTENTION_CLUSTER_SDPA_BIAS))
+
+# ---- LayerNorm (codegen/vendor/layer_norm.cu) -------------------------------------------------------------
+NORM_LAYER_NORM = "nimble.norm.layer_norm"
+NORM = VendorLibrary("norm", kernels=(NORM_LAYER_NORM,))
+
+# ---- depthwise convolutions and pools (codegen/vendor/depthwise.cu) ---------------------------------------
+DEPTHWISE_CONV2D = "nimble.depthwise.conv2d"
+DEPTHWISE_CONV2D_ADD = "nimble.depthwise.conv2d_add"
+DEPTHWISE_POOL2D = "nimble.depthwise.pool2d"
+DEPTHWISE_POOL2D_ADD = "nimble.depthwise.pool2d_add"
+DEPTHWISE = VendorLibrary("depthwise", kernels=(DEPTHWISE_CONV2D, DEPTHWISE_CONV2D_ADD, DEPTHWISE_POOL2D,
+                                                DEPTHWISE_POOL2D_ADD))
+
+# ---- the extension itself (codegen/vendor/nimble_vendor.cu) -----------------------------------------------
+VENDOR_VERSIONS = "nimble.vendor.versions"
+VENDOR_PLANS = "nimble.vendor.plans"
+VENDOR = VendorLibrary("vendor", utilities=(VENDOR_VERSIONS, VENDOR_PLANS))
+
+#: Every library of the extension.
+LIBRARIES = (CUDNN, CUDNN_GRAPH, CUBLAS, GEMM, ATTENTION, NORM, DEPTHWISE, VENDOR)
+#: Every global function the extension registers (the runtime checks each one after loading it).
+FUNCTIONS = tuple(f for lib in LIBRARIES for f in lib.functions)
+#: Every function a plan may launch.
+KERNELS = tuple(f for lib in LIBRARIES for f in lib.kernels)
+#: A plan launch whose kernel starts with one of these is served by the vendor extension, not the kernel library.
+VENDOR_PREFIXES = tuple(lib.prefix for lib in LIBRARIES if lib.kernels)

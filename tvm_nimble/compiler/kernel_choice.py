@@ -298,7 +298,7 @@ def select_kernels(mod: tvm.IRModule, options: BuildOptions, timer=None) -> Sele
                           f"{options.target.kind.name}")
     if kernels == "best":
         timer = check_measurable(options.target, timer)  # before building anything for a GPU that is not there
-    stages.vendor_library(options.target)
+    stages.vendor_library(options.target, stages.provider_kernels(options))
     report = OffloadReport()
     providers = options.offload_providers()
     # what every provider takes, first come first served: the all-vendor module's chains, found once

@@ -79,7 +79,7 @@ def _with_kernels(mod: tvm.IRModule, options: BuildOptions, timer) -> tvm.IRModu
 
     if resolve_kernels(options, timer) == "tvm":
         return mod
-    stages.vendor_library(options.target)
+    stages.vendor_library(options.target, stages.provider_kernels(options))
     return stages.offload(mod, options)
 
 

@@ -3,6 +3,7 @@
 Numerics, streams and CUDA graphs need a GPU: scripts/experiments/vendor_check.py checks those there.
 """
 import ast
+import ctypes
 import os
 import re
 import shutil
@@ -228,7 +229,7 @@ def test_one_unit_builds_links_and_loads_alone(tmp_path, monkeypatch):
     path = build_vendor_library("sm_90", kernels=["nimble.norm.layer_norm"])
     compiled = sorted(r.what for r in records(str(tmp_path / "cache")))
     assert compiled == ["nvcc vendor link of 1 units", "nvcc vendor unit layer_norm"]
-    assert vendor.library_functions(__import__("ctypes").CDLL(path)) == ("nimble.norm.layer_norm",)
+    assert vendor.library_functions(ctypes.CDLL(path)) == ("nimble.norm.layer_norm",)
     assert set(vendor.load_vendor_library(path)) == {"nimble.norm.layer_norm"}
     assert build_vendor_library("sm_90", kernels=["nimble.norm."]) == path  # the same units: the cached library
 

@@ -38,8 +38,12 @@ install: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(PY) -m tvm_nimble.cli demo $(DEMO_ARGS)
 
+# The suite on every core (pytest-xdist; TEST_WORKERS=0 runs it in one process), each test file on one worker
+# (its module fixtures built once). The run's caches live in a temporary folder of its own (tests/conftest.py):
+# nothing from an earlier run is reused, and nothing is written under $HOME.
+TEST_WORKERS ?= auto
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

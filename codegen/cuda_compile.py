@@ -27,6 +27,7 @@ from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.native_libs import load_tvm_cuda_runtime
 
+from .compile_cache import cached
 from .cuda_split import compile_ptx_units, fatbin_from_ptx, jobs, merge_ptx, ptxas_options, split_units
 
 #: in the fatbin cache's key: a fatbin made from merged PTX holds other PTX text (the same machine code)
@@ -148,18 +149,17 @@ def fatbin_compilation(target: tvm.target.Target):
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
 
     def compile_fatbin(code, *_):
-        # Stock VM, VM + CUDA graph and Nimble builds of one model share their kernels: compile once.
+        # Stock VM, VM + CUDA graph and Nimble builds of one model share their kernels: compile once (also
+        # across processes building at the same time)
         key = hashlib.sha256(f"{nvcc}\0{arch}\0{_FATBIN_FORMAT}\0{code}".encode()).hexdigest()
-        cached = os.path.join(env.cache_root(), "fatbin", f"{key}.fatbin")
-        if os.path.exists(cached):
-            with open(cached, "rb") as f:
-                return bytearray(f.read())
-        fatbin = _compile(code, target, arch, nvcc, workers)
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        with open(cached + f".{os.getpid()}", "wb") as f:
-            f.write(bytes(fatbin))
-        os.replace(cached + f".{os.getpid()}", cached)
-        return fatbin
+
+        def make(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(bytes(_compile(code, target, arch, nvcc, workers)))
+
+        with open(cached(os.path.join(env.cache_root(), "fatbin", f"{key}.fatbin"), make,
+                         f"nvcc kernel module ({len(code) // 1024} KiB of CUDA)"), "rb") as f:
+            return bytearray(f.read())
 
     tvm_ffi.register_global_func("tvm_callback_cuda_compile", compile_fatbin, override=True)
     try:

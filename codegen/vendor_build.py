@@ -1,4 +1,4 @@
-"""Build the vendor-kernel extension (cuDNN convolutions, cuBLASLt GEMMs) with nvcc.
+"""Build the vendor-kernel extension (cuDNN convolutions, cuBLASLt GEMMs, our fused kernels) with nvcc.
 
 The extension (codegen/vendor/*.cu) registers TVM FFI global functions -- ``nimble.cudnn.conv2d``,
 ``nimble.cudnn.conv2d_add``, ``nimble.cublas.matmul``, ``nimble.vendor.versions``, ... -- when it is
@@ -7,8 +7,15 @@ headers and the cuDNN / cuBLAS headers of the pip wheels ``nvidia-cudnn-cu13`` a
 ``nvidia-cublas`` (``pip install "tvm-nimble[vendor]"``), links libcudnn.so.9, libcublasLt.so.13
 and libtvm_ffi.so by soname, and has no rpath: the runtime loader preloads those libraries.
 
-Built libraries are cached under ``~/.cache/tvm-nimble/vendor/`` keyed by the sources' sha256,
-the arch, the nvcc version and the cuDNN / cuBLAS header versions.
+Each ``.cu`` file is a unit compiled on its own (:class:`VendorUnit`, read from its source: the functions its
+constructor registers, the headers it includes, the functions of other units it calls). A build compiles the
+units it needs side by side (``$TVM_NIMBLE_JOBS`` nvcc processes at once), each object cached under the cache
+root by the hash of its unit, the headers it includes, the flags, the arch and the nvcc / cuDNN / cuBLAS
+versions, and links them with a list of the functions the library registers (the symbol
+``nimble_vendor_functions``, which the loader reads). A caller that knows which functions it needs (names,
+or prefixes such as a provider's ``kernel_prefix``) gets a library of only the units that define them.
+The link refuses a symbol nothing defines, so a unit that needs another one the scan missed fails the build,
+not the load.
 
 Only the standard library and tvm_ffi are imported here (no ``tvm.relax``), so a GPU machine that
 has the TVM runtime alone can build the extension too.
@@ -23,10 +30,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.contract.vendor_abi import MANIFEST_SYMBOL
 from tvm_nimble.native_libs import nvidia_roots
+
+from .compile_cache import cached
 
 SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor")
 LIB_NAME = "libnimble_vendor.so"
@@ -107,14 +119,110 @@ def vendor_available() -> tuple[bool, str]:
     return True, ""
 
 
-def _sources() -> list[str]:
-    """Every file the build depends on (what its cache key hashes): the .cu units and their headers."""
-    return sorted(glob.glob(os.path.join(SOURCE_DIR, "*.cu")) + glob.glob(os.path.join(SOURCE_DIR, "*.h")))
+# ---- the units, read from their sources ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VendorUnit:
+    """One translation unit of the extension (a ``.cu`` file), as its source describes it."""
+
+    path: str
+    headers: tuple[str, ...]  # the extension's headers it includes, directly or through another (its object's inputs)
+    registers: tuple[str, ...]  # the global functions its constructor registers
+    defines: tuple[str, ...]  # functions declared in a shared header (external linkage) that it defines
+    calls: tuple[str, ...]  # such functions defined in another unit that it calls
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)[:-len(".cu")]
 
 
-def _units() -> list[str]:
-    """The translation units nvcc compiles (the headers come in through #include)."""
-    return [s for s in _sources() if s.endswith(".cu")]
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_CONSTANT = re.compile(r'constexpr\s+const\s+char\s*\*\s*(\w+)\s*=\s*"([^"]+)"')
+_REGISTER = re.compile(r'\bRegister\(\s*(?:"([^"]+)"|(\w+))\s*,')
+#: a function declaration: a return type, the name, the parameters (no body)
+_DECLARATION = re.compile(r"(?:^|(?<=[;{}]))\s*(?:[\w:<>]+[\s*&]+)+(\w+)\s*\([^;{}]*\)\s*;")
+
+
+def _code(text: str) -> str:
+    """``text`` without comments and string or character literals (what brace matching and the scans read)."""
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', " ", text, flags=re.S)
+
+
+def _outside_unnamed_namespaces(code: str) -> str:
+    """``code`` without the bodies of its unnamed namespaces (what has internal linkage)."""
+    out, pos = [], 0
+    for match in re.finditer(r"\bnamespace\s*\{", code):
+        if match.start() < pos:
+            continue  # nested in an unnamed namespace already dropped
+        out.append(code[pos:match.start()])
+        depth, i = 1, match.end()
+        while depth and i < len(code):
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+        pos = i
+    return "".join(out) + code[pos:]
+
+
+def _headers_of(path: str) -> list[str]:
+    """The extension's headers ``path`` includes, directly or through another, in include order."""
+    seen: dict[str, None] = {}
+    todo = [path]
+    while todo:
+        with open(todo.pop(0)) as f:
+            for name in _INCLUDE.findall(f.read()):
+                header = os.path.join(os.path.dirname(path), name)
+                if os.path.isfile(header) and header not in seen:
+                    seen[header] = None
+                    todo.append(header)
+    return list(seen)
+
+
+def scan_units(source_dir: str = SOURCE_DIR) -> list[VendorUnit]:
+    """Every unit of the extension in ``source_dir``, in name order."""
+    paths = sorted(glob.glob(os.path.join(source_dir, "*.cu")))
+    headers = {p: _headers_of(p) for p in paths}
+    shared: dict[str, set[str]] = {}  # header -> the functions it declares with external linkage
+    for header in {h for hs in headers.values() for h in hs}:
+        with open(header) as f:
+            shared[header] = set(_DECLARATION.findall(_outside_unnamed_namespaces(_code(f.read()))))
+    units = []
+    for path in paths:
+        with open(path) as f:
+            text = f.read()
+        code = _code(text)
+        constants = dict(_CONSTANT.findall(text))
+        registers = tuple(literal or constants[name] for literal, name in _REGISTER.findall(text))
+        declared = set().union(*(shared[h] for h in headers[path])) if headers[path] else set()
+        external = _outside_unnamed_namespaces(code)
+        defines = sorted(n for n in declared if re.search(rf"\b{n}\s*\([^;{{}}]*\)\s*\{{", external))
+        calls = sorted(n for n in declared - set(defines) if re.search(rf"\b{n}\s*\(", code))
+        units.append(VendorUnit(path, tuple(headers[path]), registers, tuple(defines), tuple(calls)))
+    return units
+
+
+def units_for(kernels: Iterable[str] | None = None, units: list[VendorUnit] | None = None) -> list[VendorUnit]:
+    """The units a library offering ``kernels`` needs: those registering a function that one of them names or
+    is a prefix of (a provider's ``kernel_prefix``), and the units defining what those call; every unit for
+    None. A kernel no unit registers is a :class:`VendorBuildError`."""
+    units = scan_units() if units is None else units
+    if kernels is None:
+        return list(units)
+    wanted = sorted(set(kernels))
+    chosen = {u.path for u in units if any(f.startswith(k) for f in u.registers for k in wanted)}
+    unknown = [k for k in wanted if not any(f.startswith(k) for u in units for f in u.registers)]
+    if unknown:
+        known = sorted(f for u in units for f in u.registers)
+        raise VendorBuildError(f"no unit of the vendor extension registers {', '.join(unknown)}: the functions are "
+                               f"{', '.join(known)}")
+    definer = {name: u.path for u in units for name in u.defines}
+    by_path = {u.path: u for u in units}
+    todo = list(chosen)
+    while todo:
+        for name in by_path[todo.pop()].calls:
+            if name in definer and definer[name] not in chosen:
+                chosen.add(definer[name])
+                todo.append(definer[name])
+    return [u for u in units if u.path in chosen]
 
 
 def _header_versions(paths: dict[str, str]) -> str:
@@ -138,94 +246,140 @@ def _normalize_arch(arch: str) -> str:
     return f"sm_{m[1]}{m[2]}"
 
 
-def build_commands(arch: str, out: str, objdir: str, nvcc: str | None = None,
-                   paths: dict[str, str] | None = None) -> tuple[list[list[str]], list[str]]:
-    """The nvcc command lines that build the extension for ``arch`` into ``out``: one compile per
-    translation unit (objects in ``objdir``, independent of each other: they run in parallel) and the link."""
-    import tvm_ffi.libinfo
 
-    arch = _normalize_arch(arch)
-    nvcc = nvcc or find_nvcc() or "nvcc"
-    paths = paths or vendor_paths()
-    num = arch[3:]
-    ffi_lib = tvm_ffi.libinfo.find_libtvm_ffi()
-    flags = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
-             "-diag-suppress", "1444",  # cuDNN's legacy convolution API is marked deprecated in cuDNN 9
-             # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
-             # engines) instead of linking them: no libnvrtc needed where the extension runs
-             "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
-             "-gencode", f"arch=compute_{num},code=[{arch},compute_{num}]",
-             # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
-             "-I", paths["cudnn_include"], "-I", paths["cublas_include"], "-I", paths["cudnn_frontend_include"],
-             "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
-    objects = [os.path.join(objdir, os.path.basename(u)[:-3] + ".o") for u in _units()]
-    compiles = [flags + ["-c", unit, "-o", obj] for unit, obj in zip(_units(), objects)]
-    link = [nvcc, "-shared", "-o", out, *objects,
-            # by soname, without rpath: tvm_nimble.runtime.vendor preloads these before loading the extension
-            "-L", paths["cudnn_lib"], "-l:libcudnn.so.9",
-            "-L", paths["cublas_lib"], "-l:libcublasLt.so.13",
-            "-L", os.path.dirname(ffi_lib), "-ltvm_ffi"]
-    return compiles, link
+# ---- compiling and linking -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What every compile and the link of one build share: nvcc, the arch, the libraries' directories and the
+    versions that go in each cache key."""
+
+    nvcc: str
+    arch: str
+    paths: dict
+    versions: str  # nvcc's, cuDNN's, cuBLAS's and the cuDNN frontend's
+
+    @classmethod
+    def find(cls, arch: str) -> "Toolchain":
+        """This machine's, for ``arch`` (raises :class:`VendorBuildError` naming what is missing)."""
+        arch = _normalize_arch(arch)
+        nvcc = find_nvcc()
+        if nvcc is None:
+            raise VendorBuildError("nvcc not found: the vendor extension is compiled with nvcc; install the CUDA "
+                                   "toolkit (or put nvcc on PATH / set CUDA_HOME)")
+        paths = vendor_paths()
+        return cls(nvcc, arch, paths, f"{nvcc_version(nvcc)}; {_header_versions(paths)}")
+
+    def flags(self) -> list[str]:
+        import tvm_ffi.libinfo
+
+        num = self.arch[3:]
+        return [self.nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
+                "-diag-suppress", "1444",  # cuDNN's legacy convolution API is marked deprecated in cuDNN 9
+                # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
+                # engines) instead of linking them: no libnvrtc needed where the extension runs
+                "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
+                "-gencode", f"arch=compute_{num},code=[{self.arch},compute_{num}]",
+                # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
+                "-I", self.paths["cudnn_include"], "-I", self.paths["cublas_include"],
+                "-I", self.paths["cudnn_frontend_include"],
+                "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
+
+    def compile_command(self, unit: VendorUnit, obj: str) -> list[str]:
+        return self.flags() + ["-c", unit.path, "-o", obj]
+
+    def link_command(self, objects: list[str], manifest: str, out: str) -> list[str]:
+        import tvm_ffi.libinfo
+
+        return [self.nvcc, "-shared", "-Xcompiler", "-fPIC", "-o", out, *objects, manifest,
+                # a symbol no object defines (a unit another needs left out) fails here, not when the library loads
+                "-Xlinker", "-z,defs",
+                # by soname, without rpath: tvm_nimble.runtime.vendor preloads these before loading the extension
+                "-L", self.paths["cudnn_lib"], "-l:libcudnn.so.9",
+                "-L", self.paths["cublas_lib"], "-l:libcublasLt.so.13",
+                "-L", os.path.dirname(tvm_ffi.libinfo.find_libtvm_ffi()), "-ltvm_ffi"]
+
+    def object_key(self, unit: VendorUnit) -> str:
+        """The hash an object is cached by: its unit and headers, the compile flags (paths aside from the
+        unit's own), the arch and the versions."""
+        digest = hashlib.sha256()
+        for src in (unit.path, *unit.headers):
+            digest.update(os.path.basename(src).encode() + b"\0")
+            with open(src, "rb") as f:
+                digest.update(f.read())
+        digest.update("\0".join(self.flags() + [self.arch, self.versions]).encode())
+        return digest.hexdigest()[:24]
+
+    def object_path(self, unit: VendorUnit) -> str:
+        return os.path.join(env.cache_dir("vendor", "objects", self.arch), f"{unit.name}-{self.object_key(unit)}.o")
 
 
 def _run_nvcc(cmd: list[str], arch: str) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        tail = " | ".join(ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln.lower())[:600]
+        tail = " | ".join(ln for ln in (r.stderr or r.stdout).splitlines()
+                          if "error" in ln.lower() or "undefined reference" in ln)[:600]
         raise VendorBuildError(f"nvcc failed to build the vendor extension for {arch}: "
                                f"{tail or (r.stderr or r.stdout).strip()[-600:]}")
 
 
-def _compile_and_link(arch: str, out: str, nvcc: str, paths: dict[str, str]) -> None:
-    """The units compiled side by side (one nvcc each, ``$TVM_NIMBLE_JOBS`` at once, default this machine's
-    cores, as for TVM's kernels: the cuDNN frontend's unit alone takes minutes), then linked."""
+def compile_units(units: list[VendorUnit], tools: Toolchain) -> list[str]:
+    """The units' objects, those not cached compiled side by side (``$TVM_NIMBLE_JOBS`` nvcc processes at once,
+    default this machine's cores: the cuDNN frontend's units alone take minutes), in unit order."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .cuda_split import jobs
 
-    with tempfile.TemporaryDirectory() as objdir:
-        compiles, link = build_commands(arch, out, objdir, nvcc, paths)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), jobs()))) as pool:
-            for future in [pool.submit(_run_nvcc, cmd, arch) for cmd in compiles]:
+    def one(unit: VendorUnit) -> str:
+        return cached(tools.object_path(unit), lambda tmp: _run_nvcc(tools.compile_command(unit, tmp), tools.arch),
+                      f"nvcc vendor unit {unit.name}")
+
+    missing = [u for u in units if not os.path.exists(tools.object_path(u))]
+    if len(missing) > 1:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(missing), jobs()))) as pool:
+            for future in [pool.submit(one, u) for u in missing]:
                 future.result()
-        _run_nvcc(link, arch)
+    return [one(u) for u in units]
 
 
-def build_vendor_library(arch: str, out_path: str | None = None) -> str:
+def _manifest_source(functions: list[str]) -> str:
+    """A C++ file defining the symbol the loader reads: the functions the library registers, one a line."""
+    listed = "".join(f"{f}\\n" for f in functions)
+    return (f'extern "C" __attribute__((visibility("default"), used)) const char* const {MANIFEST_SYMBOL} = '
+            f'"{listed}";\n')
+
+
+def link_units(units: list[VendorUnit], objects: list[str], tools: Toolchain) -> str:
+    """The library of ``objects`` (the units' objects), cached by their keys and the link's flags."""
+    functions = sorted(f for u in units for f in u.registers)
+    digest = hashlib.sha256("\0".join([*objects, *functions, tools.versions]).encode())
+    out = os.path.join(env.cache_dir("vendor"), f"{tools.arch}-{digest.hexdigest()[:24]}", LIB_NAME)
+
+    def link(tmp: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="nimble-vendor-") as folder:
+            manifest = os.path.join(folder, "functions.cpp")
+            with open(manifest, "w") as f:
+                f.write(_manifest_source(functions))
+            _run_nvcc(tools.link_command(objects, manifest, tmp), tools.arch)
+
+    return cached(out, link, f"nvcc vendor link of {len(units)} units")
+
+
+def build_vendor_library(arch: str, out_path: str | None = None, kernels: Iterable[str] | None = None) -> str:
     """Compile the extension for ``arch`` (e.g. "sm_90"); return the path of the shared library.
 
-    Reuses a cached build with the same sources, arch, nvcc and library headers. With ``out_path``
-    the library is also copied there.
+    ``kernels``: the functions the caller needs (names, or prefixes such as a provider's ``kernel_prefix``):
+    only the units defining them are built (:func:`units_for`); None builds every unit. Reuses the cached
+    objects and library of the same sources, arch, nvcc and library headers. With ``out_path`` the library is
+    also copied there.
     """
-    arch = _normalize_arch(arch)
-    nvcc = find_nvcc()
-    if nvcc is None:
-        raise VendorBuildError("nvcc not found: the vendor extension is compiled with nvcc; install the CUDA toolkit "
-                               "(or put nvcc on PATH / set CUDA_HOME)")
-    paths = vendor_paths()
-    digest = hashlib.sha256()
-    for src in _sources():
-        digest.update(os.path.basename(src).encode() + b"\0")
-        with open(src, "rb") as f:
-            digest.update(f.read())
-    with open(__file__, "rb") as f:  # the command line (its flags) is built here
-        digest.update(f.read())
-    digest.update(f"\0{arch}\0{nvcc_version(nvcc)}\0{_header_versions(paths)}".encode())
-    cached = os.path.join(env.cache_dir("vendor"), f"{arch}-{digest.hexdigest()[:24]}", LIB_NAME)
-    if not os.path.exists(cached):
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(cached))
-        os.close(fd)
-        try:
-            _compile_and_link(arch, tmp, nvcc, paths)
-            os.replace(tmp, cached)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    tools = Toolchain.find(arch)
+    units = units_for(kernels)
+    cached_lib = link_units(units, compile_units(units, tools), tools)
     if out_path is None:
-        return cached
+        return cached_lib
     out_path = os.path.abspath(out_path)
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    shutil.copyfile(cached, out_path + ".tmp")
+    shutil.copyfile(cached_lib, out_path + ".tmp")
     os.replace(out_path + ".tmp", out_path)
     return out_path

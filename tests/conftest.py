@@ -1,7 +1,64 @@
-"""Shared fixtures: zoo models built once per test session (CPU, llvm)."""
+"""The run's sandbox (its caches in a folder of its own, nothing written under $HOME: ``run_sandbox``) and
+shared fixtures: zoo models built once per test session (CPU, llvm; once per worker under pytest-xdist)."""
+import os
+import tempfile
+import time
+
 import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
+
+from run_sandbox import HomeListing, RunCaches, nvcc_summary
+
+_RUN = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--nimble-cache-dir", default=None, metavar="DIR",
+                     help="keep the run's caches (compiled vendor units, kernels, timings) in DIR, for later runs "
+                          "(default: a temporary folder of this run's, removed at its end)")
+
+
+def pytest_configure(config):
+    """Before any test module is imported: every cache into the run's folder, and $HOME listed. A pytest-xdist
+    worker inherits the variables its controller set (one folder for the run) and checks nothing itself."""
+    if hasattr(config, "workerinput"):
+        return
+    caches = RunCaches.create(config.getoption("--nimble-cache-dir"))
+    os.environ.update(caches.environment())
+    home = os.path.expanduser("~")
+    skip = [str(config.rootpath), tempfile.gettempdir(), caches.folder]
+    config.stash[_RUN] = {"caches": caches, "skip": skip, "started": time.time(),
+                          "home": HomeListing.take(home, skip), "wrote": []}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """The run fails if it wrote anything under $HOME."""
+    run = session.config.stash.get(_RUN, None)
+    if run is None:
+        return
+    run["wrote"] = run["home"].changes(HomeListing.take(run["home"].root, run["skip"]))
+    if run["wrote"]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    run = config.stash.get(_RUN, None)
+    if run is None:
+        return
+    terminalreporter.write_line(nvcc_summary(run["caches"].cache_root, time.time() - run["started"]))
+    if run["wrote"]:
+        terminalreporter.write_line(f"FAILED: the run wrote under $HOME ({len(run['wrote'])} entries; tests must "
+                                    "write under tmp_path, caches go to the run's folder):", red=True)
+        for line in run["wrote"][:20]:
+            terminalreporter.write_line(f"  {line}", red=True)
+
+
+def pytest_unconfigure(config):
+    run = config.stash.get(_RUN, None)
+    if run is not None:
+        run["caches"].remove()
 
 ZOO_NAMES = ["inception", "nasnet", "resnet", "mobilenet", "random_dag"]
 

@@ -35,13 +35,39 @@ def served(tmp_path_factory):
     return model, path, x, y
 
 
-def _run_threads(client, threads: int) -> None:
-    """``client(t)`` on ``threads`` threads at once, until every one returns."""
+#: how long one request may take before it counts as lost, and all of a test's requests together: a batcher that
+#: drops a request fails the test in seconds (every thread stops at the first failure), not a minute per request
+REQUEST_TIMEOUT_S, REQUESTS_DEADLINE_S = 10.0, 180.0
+
+
+def _run_clients(request, threads: int, per_thread: int) -> list:
+    """``request(t, r, timeout)`` for each request r of each thread t, the threads at once; the failures as
+    (thread, request, error). Each request gets :data:`REQUEST_TIMEOUT_S` (less where the deadline of all of
+    them is nearer), and the first failure stops every thread."""
+    deadline = time.monotonic() + REQUESTS_DEADLINE_S
+    stop = threading.Event()
+    failures = []
+
+    def client(t):
+        for r in range(per_thread):
+            if stop.is_set():
+                return
+            try:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the requests' {REQUESTS_DEADLINE_S:.0f} s are over")
+                request(t, r, min(REQUEST_TIMEOUT_S, left))
+            except Exception as err:  # noqa: BLE001
+                failures.append((t, r, repr(err)))
+                stop.set()
+                return
+
     workers = [threading.Thread(target=client, args=(t,)) for t in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
+    return failures
 
 
 def test_eight_threads_lose_duplicate_and_reorder_nothing(served):
@@ -49,21 +75,14 @@ def test_eight_threads_lose_duplicate_and_reorder_nothing(served):
     threads, per_thread = 8, 200
     with tvm_nimble.NimblePool(path, replicas=2) as pool, Batcher(pool, max_delay_ms=2) as batcher:
         got: dict = {}
-        failures = []
+        rngs = [np.random.default_rng(100 + t) for t in range(threads)]
 
-        def client(t):
-            rng = np.random.default_rng(100 + t)
-            for r in range(per_thread):
-                n = int(rng.choice([1, 1, 2, 3, 5, 7, 8, 9, 12]))  # over 8: that request alone, split
-                ids = rng.permutation(TABLE)[:n]
-                try:
-                    out = batcher(x[ids], timeout=60)[0].numpy()
-                except Exception as err:  # noqa: BLE001
-                    failures.append((t, r, repr(err)))
-                    continue
-                got[(t, r)] = (ids, out)
+        def request(t, r, timeout):
+            n = int(rngs[t].choice([1, 1, 2, 3, 5, 7, 8, 9, 12]))  # over 8: that request alone, split
+            ids = rngs[t].permutation(TABLE)[:n]
+            got[(t, r)] = (ids, batcher(x[ids], timeout=timeout)[0].numpy())
 
-        _run_threads(client, threads)
+        failures = _run_clients(request, threads, per_thread)
         assert not failures, failures[:3]
         assert len(got) == threads * per_thread  # every request answered once
         for (t, r), (ids, out) in got.items():
@@ -167,18 +186,14 @@ def test_a_function_behind_the_same_batcher_gets_whole_requests_in_order():
 
     threads, per_thread = 8, 200
     with Batcher(double, max_delay_ms=1, max_batch=16) as batcher:
-        failures = []
+        rngs = [np.random.default_rng(t) for t in range(threads)]
 
-        def client(t):
-            rng = np.random.default_rng(t)
-            for r in range(per_thread):
-                n = int(rng.integers(1, 7))
-                x = np.array([[t, r, k] for k in range(n)], dtype="float64")
-                a, b = batcher(x, timeout=60)
-                if not (np.array_equal(a, x * 2.0) and np.array_equal(b, x[:, :1] + 0.5)):
-                    failures.append((t, r))
+        def request(t, r, timeout):
+            x = np.array([[t, r, k] for k in range(int(rngs[t].integers(1, 7)))], dtype="float64")
+            a, b = batcher(x, timeout=timeout)
+            assert np.array_equal(a, x * 2.0) and np.array_equal(b, x[:, :1] + 0.5), "another request's rows"
 
-        _run_threads(client, threads)
+        failures = _run_clients(request, threads, per_thread)
         assert not failures, failures[:3]
         assert batcher.stats["requests"] == threads * per_thread
         assert sum(seen) == batcher.stats["rows"] and max(seen) <= 16 and len(seen) < threads * per_thread

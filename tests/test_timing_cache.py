@@ -202,6 +202,7 @@ def test_entries_of_another_tvm_nimble_version_are_stale(nasnet, cold, tmp_path)
 
 def test_timing_cache_off_writes_nothing_and_the_default_follows_xdg(nasnet, tmp_path, monkeypatch):
     _need_vendor()
+    monkeypatch.delenv("TVM_NIMBLE_CACHE_DIR", raising=False)  # (the run's cache folder: tests/conftest.py)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert BuildOptions.create("llvm").timing_cache == str(tmp_path / "xdg" / "tvm-nimble" / "timings")
     for off in (None, "off", "OFF", False):
@@ -210,7 +211,7 @@ def test_timing_cache_off_writes_nothing_and_the_default_follows_xdg(nasnet, tmp
         BuildOptions.create("llvm", timing_cache=__file__)
     with pytest.raises(NimbleError, match="timing_cache must be a directory path"):
         BuildOptions.create("llvm", timing_cache=3)
-    monkeypatch.delenv("XDG_CACHE_HOME")  # the vendor extension stays in the run's cache
+    monkeypatch.undo()  # the run's cache folder again: the vendor extension stays there
     timer = PlanCostTimer()
     result = _build(nasnet, None, timer)
     assert timer.total > 0 and result.info["kernel_choice"]

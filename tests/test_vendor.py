@@ -3,6 +3,7 @@
 Numerics, streams and CUDA graphs need a GPU: scripts/experiments/vendor_check.py checks those there.
 """
 import ast
+import ctypes
 import os
 import re
 import shutil
@@ -199,3 +200,59 @@ def test_gpu_check_script_fails_fast_without_a_gpu(tmp_path):
     assert r.returncode == 2, r.stderr
     line = r.stderr.strip()
     assert "\n" not in line and line.startswith("vendor_check: ") and ("PyTorch" in line or "GPU" in line), line
+
+
+# ---- the units (#55): each compiles on its own, a library holds only the units asked for --------------------------
+
+def test_units_register_every_function_and_name_the_units_they_call():
+    from codegen.vendor_build import VendorBuildError, scan_units, units_for
+
+    units = {u.name: u for u in scan_units()}
+    registered = [f for u in units.values() for f in u.registers]
+    assert sorted(registered) == sorted(vendor.FUNCTIONS)  # each function registered by exactly one unit
+    # attention.cu launches the tile and key-split kernels of attention_tile.cu / attention_cluster.cu
+    assert units["attention"].calls == ("LaunchClusterAttention", "LaunchTileAttention")
+    assert {u.name for u in units_for(["nimble.attention.sdpa"])} == {"attention", "attention_tile", "attention_cluster"}
+    assert [u.name for u in units_for(["nimble.cudnn."])] == ["nimble_vendor"]  # a provider's prefix
+    assert [u.name for u in units_for(["nimble.cudnn_graph.conv2d"])] == ["cudnn_conv_graph"]
+    assert [u.name for u in units_for(["nimble.norm.layer_norm"])] == ["layer_norm"]
+    assert len(units_for(None)) == len(units)
+    with pytest.raises(VendorBuildError) as err:
+        units_for(["nimble.cudnn.conv3d"])
+    assert "\n" not in str(err.value) and "nimble.cudnn.conv3d" in str(err.value)
+
+
+def test_one_unit_builds_links_and_loads_alone(tmp_path, monkeypatch):
+    """A cold cache: the library of the LayerNorm kernel compiles that unit only, and registers its function."""
+    ok, why = _available()
+    if not ok:
+        pytest.skip(f"cannot build the vendor extension here: {why}")
+    from codegen.compile_cache import records
+    from codegen.vendor_build import build_vendor_library
+
+    monkeypatch.setenv("TVM_NIMBLE_CACHE_DIR", str(tmp_path / "cache"))
+    path = build_vendor_library("sm_90", kernels=["nimble.norm.layer_norm"])
+    compiled = sorted(r.what for r in records(str(tmp_path / "cache")))
+    assert compiled == ["nvcc vendor link of 1 units", "nvcc vendor unit layer_norm"]
+    assert vendor.library_functions(ctypes.CDLL(path)) == ("nimble.norm.layer_norm",)
+    assert set(vendor.load_vendor_library(path)) == {"nimble.norm.layer_norm"}
+    assert build_vendor_library("sm_90", kernels=["nimble.norm."]) == path  # the same units: the cached library
+
+
+def test_a_unit_that_needs_one_left_out_fails_the_link(tmp_path):
+    """The link refuses an undefined symbol: a library missing a unit another calls is a build error, not a
+    library that fails to load."""
+    ok, why = _available()
+    if not ok:
+        pytest.skip(f"cannot build the vendor extension here: {why}")
+    from codegen.vendor_build import Toolchain, VendorBuildError, VendorUnit, _run_nvcc
+
+    src = tmp_path / "caller.cu"
+    src.write_text("void DefinedElsewhere();\n__attribute__((constructor)) void Start() { DefinedElsewhere(); }\n")
+    unit = VendorUnit(str(src), (), (), (), ("DefinedElsewhere",))
+    tools = Toolchain.find("sm_90")
+    manifest = tmp_path / "functions.cpp"
+    manifest.write_text("")
+    _run_nvcc(tools.compile_command(unit, str(tmp_path / "caller.o")), tools.arch)
+    with pytest.raises(VendorBuildError, match="DefinedElsewhere"):
+        _run_nvcc(tools.link_command([str(tmp_path / "caller.o")], str(manifest), str(tmp_path / "lib.so")), tools.arch)

@@ -20,17 +20,9 @@
 #include <unordered_map>
 
 #include "common.h"
+#include "cudnn_frontend_handle.h"
 #include "handles.h"
 #include "sdpa_args.h"
-
-// The frontend is built with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (see codegen/vendor_build.py) and
-// finds cuDNN's functions through this handle: the libcudnn.so.9 this extension is linked against.
-namespace cudnn_frontend {
-void* cudnn_dlhandle = [] {
-  void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
-  return h ? h : RTLD_DEFAULT;
-}();
-}  // namespace cudnn_frontend
 
 namespace nimble_vendor {
 namespace {

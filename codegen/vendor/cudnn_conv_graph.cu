@@ -28,6 +28,7 @@
 
 #include "common.h"
 #include "conv_args.h"
+#include "cudnn_frontend_handle.h"
 #include "handles.h"
 
 namespace nimble_vendor {

@@ -291,7 +291,7 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
                           f"{options.target.kind.name}")
     if kernels == "best":
         check_measurable(session)  # before building anything for a GPU that is not there
-    stages.vendor_library(options.target)
+    stages.vendor_library(options.target, stages.provider_kernels(options))
     report = OffloadReport()
     providers = options.offload_providers()
     # what every provider takes, first come first served: the all-vendor module's chains, found once

@@ -76,7 +76,7 @@ def _with_kernels(mod: tvm.IRModule, session) -> tvm.IRModule:
 
     if resolve_kernels(session) == "tvm":
         return mod
-    stages.vendor_library(session.target)
+    stages.vendor_library(session.target, stages.provider_kernels(session.options))
     return stages.offload(mod, session.options)
 
 

@@ -28,6 +28,7 @@ from tvm_nimble.relay_passes.precision import hoist_casts, to_precision
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 from tvm_nimble.runtime.module import NimbleModule
+from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 
 from .options import BuildOptions
 from .target import target_dict
@@ -73,18 +74,25 @@ def apply_layout(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
     return hoist_casts(mod) if options.compute_dtype != "float32" else mod
 
 
-def vendor_library(target: tvm.target.Target) -> str:
-    """The vendor extension (cuDNN/cuBLASLt) for the target's arch, built (cached) and loaded in this process."""
-    return _vendor_library(str(target.attrs["arch"]))
+def vendor_library(target: tvm.target.Target, kernels=None) -> str:
+    """The vendor extension (cuDNN/cuBLASLt) for the target's arch, built (cached) and loaded in this process:
+    of the units defining ``kernels`` (function names or providers' prefixes; None: every unit)."""
+    return _vendor_library(str(target.attrs["arch"]), None if kernels is None else frozenset(kernels))
+
+
+def provider_kernels(options: BuildOptions, plan=None) -> set[str]:
+    """What the build's vendor extension must define: its providers' kernels (by prefix) and the plan's calls."""
+    called = {l.kernel for l in plan.launches if l.kernel.startswith(VENDOR_PREFIXES)} if plan is not None else set()
+    return {p.kernel_prefix for p in options.offload_providers()} | called
 
 
 @functools.lru_cache(maxsize=None)
-def _vendor_library(arch: str) -> str:
-    """Once per arch and process: measuring needs it loaded, and artifacts package the same file."""
+def _vendor_library(arch: str, kernels: frozenset | None) -> str:
+    """Once per arch, kernels and process: measuring needs it loaded, and artifacts package the same file."""
     from tvm_nimble.codegen.vendor_build import build_vendor_library
     from tvm_nimble.runtime.vendor import load_vendor_library
 
-    path = build_vendor_library(arch)
+    path = build_vendor_library(arch, kernels=kernels)
     load_vendor_library(path)
     return path
 
@@ -223,7 +231,7 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: b
     if cache is not None:
         info["kernel_cache"] = "hit" if hit else "stored" if stored else "miss"
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
-    return BuildResult(plan, library, consts, annotated, info, vendor_library(t) if uses_vendor else None,
+    return BuildResult(plan, library, consts, annotated, info, vendor_library(t, provider_kernels(options, plan)) if uses_vendor else None,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options,
                        source_hash=source_hash)
 

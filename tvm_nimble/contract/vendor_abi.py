@@ -115,3 +115,6 @@ FUNCTIONS = tuple(f for lib in LIBRARIES for f in lib.functions)
 KERNELS = tuple(f for lib in LIBRARIES for f in lib.kernels)
 #: A plan launch whose kernel starts with one of these is served by the vendor extension, not the kernel library.
 VENDOR_PREFIXES = tuple(lib.prefix for lib in LIBRARIES if lib.kernels)
+
+#: the symbol under which a built vendor library lists the functions it registers (newline-separated)
+MANIFEST_SYMBOL = "nimble_vendor_functions"

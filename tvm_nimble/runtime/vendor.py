@@ -22,12 +22,15 @@ import os
 import tvm_ffi
 
 from tvm_nimble import env
-from tvm_nimble.contract.vendor_abi import CUDNN_CONV2D_ALGOS, FUNCTIONS, VENDOR_VERSIONS
+from tvm_nimble.contract.vendor_abi import CUDNN_CONV2D_ALGOS, FUNCTIONS, MANIFEST_SYMBOL, VENDOR_VERSIONS
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.native_libs import nvidia_roots
 
 ENV_LIB_DIRS = env.VENDOR_LIB_DIRS
 ENV_SYSTEM = env.VENDOR_SYSTEM_LIBS
+
+#: the symbol through which a library built by ``codegen.vendor_build`` lists the functions it registers, one a
+#: line (a library of some of the units registers only theirs); a library without it registers all of FUNCTIONS
 
 # (library, major, what, pip package), in load order: cuDNN's engines use cuBLASLt.
 LIBRARIES = (("libcublasLt", 13, "cuBLASLt 13", "nvidia-cublas"),
@@ -153,7 +156,9 @@ def preload_vendor_libraries(search_dirs=None, system: bool | None = None) -> di
 def load_vendor_library(path: str, search_dirs=None, system: bool | None = None) -> dict:
     """Preload cuDNN/cuBLAS, then load the extension at ``path`` so its global functions register.
 
-    Returns {name: tvm_ffi.Function} of the functions in FUNCTIONS. Loading needs no GPU.
+    Returns {name: tvm_ffi.Function} of the functions the library registers (its list, :data:`MANIFEST_SYMBOL`:
+    all of FUNCTIONS, or those of the units it was built from). Loading needs no GPU; several libraries (of
+    different units) load side by side.
     """
     preload_vendor_libraries(search_dirs, system)
     real = os.path.realpath(str(path))
@@ -167,13 +172,22 @@ def load_vendor_library(path: str, search_dirs=None, system: bool | None = None)
             first = str(err).splitlines()[0] if str(err) else "dlopen failed"
             raise VendorLibraryError(f"cannot load the vendor extension {path}: {first}") from None
     funcs = {}
-    for name in FUNCTIONS:
+    for name in library_functions(_extensions[real]):
         fn = tvm_ffi.get_global_func(name, allow_missing=True)
         if fn is None:
             raise VendorLibraryError(f"the vendor extension {path} loaded but did not register {name}: rebuild it "
                                      f"with codegen.vendor_build.build_vendor_library(arch)")
         funcs[name] = fn
     return funcs
+
+
+def library_functions(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The functions a loaded extension registers: its :data:`MANIFEST_SYMBOL` list, else all of FUNCTIONS."""
+    try:
+        listed = ctypes.c_char_p.in_dll(lib, MANIFEST_SYMBOL).value or b""
+    except ValueError:  # built before libraries listed their functions
+        return FUNCTIONS
+    return tuple(name for name in listed.decode().split("\n") if name)
 
 
 def vendor_versions() -> str:

@@ -116,6 +116,12 @@ def _meta_schedule_logs_to_files_only() -> None:
             ms_log.removeHandler(handler)
 
 
+def _budget_spent_in_setup(time_budget: float, start: float) -> NimbleError:
+    """A run whose budget is gone before its first round would run no trial: an error, not a success."""
+    return NimbleError(f"the {time_budget:g}s time budget was spent before the first round of trials could start "
+                       f"(the setup took {time.time() - start:.0f}s here): give a larger time budget (--time-budget)")
+
+
 def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget: float | None = None,
          total_trials: int | None = None, trials_per_iter: int = 64, trials_per_round: int | None = None,
          shape_dict=None, progress: bool = True, seed: int = 0, strategy: str = "evolutionary",
@@ -161,6 +167,8 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     log.info("%d tasks extracted, %.1fs from the start", len(tasks), time.time() - start)
     if not tasks:
         raise NimbleError("the model has no kernels to tune")
+    if deadline and time.time() >= deadline:  # before the slower rest of the setup, done in vain
+        raise _budget_spent_in_setup(time_budget, start)
     owner, db = database_owner(work_dir), None
     if os.path.isdir(work_dir):  # before anything is written there
         if all(os.path.isfile(os.path.join(work_dir, f))
@@ -245,9 +253,7 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
                     if fit < 1 and cold and builder.pool is not None:  # too late to replace the workers: keep them
                         cold, fit = False, trials_that_fit(left, rounds[False] or rounds[True])
                 if fit < 1 and not report.rounds:  # a run of no trials is no success
-                    raise NimbleError(f"the {time_budget:g}s time budget was spent before the first round of trials "
-                                      f"could start (the setup took {time.time() - start:.0f}s here): give a larger "
-                                      "time budget (--time-budget)")
+                    raise _budget_spent_in_setup(time_budget, start)
                 if fit < 1:
                     report.stopped_for_time, report.time_left = True, max(0.0, left)
                     report.round_s = max((s for s, _ in rounds[cold] or rounds[True]), default=0.0)

@@ -193,7 +193,7 @@ def test_a_note_is_one_line(tmp_path, fresh_cache):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stderr.splitlines()
     (i,) = [i for i, line in enumerate(lines) if "opset 99" in line]
-    assert lines[i].startswith("tvm-nimble: note: ") and "warnings.warn" not in r.stderr, r.stderr
+    assert lines[i].startswith("note: ") and "warnings.warn" not in r.stderr, r.stderr
     assert "UserWarning" not in r.stderr and ".py:" not in r.stderr, r.stderr
 
 

@@ -21,14 +21,15 @@ DROPPED_TVM_LINES = ("Fast mode segfaults when there are out-of-bounds indices",
 
 
 def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """``warnings.showwarning`` for the command line: ``tvm-nimble: note: ...`` (a UserWarning, how the build's
-    notes come) or ``tvm-nimble: warning: Category: ...``, without the file, line number and source line that
-    Python's default display adds (which mean nothing to someone running a command)."""
+    """``warnings.showwarning`` for the command line: ``note: ...`` (a UserWarning, how the build's notes come)
+    or ``warning: Category: ...``, without the file, line number and source line that Python's default display
+    adds (which mean nothing to someone running a command). Lines that start ``tvm-nimble:`` are the command's
+    own verdict (an error, a usage error), one per failed command."""
     text = str(message).strip()
     shown = f"note: {text}" if category is UserWarning else f"warning: {category.__name__}: {text}"
     out = sys.stderr if file is None else file
     try:
-        out.write(f"tvm-nimble: {shown}\n")
+        out.write(f"{shown}\n")
     except (OSError, ValueError):  # a closed or invalid stream, as warnings' own display tolerates
         pass
 

@@ -108,13 +108,15 @@ def cmd_run(args):
             except (ValueError, OSError, EOFError):
                 raise ValueError(f"--input {name}={path} is not a valid .npy array (empty, truncated or another "
                                  "format); save the input with numpy.save(path, array)") from None
+        inputs = ", ".join(map(repr, ex.plan.input_names))
         unknown = [n for n in feeds if n not in ex.plan.input_names]
         if unknown:
             raise SystemExit(_usage(f"--input {unknown[0]}=...: {unknown[0]!r} is not an input of the model; its "
-                                    f"inputs are {', '.join(map(repr, ex.plan.input_names))}"))
+                                    f"inputs are {inputs}"))
         missing = [n for n in ex.plan.input_names if n not in feeds]
         if missing:
-            raise SystemExit(_usage(f"missing --input for {missing} (the model's inputs are {ex.plan.input_names})"))
+            raise SystemExit(_usage(f"missing --input for {', '.join(map(repr, missing))} (the model's inputs are "
+                                    f"{inputs}): give each as --input NAME=FILE.npy"))
         for k, v in feeds.items():
             ex.set_input(k, v)
         ex.run()

@@ -250,7 +250,7 @@ def test_shape_dict_unknown_input():
     assert "'images'" in msg and "does not have" in msg and "inputs are 'input'" in msg
 
 
-@pytest.mark.parametrize("shape,what", [((1, 3, 8), "rank 3"), ((1, 3, -1, 8), "not a static shape"),
+@pytest.mark.parametrize("shape,what", [((1, 3, 8), "rank 3"), ((1, 3, -1, 8), "dim 2 = -1, which is not a valid size"),
                                          ((1, 3, None, 8), "not a static shape"), ("1x3x8x8", "not a static shape")])
 def test_shape_dict_bad_shapes(shape, what):
     msg = error_of(ShapeError, symbolic_model(), shape_dict={"input": shape})

@@ -22,7 +22,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 SKIP_MARKERS = ("needs a gpu", "needs nvcc", "not run by tests")
-MAX_SKIPPED = 8  # make install/run/test, the GPU commands; raise only for a line that truly cannot run here
+MAX_SKIPPED = 9  # make install/run/test, activating the venv, the GPU commands; raise only for a line that truly cannot run here
 SHELL_LANGS = {"bash", "sh", "console", "shell"}
 KNOWN_LANGS = SHELL_LANGS | {"python", "text"}
 

@@ -112,8 +112,7 @@ def test_the_time_budget_stop_says_why():
                       round_s=30).summary().splitlines()[-1]
     assert "stopped with 12s of the 60s time budget left, too little for another round" in left
     assert "rounds take up to 30s here" in left and "run again to continue" in left
-    spent = TuneReport(tasks=task, rounds=0, stopped_for_time=True, time_budget=5).summary().splitlines()[-1]
-    assert "the 5s time budget was spent before the first round could start: give a larger --time-budget" in spent
+    # (a budget spent before the first round is an error: test_new_user.py)
 
 
 # ---- 2, 7, 8: bench ----------------------------------------------------------------------------

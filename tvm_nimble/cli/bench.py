@@ -1,5 +1,6 @@
-"""`tvm-nimble bench` / scripts/benchmark.py: benchmark Nimble against stock TVM, PyTorch and
-TensorRT; append to results.csv in --out (default ./bench-results) and regenerate RESULTS.md and
+"""`tvm-nimble bench` / scripts/benchmark.py: benchmark Nimble against stock TVM, PyTorch, torch.compile
+and ONNX Runtime (TensorRT is not available: it is timed only where it is installed, which it cannot be on
+our machines); append to results.csv in --out (default ./bench-results) and regenerate RESULTS.md and
 results.png there. The repository's own tables are benchmarks/: maintainers merge rows into
 benchmarks/results.csv and regenerate with `--report-only --out benchmarks`.
 

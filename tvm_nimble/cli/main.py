@@ -16,6 +16,7 @@ EPILOG = """examples:
   tvm-nimble explain model.onnx --dot model.dot
   tvm-nimble bench --onnx model.onnx --target cuda
   tvm-nimble tune model.onnx --target cuda --arch sm_90 --trials 300 --time-budget 480 -o model.nimble
+  tvm-nimble --version
   tvm-nimble compile model.onnx -o model.nimble --target cuda --arch sm_90 --kernels best \
       --rpc-tracker 10.0.0.5:9190 --rpc-key h100     # timed on a remote H100, built here
 """
@@ -35,6 +36,11 @@ def _shape_dict(items):
             raise SystemExit(_usage(f"--shape expects NAME=D1,D2,..., got {item!r}"))
         if name in shapes:
             raise SystemExit(_usage(f"--shape {name}=... is given twice; give each input's shape once"))
+        bad = [(i, d) for i, d in enumerate(dims) if d <= 0]
+        if bad:
+            raise SystemExit(_usage(f"--shape {item}: dimension {bad[0][0]} is {bad[0][1]}, not a valid size "
+                                    f"(dimensions must be positive): give the input's real shape, "
+                                    f"--shape {name}=D1,D2,..."))
         shapes[name] = dims
     return shapes
 
@@ -104,9 +110,15 @@ def cmd_run(args):
             except (ValueError, OSError, EOFError):
                 raise ValueError(f"--input {name}={path} is not a valid .npy array (empty, truncated or another "
                                  "format); save the input with numpy.save(path, array)") from None
+        inputs = ", ".join(map(repr, ex.plan.input_names))
+        unknown = [n for n in feeds if n not in ex.plan.input_names]
+        if unknown:
+            raise SystemExit(_usage(f"--input {unknown[0]}=...: {unknown[0]!r} is not an input of the model; its "
+                                    f"inputs are {inputs}"))
         missing = [n for n in ex.plan.input_names if n not in feeds]
         if missing:
-            raise SystemExit(_usage(f"missing --input for {missing} (the model's inputs are {ex.plan.input_names})"))
+            raise SystemExit(_usage(f"missing --input for {', '.join(map(repr, missing))} (the model's inputs are "
+                                    f"{inputs}): give each as --input NAME=FILE.npy"))
         for k, v in feeds.items():
             ex.set_input(k, v)
         ex.run()
@@ -181,9 +193,23 @@ def cmd_train(args):
     train_main(args.rest)
 
 
+def _version() -> str:
+    """tvm-nimble's version and the TVM it runs on (a version mismatch is the first thing to rule out)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from tvm_nimble import __version__
+
+    try:
+        tvm = version("apache-tvm")
+    except PackageNotFoundError:  # a TVM built from source
+        tvm = "from source"
+    return f"tvm-nimble {__version__} (TVM {tvm})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tvm-nimble", description="Nimble-style AoT multi-stream scheduling for TVM",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name, fn, help_text, example, passthrough=False):
@@ -222,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("artifact", help="artifact directory written by `tvm-nimble compile`")
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input (repeatable)")
     p.add_argument("--output-dir", help="save outputs as output<i>.npy here")
-    p.add_argument("--mode", choices=["cuda-graph", "single-stream", "streams", "sequential"], help="executor mode")
+    p.add_argument("--mode", choices=["cuda-graph", "single-stream", "streams", "sequential"],
+                   help="executor mode (default: cuda-graph for a CUDA artifact, sequential for an llvm one)")
 
     p = add("explain", cmd_explain, "show the stream assignment: streams, syncs, DAG width, plan table, DOT graph",
             "tvm-nimble explain model.onnx --dot model.dot --plan")
@@ -234,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="PNG", help="on this machine's GPU: run the model, draw its measured and "
                    "planned timelines per stream here, and report the critical-path bound")
 
-    p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and TensorRT (tvm_nimble.cli.bench)",
+    p = add("bench", cmd_bench, "benchmark Nimble against stock TVM, PyTorch and ONNX Runtime (tvm_nimble.cli.bench)",
             "tvm-nimble bench --models inception,nasnet --batch 1", passthrough=True)
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for tvm_nimble.cli.bench")
 
@@ -260,10 +287,12 @@ def main(argv=None) -> int:
         args = argparse.Namespace(fn=forwarded[argv[0]], rest=argv[1:])
     else:
         args = parser.parse_args(argv)
+    from tvm_nimble.cli.console import command_output
     from tvm_nimble.errors import NimbleError
 
     try:
-        args.fn(args)
+        with command_output():
+            args.fn(args)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     except (NimbleError, FileNotFoundError, ValueError) as err:

@@ -19,6 +19,9 @@ _NEEDS_ARCH = ("a CUDA target needs the GPU arch and this machine has no GPU to 
 #: what TVM puts in a CUDA Target made without an arch where it detects no GPU ("Unable to detect CUDA
 #: version, default to -arch=sm_50"): a Target("cuda") then builds for a 2014 Maxwell GPU, silently
 _TVM_FALLBACK_ARCH = "sm_50"
+#: every form a target may take, as the errors about a target name them
+ACCEPTED_TARGETS = ("'llvm', 'cuda', a string such as 'cuda -arch=sm_90', a dict like {'kind': 'cuda', 'arch': "
+                    "'sm_90'} or a tvm.target.Target")
 
 
 def local_gpu_arch() -> str | None:
@@ -35,6 +38,8 @@ def default_kind() -> str:
 
 def _as_dict(target) -> dict:
     if isinstance(target, str):
+        if not target.strip():
+            raise NimbleError(f"the target is an empty string: give one of {ACCEPTED_TARGETS}")
         kind, *rest = target.split()
         spec = {"kind": kind}
         for opt in rest:
@@ -43,8 +48,7 @@ def _as_dict(target) -> dict:
         return spec
     if isinstance(target, dict) and "kind" in target:
         return dict(target)
-    raise NimbleError(f"target must be 'cuda', 'llvm', a dict like {{'kind': 'cuda', 'arch': 'sm_90'}} "
-                      f"or a tvm.target.Target, got {target!r}")
+    raise NimbleError(f"target must be {ACCEPTED_TARGETS}, got {target!r}")
 
 
 def resolve_target(target, arch: str | None = None) -> tvm.target.Target:
@@ -61,12 +65,14 @@ def resolve_target(target, arch: str | None = None) -> tvm.target.Target:
             if not spec["arch"]:
                 raise NimbleError(_NEEDS_ARCH)
             spec = {**CUDA_LIMITS, **spec}
+        if spec.get("kind") not in ("cuda", "llvm"):
+            raise NimbleError(f"target kind {spec.get('kind')!r} is not supported: give {ACCEPTED_TARGETS}")
         try:
             t = tvm.target.Target(spec)
         except Exception as err:
             raise NimbleError(f"invalid target {spec!r}: {str(err).splitlines()[0]}") from None
     if t.kind.name not in ("cuda", "llvm"):
-        raise NimbleError(f"target kind {t.kind.name!r} is not supported; use 'cuda' or 'llvm'")
+        raise NimbleError(f"target kind {t.kind.name!r} is not supported: give {ACCEPTED_TARGETS}")
     if t.kind.name == "cuda" and not t.attrs.get("arch"):
         raise NimbleError(_NEEDS_ARCH)
     if (isinstance(target, tvm.target.Target) and t.kind.name == "cuda"

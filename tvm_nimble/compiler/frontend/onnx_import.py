@@ -170,19 +170,23 @@ _SHAPE_INPUT = {"TopK": 1, "Range": 0, "Expand": 1, "Tile": 1}
 
 
 def _check_data_dependent_shapes(model: onnx.ModelProto, label: str) -> None:
-    """Operators whose output shape depends on run-time values, named before TVM's legalization fails on them
-    (after static shape computations are folded, so shapes computed from static shapes pass)."""
+    """Operators whose output shape depends on run-time values, every one named before TVM's legalization fails
+    on them (after static shape computations are folded, so shapes computed from static shapes pass)."""
     constants = {t.name for t in model.graph.initializer}
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    dynamic: dict[str, list[str]] = {}
     for node in _walk_nodes(model.graph):
-        dynamic = node.op_type in _DATA_DEPENDENT
         k = _SHAPE_INPUT.get(node.op_type)
-        if k is not None and len(node.input) > k and node.input[k] and node.input[k] not in constants:
-            dynamic = True
-        if dynamic:
-            raise ShapeError(f"{label}: operator {node.op_type} (node {node.name or '<unnamed>'!r}) produces a shape "
-                             "that depends on the input's values; tvm-nimble needs static shapes: move that part "
-                             "of the model out of the graph, or make its shape input a constant")
+        if node.op_type in _DATA_DEPENDENT or (
+                k is not None and len(node.input) > k and node.input[k] and node.input[k] not in constants):
+            dynamic.setdefault(node.op_type, []).append(node.name or "<unnamed>")
+    if dynamic:
+        named = ", ".join(f"{op} (node {names[0]!r})" if len(names) == 1 else
+                          f"{op} ({len(names)} nodes, e.g. {names[0]!r})" for op, names in dynamic.items())
+        several = len(dynamic) > 1
+        raise ShapeError(f"{label}: operator{'s' if several else ''} {named} produce{'' if several else 's'} a "
+                         "shape that depends on the input's values; tvm-nimble needs static shapes: move that part "
+                         "of the model out of the graph, or make its shape input a constant")
 
 
 def _check_control_flow(model: onnx.ModelProto, label: str) -> None:
@@ -241,21 +245,39 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def _example_shapes(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> dict[str, tuple[int, ...]]:
-    """Ready-to-use static shapes: the given ones, else the model's static dims with 1 for dynamic ones."""
+#: what an example shape shows for a dim the model declares as 0 or negative: the real size is not known
+_REAL_SIZE = "N"
+
+
+def _invalid_dims(vi: onnx.ValueInfoProto) -> dict[int, int]:
+    """{index: value} of the dims ``vi`` declares as 0 or negative: not a size, and not how ONNX says "unknown"
+    (a dim_param, or no value at all), so neither static nor dynamic."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return {}
+    return {i: int(d.dim_value) for i, d in enumerate(vi.type.tensor_type.shape.dim)
+            if d.HasField("dim_value") and d.dim_value <= 0}
+
+
+def _example_shapes(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> dict[str, tuple[int | str, ...]]:
+    """Ready-to-use static shapes: the given ones, else the model's static dims with 1 for dynamic ones
+    (and ``N`` for a declared 0 or negative dim, whose real size only the user knows)."""
     ex = {}
     for vi in inputs:
         if vi.name in shape_dict:
             ex[vi.name] = tuple(int(d) for d in shape_dict[vi.name])
             continue
-        dims = declared_dims(vi)
-        ex[vi.name] = (1, 3, 224, 224) if dims is None else tuple(d if isinstance(d, int) else 1 for d in dims)
+        dims, invalid = declared_dims(vi), _invalid_dims(vi)
+        ex[vi.name] = (1, 3, 224, 224) if dims is None else tuple(
+            _REAL_SIZE if i in invalid else d if isinstance(d, int) else 1 for i, d in enumerate(dims))
     return ex
 
 
 def _example(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
     """A ready-to-paste shape_dict."""
-    return "{" + ", ".join(f"{k!r}: {v}" for k, v in _example_shapes(inputs, shape_dict).items()) + "}"
+    def tup(dims):
+        return "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"
+
+    return "{" + ", ".join(f"{k!r}: {tup(v)}" for k, v in _example_shapes(inputs, shape_dict).items()) + "}"
 
 
 def _example_flags(inputs: list[onnx.ValueInfoProto], shape_dict: Mapping) -> str:
@@ -283,10 +305,15 @@ def _normalize_shape_dict(shape_dict, inputs: list[onnx.ValueInfoProto]) -> dict
         ok = isinstance(shape, Sequence) and not isinstance(shape, (str, bytes)) or isinstance(shape, np.ndarray)
         if ok:
             shape = tuple(shape)
-            ok = all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape)
+            ok = all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape)
         if not ok:
             raise ShapeError(f"shape_dict[{vi.name!r}] = {shape!r} is not a static shape: give positive ints, "
                              f"e.g. shape_dict={_example(inputs, {})}")
+        bad = [(i, int(d)) for i, d in enumerate(shape) if d <= 0]
+        if bad:
+            raise ShapeError(f"shape_dict[{vi.name!r}] = {tuple(int(d) for d in shape)} has dim {bad[0][0]} = "
+                             f"{bad[0][1]}, which is not a valid size (dimensions must be positive): give the "
+                             "input's real shape")
         shape = tuple(int(d) for d in shape)
         dims = declared_dims(vi)
         if dims is not None and len(dims) != len(shape):
@@ -307,7 +334,10 @@ def _fmt_dims(dims) -> str:
 
 
 def _check_static_inputs(inputs: list[onnx.ValueInfoProto], shape_dict: dict) -> None:
-    problems = []
+    """Every input not in ``shape_dict`` must declare a static shape; one line naming each that does not: a
+    dynamic dim (a dim_param or no value, fixed with ``shape_dict``) or an invalid one (0 or negative, which
+    the model's exporter wrote and only the user can replace with the real size)."""
+    problems, invalid_any = [], False
     for vi in inputs:
         if vi.name in shape_dict or not vi.type.HasField("tensor_type"):
             continue  # (sequence / optional inputs are left to the importer)
@@ -315,13 +345,21 @@ def _check_static_inputs(inputs: list[onnx.ValueInfoProto], shape_dict: dict) ->
         if dims is None:
             problems.append(f"input {vi.name!r} has unknown rank")
             continue
-        dyn = [f"dim {i} ({d!r})" if d else f"dim {i} (unknown)" for i, d in enumerate(dims) if not isinstance(d, int)]
-        if dyn:
-            problems.append(f"input {vi.name!r} {_fmt_dims(dims)} has dynamic {', '.join(dyn)}")
+        invalid = _invalid_dims(vi)
+        shown = _fmt_dims([invalid.get(i, d) for i, d in enumerate(dims)])
+        dyn = [f"dim {i} ({d!r})" if d else f"dim {i} (unknown)" for i, d in enumerate(dims)
+               if not isinstance(d, int) and i not in invalid]
+        what = ([f"declares {', '.join(f'dim {i} as {v}' for i, v in invalid.items())}, not a valid size "
+                 "(dimensions must be positive)"] if invalid else []) + ([f"has dynamic {', '.join(dyn)}"] if dyn else [])
+        if what:
+            invalid_any = invalid_any or bool(invalid)
+            problems.append(f"input {vi.name!r} {shown} {', and '.join(what)}")
     if problems:
+        real = (f", with {_REAL_SIZE} the real size (or re-export the model with positive dims)"
+                if invalid_any else "")
         raise ShapeError(f"{'; '.join(problems)}: tvm-nimble needs static shapes, pass them as "
                          f"shape_dict={_example(inputs, shape_dict)} (on the command line: "
-                         f"{_example_flags(inputs, shape_dict)})")
+                         f"{_example_flags(inputs, shape_dict)}){real}")
 
 
 # ---- import -------------------------------------------------------------------------------

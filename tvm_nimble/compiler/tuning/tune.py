@@ -3,8 +3,9 @@
 The database lives in a directory (``database_workload.json``, ``database_tuning_record.json``).
 A run counts the trials each task already has there and only tunes what is missing, so a
 second run continues instead of starting over. ``time_budget`` stops cleanly before the
-deadline, between rounds of trials, with everything measured so far committed; the first round always
-runs (until one has, nothing says how long a round takes on this machine). A round that
+deadline, between rounds of trials, with everything measured so far committed; the first round runs
+whenever the setup left any time (until one has, nothing says how long a round takes on this machine),
+and a budget the setup spent is an error, not a run of no trials. A round that
 never returns (seen once on the GPU: a MetaSchedule call stuck after 57 of its 64 trials) cannot be
 interrupted from Python, so the CLI arms a watchdog that ends the process (``tvm_nimble.cli.tune``).
 
@@ -89,8 +90,6 @@ class TuneReport:
         if self.time_left >= 1:  # not spent, but a round would overrun it
             return (f"stopped with {self.time_left:.0f}s of {budget} left, too little for another round (rounds "
                     f"take up to {self.round_s:.0f}s here); run again to continue")
-        if not self.rounds:  # task extraction and setup took it all
-            return f"{budget} was spent before the first round could start: give a larger --time-budget"
         return f"{budget} is spent; run again to continue"
 
 
@@ -115,6 +114,12 @@ def _meta_schedule_logs_to_files_only() -> None:
     for handler in list(ms_log.handlers):
         if handler.get_name() == "tvm.s_tir.meta_schedule.console":
             ms_log.removeHandler(handler)
+
+
+def _budget_spent_in_setup(time_budget: float, start: float) -> NimbleError:
+    """A run whose budget is gone before its first round would run no trial: an error, not a success."""
+    return NimbleError(f"the {time_budget:g}s time budget was spent before the first round of trials could start "
+                       f"(the setup took {time.time() - start:.0f}s here): give a larger time budget (--time-budget)")
 
 
 def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget: float | None = None,
@@ -162,6 +167,8 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
     log.info("%d tasks extracted, %.1fs from the start", len(tasks), time.time() - start)
     if not tasks:
         raise NimbleError("the model has no kernels to tune")
+    if deadline and time.time() >= deadline:  # before the slower rest of the setup, done in vain
+        raise _budget_spent_in_setup(time_budget, start)
     owner, db = database_owner(work_dir), None
     if os.path.isdir(work_dir):  # before anything is written there
         if all(os.path.isfile(os.path.join(work_dir, f))
@@ -245,6 +252,8 @@ def tune(model, target, work_dir: str, trials_per_task: int = 64, *, time_budget
                     fit = trials_that_fit(left, rounds[cold] or rounds[True])
                     if fit < 1 and cold and builder.pool is not None:  # too late to replace the workers: keep them
                         cold, fit = False, trials_that_fit(left, rounds[False] or rounds[True])
+                if fit < 1 and not report.rounds:  # a run of no trials is no success
+                    raise _budget_spent_in_setup(time_budget, start)
                 if fit < 1:
                     report.stopped_for_time, report.time_left = True, max(0.0, left)
                     report.round_s = max((s for s, _ in rounds[cold] or rounds[True]), default=0.0)

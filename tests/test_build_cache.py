@@ -16,6 +16,7 @@ from tvm_nimble.compiler import kernel_cache, stream_choice, timing_cache
 from tvm_nimble.compiler.build import build, build_with
 from tvm_nimble.compiler.notes import Notes
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.report import BuildReport
 from tvm_nimble.compiler.session import CacheMemory
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.executor import NimbleExecutor
@@ -238,6 +239,8 @@ def test_a_warm_build_finds_a_capped_prioritized_stream_choice_of_an_inception_n
     first = _best(inception, directory, _CappedSlackTimer())
     choice = first.report.stream_choice
     assert (choice.chosen, choice.chosen_order, choice.priority.kept) == (2, "slack", True)
+    # as an artifact keeps it (JSON) and reads it back: the measured candidates and the priority trial too
+    assert BuildReport.from_dict(json.loads(json.dumps(first.info))) == first.report
     timer = _CappedSlackTimer()
     again = _best(inception, directory, timer)
     assert again.report.kernel_cache == "hit" and timer.total == 0

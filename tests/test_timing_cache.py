@@ -24,6 +24,7 @@ from tvm_nimble.compiler import timing_cache
 from tvm_nimble.compiler.build import PHASES, build, build_with
 from tvm_nimble.compiler.kernel_choice import select_kernels
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.report import BuildReport
 from tvm_nimble.compiler.session import BuildSession, CacheMemory
 from tvm_nimble.compiler.stages import apply_precision, import_model
 from tvm_nimble.compiler.timers import LocalGPU
@@ -122,6 +123,8 @@ def test_the_cold_build_measures_every_kind_and_writes_it(cold):
     assert timer.calls["launch_ms"] >= 3 and timer.calls["replay_ms"] >= 2 and timer.calls["gemm_us"] >= 1
     assert result.report.kernel_choice.check.kept == "best"  # a mix: the model check ran
     assert result.report.kernel_choice.gemm_algorithms[0].chosen == 2
+    # as an artifact keeps it (JSON) and reads it back: the timings, the check, the GEMM algorithms
+    assert BuildReport.from_dict(json.loads(json.dumps(result.info))) == result.report
     kinds = {os.path.basename(os.path.dirname(p)) for p in _entries(directory)}
     assert kinds == {"chain", "model_check", "gemm", "launch_ms", "replay_ms", "stream_choice"}
     (gpu_dir,) = [d for d in os.listdir(directory) if d != timing_cache.KERNELS_FOLDER]

@@ -156,7 +156,7 @@ def test_a_fire_modules_expands_merge_into_their_concatenation(concat, launches)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     module = build(model, "llvm", merge="on", max_streams=None)
     group, = [g for g in module.report.merge_choice.groups if g.merged]
-    assert "into its concatenation" in group["why"] and "1x1/3x3" in group["group"]
+    assert "into its concatenation" in group.why and "1x1/3x3" in group.group
     assert len(module.plan.launches) == launches and not [l for l in module.plan.launches if "split" in l.kernel]
     np.testing.assert_allclose(_run(module, {"x": x}), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(_run(module, {"x": x}), _run(build(model, "llvm", max_streams=None), {"x": x}),

@@ -79,4 +79,7 @@ def test_an_older_artifacts_info_reads_back_with_defaults():
     text = report.format()
     assert "stream cap: 2 (measured on this machine)" in text and "1 run a faster one" in text
     assert text.endswith("build phases: import 1.0 s, schedule 0.5 s (total 1.5 s)")
+    detail = report.format(detail=True)  # explain's: every chain timed, each GEMM run with another algorithm
+    assert "  algorithm 1: 2.0 us (first: 3.0 us)  gemm" in detail and "algorithm 1:" not in text
+    assert "     2    vendor   0.1000   0.2000  vendor    conv" in detail
     assert BuildReport.from_dict({}) == BuildReport() and KernelChoice.from_dict({}) == KernelChoice()

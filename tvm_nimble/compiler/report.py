@@ -249,8 +249,11 @@ class KernelChoice:
             f"  {n.count:4d} x {n.operator}: {n.why}" for n in sorted(self.not_taken, key=lambda n: -n.count)]
 
     def lines(self, detail: bool = False) -> list[str]:
-        """The summary (with ``detail``, the per-chain table), the GEMM algorithms, what no provider takes."""
-        head = ([self.summary()] + (self.timing_table() if detail else [])) if self.timings else []
+        """The summary and the GEMMs' line; with ``detail``, the per-chain table, each GEMM run with another
+        algorithm, and what no provider takes."""
+        if not detail:
+            return ([self.summary()] if self.timings else []) + self.gemm_lines()[:1]
+        head = [self.summary()] + self.timing_table() if self.timings else []
         return head + self.gemm_lines() + self.not_taken_lines()
 
 
@@ -303,9 +306,12 @@ class MergeChoice:
     def merged_count(self) -> int:
         return sum(g.merged for g in self.groups)
 
-    def lines(self) -> list[str]:
-        """explain's lines: each group found, and whether it was merged and why."""
+    def lines(self, detail: bool = True) -> list[str]:
+        """How many groups were found and merged; with ``detail`` (explain's), each group, whether it was merged
+        and why, and what was measured."""
         lines = [f"merge ({self.mode}): {len(self.groups)} sibling groups found, {self.merged_count} merged"]
+        if not detail:
+            return lines
         for g in self.groups:
             lines.append(f"  {'merged' if g.merged else 'separate'}: {g.group}"
                          + (f" -- {g.why}" if g.why and g.why != "merged" else ""))
@@ -513,9 +519,10 @@ class BuildReport:
         return f"build phases: {parts} (total {sum(self.phases.values()):.1f} s)"
 
     def lines(self, detail: bool = False) -> list[str]:
-        """What the build chose, a few lines per section: merges, kernels (with ``detail``, every chain timed),
-        stream cap, precision and accuracy, layout."""
-        lines = self.merge_choice.lines() if self.merge_choice else []
+        """What the build chose, a line or two per section (compile's): merges, kernels, stream cap, precision and
+        accuracy, layout; with ``detail`` (explain's), each merge group, every chain timed, each GEMM run with
+        another algorithm, and what no provider takes."""
+        lines = self.merge_choice.lines(detail) if self.merge_choice else []
         lines += self.kernel_choice.lines(detail)
         if self.stream_choice is not None:
             lines.append(self.stream_choice.summary())

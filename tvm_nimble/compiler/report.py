@@ -19,6 +19,7 @@ and values artifacts always held: the runtime reads it back as a dict and needs 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import asdict, dataclass, field
 
 from tvm_nimble.relay_passes import providers as provider_registry
@@ -53,8 +54,6 @@ class BuiltOptions:
     @classmethod
     def of(cls, options) -> "BuiltOptions":
         """Of a :class:`~.options.BuildOptions`."""
-        import os
-
         return cls(options.kernels, tuple(options.providers) if options.providers else None, options.precision,
                    options.allow_tf32, options.data_layout,
                    options.policy.describe() if options.compute_dtype != "float32" else None,

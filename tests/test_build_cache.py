@@ -16,6 +16,7 @@ from tvm_nimble.compiler import kernel_cache, stream_choice, timing_cache
 from tvm_nimble.compiler.build import build, build_with
 from tvm_nimble.compiler.notes import Notes
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.report import BuildReport
 from tvm_nimble.compiler.session import CacheMemory
 from tvm_nimble.errors import NimbleError
 from tvm_nimble import NimbleExecutor
@@ -56,7 +57,7 @@ def cold(inception, tmp_path_factory):
 
 def test_a_first_build_compiles_and_keeps_its_kernels(cold):
     directory, result, counts = cold
-    assert result.info["kernel_cache"] == "stored" and counts["stored"] == 1 and counts["hit"] == 0
+    assert result.report.kernel_cache == "stored" and counts["stored"] == 1 and counts["hit"] == 0
     (folder,) = _folders(directory)
     assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json", "weights.bin"]
     assert os.path.getsize(os.path.join(folder, "weights.bin")) > kernel_cache.WEIGHT_BYTES  # not base64 in the JSON
@@ -67,10 +68,10 @@ def test_a_second_build_loads_them_and_gives_the_same_plan_outputs_and_artifact(
     directory, first, _ = cold
     memory = CacheMemory()
     again = _llvm(inception, directory, memory)
-    assert again.info["kernel_cache"] == "hit" and memory.kernels["hit"] == 1 and memory.kernels["stored"] == 0
+    assert again.report.kernel_cache == "hit" and memory.kernels["hit"] == 1 and memory.kernels["stored"] == 0
     assert again.plan.to_json() == first.plan.to_json()
     # the phases are those of a build; lowering and generating are now loading
-    assert {"lower", "schedule", "generate"} <= set(again.info["phases"])
+    assert {"lower", "schedule", "generate"} <= set(again.report.phases)
     for a, b in zip(_outputs(again, inception), _outputs(first, inception)):
         np.testing.assert_array_equal(a, b)
     # the artifact of the loaded library (copied: TVM cannot export a library it loaded) loads and runs alike,
@@ -83,8 +84,8 @@ def test_a_second_build_loads_them_and_gives_the_same_plan_outputs_and_artifact(
         np.testing.assert_array_equal(c, b)
     again.kernels.export_library(str(tmp_path / "k.so"))
     assert tvm.runtime.load_module(str(tmp_path / "k.so")).implements_function(again.plan.launches[0].kernel)
-    drop = lambda info: {k: v for k, v in info.items() if k not in ("phases", "kernel_cache")}  # noqa: E731
-    assert drop(again.info) == drop(first.info)
+    drop = lambda report: report.replace(phases=None, kernel_cache=None)  # noqa: E731
+    assert drop(again.report) == drop(first.report)
 
 
 def test_another_model_or_lowering_option_is_another_entry(inception, cold, tmp_path):
@@ -93,7 +94,7 @@ def test_another_model_or_lowering_option_is_another_entry(inception, cold, tmp_
     _copy(directory, copy)
     other_weights = build(zoo.get_model("inception", seed=1), "llvm", timing_cache=copy)
     no_concat = build(inception, "llvm", timing_cache=copy, concat_in_place=False)
-    assert other_weights.info["kernel_cache"] == "stored" and no_concat.info["kernel_cache"] == "stored"
+    assert other_weights.report.kernel_cache == "stored" and no_concat.report.kernel_cache == "stored"
     assert len(_folders(copy)) == 3
 
 
@@ -114,20 +115,20 @@ def test_a_damaged_entry_is_one_note_and_a_correct_rebuild(inception, cold, tmp_
     with pytest.warns(UserWarning, match="ignoring unreadable compiled-kernel cache entries") as caught:
         again = _llvm(inception, copy, memory)
     assert sum("compiled-kernel cache" in str(w.message) for w in caught) == 1
-    assert again.info["kernel_cache"] == "stored" and memory.kernels["rejected"] == 1
+    assert again.report.kernel_cache == "stored" and memory.kernels["rejected"] == 1
     assert again.plan.to_json() == first.plan.to_json()
     for a, b in zip(_outputs(again, inception), _outputs(first, inception)):
         np.testing.assert_array_equal(a, b)
     third = build(inception, "llvm", timing_cache=copy)  # the entry was rewritten whole
-    assert third.info["kernel_cache"] == "hit"
+    assert third.report.kernel_cache == "hit"
 
 
 def test_the_cache_is_off_without_a_timing_cache_or_with_kernel_cache_false(inception, tmp_path):
     memory = CacheMemory()
     off = _llvm(inception, "off", memory)
-    assert "kernel_cache" not in off.info and set(memory.kernels.values()) == {0}
+    assert off.report.kernel_cache is None and set(memory.kernels.values()) == {0}
     no = build(inception, "llvm", timing_cache=str(tmp_path), kernel_cache=False)
-    assert "kernel_cache" not in no.info and _folders(str(tmp_path)) == []
+    assert no.report.kernel_cache is None and _folders(str(tmp_path)) == []
     with pytest.raises(NimbleError, match="kernel_cache must be True or False"):
         BuildOptions.create("llvm", kernel_cache="yes")
 
@@ -142,7 +143,7 @@ def test_the_least_recently_used_entries_go_over_the_size_limit(inception, cold,
     (kept,) = [f for f in _folders(copy) if f != old]
     cache = kernel_cache.KernelCache(os.path.join(copy, timing_cache.KERNELS_FOLDER), CacheMemory().kernels, Notes())
     cache._prune(keep=kept, max_bytes=1)
-    assert _folders(copy) == [kept] and new.info["kernel_cache"] == "stored"
+    assert _folders(copy) == [kept] and new.report.kernel_cache == "stored"
 
 
 def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_path):
@@ -151,7 +152,7 @@ def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_p
     first = build(model, "llvm", batch_sizes=[1, 2], timing_cache=directory)
     memory = CacheMemory()
     again = _llvm(model, directory, memory, batch_sizes=[1, 2])
-    assert memory.kernels["hit"] == 2 and all(m.info["kernel_cache"] == "hit" for m in again.buckets.values())
+    assert memory.kernels["hit"] == 2 and all(m.report.kernel_cache == "hit" for m in again.buckets.values())
     x = zoo.random_inputs(model, seed=0)
     name, arr = next(iter(x.items()))
     batch = np.concatenate([arr, arr])
@@ -173,9 +174,9 @@ def test_a_warm_gpu_build_measures_nothing_loads_its_kernels_and_schedules_once(
     directory = str(tmp_path / "cache")
     cold_timer = PlanCostTimer()
     first = _best(nasnet, directory, cold_timer)
-    assert first.info["kernel_choice_check"]["kept"] == "best"  # the model check's compile was reused
-    assert first.info["kernel_cache"] == "stored" and "lower" not in first.info["phases"]
-    assert first.plan.num_streams > 1 and len(first.info["streams_choice"]["candidates"]) > 2
+    assert first.report.kernel_choice.check.kept == "best"  # the model check's compile was reused
+    assert first.report.kernel_cache == "stored" and "lower" not in first.report.phases
+    assert first.plan.num_streams > 1 and len(first.report.stream_choice.candidates) > 2
 
     made = []
     real = stream_choice.rescheduled
@@ -183,11 +184,11 @@ def test_a_warm_gpu_build_measures_nothing_loads_its_kernels_and_schedules_once(
     memory = CacheMemory()
     timer = PlanCostTimer()
     again = _best(nasnet, directory, timer, memory)
-    assert timer.total == 0 and again.info["kernel_cache"] == "hit" and memory.kernels["hit"] == 1
+    assert timer.total == 0 and again.report.kernel_cache == "hit" and memory.kernels["hit"] == 1
     assert len(made) <= 1  # the chosen cap's schedule (none when the widest won)
     assert _plan_digest(again) == _plan_digest(first)
-    keys = ("kernel_choice", "kernel_choice_check", "gemm_algorithms", "streams_choice")
-    assert {k: again.info.get(k) for k in keys} == {k: first.info.get(k) for k in keys}
+    assert again.report.kernel_choice == first.report.kernel_choice
+    assert again.report.stream_choice == first.report.stream_choice
 
 
 def test_a_stream_choice_entry_that_no_longer_gives_its_plan_is_not_used(nasnet, tmp_path):
@@ -206,7 +207,7 @@ def test_a_stream_choice_entry_that_no_longer_gives_its_plan_is_not_used(nasnet,
     timer = PlanCostTimer()
     again = _best(nasnet, directory, timer)
     assert timer.total == 0 and _plan_digest(again) == _plan_digest(first)
-    assert again.info["streams_choice"] == first.info["streams_choice"]
+    assert again.report.stream_choice == first.report.stream_choice
 
 
 def _copy(src, dst):
@@ -224,7 +225,7 @@ class _CappedSlackTimer(PlanCostTimer):
         out = []
         for r in results:
             factor = {1: 1.0, 2: 0.6, 3: 0.7}.get(r.plan.num_streams, 0.8)
-            factor -= 0.05 * (r.info.get("stream_order") == "slack") + 0.05 * bool(r.plan.stream_priority)
+            factor -= 0.05 * (r.report.stream_order == "slack") + 0.05 * bool(r.plan.stream_priority)
             out.append(sum(self._cost(l.kernel) for l in r.plan.launches) * factor)
         return out
 
@@ -236,9 +237,11 @@ def test_a_warm_build_finds_a_capped_prioritized_stream_choice_of_an_inception_n
     _need_vendor()
     directory = str(tmp_path / "cache")
     first = _best(inception, directory, _CappedSlackTimer())
-    choice = first.info["streams_choice"]
-    assert (choice["chosen"], choice["chosen_order"], choice["priority"]["kept"]) == (2, "slack", True)
+    choice = first.report.stream_choice
+    assert (choice.chosen, choice.chosen_order, choice.priority.kept) == (2, "slack", True)
+    # as an artifact keeps it (JSON) and reads it back: the measured candidates and the priority trial too
+    assert BuildReport.from_dict(json.loads(json.dumps(first.info))) == first.report
     timer = _CappedSlackTimer()
     again = _best(inception, directory, timer)
-    assert again.info["kernel_cache"] == "hit" and timer.total == 0
+    assert again.report.kernel_cache == "hit" and timer.total == 0
     assert _plan_digest(again) == _plan_digest(first)

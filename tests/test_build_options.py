@@ -61,7 +61,7 @@ def test_float16_as_a_build_option_matches_the_reference_to_fp16_precision():
     ref = ReferenceEvaluator(model).run(None, inputs)[0]
     other = ReferenceEvaluator(model).run(None, zoo.random_inputs(model, seed=1))[0]
     result = build(model, "llvm", precision="float16", max_streams=None)
-    assert result.info["precision"] == "fp16"
+    assert result.report.options.precision == "fp16"
     assert any(t.dtype == "float16" for t in result.plan.tensors)
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     assert out.dtype == np.float32  # inputs and outputs stay float32

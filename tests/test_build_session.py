@@ -40,10 +40,10 @@ def test_an_sm80_build_does_not_load_the_kernels_of_an_sm90_build(small, tmp_pat
         return build_with(small, options)
 
     sm90 = cuda("sm_90")
-    assert sm90.info["kernel_cache"] == "stored"
+    assert sm90.report.kernel_cache == "stored"
     sm80 = cuda("sm_80")
-    assert sm80.info["kernel_cache"] == "stored"  # compiled for its own arch, not loaded
-    assert cuda("sm_90").info["kernel_cache"] == "hit"  # (the cache does serve the arch it was built for)
+    assert sm80.report.kernel_cache == "stored"  # compiled for its own arch, not loaded
+    assert cuda("sm_90").report.kernel_cache == "hit"  # (the cache does serve the arch it was built for)
 
 
 def test_two_gpus_sharing_one_in_memory_cache_each_measure(small):

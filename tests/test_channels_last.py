@@ -45,7 +45,7 @@ def _calls(mod, name):
 def test_an_nhwc_build_on_tvms_kernels_matches_the_reference(name):
     model, inputs, ref = _reference(name)
     result = build(model, "llvm", layout="nhwc", max_streams=None, timing_cache="off")
-    assert result.info["layout"] == "nhwc"
+    assert result.report.options.layout == "nhwc"
     out = NimbleExecutor(result)(*inputs.values())[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 

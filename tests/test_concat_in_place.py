@@ -76,7 +76,7 @@ def test_branches_write_into_the_concat_and_the_copy_is_gone(nested):
     module = build(model, "llvm", max_streams=None)
     plain = build(model, "llvm", max_streams=None, concat_in_place=False)
     # a nested concat is flattened first (TVM would fuse the two into one kernel of its own order)
-    assert module.info["concats_in_place"] == 1
+    assert module.report.concats_in_place == 1
     assert _concat_launches(module.plan) == 0 and _concat_launches(plain.plan) == 1
     assert module.plan.num_streams == 3  # the branches still run concurrently
     slices = [t for t in module.plan.tensors if t.view_of is not None and t.offset > 0]
@@ -90,13 +90,13 @@ def test_concat_stays_a_kernel_where_slices_are_not_contiguous_or_aligned_or_out
                   _model([3, 5], hw=5),  # 3 * 25 floats: the second slice would start at byte 300
                   _model([16, 16], hw=8, reuse_branch=True)):  # a branch read after the concat is dead
         module = build(model, "llvm")
-        assert module.info["concats_in_place"] == 0 and _concat_launches(module.plan) == 1
+        assert module.report.concats_in_place == 0 and _concat_launches(module.plan) == 1
         _check_against_reference(model, module)
 
 
 def test_zoo_inception_blocks_concat_in_place_and_pass_the_race_simulator(inception_built):
     b = inception_built
-    assert b.module.info["concats_in_place"] > 0 and _concat_launches(b.module.plan) == 0
+    assert b.module.report.concats_in_place > 0 and _concat_launches(b.module.plan) == 0
     assert check_races(b.module, b.inputs, b.reference, seeds=range(20)) == []
 
 
@@ -185,7 +185,7 @@ def _mixed_vendor_inception():
 def test_slices_follow_the_kernels_parameter_order_not_the_concats(vendor_reference):
     model, mod = _mixed_vendor_inception()
     module = build(mod, "llvm", max_streams=None)
-    assert module.info["concats_in_place"] == 3 and _concat_launches(module.plan) == 0
+    assert module.report.concats_in_place == 3 and _concat_launches(module.plan) == 0
     slice_writers = {l.kernel for l in module.plan.launches for t in l.writes if module.plan.tensors[t].view_of is not None
                      and module.plan.tensors[t].shape[1] == 4}
     assert any(k.startswith("nimble.") for k in slice_writers) and any(not k.startswith("nimble.") for k in slice_writers)
@@ -233,7 +233,7 @@ def test_densenet_nested_concats_build_in_place_and_match_the_reference():
     last (fused into the next BatchNormalization) becomes a slice of the next, on every executor path."""
     model = zoo.densenet(blocks=(2, 3), growth=4, init_channels=8)
     module = build(model, "llvm", max_streams=None)
-    assert module.info["concats_in_place"] == 5 - 2
+    assert module.report.concats_in_place == 5 - 2
     fused = [l.kernel for l in module.plan.launches if "concatenate" in l.kernel]
     assert len(fused) == 2 and all(k.startswith("fused_concatenate") and k != "fused_concatenate" for k in fused)
     assert check_plan(module.plan) == []

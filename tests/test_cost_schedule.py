@@ -158,7 +158,7 @@ def test_a_cost_aware_capped_model_matches_the_reference_in_every_order(nasnet_b
     costs = [rng.choice([1.0, 3.0, 10.0]) for _ in b.module.program.kernels]
     plain = rescheduled(b.module, 3)
     aware = rescheduled(b.module, 3, costs=costs)
-    assert aware.plan.num_streams == 3 and aware.info["stream_order"] == "slack"
+    assert aware.plan.num_streams == 3 and aware.report.stream_order == "slack"
     assert [(l.kernel, l.stream) for l in aware.plan.launches] != [(l.kernel, l.stream) for l in plain.plan.launches]
     with NimbleExecutor(aware) as ex:
         out = [o.numpy() for o in ex(**b.inputs)]

@@ -79,4 +79,4 @@ def test_a_provider_whose_calls_fail_on_the_gpu_is_left_out_with_a_note(tmp_path
                             timer=GraphCallsFail())
     # built, with the convolutions on the legacy calls or TVM's kernels (whichever this timer favours)
     assert not [l for l in result.plan.launches if l.kernel == cudnn_graph.CONV2D]
-    assert result.info["kernel_choice"]
+    assert result.report.kernel_choice.timings

@@ -51,10 +51,10 @@ def test_without_a_gpu_of_the_arch_the_heuristics_first_stays():
 
 
 def test_explain_lists_the_gemms_that_run_another_algorithm():
-    from tvm_nimble.compiler.gemm_algorithms import summarize
+    from tvm_nimble.compiler.report import GemmAlgorithm, KernelChoice
 
-    records = [{"signature": f"{MATMUL}(a) -> y", "candidates_us": [27.1, 20.0, 16.6], "chosen": 2},
-               {"signature": f"{MATMUL}(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0}]
-    assert summarize(records) == [
+    records = (GemmAlgorithm(f"{MATMUL}(a) -> y", (27.1, 20.0, 16.6), 2),  # (an older artifact's: no provider)
+               GemmAlgorithm(f"{MATMUL}(b) -> y", (10.0, 9.9), 0))
+    assert KernelChoice(gemm_algorithms=records).gemm_lines() == [
         "cuBLASLt algorithms: 2 distinct GEMMs timed, 1 run a faster one than the heuristic's first",
-        "  algorithm 2: 16.6 us (first: 27.1 us)  nimble.cublas.matmul(a) -> y"]
+        f"  algorithm 2: 16.6 us (first: 27.1 us)  {MATMUL}(a) -> y"]

@@ -16,7 +16,8 @@ from test_timing_cache import PlanCostTimer
 from tvm_nimble import NimbleExecutor, zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.frontend import from_onnx
-from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, from_info, launches_per_output, summarize
+from tvm_nimble.compiler.kernel_choice import KernelTiming, ModelCheck, launches_per_output
+from tvm_nimble.compiler.report import KernelChoice
 from tvm_nimble.contract import vendor_abi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
@@ -100,20 +101,21 @@ def test_summary_counts_operators_and_totals():
     timings = [KernelTiming("conv a", 3, 0.010, 0.020), KernelTiming("conv b", 2, 0.030, 0.015),
                KernelTiming("matmul", 1, 0.005, 0.005)]
     assert [t.kernel for t in timings] == ["vendor", "tvm", "vendor"]  # a tie goes to the vendor kernel
-    line = summarize(timings)
+    line = KernelChoice(tuple(timings)).summary()
     assert "cuDNN/cuBLAS measured faster for 4 operators, TVM for 2" in line
     best = 3 * 0.010 + 2 * 0.015 + 0.005
     assert f"kernel time {best:.3f} ms" in line and "all vendor 0.095 ms" in line and "all TVM 0.095 ms" in line
     assert line.endswith("in the plan: 4 on cuDNN/cuBLAS, 2 on TVM")
     assert ModelCheck(1.2, 1.0).kept == "vendor" and ModelCheck(0.9, 1.0).kept == "best"
     overruled = KernelTiming("conv b", 2, 0.030, 0.015, kernel="vendor")
-    line = summarize(timings[:1] + [overruled], ModelCheck(1.2, 1.0))
+    line = KernelChoice((timings[0], overruled), check=ModelCheck(1.2, 1.0)).summary()
     assert "TVM for 2" in line and line.endswith("that mix 1.200 ms, all vendor 1.000 ms; in the plan: 5 on cuDNN/cuBLAS, 0 on TVM")
     assert KernelTiming(**overruled.to_dict()) == overruled  # what explain reads back from the artifact
     info = {"kernel_choice": [overruled.to_dict()], "kernel_choice_check": ModelCheck(1.2, 1.0).to_dict()}
-    assert from_info(info) == ([overruled], ModelCheck(1.2, 1.0)) and from_info({}) == ([], None)
+    assert KernelChoice.from_dict(info) == KernelChoice((overruled,), check=ModelCheck(1.2, 1.0))
+    assert KernelChoice.from_dict({}) == KernelChoice()
     # with the operators per provider (each operator once): every provider named, TVM last
-    line = summarize(timings, operators={"tvm": 2, "cublaslt": 1, "cudnn": 3})
+    line = KernelChoice(tuple(timings), operators={"tvm": 2, "cublaslt": 1, "cudnn": 3}).summary()
     assert line.endswith("in the plan: 3 on cudnn, 1 on cublaslt, 2 on tvm")
 
 
@@ -131,7 +133,7 @@ def test_auto_without_a_gpu_here_is_vendor_with_a_note():
         pytest.skip(why)
     with pytest.warns(UserWarning, match="no sm_90 GPU here"):
         result = build(zoo.get_model("inception"), {"kind": "cuda", "arch": "sm_90"}, compile_kernels=False)
-    assert result.info["kernels"] == "vendor" and result.plan.uses_vendor_kernels
+    assert result.report.options.kernels == "vendor" and result.plan.uses_vendor_kernels
 
 
 def test_allow_tf32_reaches_every_vendor_call_and_the_probe():
@@ -166,14 +168,15 @@ def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it
     model = zoo.get_model("vit")
     opts = BuildOptions.create(SM90, kernels="best", timing_cache=None, max_streams=None)
     result = build_with(model, opts, timer=PlanCostTimer())
-    operators = result.info["kernel_choice_operators"]
+    choice = result.report.kernel_choice
+    operators = choice.operators
     main = from_onnx(model)["main"]
     offers: dict = {}
     for p in opts.offload_providers():
         for o in find_offloads(main, providers=[p]):
             offers.setdefault(o.anchor, []).append(p.name)
     assert sum(operators.values()) == len(offers)
-    timings, _ = from_info(result.info)
+    timings = choice.timings
     again = sum(len(names) - 1 for names in offers.values())  # the attentions' Q·Kᵀ: attention and cuBLASLt
     assert again > 0 and operators.get("attention", 0) > 0
     assert sum(t.count for t in timings) == len(offers) + again  # what the old line summed
@@ -182,7 +185,7 @@ def test_an_operator_two_providers_offer_is_counted_once_on_the_one_that_took_it
         assert t.taken_by in (t.provider, providers.TVM) or operators.get(t.taken_by)
         if t.taken_by == "attention":
             assert any(k.startswith(vendor_abi.ATTENTION.prefix) for k in ran)
-    line = summarize(timings, None, operators)
+    line = choice.summary()
     assert "on attention" in line and line.count(" on ") == len(operators)
     # an operator counted on TVM runs in a TVM kernel: every anchor is a matmul or a convolution, so there are at
     # least as many TVM launches of one (an attention's P·V, absorbed by the attention call, is not on TVM)
@@ -235,13 +238,14 @@ def test_a_mix_predicted_within_one_percent_of_all_vendor_is_not_checked_and_all
     opts = BuildOptions.create(SM90, kernels="best", timing_cache=None, max_streams=1)
     near = _NearTieTimer()
     result = build_with(model, opts, timer=near)
-    assert "kernel_choice_check" not in result.info and near.calls["replay_ms"] == 0
-    assert "under the 1% a model check can confirm: all-vendor kept" in result.info["kernel_choice_check_skipped"]
-    assert all(t["kernel"] == "vendor" for t in result.info["kernel_choice"])
-    assert result.info["kernel_choice_operators"].get("tvm", 0) == 0
+    choice = result.report.kernel_choice
+    assert choice.check is None and near.calls["replay_ms"] == 0
+    assert "under the 1% a model check can confirm: all-vendor kept" in choice.check_skipped
+    assert choice.timings and all(t.kernel == "vendor" for t in choice.timings)
+    assert choice.operators.get("tvm", 0) == 0
     far = _NearTieTimer(faster="conv2d")
     checked = build_with(model, opts, timer=far)
-    assert "kernel_choice_check" in checked.info and "kernel_choice_check_skipped" not in checked.info
+    assert checked.report.kernel_choice.check is not None and not checked.report.kernel_choice.check_skipped
 
 
 class _MixLosesInModel(PlanCostTimer):
@@ -275,12 +279,13 @@ def test_where_the_mix_loses_in_the_model_each_operator_goes_to_its_fastest_prov
     result = build_with(zoo.get_model("inception"), BuildOptions.create(SM90, kernels="best", precision="tf32",
                                                                        timing_cache=str(tmp_path), max_streams=1),
                         timer=timer)
-    check = from_info(result.info)[1]
+    choice = result.report.kernel_choice
+    check = choice.check
     assert check.providers_ms is not None and check.best_ms > check.vendor_ms > check.providers_ms
-    assert check.kept == "providers" and result.info["kernel_choice_check"]["kept"] == "providers"
+    assert check.kept == "providers" and result.info["kernel_choice_check"]["kept"] == "providers"  # as exported
     convs = [l.kernel for l in result.plan.launches if "conv2d" in l.kernel]
     assert convs and all(k == cudnn_graph.CONV2D or k == cudnn_graph.CONV2D_ADD for k in convs)
-    assert result.info["kernel_choice_operators"].get("tvm", 0) == 0
-    assert "each operator on its fastest provider (no TVM kernel)" in summarize(*from_info(result.info))
+    assert choice.operators.get("tvm", 0) == 0
+    assert "each operator on its fastest provider (no TVM kernel)" in choice.summary()
     # the mix lost by far more than 1.5x: its slowest launches (TVM's, at 10 each in this model) are recorded
     assert check.mix_slowest and all(not k.startswith("nimble.") for k, _ in check.mix_slowest)

@@ -36,14 +36,14 @@ def test_merged_zoo_nets_match_the_reference_and_the_unmerged_build_and_are_race
     reference = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, inputs)]
     plain = build(model, "llvm", max_streams=None)
     module = build(model, "llvm", max_streams=None, merge="on")
-    groups = module.info["merge_choice"]["groups"]
-    assert sum(g["merged"] for g in groups) >= 1
+    groups = module.report.merge_choice.groups
+    assert sum(g.merged for g in groups) >= 1
     if name == "inception":  # per block, the 1x1 writing its slice of the concatenation in place stays apart
-        assert module.info["concats_in_place"] == plain.info["concats_in_place"] == 3
-        assert sum("goes into a concatenation" in g["why"] for g in groups) == 3
+        assert module.report.concats_in_place == plain.report.concats_in_place == 3
+        assert sum("goes into a concatenation" in g.why for g in groups) == 3
     # fewer convolutions launched, and every merged split is read in place (batch 1: channel slices)
     assert len(module.plan.launches) < len(plain.plan.launches)
-    assert module.info["splits_as_views"] == sum(g["merged"] for g in groups)
+    assert module.report.splits_as_views == sum(g.merged for g in groups)
     assert not [l for l in module.plan.launches if "split" in l.kernel]
     out = _run(module, inputs)
     np.testing.assert_allclose(out, reference[0], rtol=1e-4, atol=1e-4)
@@ -53,10 +53,10 @@ def test_merged_zoo_nets_match_the_reference_and_the_unmerged_build_and_are_race
 
 
 def test_nasnets_depthwise_siblings_stay_apart_with_the_reason():
-    groups = build(zoo.get_model("nasnet"), "llvm", merge="on", compile_kernels=False).info["merge_choice"]["groups"]
-    grouped = [g for g in groups if "grouped convolutions" in g["why"]]
-    assert grouped and not any(g["merged"] for g in grouped)
-    assert any(g["merged"] and "1x1" in g["group"] for g in groups)
+    groups = build(zoo.get_model("nasnet"), "llvm", merge="on", compile_kernels=False).report.merge_choice.groups
+    grouped = [g for g in groups if "grouped convolutions" in g.why]
+    assert grouped and not any(g.merged for g in grouped)
+    assert any(g.merged and "1x1" in g.group for g in groups)
 
 
 def _conv(x, w, b, pads, stride=1):
@@ -154,8 +154,8 @@ def test_a_fire_modules_expands_merge_into_their_concatenation(concat, launches)
     x = np.random.default_rng(4).standard_normal((1, 8, 8, 8)).astype(np.float32)
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     module = build(model, "llvm", merge="on", max_streams=None)
-    group, = [g for g in module.info["merge_choice"]["groups"] if g["merged"]]
-    assert "into its concatenation" in group["why"] and "1x1/3x3" in group["group"]
+    group, = [g for g in module.report.merge_choice.groups if g.merged]
+    assert "into its concatenation" in group.why and "1x1/3x3" in group.group
     assert len(module.plan.launches) == launches and not [l for l in module.plan.launches if "split" in l.kernel]
     np.testing.assert_allclose(_run(module, {"x": x}), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(_run(module, {"x": x}), _run(build(model, "llvm", max_streams=None), {"x": x}),
@@ -179,7 +179,7 @@ def test_two_runs_of_one_concatenation_each_merge_into_it():
     g.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4 + 14 + 10, 8, 8]))
     x = np.random.default_rng(5).standard_normal((1, 8, 8, 8)).astype(np.float32)
     module = build(model, "llvm", merge="on", max_streams=None)
-    assert sum(g["merged"] for g in module.info["merge_choice"]["groups"]) == 2
+    assert sum(g.merged for g in module.report.merge_choice.groups) == 2
     np.testing.assert_allclose(_run(module, {"x": x}), ReferenceEvaluator(model).run(None, {"x": x})[0],
                                rtol=1e-4, atol=1e-4)
 
@@ -187,9 +187,9 @@ def test_two_runs_of_one_concatenation_each_merge_into_it():
 def test_expands_that_are_not_a_private_run_of_the_concatenation_stay_apart():
     """An expand that is also a model output, or a run split by another field, keeps writing its own slice."""
     for model in (_fire_model(["e1", "e3"], extra_output="e1"), _fire_model(["e1", "s", "e3"])):
-        groups = build(model, "llvm", merge="on", compile_kernels=False).info["merge_choice"]["groups"]
-        assert not any(g["merged"] for g in groups)
-        assert sum("goes into a concatenation" in g["why"] for g in groups) == 2
+        groups = build(model, "llvm", merge="on", compile_kernels=False).report.merge_choice.groups
+        assert not any(g.merged for g in groups)
+        assert sum("goes into a concatenation" in g.why for g in groups) == 2
 
 
 def test_siblings_that_differ_in_stride_or_epilogue_are_not_merged():
@@ -215,7 +215,7 @@ def test_a_merged_bert_matches_the_reference_and_the_unmerged_build():
     inputs = zoo.bert_inputs(model, seed=0)
     ref = ReferenceEvaluator(model).run(None, inputs)
     module = build(model, "llvm", max_streams=None, merge="on")
-    merged_groups = [g["group"] for g in module.info["merge_choice"]["groups"] if g["merged"]]
+    merged_groups = [g.group for g in module.report.merge_choice.groups if g.merged]
     assert len(merged_groups) == 2 and all(g.startswith("matmul x3 of ") and g.endswith(": K=32 (32+32+32 outputs)")
                                            for g in merged_groups)  # Q, K and V of each layer
     out = _run(module, inputs)
@@ -266,7 +266,7 @@ def test_on_cuda_a_merged_group_is_one_provider_call(vendor_ok):
     # per block, the 1x1 siblings that feed convolutions merge; the one writing into the concat stays apart
     assert count(plain) - count(module) == blocks
     script = module.annotated_mod["main"].script()
-    assert module.info["splits_as_views"] == blocks and module.info["concats_in_place"] == blocks
+    assert module.report.splits_as_views == blocks and module.report.concats_in_place == blocks
     assert not [l for l in module.plan.launches if "concatenate" in l.kernel]
     assert not [l for l in module.plan.launches if "split" in l.kernel]
     assert check_plan(module.plan) == []
@@ -288,11 +288,11 @@ def test_merge_option_values_and_auto_without_a_gpu():
     model = zoo.get_model("inception", blocks=1)
     with pytest.warns(UserWarning, match="merge='auto' measures merged against separate"):
         result = build(model, "llvm", merge="auto", compile_kernels=False)
-    groups = result.info["merge_choice"]["groups"]
-    assert not any(g["merged"] for g in groups)
-    assert [g["why"] for g in groups if " x2 " in g["group"]] == ["auto: nothing to measure on, kept separate"]
-    assert result.info["splits_as_views"] == 0
-    assert "merge_choice" not in build(model, "llvm", compile_kernels=False).info  # off: nothing found, nothing recorded
+    groups = result.report.merge_choice.groups
+    assert not any(g.merged for g in groups)
+    assert [g.why for g in groups if " x2 " in g.group] == ["auto: nothing to measure on, kept separate"]
+    assert result.report.splits_as_views == 0
+    assert build(model, "llvm", compile_kernels=False).report.merge_choice is None  # off: nothing found, nothing recorded
 
 
 def test_reshape_strides_agrees_with_numpys_no_copy_reshape():
@@ -361,15 +361,15 @@ def test_auto_keeps_whichever_measured_faster_and_measures_it_once(vendor_ok, pe
                                   timing_cache=None)
     timer = LaunchCountTimer(per_launch)
     result = build_with(model, options, timer=timer, cache=memory)
-    record = result.info["merge_choice"]
-    assert timer.replays == 1 and record["measured"]["kept"] == kept
-    separate, merged_ms = record["measured"]["separate_ms"], record["measured"]["merged_ms"]
+    record = result.report.merge_choice
+    assert timer.replays == 1 and record.measured.kept == kept
+    separate, merged_ms = record.measured.separate_ms, record.measured.merged_ms
     assert (min(merged_ms) < min(separate)) == (kept == "merged")
-    assert [g["merged"] for g in record["groups"] if " x2 " in g["group"]] == [kept == "merged"]
+    assert [g.merged for g in record.groups if " x2 " in g.group] == [kept == "merged"]
     convs = sum(l.kernel == CONV2D for l in result.plan.launches)
     assert convs == (7 if kept == "merged" else 8)  # the two 1x1s feeding 3x3s merged, or apart
     again = LaunchCountTimer(per_launch)
-    assert build_with(model, options, timer=again, cache=memory).info["merge_choice"] == record and again.replays == 0
+    assert build_with(model, options, timer=again, cache=memory).report.merge_choice == record and again.replays == 0
 
 
 def test_the_cli_merges_on_compile_and_explain_shows_each_group(tmp_path):

@@ -39,9 +39,9 @@ def test_reduced_precision_builds_match_the_reference_and_report_their_error(nam
     assert out.dtype == np.float32  # inputs and outputs keep the model's dtypes
     err = _rel(out, ref)
     assert err < BOUND[precision] and _rel(other, ref) > 10 * err  # close, and the check is not vacuous
-    report = result.info["accuracy"]
-    assert report["precision"] == precision and report["input_dependent"]
-    assert 0 < report["rel_l2"] < BOUND[precision]
+    report = result.report.accuracy
+    assert report.precision == precision and report.input_dependent
+    assert 0 < report.rel_l2 < BOUND[precision]
 
 
 def test_the_fp32_reference_is_kept_for_the_next_build_of_the_same_model_and_weights():
@@ -60,18 +60,18 @@ def test_the_fp32_reference_is_kept_for_the_next_build_of_the_same_model_and_wei
     model = zoo.get_model("inception")
     first = build_with(model, BuildOptions.create("llvm", precision="fp16"), cache=memory)
     second = build_with(model, BuildOptions.create("llvm", precision="bf16"), cache=memory)
-    assert first.info["accuracy"]["reference_cached"] is False
-    assert second.info["accuracy"]["reference_cached"] is True
+    assert first.report.accuracy.reference_cached is False
+    assert second.report.accuracy.reference_cached is True
     # a reference built again (a new session), stock TVM on this CPU, gives the same error
     fresh = accuracy.measure(import_model(model), second, tvm.cpu(), BuildSession(second.options))
-    assert fresh["reference_cached"] is False and fresh["rel_l2"] == second.info["accuracy"]["rel_l2"]
+    assert fresh.reference_cached is False and fresh.rel_l2 == second.report.accuracy.rel_l2
     other = onnx.ModelProto()
     other.CopyFrom(model)
     w = other.graph.initializer[0]
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 0.5, w.name))
     rebuilt = build_with(other, BuildOptions.create("llvm", precision="bf16"), cache=memory)
-    assert rebuilt.info["accuracy"]["reference_cached"] is False  # other weights: not the first model's reference
-    assert 0 < rebuilt.info["accuracy"]["rel_l2"] < BOUND["bf16"]
+    assert rebuilt.report.accuracy.reference_cached is False  # other weights: not the first model's reference
+    assert 0 < rebuilt.report.accuracy.rel_l2 < BOUND["bf16"]
 
 
 def _dtypes_by_op(mod):
@@ -124,7 +124,7 @@ def test_a_cuda_build_without_its_gpu_says_the_error_was_not_measured():
     model = zoo.get_model("inception", blocks=1, hw=8)
     result = build(model, {"kind": "cuda", "arch": "sm_90"}, precision="fp16", kernels="tvm", max_streams=None,
                    compile_kernels=False)
-    assert result.info["accuracy"]["rel_l2"] is None
+    assert result.report.accuracy.rel_l2 is None
     with pytest.raises(NimbleError, match=r"^max_error needs the build's error measured"):
         build(model, {"kind": "cuda", "arch": "sm_90"}, precision="fp16", kernels="tvm", max_streams=None,
               compile_kernels=False, max_error=1e-2)
@@ -416,4 +416,4 @@ def test_a_build_whose_outputs_overflow_where_float32s_are_finite_fails_in_one_l
         build(model, "llvm", precision="fp16", max_error=max_error, timing_cache="off")
     assert "\n" not in str(raised.value)
     # bf16 keeps float32's exponent: no overflow, and the build passes
-    assert np.isfinite(build(model, "llvm", precision="bf16", timing_cache="off").info["accuracy"]["rel_l2"])
+    assert np.isfinite(build(model, "llvm", precision="bf16", timing_cache="off").report.accuracy.rel_l2)

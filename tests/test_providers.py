@@ -70,7 +70,7 @@ def test_the_providers_option_restricts_vendor_kernels_on_cuda():
         result = build(model, {"kind": "cuda", "arch": "sm_90"}, kernels="vendor", providers=only,
                        compile_kernels=False)
         used = {providers.provider_of(l.kernel).name for l in result.plan.launches} - {providers.TVM}
-        assert used == set(only) and result.info["providers"] == list(only)
+        assert used == set(only) and result.report.options.providers == only
 
 
 def test_an_unknown_provider_is_one_line():

@@ -145,15 +145,14 @@ def test_the_build_bakes_the_fastest_candidate_into_every_call_of_ours():
     assert not list(gemm_calls(chosen))  # every call carries its index now
     indices = {name: {attrs[-1] for n, attrs, _ in _calls(chosen) if n == name} for name in names}
     assert indices == dict(zip(names, [{2}, {2}, {3}, {3}]))
-    assert {r["provider"] for r in records} == {"simt_gemm", "cublaslt"}
+    assert {r.provider for r in records} == {"simt_gemm", "cublaslt"}
 
 
 def test_explain_says_how_many_gemms_ran_our_kernel():
-    from tvm_nimble.compiler.gemm_algorithms import summarize
+    from tvm_nimble.compiler.report import GemmAlgorithm, KernelChoice
 
-    records = [{"signature": f"{simt_gemm.MATMUL}(a) -> y", "candidates_us": [9.0, 7.7], "chosen": 1, "provider": "simt_gemm"},
-               {"signature": f"{vendor_abi.CUBLAS_MATMUL}(b) -> y", "candidates_us": [10.0, 9.9], "chosen": 0,
-                "provider": "cublaslt"}]
-    assert summarize(records) == [
+    records = (GemmAlgorithm(f"{simt_gemm.MATMUL}(a) -> y", (9.0, 7.7), 1, "simt_gemm"),
+               GemmAlgorithm(f"{vendor_abi.CUBLAS_MATMUL}(b) -> y", (10.0, 9.9), 0, "cublaslt"))
+    assert KernelChoice(gemm_algorithms=records).gemm_lines() == [
         "cuBLASLt algorithms: 1 distinct GEMMs timed, 0 run a faster one than the heuristic's first",
         "our fp32 GEMM: 1 distinct GEMMs, the fastest of each one's tile / split-K candidates"]

@@ -23,15 +23,15 @@ def test_auto_keeps_the_widest_schedule_that_fits_the_budget(name):
     widest = build(model, "llvm", max_streams=None, compile_kernels=False)
     auto = build(model, "llvm", compile_kernels=False)
     assert auto.plan.num_streams == widest.plan.num_streams and widest.plan.num_streams > 2
-    record = auto.info["streams_choice"]
-    assert record["how"].startswith("widest") and record["chosen"] == widest.plan.num_streams
-    pools = {c["max_streams"]: c["pool_bytes"] for c in record["candidates"]}
+    record = auto.report.stream_choice
+    assert record.how.startswith("widest") and record.chosen == widest.plan.num_streams
+    pools = {c.max_streams: c.pool_bytes for c in record.candidates}
     assert pools[1] == _pool(model, 1) and pools[2] == _pool(model, 2)  # candidates are the capped schedules
     budget = min(pools.values())
     fitting = [cap for cap, b in pools.items() if b <= budget]
     chosen = build(model, "llvm", compile_kernels=False, memory_budget=budget)
     assert chosen.plan.memory["pool_bytes"] <= budget
-    assert chosen.info["streams_choice"]["chosen"] == max(fitting)
+    assert chosen.report.stream_choice.chosen == max(fitting)
 
 
 def test_budgets_that_nothing_fits_are_one_clear_error():

@@ -24,6 +24,7 @@ from tvm_nimble.compiler import timing_cache
 from tvm_nimble.compiler.build import PHASES, build, build_with
 from tvm_nimble.compiler.kernel_choice import select_kernels
 from tvm_nimble.compiler.options import BuildOptions
+from tvm_nimble.compiler.report import BuildReport
 from tvm_nimble.compiler.session import BuildSession, CacheMemory
 from tvm_nimble.compiler.stages import apply_precision, import_model
 from tvm_nimble.compiler.timers import LocalGPU
@@ -95,9 +96,9 @@ def _build(model, cache, timer, memory=None):
 
 
 def _decisions(result) -> dict:
-    """Everything the measurements decided, as the artifact records it."""
-    keys = ("kernel_choice", "kernel_choice_check", "gemm_algorithms", "streams_choice")
-    return {"plan": result.plan.to_json(), **{k: result.info.get(k) for k in keys}}
+    """Everything the measurements decided, as the build reports it."""
+    return {"plan": result.plan.to_json(), "kernel_choice": result.report.kernel_choice,
+            "stream_choice": result.report.stream_choice}
 
 
 def _entries(directory) -> list[str]:
@@ -120,8 +121,10 @@ def cold(nasnet, tmp_path_factory):
 def test_the_cold_build_measures_every_kind_and_writes_it(cold):
     directory, timer, result = cold
     assert timer.calls["launch_ms"] >= 3 and timer.calls["replay_ms"] >= 2 and timer.calls["gemm_us"] >= 1
-    assert result.info["kernel_choice_check"]["kept"] == "best"  # a mix: the model check ran
-    assert result.info["gemm_algorithms"][0]["chosen"] == 2
+    assert result.report.kernel_choice.check.kept == "best"  # a mix: the model check ran
+    assert result.report.kernel_choice.gemm_algorithms[0].chosen == 2
+    # as an artifact keeps it (JSON) and reads it back: the timings, the check, the GEMM algorithms
+    assert BuildReport.from_dict(json.loads(json.dumps(result.info))) == result.report
     kinds = {os.path.basename(os.path.dirname(p)) for p in _entries(directory)}
     assert kinds == {"chain", "model_check", "gemm", "launch_ms", "replay_ms", "stream_choice"}
     (gpu_dir,) = [d for d in os.listdir(directory) if d != timing_cache.KERNELS_FOLDER]
@@ -214,7 +217,7 @@ def test_timing_cache_off_writes_nothing_and_the_default_follows_xdg(nasnet, tmp
     monkeypatch.undo()  # the run's cache folder again: the vendor extension stays there
     timer = PlanCostTimer()
     result = _build(nasnet, None, timer)
-    assert timer.total > 0 and result.info["kernel_choice"]
+    assert timer.total > 0 and result.report.kernel_choice.timings
     assert os.listdir(tmp_path) == []  # not the default directory, not anything else
 
 
@@ -237,15 +240,14 @@ def test_the_model_checks_build_is_rescheduled_not_compiled_again(nasnet):
     assert selection.check.kept == "best" and selection.built is not None and selection.algorithms
     reused = build_with(selection, opts, timer=timer)
     fresh = build_with(dataclasses.replace(selection, built=None), opts, timer=timer)
-    assert "generate" not in reused.info["phases"] and "lower" not in reused.info["phases"]
-    assert {"lower", "schedule", "generate"} <= set(fresh.info["phases"])
+    assert "generate" not in reused.report.phases and "lower" not in reused.report.phases
+    assert {"lower", "schedule", "generate"} <= set(fresh.report.phases)
     assert reused.plan.to_json() == fresh.plan.to_json() and reused.plan.num_streams > 1
-    drop = lambda info: {k: v for k, v in info.items() if k != "phases"}  # noqa: E731
-    assert drop(reused.info) == drop(fresh.info)
+    assert reused.report.replace(phases=None) == fresh.report.replace(phases=None)
     assert reused.kernels is selection.built.kernels and reused.options == fresh.options
     # other kernels or memory plan: compiled again
     other = build_with(selection, opts.replace(concat_in_place=False), timer=timer)
-    assert "generate" in other.info["phases"]
+    assert "generate" in other.report.phases
 
 
 def test_every_probe_is_compiled_and_timed_once_and_the_attention_probe_holds_the_attention_kernel():
@@ -255,8 +257,8 @@ def test_every_probe_is_compiled_and_timed_once_and_the_attention_probe_holds_th
     _need_vendor()
     timer = PlanCostTimer()
     result = _build(zoo.get_model("vit"), None, timer)
-    (attention,) = [t for t in result.info["kernel_choice"] if t["provider"] == "attention"]
-    assert attention["vendor_ms"] == 1.0 and attention["tvm_ms"] > 1.0  # one vendor launch; TVM's several
+    (attention,) = [t for t in result.report.kernel_choice.timings if t.provider == "attention"]
+    assert attention.vendor_ms == 1.0 and attention.tvm_ms > 1.0  # one vendor launch; TVM's several
     assert len(timer.launched) == len(set(timer.launched))
 
 
@@ -264,9 +266,9 @@ def test_a_schedule_with_one_candidate_is_not_replayed():
     """A chain (densenet's dense layers) has one schedule whatever the cap: nothing to choose or measure."""
     timer = PlanCostTimer()
     result = build_with(zoo.densenet(), BuildOptions.create(SM90, kernels="tvm", timing_cache=None), timer=timer)
-    record = result.info["streams_choice"]
-    assert result.plan.num_streams == 1 and [c["max_streams"] for c in record["candidates"]] == [1]
-    assert record["how"] == "the only candidate" and timer.total == 0
+    record = result.report.stream_choice
+    assert result.plan.num_streams == 1 and [c.max_streams for c in record.candidates] == [1]
+    assert record.how == "the only candidate" and timer.total == 0
 
 
 def test_phases_are_timed_in_info_explain_and_compile(tmp_path, capsys):
@@ -275,7 +277,7 @@ def test_phases_are_timed_in_info_explain_and_compile(tmp_path, capsys):
 
     model = zoo.get_model("inception", blocks=1, hw=8)
     result = build(model, "llvm", precision="bf16")
-    phases = result.info["phases"]
+    phases = result.report.phases
     assert list(phases) == [p for p in PHASES if p in phases]  # in the order they ran
     assert set(phases) == set(PHASES) and all(s >= 0 for s in phases.values())
     assert "build phases: import " in explain_model(model, "llvm")
@@ -371,6 +373,6 @@ def test_tvms_kernels_for_all_providers_chains_are_built_and_timed_once(nasnet):
 
     timer = Recording()
     result = build_with(nasnet, BuildOptions.create(SM90, kernels="best", timing_cache="off"), timer=timer)
-    timings = result.info["kernel_choice"]
-    providers = {t["provider"] for t in timings}
+    timings = result.report.kernel_choice.timings
+    providers = {t.provider for t in timings}
     assert len(providers) >= 3 and timer.tvm_only.count(True) == 1, (providers, timer.tvm_only)

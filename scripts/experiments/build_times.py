@@ -50,10 +50,12 @@ def _one(onnx_path: str, target: str, kernels: str, precision: str, profile_to: 
         with open(profile_to, "w") as f:
             pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
     plan = json.dumps(result.plan.to_json(), sort_keys=True)
-    return {"seconds": seconds, "phases": result.info.get("phases", {}), "streams": result.plan.num_streams,
+    report = result.report
+    return {"seconds": seconds, "phases": report.phases or {}, "streams": result.plan.num_streams,
             "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12],
-            "kernel_cache": result.info.get("kernel_cache"),  # hit: a warm build loaded its compiled kernels
-            "accuracy": result.info.get("accuracy")}  # a build in reduced precision: its error against fp32
+            "kernel_cache": report.kernel_cache,  # hit: a warm build loaded its compiled kernels
+            # a build in reduced precision: its error against fp32
+            "accuracy": report.accuracy.to_dict() if report.accuracy else None}
 
 
 def _in_fresh_process(onnx_path: str, target: str, kernels: str, precision: str, cache: str,

@@ -76,7 +76,7 @@ def main(argv=None):
             raise SystemExit(f"{name} batch {batch}: outputs disagree ({bad}); not timing")
         times = dict(zip(builds, replay_ms(list(builds.values())))) if gpu else {}
         row = {"model": name, "batch": batch, "kernels": kernels, "rel_err": errs, "ms": times,
-               "concats_in_place": builds["in-place"].info["concats_in_place"],
+               "concats_in_place": builds["in-place"].report.concats_in_place,
                "launches": {k: len(b.plan.launches) for k, b in builds.items()},
                "streams": {k: b.plan.num_streams for k, b in builds.items()}}
         rows.append(row)

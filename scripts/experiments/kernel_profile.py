@@ -105,8 +105,9 @@ def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32") 
             out[label]["critical_path_ms"] = critical_path(plan, durations)[0]
             out[label]["serial_sum_ms"] = serial_sum(durations)
         if label == "single":
-            out["kernel_choice"] = result.info.get("kernel_choice", [])
-            out["kernel_choice_check"] = result.info.get("kernel_choice_check")
+            choice = result.report.kernel_choice.to_dict()  # as an artifact keeps it (JSON)
+            out["kernel_choice"] = choice.get("kernel_choice", [])
+            out["kernel_choice_check"] = choice.get("kernel_choice_check")
             cp, path = critical_path(plan, durations)
             fams: dict[str, list[float]] = {}
             for l, d in zip(plan.launches, durations):
@@ -159,9 +160,9 @@ def main():
         for key, us in sorted(fams.items(), key=lambda kv: -kv[1])[:12]:
             print(f"    {us:8.1f} us {100 * us / total:5.1f}%  {key}")
         if r["kernel_choice"]:
-            from tvm_nimble.compiler.kernel_choice import from_info, summarize
+            from tvm_nimble.compiler.report import KernelChoice
 
-            print("  " + summarize(*from_info(r)))  # r keeps the build info's two keys
+            print("  " + KernelChoice.from_dict(r).summary())  # r keeps the build info's two keys
             for c in r["kernel_choice"]:
                 if c["tvm_ms"] < c["vendor_ms"]:
                     print(f"  tvm faster: {c['count']} x {c['signature'][:90]} {c['tvm_ms'] * 1e3:.1f} vs "

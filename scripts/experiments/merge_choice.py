@@ -21,22 +21,21 @@ import gpu_args  # the shared command line, beside this script in scripts/experi
 
 
 def _chosen_ms(result):
-    record = result.info.get("streams_choice") or {}
-    times = {(c["max_streams"], c["order"]): c.get("measured_ms") for c in record.get("candidates", [])}
-    prio = record.get("priority") or {}
-    return prio["measured_ms"] if prio.get("kept") else times.get((record.get("chosen"), record.get("chosen_order")))
+    record = result.report.stream_choice
+    return record.chosen_ms if record is not None else None
 
 
 def main(argv=None):
     args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True)
     from tvm_nimble.compiler.build import build
-    from tvm_nimble.compiler.merge_choice import summarize
 
     rows = []
     for _, batch, name, model in gpu_args.models_and_batches(args):
         auto = build(model, target, kernels=args.kernels, merge="auto", max_streams=1)
-        print(f"{name} batch {batch}:", *summarize(auto.info.get("merge_choice")), sep="\n  ", flush=True)
-        row = {"model": name, "batch": batch, "kernels": args.kernels, "merge_choice": auto.info.get("merge_choice")}
+        merge = auto.report.merge_choice
+        print(f"{name} batch {batch}:", *(merge.lines() if merge else []), sep="\n  ", flush=True)
+        row = {"model": name, "batch": batch, "kernels": args.kernels,
+               "merge_choice": merge.to_dict() if merge else None}
         for mode in ("off", "on"):
             built = build(model, target, kernels=args.kernels, merge=mode)
             row[f"{mode}_ms"] = _chosen_ms(built)

@@ -31,7 +31,6 @@ def main(argv=None):
     from tvm_nimble import NimbleExecutor
     from tvm_nimble.cli.models import load_model
     from tvm_nimble.compiler.build import build
-    from tvm_nimble.compiler.kernel_choice import from_info
     from tvm_nimble.compiler.tuning.remote import loopback_fleet
     from tvm_nimble.runtime.timing import replay_ms
 
@@ -46,7 +45,7 @@ def main(argv=None):
                 t0 = time.time()
                 built[where] = build(model, target, kernels=kernels, **rpc)
                 seconds[where] = time.time() - t0
-            choice = {w: {t.signature: t.kernel for t in from_info(b.info)[0]} for w, b in built.items()}
+            choice = {w: {t.signature: t.kernel for t in b.report.kernel_choice.timings} for w, b in built.items()}
             same = sum(choice["here"][s] == choice["tracker"].get(s) for s in choice["here"])
             shape = built["here"].plan.tensors[built["here"].plan.inputs[0]].shape
             x = np.random.default_rng(0).standard_normal(shape).astype("float32")
@@ -58,7 +57,8 @@ def main(argv=None):
             row = {"model": name, "kernels": kernels, "build_s": seconds, "chains": len(choice["here"]),
                    "same_choice": same, "rel_err": err, "ms": ms,
                    "streams": {w: b.plan.num_streams for w, b in built.items()},
-                   "stream_choice": {w: b.info.get("streams_choice", {}).get("how") for w, b in built.items()},
+                   "stream_choice": {w: b.report.stream_choice.how if b.report.stream_choice else None
+                                    for w, b in built.items()},
                    "vendor_chains": {w: sum(k == "vendor" for k in c.values()) for w, c in choice.items()}}
             rows.append(row)
             print(f"remote-best {name}: choices {same}/{row['chains']} chains alike, streams {row['streams']}, "

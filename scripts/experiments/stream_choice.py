@@ -26,25 +26,24 @@ def main(argv=None):
     args, target = gpu_args.parse(__doc__, argv, "tv:googlenet", batches_and_kernels=True)
     from tvm_nimble.compiler.build import build
     from tvm_nimble.compiler.session import BuildSession
-    from tvm_nimble.compiler.stream_choice import choose_streams, summarize
+    from tvm_nimble.compiler.stream_choice import choose_streams
 
     rows = []
     for _, batch, name, model in gpu_args.models_and_batches(args):
         widest = build(model, target, max_streams=None, kernels=args.kernels)
         chosen, record = choose_streams(widest, BuildSession(widest.options))
-        print(f"{name} batch {batch}: {summarize(record)}", flush=True)
-        times = {(c["max_streams"], c["order"]): c.get("measured_ms") for c in record["candidates"]}
-        prio = record.get("priority") or {}
-        auto_ms = prio["measured_ms"] if prio.get("kept") else times.get((record["chosen"], record["chosen_order"]))
+        print(f"{name} batch {batch}: {record.summary()}", flush=True)
+        times = {(c.max_streams, c.order): c.measured_ms for c in record.candidates}
+        auto_ms = record.chosen_ms
         capped = {k: t for k, t in times.items() if 1 < k[0] < widest.plan.num_streams and t is not None}
         best_of = {o: min((t for (_, order), t in capped.items() if order == o), default=None)
                    for o in ("program", "slack")}
-        rows.append({"model": name, "batch": batch, "kernels": args.kernels, "record": record,
+        rows.append({"model": name, "batch": batch, "kernels": args.kernels, "record": record.to_dict(),
                      "one_stream_ms": times.get((1, "program")),
                      "widest_ms": times.get((widest.plan.num_streams, "program")),
                      "best_cap_program_order_ms": best_of["program"], "best_cap_slack_order_ms": best_of["slack"],
                      "auto_ms": auto_ms, "auto_streams": chosen.plan.num_streams,
-                     "auto_order": record["chosen_order"], "auto_priority": bool(sum(chosen.plan.stream_priority))})
+                     "auto_order": record.chosen_order, "auto_priority": bool(sum(chosen.plan.stream_priority))})
         with open(os.path.join(args.out, "stream_choice.json"), "w") as f:  # after each row: a cut-off call keeps them
             json.dump(rows, f, indent=1)
     print(f"{'model':16s} {'batch':>5s} {'1-stream':>9s} {'widest':>9s} {'cap,prog':>9s} {'cap,slack':>9s} "

@@ -74,16 +74,16 @@ def test_best_kernels_record_their_measurement(gpu_arch):
     """``auto`` on a GPU machine is ``best``: both kernels of each distinct chain were timed here, the faster
     one is in the plan, and the measurement is kept with the build (it goes into the artifact)."""
     module, _, _ = _case("inception", gpu_arch)
-    assert module.info["kernels"] == "best"
-    choice = module.info["kernel_choice"]
-    assert choice and all(c["vendor_ms"] > 0 and c["tvm_ms"] > 0 for c in choice)
-    check = module.info.get("kernel_choice_check")
-    if check is not None and check["kept"] == "vendor":  # the whole model overruled the mix
-        assert check["vendor_ms"] <= check["best_ms"] and all(c["kernel"] == "vendor" for c in choice)
+    assert module.report.options.kernels == "best"
+    choice = module.report.kernel_choice.timings
+    assert choice and all(c.vendor_ms > 0 and c.tvm_ms > 0 for c in choice)
+    check = module.report.kernel_choice.check
+    if check is not None and check.kept == "vendor":  # the whole model overruled the mix
+        assert check.vendor_ms <= check.best_ms and all(c.kernel == "vendor" for c in choice)
     else:
-        assert all(c["kernel"] == ("vendor" if c["vendor_ms"] <= c["tvm_ms"] else "tvm") for c in choice)
-        assert (check is None) == all(c["kernel"] == "vendor" for c in choice)
-    n_vendor = sum(c["count"] for c in choice if c["kernel"] == "vendor")
+        assert all(c.kernel == ("vendor" if c.vendor_ms <= c.tvm_ms else "tvm") for c in choice)
+        assert (check is None) == all(c.kernel == "vendor" for c in choice)
+    n_vendor = sum(c.count for c in choice if c.kernel == "vendor")
     assert sum(l.kernel.startswith("nimble.") for l in module.plan.launches) == n_vendor
 
 
@@ -93,15 +93,15 @@ def test_auto_streams_measure_every_candidate_and_keep_the_fastest(gpu_arch):
     from tvm_nimble.compiler.stream_choice import MIN_GAIN
 
     module, _, _ = _case("nasnet", gpu_arch)
-    record = module.info["streams_choice"]
-    times = {(c["max_streams"], c["order"]): c["measured_ms"] for c in record["candidates"]}
+    record = module.report.stream_choice
+    times = {(c.max_streams, c.order): c.measured_ms for c in record.candidates}
     assert len(times) >= 3 and all(t > 0 for t in times.values())
     assert any(order == "slack" for _, order in times)  # the cost-aware caps were measured too
     fastest = min(times, key=times.get)
     if times[fastest] <= times[(1, "program")] * (1 - MIN_GAIN):
-        assert (record["chosen"], record["chosen_order"]) == fastest
+        assert (record.chosen, record.chosen_order) == fastest
     else:
-        assert record["chosen"] == 1 and module.plan.num_streams == 1
+        assert record.chosen == 1 and module.plan.num_streams == 1
 
 
 def test_prioritized_streams_keep_the_outputs(gpu_arch):
@@ -147,8 +147,8 @@ def test_a_reduced_precision_build_on_the_gpu_reports_its_error(gpu_arch, precis
 
     model = zoo.get_model("inception")
     result = tvm_nimble.build(model, {"kind": "cuda", "arch": gpu_arch}, precision=precision)
-    report = result.info["accuracy"]
-    assert report["input_dependent"] and 0 < report["rel_l2"] < bound
+    report = result.report.accuracy
+    assert report.input_dependent and 0 < report.rel_l2 < bound
     inputs = zoo.random_inputs(model, seed=0)
     ref = ReferenceEvaluator(model).run(None, inputs)[0]
     out = NimbleExecutor(result)(**inputs)[0].numpy()

@@ -70,15 +70,13 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     A system named in ``skip`` is neither built nor returned.
     """
     from tvm_nimble.compiler.build import choose_kernels, with_nchw_fallback
-    from tvm_nimble.compiler.kernel_choice import Selection, summarize
+    from tvm_nimble.compiler.kernel_choice import Selection
     from tvm_nimble.compiler.session import BuildSession
     from tvm_nimble.compiler.stages import import_model
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
-    from tvm_nimble.compiler.stream_choice import choose_streams, summarize as summarize_streams
+    from tvm_nimble.compiler.stream_choice import choose_streams
     from tvm_nimble.compiler.tuning.database import open_tuning_database
     from tvm_nimble.runtime.loading import NimbleExecutor
-
-    from tvm_nimble.compiler.merge_choice import summarize as summarize_merge
 
     start = time.perf_counter()
     session = BuildSession(options)  # one timer and cache for the kernel choice, the builds and the stream choice
@@ -86,21 +84,19 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
         selection = model
     else:  # the same merged (or separate) module for stock TVM and Nimble: the same kernels
         fp32_mod = import_model(model)
-        (selection, merge_record), session = with_nchw_fallback(lambda s: choose_kernels(fp32_mod, s), session)
+        (selection, merge_choice), session = with_nchw_fallback(lambda s: choose_kernels(fp32_mod, s), session)
         options = session.options
-        for line in summarize_merge(merge_record)[:1]:
-            print(f"[bench] {line}", flush=True)
+        if merge_choice is not None:
+            print(f"[bench] {merge_choice.lines()[0]}", flush=True)
     shared_s = None if isinstance(model, Selection) else time.perf_counter() - start
 
     def since(t0, before):  # seconds of a build made of a shared part and its own since t0
         return None if before is None else before + time.perf_counter() - t0
-    if selection.timings:
-        print(f"[bench] {summarize(selection.timings, selection.check, selection.operators, selection.check_skipped)}",
-              flush=True)
-    if selection.algorithms:
-        from tvm_nimble.compiler.gemm_algorithms import summarize as summarize_algorithms
-
-        print("\n".join(f"[bench] {line}" for line in summarize_algorithms(selection.algorithms)), flush=True)
+    choice = selection.choice
+    if choice.timings:
+        print(f"[bench] {choice.summary()}", flush=True)
+    if choice.gemm_algorithms:
+        print("\n".join(f"[bench] {line}" for line in choice.gemm_lines()), flush=True)
     target = options.target
     db = open_tuning_database(options.tuning_db) if options.tuning_db else None
     systems = []
@@ -127,7 +123,7 @@ def tvm_systems(model, options, device, inputs: list[np.ndarray], use_gpu: bool,
     if use_gpu and getattr(nimble, "lowered", None) is not None and "nimble-auto" not in skip:
         t0 = time.perf_counter()
         auto, record = choose_streams(nimble, session)  # the same kernels, the stream cap measured here
-        print(f"[bench] {summarize_streams(record)}", flush=True)
+        print(f"[bench] {record.summary()}", flush=True)
         variants.append(("nimble-auto", auto, "cuda-graph", since(t0, nimble_s)))
         parts["stream choice"] = time.perf_counter() - t0
     if parts:

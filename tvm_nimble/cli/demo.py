@@ -17,7 +17,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     from tvm_nimble.bench.harness import check_agreement, interleaved_timing, tvm_systems
     from tvm_nimble.compiler.session import BuildSession
     from tvm_nimble.compiler.frontend import from_onnx, load_onnx_model
-    from tvm_nimble.compiler.kernel_choice import select_kernels, summarize as summarize_kernel_choice
+    from tvm_nimble.compiler.kernel_choice import select_kernels
     from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.target import default_kind, resolve_target
 
@@ -39,8 +39,7 @@ def run_demo(model_path: str | None = None, target: str | None = None, arch: str
     nimble = session.build(selection)
     plan = nimble.plan
     if selection.kernels == "best":
-        print(summarize_kernel_choice(selection.timings, selection.check, selection.operators,
-                                      selection.check_skipped) + " (the same in every system)")
+        print(selection.choice.summary() + " (the same in every system)")
     else:
         print(f"kernels: {'cuDNN / cuBLASLt for convolutions and GEMMs, TVM for the rest' if selection.kernels == 'vendor' else 'TVM'} "
               "(the same in every system)")

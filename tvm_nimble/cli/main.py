@@ -66,7 +66,6 @@ def cmd_compile(args):
     from tvm_nimble.cli.progress import phase_listener, spinner
     from tvm_nimble.compiler.build import build_with
     from tvm_nimble.compiler.options import BuildOptions
-    from tvm_nimble.compiler.explain import summarize_phases
     from tvm_nimble.runtime.artifact import check_output_path
 
     if os.path.isfile(args.model):  # (a missing model is named by the build)
@@ -80,12 +79,9 @@ def cmd_compile(args):
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
           f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB" + (f" (the largest of the batch buckets "
           f"{', '.join(map(str, module.batch_sizes))})" if getattr(module, "buckets", None) else ""))
-    if "accuracy" in module.info:
-        from tvm_nimble.compiler.accuracy import describe
-
-        print(describe(module.info["accuracy"]))
-    if module.info.get("phases"):
-        print(summarize_phases(module.info["phases"]))
+    report = getattr(module, "report", None)  # the build report (a bucketed build's buckets each have theirs)
+    if report is not None and report.format():
+        print(report.format())
 
 
 def cmd_run(args):

@@ -21,6 +21,8 @@ import tvm
 
 from tvm_nimble.errors import NimbleError
 
+from .report import Accuracy
+
 
 #: seeds of the inputs the error is measured on
 SEEDS = (0, 1)
@@ -46,7 +48,7 @@ def unmeasurable(options) -> str | None:
     return None
 
 
-def report(fp32_mod: tvm.IRModule | None, result, session) -> dict:
+def report(fp32_mod: tvm.IRModule | None, result, session) -> Accuracy:
     """The accuracy stage of a build session: the report of ``result`` against ``fp32_mod``, measured where the
     build's target can run here; else the reason it is not."""
     options = session.options
@@ -56,14 +58,14 @@ def report(fp32_mod: tvm.IRModule | None, result, session) -> dict:
     elif not options.compile_kernels:
         why = "kernels were not compiled"
     if why is not None:
-        return {"precision": options.precision, "rel_l2": None, "why": why}
+        return Accuracy(options.precision, None, why=why)
     return measure(fp32_mod, result, tvm.cuda(0) if options.is_cuda else tvm.cpu(), session)
 
 
-def measure(fp32_mod: tvm.IRModule, result, device, session) -> dict:
-    """{precision, rel_l2 (the largest over :data:`SEEDS`), reference, input_dependent, reference_cached} of
-    ``result``, and ``non_finite``: how many output values are NaN or infinite where the reference's are finite
-    (only where some are). The reference comes from (and goes to) ``session``'s cache."""
+def measure(fp32_mod: tvm.IRModule, result, device, session) -> Accuracy:
+    """The error of ``result`` (the largest relative L2 over :data:`SEEDS`), whether the reference depends on the
+    input, whether it came from the cache, and how many output values are NaN or infinite where the reference's
+    are finite. The reference comes from (and goes to) ``session``'s cache."""
     from tvm_nimble.runtime.loading import NimbleExecutor
     from tvm_nimble.runtime.timing import random_inputs
 
@@ -74,14 +76,11 @@ def measure(fp32_mod: tvm.IRModule, result, device, session) -> dict:
     outs = [[o.numpy() for o in executor(*x)] for x in inputs]
     errors = [rel_l2(out, ref) for out, ref in zip(outs, refs)]
     spread = rel_l2(refs[1], refs[0])
-    report = {"precision": result.options.precision, "rel_l2": max(errors), "seeds": len(SEEDS),
-              "reference": f"float32, stock TVM on {target.kind.name}", "input_dependent": spread > 10 * max(errors),
-              "reference_cached": cached}
     non_finite = sum(int(np.sum(~np.isfinite(o) & np.isfinite(r))) for out, ref in zip(outs, refs)
                      for o, r in zip(out, ref))
-    if non_finite:
-        report["non_finite"] = non_finite
-    return report
+    return Accuracy(result.options.precision, max(errors), seeds=len(SEEDS),
+                    reference=f"float32, stock TVM on {target.kind.name}", input_dependent=spread > 10 * max(errors),
+                    reference_cached=cached, non_finite=non_finite)
 
 
 def reference_outputs(fp32_mod: tvm.IRModule, inputs: list, session, device) -> tuple[list, bool]:
@@ -125,28 +124,20 @@ def _outputs(out) -> list[np.ndarray]:
     return [o.numpy() for o in out]
 
 
-def check(report: dict, max_error: float | None) -> None:
+def check(report: Accuracy, max_error: float | None) -> None:
     """A one-line error when the build's outputs are NaN or infinite where float32's are finite (whatever
     ``max_error``), or when the measured error is over ``max_error``."""
-    if report.get("non_finite"):
-        raise NimbleError(f"the {report['precision']} build's outputs hold {report['non_finite']} NaN or infinite "
+    if report.non_finite:
+        raise NimbleError(f"the {report.precision} build's outputs hold {report.non_finite} NaN or infinite "
                           "values where float32's are finite (an overflow of the reduced precision): build in a wider "
                           "precision (bf16, tf32 or fp32), or keep the overflowing operators in float32 (keep_fp32)")
     if max_error is None:
         return
-    if report.get("rel_l2") is None:
-        raise NimbleError(f"max_error needs the build's error measured, and {report['why']}: build where the "
+    if report.rel_l2 is None:
+        raise NimbleError(f"max_error needs the build's error measured, and {report.why}: build where the "
                           "target's GPU is, or leave max_error out")
-    if report["rel_l2"] > max_error:
-        raise NimbleError(f"the {report['precision']} build is {report['rel_l2']:.2e} (relative L2) from float32, over "
+    if report.rel_l2 > max_error:
+        raise NimbleError(f"the {report.precision} build is {report.rel_l2:.2e} (relative L2) from float32, over "
                           f"max_error {max_error:g}: build in a wider precision (tf32 or fp32), or keep more operators "
                           "in float32 (keep_fp32, e.g. matmul)")
 
-
-def describe(report: dict) -> str:
-    """One line for compile and explain."""
-    if report.get("rel_l2") is None:
-        return f"accuracy ({report['precision']}): not measured, {report['why']}"
-    note = "" if report["input_dependent"] else " (the fp32 output barely depends on the input: not a meaningful check)"
-    return (f"accuracy ({report['precision']}): {report['rel_l2']:.2e} relative L2 from {report['reference']}, "
-            f"worst of {report['seeds']} seeded inputs{note}")

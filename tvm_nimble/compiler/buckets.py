@@ -186,19 +186,6 @@ class BucketRequest:
 
 
 # ---- explain -----------------------------------------------------------------------------------------
-def measured_ms(info: dict) -> float | None:
-    """The chosen schedule's measured latency in a bucket's info (``max_streams='auto'`` on a GPU), or None."""
-    record = info.get("streams_choice") or {}
-    priority = record.get("priority")
-    if priority and priority.get("kept"):
-        return priority.get("measured_ms")
-    for c in record.get("candidates", []):
-        if c.get("max_streams") == record.get("chosen") and c.get("order", "program") == record.get(
-                "chosen_order", "program") and "measured_ms" in c:
-            return c["measured_ms"]
-    return None
-
-
 def _size(nbytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
@@ -207,8 +194,8 @@ def _size(nbytes: int) -> str:
 
 
 def describe_buckets(module: BucketedModule) -> list[str]:
-    """The buckets in a few lines: weights stored once, the shared buffer, and per bucket its launches,
-    streams, syncs, memory pool and (when measured) latency."""
+    """The buckets (each a BuildResult) in a few lines: weights stored once, the shared buffer, and per bucket its
+    launches, streams, syncs, memory pool and (when measured: ``max_streams='auto'`` on a GPU) latency."""
     import numpy as np
 
     from tvm_nimble.runtime.buckets import arena_layout
@@ -225,7 +212,8 @@ def describe_buckets(module: BucketedModule) -> list[str]:
              f"  {'batch':>5s} {'launches':>8s} {'streams':>7s} {'syncs':>5s} {'pool':>10s}  latency"]
     for b, m in module.buckets.items():
         p = m.plan
-        ms = measured_ms(m.info)
+        choice = m.report.stream_choice
+        ms = choice.chosen_ms if choice is not None else None
         latency = f"{ms:.3f} ms ({ms / b * 1000:.1f} us/row)" if ms is not None else "not measured (no GPU here)"
         lines.append(f"  {b:5d} {len(p.launches):8d} {p.num_streams:7d} {sum(len(l.waits) for l in p.launches):5d} "
                      f"{_size(p.memory.get('pool_bytes', 0)):>10s}  {latency}")

@@ -15,13 +15,15 @@ Every consumer of a build reuses the result instead of re-running a stage: the e
 kernel choice's model check compiled the selected module already, the build reschedules that build
 instead of compiling the same kernels again. The lowered module and kernel library of a build are kept in
 the compiled-kernel cache (:mod:`.kernel_cache`, beside the timing cache), so the next build of the same
-module loads them instead of lowering and compiling. The seconds each phase took are in ``info["phases"]``.
+module loads them instead of lowering and compiling. What each stage chose and measured, and the seconds each phase took, are the result's typed
+:class:`~.report.BuildReport` (``result.report``; an artifact keeps it as the JSON dict ``info``).
 """
 from __future__ import annotations
 
 from .build_stages import choose_kernels, nchw_fallback, raised_at, with_nchw_fallback  # noqa: F401  (public here)
 from .options import BuildOptions
-from .session import PHASES, BuildSession, CacheMemory, Phases  # noqa: F401  (PHASES, Phases: public here)
+from .report import PHASES, BuildReport  # noqa: F401  (public here)
+from .session import BuildSession, CacheMemory, Phases  # noqa: F401  (Phases: public here)
 from .stages import BuildResult  # noqa: F401  (public here: ``tvm_nimble.BuildResult``)
 
 
@@ -49,7 +51,7 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
       follows its inputs (:mod:`tvm_nimble.relay_passes.precision`; ``keep_fp32=("matmul",)`` moves
       operators to float32). Inputs and outputs keep the model's dtypes. A build in another precision
       than fp32 measures its relative L2 error against the float32 model on seeded inputs where its
-      target runs (``info["accuracy"]``); ``max_error`` fails the build above it.
+      target runs (``report.accuracy``); ``max_error`` fails the build above it.
     - ``tuning_db`` is a MetaSchedule database directory whose tuned kernels replace the default
       schedules. ``compile_kernels=False`` stops before code generation (what ``explain`` needs).
       ``concat_in_place`` (default on) lets the kernels feeding a concatenation write straight into their

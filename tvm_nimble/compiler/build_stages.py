@@ -3,9 +3,10 @@
     import -> precision -> layout -> merge -> kernels -> build -> streams -> accuracy
 
 Each stage is a function of the session (options, timer, cache, notes, phases) and the build's state (what the
-earlier stages made). Where TVM fails on the channels-last module that ``layout="auto"`` chose, the stages from
-precision to build run again in the model's layout (:func:`nchw_fallback`). A
-:class:`~.kernel_choice.Selection` (kernels chosen already) starts at build.
+earlier stages made); a stage that chooses or measures something makes its section of the build's
+:class:`~.report.BuildReport`, and the result's report is put together from them. Where TVM fails on the
+channels-last module that ``layout="auto"`` chose, the stages from precision to build run again in the model's
+layout (:func:`nchw_fallback`). A :class:`~.kernel_choice.Selection` (kernels chosen already) starts at build.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .frontend.onnx_import import one_line
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
 from .options import BuildOptions
+from .report import BuildReport, MergeChoice
 from .stages import BuildResult
 from .stream_choice import choose_streams, rescheduled
 
@@ -37,7 +39,7 @@ class _State:
     shape_dict: dict | None
     fp32_mod: object = None  # the imported model (None: the build started from a Selection)
     mod: object = None  # the module the next stage takes
-    merge_record: dict | None = None
+    merge_record: MergeChoice | None = None
     selection: Selection | None = None
     result: BuildResult | None = None
 
@@ -76,8 +78,8 @@ def _streams(session, state: _State) -> None:
     opts, result = session.options, state.result
     if opts.max_streams == "auto":
         with session.phases("stream choice"):
-            state.result, record = choose_streams(result, session, memory_budget=opts.memory_budget)
-        state.result.info["streams_choice"] = record
+            chosen, record = choose_streams(result, session, memory_budget=opts.memory_budget)
+        state.result = dataclasses.replace(chosen, report=chosen.report.replace(stream_choice=record))
     elif opts.memory_budget is not None and result.plan.memory["pool_bytes"] > opts.memory_budget:
         raise NimbleError(f"the schedule's memory pool needs {result.plan.memory['pool_bytes']} bytes, over the "
                           f"budget of {opts.memory_budget}: use max_streams='auto' (or fewer streams) to pick one "
@@ -87,8 +89,9 @@ def _streams(session, state: _State) -> None:
 def _accuracy(session, state: _State) -> None:
     if session.options.precision != "fp32":
         with session.phases("accuracy"):
-            state.result.info["accuracy"] = accuracy.report(state.fp32_mod, state.result, session)
-        accuracy.check(state.result.info["accuracy"], session.options.max_error)
+            report = accuracy.report(state.fp32_mod, state.result, session)
+        state.result = dataclasses.replace(state.result, report=state.result.report.replace(accuracy=report))
+        accuracy.check(report, session.options.max_error)
 
 
 #: each stage of :data:`STAGES`, as it runs on the session and the build's state
@@ -126,23 +129,9 @@ def run_stages(session, model, params: dict | None = None,
         _run(session, state, ("import",))
         state, session = with_nchw_fallback(lambda s: _run(s, dataclasses.replace(state), _LAYOUT_DEPENDENT), session)
     _run(session, state, ("streams", "accuracy"))
-    result, selection = state.result, state.selection
-    if state.merge_record is not None:
-        result.info["merge_choice"] = state.merge_record
-    if selection.timings:
-        result.info["kernel_choice"] = [k.to_dict() for k in selection.timings]
-    if selection.operators:
-        result.info["kernel_choice_operators"] = selection.operators
-    if selection.check is not None:
-        result.info["kernel_choice_check"] = selection.check.to_dict()
-    if selection.check_skipped:
-        result.info["kernel_choice_check_skipped"] = selection.check_skipped
-    if selection.algorithms:
-        result.info["gemm_algorithms"] = selection.algorithms
-    if selection.not_taken:
-        result.info["not_taken"] = selection.not_taken
-    result.info["phases"] = session.phases.to_info()
-    return result
+    result = state.result
+    return dataclasses.replace(result, report=result.report.replace(
+        merge_choice=state.merge_record, kernel_choice=state.selection.choice, phases=session.phases.rounded()))
 
 
 def choose_kernels(fp32_mod, session):
@@ -198,14 +187,13 @@ def _build_selected(selection: Selection, session) -> BuildResult:
     cap = None if options.max_streams == "auto" else options.max_streams
     with phases("schedule"):
         result = rescheduled(built, cap, options.reuse)
-    info = stages.build_info(options, built.info["concats_in_place"], built.info.get("splits_as_views"))
-    cache = session.kernel_cache()
+    cache, kept = session.kernel_cache(), None
     if cache is not None:  # kept for the next build, which finds the model check in the timing cache
         with phases("generate"):
             key = session.key("kernels", selection.mod)
-            info["kernel_cache"] = "present" if cache.has(key) else (
-                "stored" if cache.store(key, built.lowered, built.kernels) else "miss")
-    return dataclasses.replace(result, info=info, options=options)
+            kept = "present" if cache.has(key) else "stored" if cache.store(key, built.lowered, built.kernels) else "miss"
+    report = BuildReport.of_build(options, built.report.concats_in_place, built.report.splits_as_views, kept)
+    return dataclasses.replace(result, report=report, options=options)
 
 
 def _same_kernels(a: BuildOptions, b: BuildOptions) -> bool:

@@ -1,6 +1,7 @@
 """``tvm-nimble explain``: what Nimble does to a model (streams, syncs, width, memory, plan, DOT).
 
-It formats a :class:`BuildResult`; nothing is lowered or scheduled a second time.
+It formats a :class:`BuildResult`: the plan's numbers, with the build's :class:`~.report.BuildReport` (what it
+chose and measured) among them; nothing is lowered or scheduled a second time.
 """
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ from tvm_nimble.relay_passes.providers import TVM, provider_of
 
 from . import accuracy
 from .build import BuildResult, build_with
-from .gemm_algorithms import summarize as summarize_gemm_algorithms
-from .merge_choice import summarize as summarize_merge
 from .options import BuildOptions
 from .profile_report import check_profilable, profile_build
-from .kernel_choice import from_info as kernel_choice_of, summarize as summarize_kernel_choice, summarize_not_taken
-from .stream_choice import summarize as summarize_streams
 
 
 def _size(nbytes: int) -> str:
@@ -31,25 +28,8 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     labels = [k.func for k in program.kernels]
     lines = [format_summary(summarize(len(program.kernels), edges, assignment, labels=labels))]
     lines.append(_kernels_by_provider(result))
-    lines.extend(summarize_merge(result.info.get("merge_choice")))
-    choice, check = kernel_choice_of(result.info)
-    if choice:
-        lines.append(summarize_kernel_choice(choice, check, result.info.get("kernel_choice_operators"),
-                                             result.info.get("kernel_choice_check_skipped", "")))
-        lines.append(f"  {'ops':>4s} {'provider':>9s} {'its ms':>8s} {'tvm ms':>8s}  ran on    operators -> provider call")
-        for c in sorted(choice, key=lambda c: -c.count * max(c.vendor_ms, c.tvm_ms)):
-            chosen = c.taken_by or ((c.provider or "vendor") if c.kernel == "vendor" else "tvm")
-            lines.append(f"  {c.count:4d} {c.provider or 'vendor':>9s} {c.vendor_ms:8.4f} {c.tvm_ms:8.4f}  "
-                         f"{chosen:8s}  {c.signature}")
-    if result.info.get("gemm_algorithms"):
-        lines.extend(summarize_gemm_algorithms(result.info["gemm_algorithms"]))
-    lines.extend(summarize_not_taken(result.info.get("not_taken", [])))
-    if "streams_choice" in result.info:
-        lines.append(summarize_streams(result.info["streams_choice"]))
-    lines.extend(_precision_lines(result))
-    if result.info.get("layout") == "nhwc":
-        lines.append("layout: NHWC inside the build (convolutions and pools channels-last; inputs and outputs keep "
-                     "the model's layout)")
+    report = result.report
+    lines.extend(report.lines(detail=True))  # merges, kernel choice, stream cap, precision, accuracy, layout
     fixed = {k: sum(s.nbytes for s in plan.storages if s.kind == k) for k in ("input", "output", "const")}
     lines.append(f"memory: inputs {_size(fixed['input'])}, outputs {_size(fixed['output'])}, "
                  f"constants {_size(fixed['const'])}, plus the pool below")
@@ -58,8 +38,9 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
                  f"{mem['pool_bytes_sequential'] / 1024:.1f} KiB sequential plan, "
                  f"{tvm_static_plan_bytes(result.lowered) / 1024:.1f} KiB TVM StaticPlanBlockMemory (incl. outputs), "
                  f"{mem['pool_bytes_no_reuse'] / 1024:.1f} KiB without reuse")
-    if result.info.get("phases"):
-        lines.append(summarize_phases(result.info["phases"]))
+    phases = report.phases_line()
+    if phases:
+        lines.append(phases)
     if dot_path:
         with open(dot_path, "w") as f:
             f.write(to_dot(len(program.kernels), edges, assignment, labels=labels, title="tvm-nimble streams"))
@@ -71,28 +52,10 @@ def explain_build(result: BuildResult, dot_path=None, show_plan=False, show_ir=F
     return "\n".join(lines)
 
 
-def summarize_phases(phases: dict[str, float]) -> str:
-    """One line: the seconds of each phase the build ran, in order, and their sum."""
-    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
-    return f"build phases: {parts} (total {sum(phases.values()):.1f} s)"
-
-
-def _precision_lines(result: BuildResult) -> list[str]:
-    """The precision, its policy and the accuracy report (for precisions other than fp32)."""
-    opts = result.options
-    if opts is None or opts.precision == "fp32":
-        return []
-    lines = [f"precision: {opts.precision}" + (f" ({opts.policy.describe()})" if opts.compute_dtype != "float32"
-                                               else " (TF32 tensor cores in cuDNN/cuBLASLt)")]
-    if "accuracy" in result.info:
-        lines.append(accuracy.describe(result.info["accuracy"]))
-    return lines
-
-
 def _kernels_by_provider(result: BuildResult) -> str:
     """One line: how many launches of the plan each kernel provider runs (TVM: tuned or default schedules)."""
     counts: dict[str, int] = {}
-    tvm_label = "tvm-tuned" if result.info.get("tuning_db") else "tvm-default"
+    tvm_label = "tvm-tuned" if result.report.options.tuning_db else "tvm-default"
     for launch in result.plan.launches:
         name = provider_of(launch.kernel).name
         label = tvm_label if name == TVM else name

@@ -25,6 +25,7 @@ from tvm_nimble.relay_passes.providers import cublaslt, provider_of, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
 from . import timing_cache
+from .report import GemmAlgorithm
 
 #: calls per candidate timing
 REPS = 20
@@ -81,7 +82,7 @@ def with_algorithms(mod: tvm.IRModule, chosen: dict[str, int]) -> tvm.IRModule:
     return out
 
 
-def choose_gemm_algorithms(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, list[dict]]:
+def choose_gemm_algorithms(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, list[GemmAlgorithm]]:
     """``mod`` with each cuBLASLt call's fastest algorithm measured on the build session's GPU (a timer that
     cannot time them, such as a remote one, leaves the heuristic's first), and a record per distinct call: its
     signature, the candidates' microseconds and the index chosen. The times are kept in the session's cache
@@ -103,21 +104,6 @@ def choose_gemm_algorithms(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, li
         index = best if us and (not default_first or us[best] < MARGIN * us[0]) else 0
         if us and (index or not default_first):  # index 0 of cuBLASLt is what a call without one runs
             chosen[sig] = index
-        records.append({"signature": sig, "candidates_us": [round(x, 2) for x in us], "chosen": index,
-                        "provider": provider})
+        records.append(GemmAlgorithm(sig, tuple(round(x, 2) for x in us), index, provider))
     return with_algorithms(mod, chosen), records
 
-
-def summarize(records: list[dict]) -> list[str]:
-    """A line for the GEMMs timed, then one per cuBLASLt GEMM whose algorithm is not the heuristic's first."""
-    ours = [r for r in records if r.get("provider") == simt_gemm.PROVIDER.name]
-    theirs = [r for r in records if r.get("provider") != simt_gemm.PROVIDER.name]
-    moved = [r for r in theirs if r["chosen"]]
-    lines = [f"cuBLASLt algorithms: {len(theirs)} distinct GEMMs timed, {len(moved)} run a faster one than the "
-             "heuristic's first"]
-    if ours:
-        lines.append(f"our fp32 GEMM: {len(ours)} distinct GEMMs, the fastest of each one's tile / split-K candidates")
-    for r in moved:
-        us = r["candidates_us"]
-        lines.append(f"  algorithm {r['chosen']}: {us[r['chosen']]:.1f} us (first: {us[0]:.1f} us)  {r['signature']}")
-    return lines

@@ -30,7 +30,7 @@ TVM cannot export a shared library it loaded, so the library a build loads from 
 caller's). Storing costs the library's export (LLVM's code generation of the host code: seconds for
 densenet121), once per model.
 
-``info["kernel_cache"]`` says what the build did: "hit" (loaded from here), "stored" (compiled and kept),
+The build report's ``kernel_cache`` says what the build did: "hit" (loaded from here), "stored" (compiled and kept),
 "present" (compiled by the model check, and an entry was there already) or "miss" (compiled, not kept);
 the session's :class:`~.session.CacheMemory` counts loads, misses and writes. ``kernel_cache=False`` (or
 ``timing_cache="off"``) turns it off.

@@ -19,7 +19,7 @@ with :func:`.stages.build_fixed`.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import tvm
 
@@ -30,8 +30,9 @@ from tvm_nimble.relay_passes.vendor_offload import OffloadReport, find_offloads
 from tvm_nimble.contract.plan import Plan
 
 from . import stages, timing_cache
-from .gemm_algorithms import choose_gemm_algorithms
+from .gemm_algorithms import GemmAlgorithm, choose_gemm_algorithms
 from .options import BuildOptions
+from .report import KernelChoice, KernelTiming, ModelCheck, NotTaken  # noqa: F401  (KernelTiming: public here)
 
 #: profiled replays per build; the median per launch is kept
 PROFILE_REPS = 15
@@ -48,52 +49,6 @@ CHAIN_TIMING = "fastest-gemm-algorithm"
 #: a mix that loses the model check by this factor or more is profiled, and its slowest launches noted: the chains'
 #: own times predicted it faster, so something in the model (a fusion, a layout) made a kernel far slower
 MIX_LOSS_PROFILED = 1.5
-
-
-@dataclass
-class KernelTiming:
-    """One distinct chain a provider can take: how often the model has it, the provider's and TVM's
-    measured times for it, and the kernel it got (``vendor``: the provider's; ``tvm``: TVM's, because
-    it was faster, another provider saved more, or the whole-model check overruled the choice)."""
-
-    signature: str
-    count: int
-    vendor_ms: float
-    tvm_ms: float
-    kernel: str = ""
-    provider: str = ""  # the provider whose call ``vendor_ms`` times (cudnn, cublaslt, ...)
-    #: who runs these operators in the plan: this provider, another that saved more, or "tvm" ("": not recorded)
-    taken_by: str = ""
-
-    def __post_init__(self):
-        self.kernel = self.kernel or ("vendor" if self.vendor_ms <= self.tvm_ms else "tvm")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class ModelCheck:
-    """The per-chain choice against all-vendor kernels, both as whole one-stream CUDA graphs: a chain
-    timed alone can fuse differently inside the model (TVM fuses a following element-wise op into
-    its convolution; the vendor call does not), so the mix is kept only where the model confirms it."""
-
-    best_ms: float
-    vendor_ms: float
-    #: only where the mix lost: every operator a provider offers on its fastest provider, none on TVM's kernels
-    #: (replayed beside all-vendor again, which ``vendor_ms`` then is)
-    providers_ms: float | None = None
-    #: where the mix lost by over MIX_LOSS_PROFILED: its slowest launches in the model, [kernel, ms] (what to look at)
-    mix_slowest: list | None = None
-
-    @property
-    def kept(self) -> str:
-        if self.providers_ms is not None and self.providers_ms < min(self.best_ms, self.vendor_ms):
-            return "providers"
-        return "best" if self.best_ms < self.vendor_ms else "vendor"
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "kept": self.kept}
 
 
 def launches_per_output(plan: Plan) -> list[list[int]]:
@@ -239,8 +194,8 @@ class Selection:
     kernels: str
     timings: list[KernelTiming] = field(default_factory=list)
     check: ModelCheck | None = None
-    algorithms: list[dict] = field(default_factory=list)  # cuBLASLt's, per distinct GEMM (gemm_algorithms)
-    not_taken: list[list] = field(default_factory=list)  # [operator, why no provider takes it, count]
+    algorithms: list[GemmAlgorithm] = field(default_factory=list)  # per distinct GEMM (gemm_algorithms)
+    not_taken: list[NotTaken] = field(default_factory=list)  # operators no provider takes, by reason
     #: provider (or "tvm") -> how many of the measured operators it runs in the plan (each operator once, however
     #: many providers offered it)
     operators: dict[str, int] = field(default_factory=dict)
@@ -249,6 +204,12 @@ class Selection:
     built: object = field(default=None, repr=False, compare=False)
     #: why a mix was not checked in the model and all-vendor kept instead ("": checked, or nothing to check)
     check_skipped: str = ""
+
+    @property
+    def choice(self) -> KernelChoice:
+        """What was measured and chosen: the build report's section."""
+        return KernelChoice(tuple(self.timings), dict(self.operators), self.check, self.check_skipped,
+                            tuple(self.algorithms), tuple(self.not_taken))
 
 
 def resolve_kernels(session) -> str:
@@ -427,20 +388,12 @@ def record_assignment(mod: tvm.IRModule, timings: list[KernelTiming], providers,
     return counts
 
 
-def not_taken_by_providers(report: OffloadReport) -> list[list]:
-    """[operator, reason, count] for each distinct reason an operator stayed on TVM's kernels."""
+def not_taken_by_providers(report: OffloadReport) -> list[NotTaken]:
+    """Each distinct reason an operator stayed on TVM's kernels, with how many did."""
     counts: dict[tuple[str, str], int] = {}
     for op, why in report.kept:
         counts[(op, why)] = counts.get((op, why), 0) + 1
-    return [[op, why, n] for (op, why), n in counts.items()]
-
-
-def summarize_not_taken(not_taken: list[list]) -> list[str]:
-    """explain's lines: what no provider takes, and why."""
-    if not not_taken:
-        return []
-    return ["not taken by any provider (on TVM's kernels):"] + [
-        f"  {n:4d} x {op}: {why}" for op, why, n in sorted(not_taken, key=lambda r: -r[2])]
+    return [NotTaken(op, why, n) for (op, why), n in counts.items()]
 
 
 def _with_gemm_algorithms(selection: Selection, session) -> Selection:
@@ -482,36 +435,3 @@ def offers_by_anchor(mod: tvm.IRModule, providers, allow_tf32: bool, found: dict
     the providers' order (what the choice weighs)."""
     return {anchor: [(o.provider, o.signature) for o in offered]
             for anchor, offered in chains_by_anchor(mod, providers, allow_tf32, found).items()}
-
-
-def from_info(info: dict) -> tuple[list[KernelTiming], ModelCheck | None]:
-    """The timings and the model check back from a build's ``info`` (as saved in an artifact)."""
-    check = info.get("kernel_choice_check")
-    return ([KernelTiming(**c) for c in info.get("kernel_choice", [])],
-            ModelCheck(check["best_ms"], check["vendor_ms"], check.get("providers_ms"), check.get("mix_slowest"))
-            if check else None)
-
-
-def summarize(timings: list[KernelTiming], check: ModelCheck | None = None,
-              operators: dict[str, int] | None = None, check_skipped: str = "") -> str:
-    """One line: which kernel measured faster for how many operators, the kernel time of each choice,
-    the model check, and the kernels the plan got (per provider, from ``operators`` when given: see
-    :func:`record_assignment`; else from the timings, where an operator two providers offered counts twice)."""
-    faster_tvm = sum(t.count for t in timings if t.tvm_ms < t.vendor_ms)
-    n = sum(t.count for t in timings)
-    total = {k: sum(t.count * getattr(t, f"{k}_ms") for t in timings) for k in ("vendor", "tvm")}
-    best = sum(t.count * min(t.vendor_ms, t.tvm_ms) for t in timings)
-    line = (f"kernel choice: cuDNN/cuBLAS measured faster for {n - faster_tvm} operators, TVM for {faster_tvm}; "
-            f"kernel time {best:.3f} ms with the faster of each (all vendor {total['vendor']:.3f} ms, "
-            f"all TVM {total['tvm']:.3f} ms)")
-    if check is not None:
-        line += (f"; whole model, one stream: that mix {check.best_ms:.3f} ms, all vendor {check.vendor_ms:.3f} ms")
-        if check.providers_ms is not None:
-            line += f", each operator on its fastest provider (no TVM kernel) {check.providers_ms:.3f} ms"
-    elif check_skipped:
-        line += f"; {check_skipped}"
-    if operators:
-        order = sorted(operators, key=lambda p: (p == provider_registry.TVM, -operators[p], p))
-        return line + "; in the plan: " + ", ".join(f"{operators[p]} on {p}" for p in order)
-    on_tvm = sum(t.count for t in timings if t.kernel == "tvm")
-    return line + f"; in the plan: {n - on_tvm} on cuDNN/cuBLAS, {on_tvm} on TVM"

@@ -11,7 +11,7 @@ in the build session's cache, keyed by the two modules' structural hashes.
 
 Without a GPU of the target's arch to measure on, ``auto`` keeps every group separate, with a one-line
 note, as the kernel choice falls back without one. ``on`` merges every group, ``off`` (default) none.
-Each group found, and why it was or was not merged, is recorded in the build's ``info["merge_choice"]``.
+Each group found, and why it was or was not merged, is the build report's :class:`~.report.MergeChoice`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import tvm
 from tvm_nimble.relay_passes.merge_siblings import MergeSiblings
 
 from . import stages, timing_cache
+from .report import MergeChoice, MergeGroup, MergeMeasurement
 
 #: the merged model replaces the separate one only when it is at least this much faster
 MIN_GAIN = 0.01
@@ -31,13 +32,13 @@ def merged(mod: tvm.IRModule, select=None) -> tuple[tvm.IRModule, list]:
     return MergeSiblings(select=select, groups=groups)(mod), groups
 
 
-def _record(mode: str, groups: list, **more) -> dict:
-    return {"mode": mode, "groups": [g.to_info() for g in groups], **more}
+def _record(mode: str, groups: list, measured: MergeMeasurement | None = None) -> MergeChoice:
+    return MergeChoice(mode, tuple(MergeGroup(g.describe(), g.merged, g.why) for g in groups), measured)
 
 
-def choose_merges(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, dict | None]:
-    """The merge stage of a build session: (the module to build, the record for ``info["merge_choice"]``; None with
-    ``merge="off"``)."""
+def choose_merges(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, MergeChoice | None]:
+    """The merge stage of a build session: (the module to build, the report's :class:`~.report.MergeChoice`; None
+    with ``merge="off"``)."""
     options = session.options
     if options.merge == "off":
         return mod, None
@@ -64,8 +65,8 @@ def choose_merges(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, dict | None
         if g.merged:
             g.merged = keep
             g.why = verdict + ("; merged" if keep else "; kept separate")
-    measured = {"separate_ms": separate_ms, "merged_ms": merged_ms, "kept": "merged" if keep else "separate",
-                "where": session.timer.where}
+    measured = MergeMeasurement(tuple(separate_ms), tuple(merged_ms), "merged" if keep else "separate",
+                                session.timer.where)
     return (out if keep else mod), _record("auto", groups, measured=measured)
 
 
@@ -99,19 +100,3 @@ def measure(separate: tvm.IRModule, merged_mod: tvm.IRModule, session) -> tuple[
     known = session.measured(key, replay, valid=timing_cache.numbers(4))
     return known[:2], known[2:]
 
-
-def summarize(record: dict | None) -> list[str]:
-    """explain's lines: each group found, and whether it was merged and why."""
-    if not record:
-        return []
-    merged_count = sum(g["merged"] for g in record["groups"])
-    lines = [f"merge ({record['mode']}): {len(record['groups'])} sibling groups found, {merged_count} merged"]
-    for g in record["groups"]:
-        lines.append(f"  {'merged' if g['merged'] else 'separate'}: {g['group']}"
-                     + (f" -- {g['why']}" if g["why"] and g["why"] != "merged" else ""))
-    m = record.get("measured")
-    if m:
-        lines.append(f"  measured on {m['where']}: separate {m['separate_ms'][0]:.3f} ms one stream, "
-                     f"{m['separate_ms'][1]:.3f} ms widest; merged {m['merged_ms'][0]:.3f} / {m['merged_ms'][1]:.3f} ms; "
-                     f"kept {m['kept']}")
-    return lines

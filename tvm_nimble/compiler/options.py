@@ -8,7 +8,6 @@ option and the values it takes.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import tvm
@@ -169,13 +168,6 @@ class BuildOptions:
     def offload_providers(self) -> list:
         """The registered providers other than TVM this build may use, in the order they claim operators."""
         return provider_registry.offloading(self.target.kind.name, self.providers)
-
-    def to_info(self) -> dict:
-        """The options as recorded in an artifact's info."""
-        return {"kernels": self.kernels, "providers": list(self.providers) if self.providers else None,
-                "precision": self.precision, "allow_tf32": self.allow_tf32, "layout": self.data_layout,
-                "policy": self.policy.describe() if self.compute_dtype != "float32" else None,
-                "tuning_db": os.path.abspath(self.tuning_db) if self.tuning_db else None, "merge": self.merge}
 
 
 def _batch_sizes(value) -> tuple[int, ...] | None:

@@ -45,12 +45,8 @@ from .build_stages import STAGES, run_stages
 from .kernel_cache import KernelCache
 from .notes import Notes
 from .options import BuildOptions
+from .report import PHASES
 from .timers import has_gpu_for, timer_for
-
-#: the phases a build times, in order (``info["phases"]`` holds those a build ran, in seconds): the stages, with
-#: "build" as its three parts and the kernel and stream stages by their longer names
-PHASES = ("import", "precision", "layout", "merge", "kernel choice", "lower", "schedule", "generate", "stream choice",
-          "accuracy")
 
 #: the options each kind of measurement depends on (besides the target, in every key's context); what the
 #: lowered module and kernels depend on: the tuning database, concatenations in place, split views (merge)
@@ -130,7 +126,8 @@ class Phases:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
-    def to_info(self) -> dict[str, float]:
+    def rounded(self) -> dict[str, float]:
+        """The seconds of each phase run, to the millisecond, in :data:`~.report.PHASES` order (the report's)."""
         return {name: round(self.seconds[name], 3) for name in PHASES if name in self.seconds}
 
 

@@ -11,7 +11,7 @@ the stages and the measured choices together.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -31,14 +31,19 @@ from tvm_nimble.runtime.module import NimbleModule
 from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 
 from .options import BuildOptions
+from .report import BuildReport
 from .target import target_dict
 from .tuning.database import database_applies, open_tuning_database
 
 
 @dataclass
 class BuildResult(NimbleModule):
-    """A :class:`NimbleModule` (plan, kernels, params: what runs and exports) plus the stages' products."""
+    """A :class:`NimbleModule` (plan, kernels, params: what runs and exports) plus the stages' products and their
+    typed :class:`~.report.BuildReport` (``report``). ``info`` is no field here: it is the report as the JSON dict
+    an artifact keeps (:attr:`info`, read-only, kept for code written against the dict)."""
 
+    info: dict = field(init=False, repr=False, compare=False)  # the read-only property set below the class
+    report: BuildReport = field(default_factory=BuildReport)
     lowered: tvm.IRModule | None = None  # TVM kernel passes applied, before stream annotation
     program: LoweredProgram | None = None  # the kernel DAG read from ``lowered``
     assignment: StreamAssignment | None = None
@@ -47,6 +52,16 @@ class BuildResult(NimbleModule):
     #: the structural hash of the Relax module the kernels were built from, taken before lowering (the build
     #: session's :meth:`~.session.BuildSession.module_hash`): what the stream choice's measurements are keyed by
     source_hash: str | None = None
+
+
+def _info(result: BuildResult) -> dict:
+    """``report.to_dict()``: the report as an artifact keeps it (what ``export`` writes). Read-only, for code
+    written against the dict; read :attr:`BuildResult.report` instead."""
+    return result.report.to_dict()
+
+
+# a property cannot be a dataclass field's default: set once the dataclass is made (``info`` is init=False there)
+BuildResult.info = property(_info, doc=_info.__doc__)
 
 
 def import_model(model, params: dict | None = None, shape_dict: dict | None = None) -> tvm.IRModule:
@@ -185,16 +200,6 @@ def note_default_schedules(mod: tvm.IRModule, options: BuildOptions, note, datab
                   "Tune this model with `tvm-nimble tune`", stacklevel=5)
 
 
-def build_info(options: BuildOptions, concats_in_place: int, splits_as_views: int | None = None) -> dict:
-    """The info of a build with ``options``: the stream cap it was scheduled with, the options, how many
-    concatenations were built in place, and (merged builds) how many splits are read in place."""
-    info = {"max_streams": None if options.max_streams == "auto" else options.max_streams, **options.to_info(),
-            "concats_in_place": concats_in_place}
-    if splits_as_views is not None:
-        info["splits_as_views"] = splits_as_views
-    return info
-
-
 def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: bool = False) -> BuildResult:
     """Lower, schedule and (unless ``options.compile_kernels`` is off) generate ``mod`` as it is: its
     kernels are chosen already (vendor calls in it stay, everything else gets TVM's kernels). A
@@ -226,12 +231,14 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: b
         # the kernels do not depend on the schedule: the cached library is the one this module's would be
         library = hit.library if hit else generate_kernels(annotated, t) if options.compile_kernels else None
         stored = cache is not None and hit is None and library is not None and cache.store(key, lowered, library)
-    info = build_info(options, int(lowered["main"].attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0,
-                      int(lowered["main"].attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None)
-    if cache is not None:
-        info["kernel_cache"] = "hit" if hit else "stored" if stored else "miss"
+    attrs = lowered["main"].attrs
+    report = BuildReport.of_build(
+        options, int(attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0,
+        int(attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None,
+        kernel_cache=None if cache is None else "hit" if hit else "stored" if stored else "miss")
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels
-    return BuildResult(plan, library, consts, annotated, info, vendor_library(t, provider_kernels(options, plan)) if uses_vendor else None,
+    return BuildResult(plan, library, consts, annotated,
+                       vendor_library(t, provider_kernels(options, plan)) if uses_vendor else None, report=report,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options,
                        source_hash=source_hash)
 

@@ -31,6 +31,7 @@ import json
 from tvm_nimble.errors import NimbleError
 
 from . import timing_cache
+from .report import StreamCandidate, StreamChoice, StreamPriority
 from .stages import schedule
 
 CAPS = (1, 2, 3, 4, 6, 8)
@@ -47,9 +48,9 @@ def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
                                                             max_streams=max_streams, reuse=reuse, costs=costs,
                                                             program=getattr(result, "program", None))
     plan.index_bounds = result.plan.index_bounds
+    report = result.report.replace(max_streams=max_streams, stream_order="slack" if costs else "program")
     return dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
-                               assignment=assignment, info={**result.info, "max_streams": max_streams,
-                                                            "stream_order": "slack" if costs else "program"})
+                               assignment=assignment, report=report)
 
 
 def _reuse_of(result) -> str:
@@ -140,9 +141,11 @@ def _fields(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def choose_streams(result, session, reuse: str | None = None, memory_budget: int | None = None):
-    """The stream-choice stage: (the chosen BuildResult, a record of every candidate: cap, order, streams,
-    pool bytes, measured ms), measured on the build session's GPU, or read from its cache."""
+def choose_streams(result, session, reuse: str | None = None,
+                   memory_budget: int | None = None) -> tuple[object, StreamChoice]:
+    """The stream-choice stage: (the chosen BuildResult, the :class:`~.report.StreamChoice`: every candidate's cap,
+    order, streams, pool bytes and measured ms, the cap chosen and how), measured on the build session's GPU, or
+    read from its cache."""
     timer = session.timer
     reuse = reuse or _reuse_of(result)
     target = result.tvm_target
@@ -155,37 +158,33 @@ def choose_streams(result, session, reuse: str | None = None, memory_budget: int
         if known is not None:
             return known
     candidates = _candidates(result, reuse, memory_budget)
-    record = {"memory_budget": memory_budget}
     if len(candidates) == 1:  # a chain (densenet121): nothing to choose, so nothing to measure
         (key, chosen), = candidates.items()
-        record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1], how="the only candidate")
-        return chosen, record
+        return chosen, StreamChoice(memory_budget, _describe(candidates), *key, how="the only candidate")
     if not measuring:
         if target.kind.name == "cuda" and result.kernels is not None:
             session.note(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
                       "none: keeping Nimble's widest schedule that fits")
         key = max(candidates)
-        record.update(candidates=_describe(candidates), chosen=key[0], chosen_order=key[1],
-                      how="widest that fits (nothing measured)")
-        return candidates[key], record
+        return candidates[key], StreamChoice(memory_budget, _describe(candidates), *key,
+                                             how="widest that fits (nothing measured)")
     costs = None
     if (1, "program") in candidates and len(candidates) > 2:
         costs = kernel_costs(candidates[(1, "program")], measured.launch_ms(candidates[(1, "program")], 5))
         candidates.update(_slack_candidates(result, reuse, memory_budget, candidates, costs))
     keys = sorted(candidates)
     times = dict(zip(keys, measured.replay_ms([candidates[k] for k in keys])))
-    record["candidates"] = _describe(candidates, times)
     best = min(keys, key=lambda k: (times[k], k))
     if (1, "program") in times and times[best] > times[(1, "program")] * (1 - MIN_GAIN):
         best = (1, "program")
-    record.update(chosen=best[0], chosen_order=best[1], how=f"measured on {timer.where}: CUDA-graph replays, side by side")
-    chosen = candidates[best]
+    chosen, priority = candidates[best], None
     if best[0] != 1 and costs is not None:
-        chosen = _try_priorities(chosen, costs, record, measured)
-    record = json.loads(json.dumps(record))  # as the timing cache gives it back (and an artifact keeps it)
+        chosen, priority = _try_priorities(chosen, costs, measured)
+    record = StreamChoice(memory_budget, _describe(candidates, times), *best,
+                          how=f"measured on {timer.where}: CUDA-graph replays, side by side", priority=priority)
     measured.session.keep(decision_key, {
-        "chosen": list(best), "costs": costs, "prioritized": bool(record.get("priority", {}).get("kept")),
-        "plan": _plan_digest(chosen), "record": record})
+        "chosen": list(best), "costs": costs, "prioritized": bool(priority and priority.kept),
+        "plan": _plan_digest(chosen), "record": record.to_dict()})
     return chosen, record
 
 
@@ -197,7 +196,7 @@ def _valid_decision(value) -> bool:
             and isinstance(value.get("record"), dict))
 
 
-def _decided(result, reuse: str, measured: "_Measured", key):
+def _decided(result, reuse: str, measured: "_Measured", key) -> tuple[object, StreamChoice] | None:
     """(chosen, record) as an earlier build measured and chose them (the timing cache's ``stream_choice``
     entry of this lowered module, widest plan, memory plan and budget), with only the chosen schedule
     built: every candidate's plan and replay are what decided it, and would be the same. None when there
@@ -218,18 +217,13 @@ def _decided(result, reuse: str, measured: "_Measured", key):
         chosen = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
     if _plan_digest(chosen) != known["plan"]:
         return None
-    return chosen, known["record"]
+    return chosen, StreamChoice.from_dict(known["record"])
 
 
-def _describe(candidates: dict, times: dict | None = None) -> list[dict]:
-    out = []
-    for (cap, order), c in sorted(candidates.items()):
-        entry = {"max_streams": cap, "order": order, "streams": c.plan.num_streams,
-                 "pool_bytes": c.plan.memory["pool_bytes"]}
-        if times:
-            entry["measured_ms"] = times[(cap, order)]
-        out.append(entry)
-    return out
+def _describe(candidates: dict, times: dict | None = None) -> tuple[StreamCandidate, ...]:
+    return tuple(StreamCandidate(cap, order, c.plan.num_streams, c.plan.memory["pool_bytes"],
+                                 times[(cap, order)] if times else None)
+                 for (cap, order), c in sorted(candidates.items()))
 
 
 def prioritized(result, durations):
@@ -241,27 +235,12 @@ def prioritized(result, durations):
     return dataclasses.replace(result, plan=plan)
 
 
-def _try_priorities(chosen, costs, record: dict, measured: _Measured):
-    """``chosen`` with critical-path stream priorities if that measures ``MIN_GAIN`` faster, else ``chosen``;
-    ``costs`` are the kernels' one-stream times (see :func:`kernel_costs`)."""
+def _try_priorities(chosen, costs, measured: _Measured) -> tuple[object, StreamPriority]:
+    """(``chosen`` with critical-path stream priorities if that measures ``MIN_GAIN`` faster, else ``chosen``; the
+    trial's record); ``costs`` are the kernels' one-stream times (see :func:`kernel_costs`)."""
     candidate = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
     base_ms, prio_ms = measured.replay_ms([chosen, candidate])
     kept = prio_ms < base_ms * (1 - MIN_GAIN)
-    record["priority"] = {"streams": candidate.plan.stream_priority, "base_ms": base_ms, "measured_ms": prio_ms,
-                          "kept": kept}
-    return candidate if kept else chosen
+    trial = StreamPriority(tuple(int(s) for s in candidate.plan.stream_priority), base_ms, prio_ms, kept)
+    return (candidate if kept else chosen), trial
 
-
-def summarize(record: dict) -> str:
-    parts = []
-    for c in record["candidates"]:
-        ms = f" {c['measured_ms']:.3f} ms" if "measured_ms" in c else ""
-        order = ", least slack first" if c.get("order") == "slack" else ""
-        parts.append(f"cap {c['max_streams']} ({c['streams']} streams{order}){ms}")
-    chosen = f"{record['chosen']}{' least slack first' if record.get('chosen_order') == 'slack' else ''}"
-    text = f"stream cap: {chosen} ({record['how']}); " + ", ".join(parts)
-    p = record.get("priority")
-    if p:
-        text += (f"; critical-path stream priority on {sum(p['streams'])} of {len(p['streams'])} streams: "
-                 f"{p['measured_ms']:.3f} vs {p['base_ms']:.3f} ms, {'kept' if p['kept'] else 'not kept'}")
-    return text

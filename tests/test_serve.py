@@ -93,7 +93,8 @@ def test_a_bad_request_spoils_no_other_in_its_batch(models):
            {"input": models.rows[:1, :2]},                 # another row shape
            {"inpt": models.rows[:1]},                      # an unknown name
            {"input": models.rows[:0]},                     # no rows
-           {"input": "not an array"}]
+           {"input": "not an array"},
+           {"input": [[1.0, 2.0], [3.0]]}]                 # ragged
     results = replica.run_batch([good, *bad, good])
     for outs in (results[0], results[-1]):
         np.testing.assert_allclose(outs[0], models.ref[2:4], **TOL)
@@ -102,6 +103,7 @@ def test_a_bad_request_spoils_no_other_in_its_batch(models):
     messages = [str(e) for e in errors]
     assert "dtype float64" in messages[0] and "shape [1, 2, 16, 16]" in messages[1]
     assert "unknown input 'inpt'" in messages[2] and "empty" in messages[3]
+    assert "expected a numpy array" in messages[4] and "expected a numpy array" in messages[5]
     assert all("\n" not in m for m in messages)
 
 

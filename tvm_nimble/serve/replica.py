@@ -105,7 +105,10 @@ class ReplicaModel:
         leading dimension), else None."""
         if not isinstance(request, dict) or set(request) != {s.name for s in self.inputs}:
             return None
-        leads = {np.shape(v)[0] if np.ndim(v) else 0 for v in request.values()}
+        try:
+            leads = {np.shape(v)[0] if np.ndim(v) else 0 for v in request.values()}
+        except ValueError:  # a ragged nested list: the executor names it when the request runs alone
+            return None
         return leads.pop() if len(leads) == 1 else None
 
     def _run(self, named: dict) -> list[np.ndarray]:

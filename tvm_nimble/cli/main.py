@@ -246,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="save outputs as output<i>.npy here")
     p.add_argument("--mode", choices=["cuda-graph", "single-stream", "streams", "sequential"],
                    help="executor mode (default: cuda-graph for a CUDA artifact, sequential for an llvm one)")
+    from tvm_nimble.cli.serve import register as register_serve
+    register_serve(add)
 
     p = add("explain", cmd_explain, "show the stream assignment: streams, syncs, DAG width, plan table, DOT graph",
             "tvm-nimble explain model.onnx --dot model.dot --plan")

@@ -205,21 +205,21 @@ def test_gpu_check_script_fails_fast_without_a_gpu(tmp_path):
 # ---- the units (#55): each compiles on its own, a library holds only the units asked for --------------------------
 
 def test_units_register_every_function_and_name_the_units_they_call():
-    from codegen.vendor_build import VendorBuildError, scan_units, units_for
+    from tvm_nimble.codegen.vendor_build import VendorBuildError, scan_units, units_for
 
     units = {u.name: u for u in scan_units()}
     registered = [f for u in units.values() for f in u.registers]
     assert sorted(registered) == sorted(vendor.FUNCTIONS)  # each function registered by exactly one unit
     # attention.cu launches the tile and key-split kernels of attention_tile.cu / attention_cluster.cu
     assert units["attention"].calls == ("LaunchClusterAttention", "LaunchTileAttention")
-    assert {u.name for u in units_for(["nimble.attention.sdpa"])} == {"attention", "attention_tile", "attention_cluster"}
-    assert [u.name for u in units_for(["nimble.cudnn."])] == ["nimble_vendor"]  # a provider's prefix
-    assert [u.name for u in units_for(["nimble.cudnn_graph.conv2d"])] == ["cudnn_conv_graph"]
-    assert [u.name for u in units_for(["nimble.norm.layer_norm"])] == ["layer_norm"]
+    assert {u.name for u in units_for([vendor_abi.ATTENTION_SDPA])} == {"attention", "attention_tile", "attention_cluster"}
+    assert [u.name for u in units_for([vendor_abi.CUDNN.prefix])] == ["nimble_vendor"]  # a provider's prefix
+    assert [u.name for u in units_for([vendor_abi.CUDNN_GRAPH_CONV2D])] == ["cudnn_conv_graph"]
+    assert [u.name for u in units_for([vendor_abi.NORM_LAYER_NORM])] == ["layer_norm"]
     assert len(units_for(None)) == len(units)
     with pytest.raises(VendorBuildError) as err:
-        units_for(["nimble.cudnn.conv3d"])
-    assert "\n" not in str(err.value) and "nimble.cudnn.conv3d" in str(err.value)
+        units_for([vendor_abi.CUDNN.prefix + "conv3d"])  # no such function
+    assert "\n" not in str(err.value) and vendor_abi.CUDNN.prefix + "conv3d" in str(err.value)
 
 
 def test_one_unit_builds_links_and_loads_alone(tmp_path, monkeypatch):
@@ -227,16 +227,16 @@ def test_one_unit_builds_links_and_loads_alone(tmp_path, monkeypatch):
     ok, why = _available()
     if not ok:
         pytest.skip(f"cannot build the vendor extension here: {why}")
-    from codegen.compile_cache import records
-    from codegen.vendor_build import build_vendor_library
+    from tvm_nimble.codegen.compile_cache import records
+    from tvm_nimble.codegen.vendor_build import build_vendor_library
 
     monkeypatch.setenv("TVM_NIMBLE_CACHE_DIR", str(tmp_path / "cache"))
-    path = build_vendor_library("sm_90", kernels=["nimble.norm.layer_norm"])
+    path = build_vendor_library("sm_90", kernels=[vendor_abi.NORM_LAYER_NORM])
     compiled = sorted(r.what for r in records(str(tmp_path / "cache")))
     assert compiled == ["nvcc vendor link of 1 units", "nvcc vendor unit layer_norm"]
-    assert vendor.library_functions(ctypes.CDLL(path)) == ("nimble.norm.layer_norm",)
-    assert set(vendor.load_vendor_library(path)) == {"nimble.norm.layer_norm"}
-    assert build_vendor_library("sm_90", kernels=["nimble.norm."]) == path  # the same units: the cached library
+    assert vendor.library_functions(ctypes.CDLL(path)) == (vendor_abi.NORM_LAYER_NORM,)
+    assert set(vendor.load_vendor_library(path)) == {vendor_abi.NORM_LAYER_NORM}
+    assert build_vendor_library("sm_90", kernels=[vendor_abi.NORM.prefix]) == path  # the same units: the cached library
 
 
 def test_a_unit_that_needs_one_left_out_fails_the_link(tmp_path):
@@ -245,7 +245,7 @@ def test_a_unit_that_needs_one_left_out_fails_the_link(tmp_path):
     ok, why = _available()
     if not ok:
         pytest.skip(f"cannot build the vendor extension here: {why}")
-    from codegen.vendor_build import Toolchain, VendorBuildError, VendorUnit, _run_nvcc
+    from tvm_nimble.codegen.vendor_build import Toolchain, VendorBuildError, VendorUnit, _run_nvcc
 
     src = tmp_path / "caller.cu"
     src.write_text("void DefinedElsewhere();\n__attribute__((constructor)) void Start() { DefinedElsewhere(); }\n")

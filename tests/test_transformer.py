@@ -410,3 +410,41 @@ def test_a_bf16_layer_norm_takes_the_16_bit_tensor_and_float32_parameters(vit, v
     assert len(offloads) == 5  # two per block and the final one
     assert all(o.signature.startswith("astype+layer_norm+astype -> ") for o in offloads)
     assert all("(1x16x32:bfloat16, 32:float32, 32:float32, " in o.signature for o in offloads)
+
+
+def _attention_with_mask(mask_shape):
+    """softmax(Q·Kᵀ·scale + mask)·V on inputs q, k, v [1, 2, 4, 8] and mask ``mask_shape``."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Add", ["ss", "mask"], ["sm"]),
+             helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["out"])]
+    qkv = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 4, 8]) for n in ("q", "k", "v")]
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, list(mask_shape))
+    out_batch = max(1, mask_shape[0]) if len(mask_shape) == 4 else 1
+    graph = helper.make_graph(nodes, "masked_attention", qkv + [mask],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [out_batch, 2, 4, 8])],
+                              [numpy_helper.from_array(np.array(8 ** -0.5, dtype=np.float32), "scale")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mask_shape, fused", [([1, 1, 4, 4], True), ([4], True), ([3, 1, 4, 4], False)])
+def test_a_mask_that_does_not_broadcast_to_the_scores_stays_unfused(mask_shape, fused, vendor_reference):
+    """A mask [3, 1, 4, 4] on scores [1, 2, 4, 4] makes the output [3, 2, 4, 8]: fused as one attention of batch 1,
+    two of its three batches would be lost. It stays on the GEMMs and the softmax, with the reason; masks that do
+    broadcast to the scores are the call's bias. Both give the ONNX reference's output."""
+    model = _attention_with_mask(mask_shape)
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal([1, 2, 4, 8]).astype("float32") for n in ("q", "k", "v")}
+    inputs["mask"] = rng.standard_normal(mask_shape).astype("float32")
+    ref = ReferenceEvaluator(model).run(None, inputs)
+    mod = from_onnx(model)
+    report = OffloadReport()
+    taken = [o for o in find_offloads(mod["main"], report=report) if o.provider == "attention"]
+    reasons = [why for op, why in report.kept if op == "attention"]
+    if fused:
+        assert len(taken) == 1 and not reasons
+    else:
+        assert not taken and reasons == [f"a mask of shape {mask_shape} does not broadcast to [1, 2, 4, 4]"]
+    _run_offloaded(mod, inputs, ref)

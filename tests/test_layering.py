@@ -15,7 +15,7 @@ import re
 import sys
 
 import pytest
-from test_layout import ROOT, checked_sources, parsed, project_modules, resolved, where
+from test_layout import ROOT, checked_sources, files_under, parsed, project_modules, resolved, where
 
 #: the source folders whose top-level names must not be imported (they install as tvm_nimble.<name>)
 STAGE_FOLDERS = ("relay_passes", "codegen")
@@ -27,13 +27,7 @@ VENDOR_SOURCES = os.path.join(ROOT, "codegen", "vendor")
 
 def all_sources() -> list[tuple[str, str]]:
     """(module name, path) of every project module, script and test."""
-    out = checked_sources()
-    for dirpath, _, files in os.walk(os.path.join(ROOT, "tests")):
-        for f in sorted(files):
-            if f.endswith(".py"):
-                rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].split(os.sep)
-                out.append((".".join(rel), os.path.join(dirpath, f)))
-    return out
+    return checked_sources() + files_under("tests")
 
 
 def imported(tree, name: str, path: str) -> list[tuple[ast.AST, str]]:

@@ -101,8 +101,13 @@ COMPAT_MODULE = "tvm_compat"
 
 def checked_sources() -> list[tuple[str, str]]:
     """(module name, path) of every project module and every script (scripts/*.py, scripts/**/*.py)."""
-    out = sorted(project_modules().items())
-    for dirpath, _, files in os.walk(os.path.join(ROOT, "scripts")):
+    return sorted(project_modules().items()) + files_under("scripts")
+
+
+def files_under(folder: str) -> list[tuple[str, str]]:
+    """(dotted path from the repository root, path) of every .py file under ``folder``."""
+    out = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
         for f in sorted(files):
             if f.endswith(".py"):
                 rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].split(os.sep)

@@ -19,12 +19,12 @@ from tvm_nimble.errors import NimbleError
 from .buckets import SharedWorkspace, arena_layout, max_padding, row_view, shared_constant_storages
 from .device import device_for, tensor_at
 from .executor import Executor, owned_copy
-from .inputs import InputError, InputRules
+from .inputs import ChecksInputs, InputError, InputRules
 from .module import BucketedModule, NimbleModule, from_fixed
 from .turns import Turns
 
 
-class BucketedExecutor:
+class BucketedExecutor(ChecksInputs):
     """The executor of a model built with ``batch_sizes``: ``ex(*inputs)`` takes any number of rows (the
     leading dimension of every input) and returns that many rows of every output, in order. ``module`` is a
     :class:`~tvm_nimble.runtime.module.BucketedModule`, or a module built for one batch size, which becomes
@@ -82,14 +82,6 @@ class BucketedExecutor:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def check_inputs(self) -> bool:
-        return self._rules.check_inputs
-
-    @property
-    def check_finite(self) -> bool:
-        return self._rules.check_finite
 
     # ---- buffers -----------------------------------------------------------------------------------------
     def _workspace(self, plan, offsets: dict[int, int], names: dict[str, str], weights: dict) -> SharedWorkspace:
@@ -240,13 +232,7 @@ class BucketedExecutor:
     # ---- graph-executor API --------------------------------------------------------------------------------
     def set_input(self, key, value) -> None:
         """Keep ``value`` for input ``key`` (any number of rows) until :meth:`run`."""
-        self._check_open()
-        i, src = self._rules.prepare(key, value)
-        me = current_thread()
-        with self._lock:
-            self._turns.claim(me, "set_input")
-            self._pending[i] = src
-            self._turns.input_set(i, me)
+        self._take_input(key, value, self._pending.__setitem__)
 
     def run(self, split: bool = True) -> None:
         """Run the inputs set (split and padded as a call is); :meth:`get_output` reads the result."""

@@ -29,7 +29,7 @@ import numpy as np
 from tvm_nimble.errors import NimbleError
 
 from .device import Workspace, device_for
-from .inputs import InputError, InputRules
+from .inputs import ChecksInputs, InputError, InputRules
 from .module import BucketedModule, NimbleModule, resolve_kernels
 from .turns import ConcurrentUseError, NotReadyError, Turns
 
@@ -47,7 +47,7 @@ def owned_copy(t, device):
     return fresh
 
 
-class Executor:
+class Executor(ChecksInputs):
     """Runs one :class:`~tvm_nimble.runtime.module.NimbleModule` (one plan) on ``device``.
 
     Options (``tvm_nimble.NimbleExecutor`` takes the same):
@@ -112,14 +112,6 @@ class Executor:
             self.close()
             raise
 
-    @property
-    def check_inputs(self) -> bool:
-        return self._rules.check_inputs
-
-    @property
-    def check_finite(self) -> bool:
-        return self._rules.check_finite
-
     # ---- preparation ---------------------------------------------------------------------
     def _prepare_gpu(self):
         from . import cuda_graph as cg
@@ -166,13 +158,7 @@ class Executor:
 
     def set_input(self, key, value) -> None:
         """Copy ``value`` (numpy array, TVM tensor or any DLPack tensor) into the input buffer."""
-        self._check_open()
-        i, src = self._rules.prepare(key, value)
-        me = current_thread()
-        with self._lock:
-            self._turns.claim(me, "set_input")
-            self._copy_in(i, src)
-            self._turns.input_set(i, me)
+        self._take_input(key, value, self._copy_in)
 
     def run(self) -> None:
         """Execute once. On GPU this only enqueues (get_output synchronizes)."""

@@ -134,3 +134,30 @@ def refuse_non_finite(name: str, values: np.ndarray) -> None:
         raise InputError(f"input {name!r} holds {values[where]} at {list(where)}; the model's kernels need not "
                          "carry NaN or infinity through (a ReLU may turn NaN into 0): pass finite values, or "
                          "check_finite=False to run it anyway")
+
+
+class ChecksInputs:
+    """The input side both executors share: what they check (their ``_rules``, an :class:`InputRules`) and how
+    ``set_input`` takes a value under the thread rules (their ``_lock`` and ``_turns``)."""
+
+    _rules: InputRules
+
+    def _take_input(self, key, value, keep) -> None:
+        """Check ``value`` for input ``key`` and hand it to ``keep(index, checked value)``, as this thread's."""
+        from threading import current_thread
+
+        self._check_open()
+        i, src = self._rules.prepare(key, value)
+        me = current_thread()
+        with self._lock:
+            self._turns.claim(me, "set_input")
+            keep(i, src)
+            self._turns.input_set(i, me)
+
+    @property
+    def check_inputs(self) -> bool:
+        return self._rules.check_inputs
+
+    @property
+    def check_finite(self) -> bool:
+        return self._rules.check_finite

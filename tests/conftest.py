@@ -47,7 +47,7 @@ def pytest_terminal_summary(terminalreporter, config):
     run = config.stash.get(_RUN, None)
     if run is None:
         return
-    terminalreporter.write_line(nvcc_summary(run["caches"].cache_root, time.time() - run["started"]))
+    terminalreporter.write_line(nvcc_summary(run["caches"].cache_root, run["started"]))
     if run["wrote"]:
         terminalreporter.write_line(f"FAILED: the run wrote under $HOME ({len(run['wrote'])} entries; tests must "
                                     "write under tmp_path, caches go to the run's folder):", red=True)

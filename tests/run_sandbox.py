@@ -87,12 +87,16 @@ class HomeListing:
         return [f"{line} (under {self.root})" for line in lines]
 
 
-def nvcc_summary(cache_root: str, run_seconds: float) -> str:
-    """One line: the run's compiles (vendor units and links, kernel modules), their nvcc seconds, and the part of
-    the run during which nvcc ran."""
+def nvcc_summary(cache_root: str, run_started: float) -> str:
+    """One line: the run's compiles (vendor units and links, kernel modules; those started since ``run_started``,
+    epoch seconds: a cache kept between runs holds older ones), their nvcc seconds, and the part of the run during
+    which nvcc ran."""
+    import time
+
     from tvm_nimble.codegen.compile_cache import busy_seconds, records  # (at the end: nothing imported before the run)
 
-    recs = records(cache_root)
+    run_seconds = time.time() - run_started
+    recs = [r for r in records(cache_root) if r.started >= run_started]
     if not recs:
         return "nvcc: nothing compiled in this run"
     kinds: dict[str, list] = {}

@@ -18,7 +18,8 @@ import json
 import numpy as np
 
 from tvm_nimble.errors import NimbleError
-from tvm_nimble.runtime.executor import InputError, NimbleExecutor
+from tvm_nimble.runtime.executor import InputError
+from tvm_nimble.runtime.loading import NimbleExecutor
 
 #: The HTTP request body, as the error for a malformed one shows it.
 REQUEST_FORMAT = '{"inputs": {"<input name>": <nested list of numbers>, ...}}'

@@ -265,3 +265,32 @@ def test_input_shape_reports_symbolic_dims_and_random_inputs_refuses_them():
     assert zoo.input_shape(model) == {"x": ("N", 3)}
     with pytest.raises(ShapeError, match="'x'"):
         zoo.random_inputs(model)
+
+
+def test_random_inputs_bound_ids_by_the_embedding_behind_a_reshape_and_give_masks_right_padding():
+    """GPT-2's export reshapes input_ids to [-1, seq] before its embedding's Gather: the ids stay below the
+    table's rows (not 0/1); an integer input that indexes nothing is a padding mask whose first position is
+    kept, so no query row of a causal decoder is fully masked (checked against the ONNX reference evaluator:
+    a Gather of an id past the table raises there)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows, seq = 50, 8
+    table = numpy_helper.from_array(np.arange(rows * 4, dtype=np.float32).reshape(rows, 4), "table")
+    shape = numpy_helper.from_array(np.array([-1, seq], dtype=np.int64), "shape")
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["input_ids", "shape"], ["flat"]),
+         helper.make_node("Gather", ["table", "flat"], ["emb"], axis=0),
+         helper.make_node("Cast", ["attention_mask"], ["keep"], to=TensorProto.FLOAT),
+         helper.make_node("Unsqueeze", ["keep", "axes"], ["keep3"]),
+         helper.make_node("Mul", ["emb", "keep3"], ["y"])], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, 4])],
+        initializer=[table, shape, numpy_helper.from_array(np.array([-1], dtype=np.int64), "axes")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = zoo.random_inputs(model, seed=0)
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
+    assert ids.max() < rows and len(np.unique(ids)) > 2  # ids across the table, not a 0/1 mask
+    np.testing.assert_array_equal(mask, [[1] * (seq - seq // 4) + [0] * (seq // 4)])
+    y = ReferenceEvaluator(model).run(None, feeds)[0]
+    np.testing.assert_array_equal(y[0, :, 0], np.where(mask[0] == 1, ids[0] * 4.0, 0.0))

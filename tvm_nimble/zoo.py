@@ -578,9 +578,10 @@ def input_shape(model: onnx.ModelProto) -> dict[str, tuple]:
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs for every graph input: standard normals for float inputs; for an integer
-    input, ids below the size of the table it indexes (a Gather of a constant, e.g. an embedding) or,
-    when it indexes none, 0/1 (an attention mask: other values would be meaningless); random booleans
-    for bool inputs."""
+    input, ids below the size of the table it indexes (a Gather of a constant, e.g. an embedding, also through
+    the reshapes and casts exporters put in between) or, when it indexes none, an attention mask: ones, with the
+    last quarter of its last axis zero (right padding, as a batch of prompts has; random 0/1 would mask whole
+    rows of a causal decoder, whose outputs no two frameworks define alike); random booleans for bool inputs."""
     from tvm_nimble.errors import ShapeError
 
     rng = np.random.default_rng(seed)
@@ -596,19 +597,32 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
             out[vi.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == np.bool_:
             out[vi.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
+        elif vi.name in tables:
+            out[vi.name] = rng.integers(0, tables[vi.name], size=shape).astype(dtype)
         else:
-            out[vi.name] = rng.integers(0, tables.get(vi.name, 2), size=shape).astype(dtype)
+            mask = np.ones(shape, dtype=dtype)
+            if shape:
+                mask[..., shape[-1] - shape[-1] // 4:] = 0
+            out[vi.name] = mask
     return out
 
 
 def _index_tables(model: onnx.ModelProto) -> dict[str, int]:
     """input name -> the smallest size of a constant table it indexes directly (Gather's indices)."""
     sizes = {t.name: list(t.dims) for t in model.graph.initializer}
+    source = {vi.name: vi.name for vi in _graph_inputs(model)}  # value -> the graph input it views
     out: dict[str, int] = {}
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in sizes:
+        if node.op_type in _ID_VIEWS and node.input and node.input[0] in source:
+            source[node.output[0]] = source[node.input[0]]
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in sizes and node.input[1] in source:
             axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
             dims = sizes[node.input[0]]
             size = dims[axis % len(dims)] if dims else 1
-            out[node.input[1]] = min(out.get(node.input[1], size), size)
+            name = source[node.input[1]]
+            out[name] = min(out.get(name, size), size)
     return out
+
+
+#: operators through which exporters pass token ids to their embedding's Gather (GPT-2: Reshape to [-1, seq])
+_ID_VIEWS = ("Reshape", "Flatten", "Unsqueeze", "Squeeze", "Cast", "Identity")

@@ -1,71 +1,147 @@
-"""Hugging Face transformers as bench models: ``hf:NAME``, random weights from a config built in code
-(no download), integer ``input_ids`` and an ``attention_mask`` as inputs.
+"""Hugging Face transformers as bench models: ``hf:NAME`` (or ``hf:NAME@LENGTH`` for another sequence length),
+random weights from a config built in code (no download), integer ``input_ids`` and an ``attention_mask`` as
+inputs.
+
+Encoders (BERT) return their last hidden state; decoders (GPT-2, a Llama-style decoder of Qwen2.5-0.5B's shape)
+return the language-model head's logits over the whole sequence, as a prompt's prefill computes them.
 
 The PyTorch model the peers run uses PyTorch's fused attention (``attn_implementation="sdpa"``, what
 transformers picks by default); the ONNX file Nimble and ONNX Runtime build is exported from the same
-weights with the eager attention, which the exporter spells as MatMul, scale, mask Add, Softmax and
-MatMul.
+weights with the eager attention, which the exporter spells as MatMul, scale, mask, Softmax and MatMul.
+A model over protobuf's 2 GB limit (the 0.5B decoder in float32) is exported with its weights as external
+data and loaded back into memory.
 """
 from __future__ import annotations
 
-#: NAME -> (config keywords, sequence length): BERT-base and BERT-large as in the BERT paper, and the
-#: 2-layer BERT-tiny (Turc et al.'s google/bert_uncased_L-2_H-128_A-2) for quick checks
-CONFIGS = {
-    "bert-tiny": ({"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-                   "intermediate_size": 512}, 128),
-    "bert-base": ({}, 128),
-    "bert-large": ({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                    "intermediate_size": 4096}, 128),
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HfModel:
+    """One bench model: the transformers class and config keywords, the default sequence length."""
+
+    config: str  # transformers config class
+    model: str  # transformers model class
+    keywords: dict = field(default_factory=dict)
+    seq: int = 128
+
+    @property
+    def decoder(self) -> bool:
+        return self.model.endswith("ForCausalLM") or self.model.endswith("LMHeadModel")
+
+
+#: NAME -> model: BERT-base and BERT-large as in the BERT paper, the 2-layer BERT-tiny (Turc et al.'s
+#: google/bert_uncased_L-2_H-128_A-2) for quick checks; GPT-2 small (GPT2Config's defaults: 12 layers, hidden 768,
+#: learned positions, GELU-tanh, the fused QKV projection split in three); ``llama-0.5b``, a Llama decoder of
+#: Qwen2.5-0.5B's shape (RMSNorm, rotary embeddings, 14 query / 2 KV heads, SwiGLU MLP, tied embeddings);
+#: ``gpt2-tiny`` and ``llama-tiny``, their 2-layer miniatures
+MODELS = {
+    "bert-tiny": HfModel("BertConfig", "BertModel", {"hidden_size": 128, "num_hidden_layers": 2,
+                                                     "num_attention_heads": 2, "intermediate_size": 512}),
+    "bert-base": HfModel("BertConfig", "BertModel"),
+    "bert-large": HfModel("BertConfig", "BertModel", {"hidden_size": 1024, "num_hidden_layers": 24,
+                                                      "num_attention_heads": 16, "intermediate_size": 4096}),
+    "gpt2": HfModel("GPT2Config", "GPT2LMHeadModel"),
+    "gpt2-tiny": HfModel("GPT2Config", "GPT2LMHeadModel", {"n_embd": 64, "n_layer": 2, "n_head": 4,
+                                                           "vocab_size": 256, "n_positions": 512}, seq=16),
+    "llama-0.5b": HfModel("LlamaConfig", "LlamaForCausalLM", {
+        "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "max_position_embeddings": 32768}),
+    "llama-tiny": HfModel("LlamaConfig", "LlamaForCausalLM", {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 256, "tie_word_embeddings": True,
+        "max_position_embeddings": 512}, seq=16),
 }
+#: the protobuf limit of one serialized ONNX model
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+def parse_spec(spec: str) -> tuple[str, HfModel, int]:
+    """(name, model, sequence length) of ``hf:NAME`` or ``hf:NAME@LENGTH``; one line for a bad spec."""
+    source, _, rest = spec.partition(":")
+    name, at, length = rest.partition("@")
+    if source != "hf" or name not in MODELS:
+        raise ValueError(f"model {spec!r}: the Hugging Face models are {', '.join('hf:' + n for n in MODELS)} "
+                         "(hf:NAME@LENGTH for another sequence length)")
+    model = MODELS[name]
+    if not at:
+        return name, model, model.seq
+    if not length.isdigit() or int(length) < 1:
+        raise ValueError(f"model {spec!r}: the sequence length after '@' must be a positive integer, e.g. hf:{name}@512")
+    return name, model, int(length)
 
 
 def hf_builders(spec: str):
-    """(label, onnx builder, torch builder) of ``hf:NAME`` (see :data:`CONFIGS`); each builder takes ``batch``."""
+    """(label, onnx builder, torch builder) of ``hf:NAME[@LENGTH]`` (see :data:`MODELS`); each builder takes
+    ``batch``."""
     import copy
-    import io
 
-    source, _, name = spec.partition(":")
-    if source != "hf" or name not in CONFIGS:
-        raise ValueError(f"model {spec!r}: the Hugging Face models are {', '.join('hf:' + n for n in CONFIGS)}")
+    name, spec_model, seq = parse_spec(spec)
     try:
         import torch
         import transformers
     except ImportError as err:
         raise ValueError(f"model {spec!r} needs PyTorch and transformers ({err.name} is missing): "
                          "pip install torch transformers") from None
-    import onnx
 
-    keywords, seq = CONFIGS[name]
     built = []
 
-    class Encoder(torch.nn.Module):
-        """The encoder's last hidden state from (input_ids, attention_mask): one tensor out, which every
-        system returns alike."""
+    class Wrapped(torch.nn.Module):
+        """One tensor out from (input_ids, attention_mask), which every system returns alike: an encoder's last
+        hidden state, a decoder's logits (no cache: the prompt's forward pass)."""
 
         def __init__(self, model):
             super().__init__()
             self.model = model
 
         def forward(self, input_ids, attention_mask):
+            if spec_model.decoder:
+                return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def torch_model(batch=1):
         if not built:
             torch.manual_seed(0)
-            config = transformers.BertConfig(**keywords, attn_implementation="sdpa")
-            built.append(Encoder(transformers.BertModel(config, add_pooling_layer=False)).eval())
+            config = getattr(transformers, spec_model.config)(**spec_model.keywords, attn_implementation="sdpa")
+            extra = {"add_pooling_layer": False} if spec_model.model == "BertModel" else {}
+            model = getattr(transformers, spec_model.model)(config, **extra)
+            built.append(Wrapped(model).eval())
         return copy.deepcopy(built[0])
 
     def onnx_model(batch=1):
+        # exported from a copy (the exporter's tracing changes a GPT-2 module's later outputs), with the eager
+        # attention (MatMul, scale, mask, Softmax, MatMul), as ONNX exports of transformers spell it; the SDPA path
+        # exports a NaN guard after the softmax besides
         model = torch_model(batch)
-        # exported with the eager attention (MatMul, Div, Add mask, Softmax, MatMul), as ONNX exports of
-        # transformers spell it; the SDPA path exports a NaN guard after the softmax besides
         model.model.config._attn_implementation = "eager"
         ids = torch.zeros(batch, seq, dtype=torch.int64)
         mask = torch.ones(batch, seq, dtype=torch.int64)
-        buf = io.BytesIO()
-        torch.onnx.export(model, (ids, mask), buf, input_names=["input_ids", "attention_mask"],
-                          output_names=["last_hidden_state"], opset_version=17, dynamo=False)
-        return onnx.load_from_string(buf.getvalue())
+        return export_onnx(model, (ids, mask), ["input_ids", "attention_mask"],
+                           ["logits" if spec_model.decoder else "last_hidden_state"])
 
-    return f"hf-{name}", onnx_model, torch_model
+    return f"hf-{name}" + (f"-s{seq}" if seq != spec_model.seq else ""), onnx_model, torch_model
+
+
+def export_onnx(module, args, input_names, output_names, dynamic_axes=None):
+    """``module`` exported with the TorchScript exporter (opset 17) and loaded as an ``onnx.ModelProto``; one over
+    protobuf's 2 GB limit goes through a temporary folder with its weights as external data."""
+    import io
+    import os
+    import tempfile
+
+    import onnx
+    import torch
+
+    kwargs = dict(input_names=input_names, output_names=output_names, opset_version=17, dynamo=False,
+                  dynamic_axes=dynamic_axes)
+    size = sum(p.numel() * p.element_size() for p in module.parameters())
+    with torch.no_grad():
+        if size < _PROTOBUF_LIMIT // 2:  # small enough with room for the exporter's copies of tied weights
+            buf = io.BytesIO()
+            torch.onnx.export(module, args, buf, **kwargs)
+            return onnx.load_from_string(buf.getvalue())
+        with tempfile.TemporaryDirectory(prefix="tvm-nimble-export-") as tmp:
+            path = os.path.join(tmp, "model.onnx")
+            torch.onnx.export(module, args, path, **kwargs)
+            return onnx.load(path, load_external_data=True)

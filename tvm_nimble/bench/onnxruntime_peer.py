@@ -5,6 +5,9 @@ device (I/O binding), so timing covers execution only, as for every other system
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -47,36 +50,59 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
         rt.cudaDeviceSynchronize()
 
     systems = []
-    blob = onnx_model.SerializeToString()
-    reference = None
-    for name, graph in (("ort-cuda", "0"), ("ort-cuda-graph", "1")):
-        options = {"use_tf32": "1" if precision == "tf32" else "0", "cudnn_conv_algo_search": "EXHAUSTIVE",
-                   "enable_cuda_graph": graph}
-        start = time.perf_counter()  # its build: the session's creation and the first run (cuDNN's search, the capture)
-        try:
-            sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", options)])
-        except Exception as err:  # noqa: BLE001 -- ORT's own error types; the bench goes on without its rows
-            return [], [f"ONNX Runtime could not load the {precision} model: {' '.join(str(err).split())[:200]}"]
-        if reference is None:
-            reference = sess.run(None, feeds)
-        binding = sess.io_binding()
-        keep = []
-        for k, v in feeds.items():
-            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
-            keep.append(value)
-            binding.bind_ortvalue_input(k, value)
-        outs = []
-        for o, r in zip(sess.get_outputs(), reference):
-            value = ort.OrtValue.ortvalue_from_shape_and_type(list(r.shape), r.dtype, "cuda", 0)
-            outs.append(value)
-            binding.bind_ortvalue_output(o.name, value)
-
-        def run(sess=sess, binding=binding):
-            sess.run_with_iobinding(binding)
-
-        run()  # with a CUDA graph, the first run captures it
-        sync()
-        systems.append(System(name, run, sync, lambda run=run, outs=outs, keep=keep: (run(), sync(),
-                                                                                      [o.numpy() for o in outs])[2],
-                              time.perf_counter() - start))
+    with _serialized(onnx_model) as blob:
+        for name, graph in (("ort-cuda", "0"), ("ort-cuda-graph", "1")):
+            system = _session(ort, blob, name, graph, precision, feeds, sync)
+            if isinstance(system, str):
+                return [], [system]
+            systems.append(system)
     return systems, []
+
+
+@contextlib.contextmanager
+def _serialized(onnx_model):
+    """What ``InferenceSession`` takes: the serialized model, or, over protobuf's 2 GB limit, the path of a copy
+    with its weights as external data in a temporary folder (kept while the sessions are made)."""
+    if onnx_model.ByteSize() < 2**31 - 1:
+        yield onnx_model.SerializeToString()
+        return
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tvm-nimble-ort-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        copy = onnx.ModelProto()  # saving with external data moves the caller's tensors out of its model
+        copy.CopyFrom(onnx_model)
+        onnx.save(copy, path, save_as_external_data=True, location="model.onnx.data")
+        yield path
+
+
+def _session(ort, blob, name: str, graph: str, precision: str, feeds: dict, sync):
+    """One ONNX Runtime system (``graph``: "1" captures a CUDA graph) with its inputs and outputs bound on the
+    GPU, or the one-line reason it could not be made."""
+    options = {"use_tf32": "1" if precision == "tf32" else "0", "cudnn_conv_algo_search": "EXHAUSTIVE",
+               "enable_cuda_graph": graph}
+    start = time.perf_counter()  # its build: the session's creation and the first run (cuDNN's search, the capture)
+    try:
+        sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", options)])
+    except Exception as err:  # noqa: BLE001 -- ORT's own error types; the bench goes on without its rows
+        return f"ONNX Runtime could not load the {precision} model: {' '.join(str(err).split())[:200]}"
+    reference = sess.run(None, feeds)
+    binding = sess.io_binding()
+    keep = []
+    for k, v in feeds.items():
+        value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), "cuda", 0)
+        keep.append(value)
+        binding.bind_ortvalue_input(k, value)
+    outs = []
+    for o, r in zip(sess.get_outputs(), reference):
+        value = ort.OrtValue.ortvalue_from_shape_and_type(list(r.shape), r.dtype, "cuda", 0)
+        outs.append(value)
+        binding.bind_ortvalue_output(o.name, value)
+
+    def run(sess=sess, binding=binding):
+        sess.run_with_iobinding(binding)
+
+    run()  # with a CUDA graph, the first run captures it
+    sync()
+    return System(name, run, sync, lambda run=run, outs=outs, keep=keep: (run(), sync(), [o.numpy() for o in outs])[2],
+                  time.perf_counter() - start)

@@ -133,7 +133,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models",
                     help="zoo nets at benchmark size (incept6, nasnet, resnet, mobilenet), tv:<torchvision name> or "
-                         "timm:<timm name>, hf:bert-base / hf:bert-large (random weights, sequence 128); default incept6,nasnet,resnet (with --training: cifar_inception,"
+                         "timm:<timm name>, hf:bert-base / hf:bert-large / hf:gpt2 / hf:llama-0.5b (random weights, sequence 128; hf:NAME@512 for another length); default incept6,nasnet,resnet (with --training: cifar_inception,"
                          "resnet18_chain)")
     ap.add_argument("--onnx", action="append", help="benchmark this ONNX file too (repeatable)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (zoo and torchvision models)")

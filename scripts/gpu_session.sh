@@ -6,7 +6,8 @@
 #
 # Steps (run in order; a failing or overrunning step is logged and the next one runs):
 #   validate                         scripts/gpu_validate.py on the runtime-only artifacts in out/gpu
-#   gputests SECONDS                 pytest -m gpu tests/gpu (every executor mode on the zoo nets, on this GPU)
+#   gputests SECONDS [ARGS...]       pytest -m gpu tests/gpu ARGS (every executor mode on the zoo nets, the decoders,
+#                                    on this GPU; e.g. -k decoders)
 #   artifact DIR                     run the runtime-only artifact DIR/*.nimble on DIR/x.npy against DIR/ref.npy
 #   tune MODEL SECONDS               tvm-nimble tune (zoo:NAME | tv:NAME | file.onnx) into $WORK/tuning/NAME,
 #                                    resuming the committed tuning/sm_90/NAME or what an earlier call left there
@@ -69,7 +70,7 @@ for spec in "$@"; do
         validate)
             step 90 "$PYTHON" scripts/gpu_validate.py --art out/gpu --out "$WORK/validate" ;;
         gputests)
-            step "${a[1]}" "$PYTHON" -m pytest -q -m gpu tests/gpu -p no:cacheprovider ;;
+            step "${a[1]}" "$PYTHON" -m pytest -q -m gpu tests/gpu -p no:cacheprovider "${a[@]:2}" ;;
         artifact)
             step 60 "$PYTHON" -c "import glob, sys, numpy as np, tvm_nimble
 d = sys.argv[1]

@@ -109,7 +109,9 @@ def hf_builders(spec: str):
             built.append(Wrapped(model).eval())
         return copy.deepcopy(built[0])
 
-    def onnx_model(batch=1):
+    def onnx_model(batch=1, dynamic=False):
+        """The ONNX export at ``batch`` x the sequence length, or with ``dynamic`` both as symbolic dims ("batch",
+        "sequence_length"), as optimum exports them, for buckets and ONNX Runtime's dynamic shapes."""
         # exported from a copy (the exporter's tracing changes a GPT-2 module's later outputs), with the eager
         # attention (MatMul, scale, mask, Softmax, MatMul), as ONNX exports of transformers spell it; the SDPA path
         # exports a NaN guard after the softmax besides
@@ -117,8 +119,10 @@ def hf_builders(spec: str):
         model.model.config._attn_implementation = "eager"
         ids = torch.zeros(batch, seq, dtype=torch.int64)
         mask = torch.ones(batch, seq, dtype=torch.int64)
-        return export_onnx(model, (ids, mask), ["input_ids", "attention_mask"],
-                           ["logits" if spec_model.decoder else "last_hidden_state"])
+        output = "logits" if spec_model.decoder else "last_hidden_state"
+        axes = {0: "batch", 1: "sequence_length"}
+        return export_onnx(model, (ids, mask), ["input_ids", "attention_mask"], [output],
+                           {"input_ids": axes, "attention_mask": axes, output: axes} if dynamic else None)
 
     return f"hf-{name}" + (f"-s{seq}" if seq != spec_model.seq else ""), onnx_model, torch_model
 

@@ -23,6 +23,7 @@ from tvm_nimble.errors import ModelError, ShapeError, UnsupportedOperatorError
 from tvm_nimble.relay_passes.tvm_compat import onnx_converter_map
 
 from .fold_pads import fold_pads
+from .fold_powers import fold_powers
 from .fold_shapes import declared_dims, fold_static_shapes
 
 __all__ = ["from_onnx", "load_onnx_model", "unsupported_operators", "supported_operators",
@@ -401,7 +402,7 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
         model = _with_input_shapes(model, shapes)
         path = None
     _check_model(model, label, path)
-    folded = fold_pads(fold_static_shapes(model))  # a Pad's amounts are often shape arithmetic: folded first
+    folded = fold_powers(fold_pads(fold_static_shapes(model)))  # a Pad's amounts are often shape arithmetic: folded first
     _check_data_dependent_shapes(folded, label)
     _check_control_flow(folded, label)
     return _import(folded, shapes, label, keep_params_in_input)

@@ -212,7 +212,6 @@ class BucketRequest:
             raise NimbleError(f"{what} needs an ONNX model (a .onnx file or an onnx.ModelProto) whose dimensions can "
                               f"be set, not a {type(model).__name__}: each bucket's sizes are set at import")
         self.onnx_model = load_onnx_model(model)
-        self.precision = options.precision
         self.check_options = options
         self.options = options.replace(batch_sizes=None, buckets=None)  # each bucket: one ordinary build
         if self.rows:

@@ -158,7 +158,7 @@ class BucketedExecutor(ChecksInputs):
             return self.space.key_for((extent,))[0]
         return self.space.key_for(self.space.key(extent))
 
-    def _fill(self, bucket: Executor, key: tuple, srcs: list) -> None:
+    def _fill(self, bucket: Executor, srcs: list) -> None:
         """Copy the inputs ``srcs`` into ``bucket``'s input buffers, zeros past their extent: a real prefix of the
         buffer is a copy and a device-to-device zero fill of the rest (whatever an earlier run left there);
         any other padding is made on the host."""
@@ -198,7 +198,7 @@ class BucketedExecutor(ChecksInputs):
         """One run of the bucket that holds ``extents`` on ``srcs`` (their extents): its outputs cut to them."""
         key = self.space.key_for(extents)
         bucket = self._buckets[key]
-        self._fill(bucket, key, srcs)
+        self._fill(bucket, srcs)
         bucket.replay()
         self.stats["runs"] += 1
         if self.space.rows:

@@ -168,7 +168,7 @@ def test_version_1_artifacts_still_load_and_a_corrupted_bucket_is_refused(resnet
     assert type(ex) is Executor
     np.testing.assert_allclose(ex(resnet.x[:1])[0].numpy(), resnet.ref[:1], rtol=1e-4, atol=1e-4)
     module = tvm_nimble.load(resnet.path)
-    assert module.batch_sizes == SIZES and module.plan is module.buckets[8].plan
+    assert module.batch_sizes == SIZES and module.plan is module.bucket(8).plan
     import shutil
 
     bad = str(tmp_path / "bad.nimble")

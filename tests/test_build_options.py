@@ -22,7 +22,7 @@ BAD = [
     ({"memory_budget": -5}, r"^memory_budget must be a positive number of bytes, got -5$"),
     ({"reuse": "always"}, r"^reuse must be one of \('concurrent', 'sequential', 'none'\), got 'always'$"),
     ({"rpc_key": "h100"}, r"^measuring through an RPC tracker needs both"),
-    ({"max_stream": 2}, r"^unknown build option 'max_stream'; the options are allow_tf32, batch_sizes, compile_kernels, "),
+    ({"max_stream": 2}, r"^unknown build option 'max_stream'; the options are allow_tf32, batch_sizes, buckets, compile_kernels, "),
 ]
 
 

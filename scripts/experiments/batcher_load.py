@@ -245,7 +245,7 @@ def main(argv=None):
         name, model, torch_model = load_models(spec)
         t0 = time.perf_counter()
         bucketed = tvm_nimble.build(model, {"kind": args.target}, batch_sizes=buckets, kernels=kernels)
-        fixed = BucketedModule.of({buckets[-1]: bucketed.buckets[buckets[-1]]})  # the largest bucket alone
+        fixed = BucketedModule.of({buckets[-1]: bucketed.bucket(buckets[-1])})  # the largest bucket alone
         build_s = time.perf_counter() - t0
         plan = bucketed.plan
         row = plan.tensors[plan.inputs[0]].shape[1:]

@@ -77,11 +77,18 @@ def cmd_compile(args):
         module.export(args.output, overwrite=args.force)
     p = module.plan
     print(f"wrote {args.output}: {len(p.launches)} kernels, {p.num_streams} stream(s), {p.num_events} event(s), "
-          f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB" + (f" (the largest of the batch buckets "
-          f"{', '.join(map(str, module.batch_sizes))})" if getattr(module, "buckets", None) else ""))
+          f"pool {p.memory['pool_bytes'] / 1024:.1f} KiB" + (f" (the largest of the {_buckets(module)})"
+                                                            if getattr(module, "buckets", None) else ""))
     report = getattr(module, "report", None)  # the build report (a bucketed build's buckets each have theirs)
     if report is not None and report.format():
         print(report.format())
+
+
+def _buckets(module) -> str:
+    """``batch buckets 1, 2, 4`` or ``buckets sequence_length 8, 16`` of a bucketed module."""
+    if module.space.rows:
+        return "batch buckets " + ", ".join(map(str, module.batch_sizes))
+    return "buckets " + module.space.describe()
 
 
 def cmd_run(args):

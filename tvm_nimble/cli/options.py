@@ -52,6 +52,18 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _bucket(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, sizes = text.partition("=")
+    try:
+        parsed = tuple(int(n) for n in sizes.split(",") if n.strip())
+    except ValueError:
+        parsed = ()
+    if not sep or not name.strip() or not parsed or min(parsed) < 1:
+        raise argparse.ArgumentTypeError(f"expected a dimension name and its sizes such as sequence_length=16,32,64, "
+                                         f"got {text!r}")
+    return name.strip(), parsed
+
+
 def build_option_args(p) -> None:
     """The flags of every build option (see ``BuildOptions``)."""
     from tvm_nimble.compiler.options import KERNEL_CHOICES
@@ -90,6 +102,11 @@ def build_option_args(p) -> None:
     p.add_argument("--batch-sizes", type=_sizes, metavar="N,...",
                    help="one plan per batch size, e.g. 1,2,4,8, in one artifact with the weights once; its executor "
                         "takes any batch (the smallest bucket that holds it, padded; larger ones split)")
+    p.add_argument("--buckets", type=_bucket, action="append", metavar="NAME=N,...",
+                   help="one plan per size of the model's named (dim_param) dimension NAME, e.g. "
+                        "sequence_length=16,32,64; repeat it for several dimensions (every combination is built), "
+                        "e.g. --buckets batch=1,2; one artifact with the weights once, whose executor pads an input "
+                        "to the smallest bucket that holds it")
 
 
 def providers_arg(p) -> None:
@@ -143,5 +160,5 @@ def build_options(args) -> dict:
             "providers": args.providers, "precision": args.precision, "allow_tf32": args.allow_tf32,
             "keep_fp32": args.keep_fp32, "max_error": args.max_error,
             "tuning_db": args.tuning_db, "rpc_tracker": args.rpc_tracker, "rpc_key": args.rpc_key,
-            "batch_sizes": getattr(args, "batch_sizes", None), "merge": args.merge, "layout": args.layout,
+            "batch_sizes": getattr(args, "batch_sizes", None), "buckets": getattr(args, "buckets", None), "merge": args.merge, "layout": args.layout,
             **timing_cache_option(args)}

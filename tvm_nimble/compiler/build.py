@@ -59,6 +59,9 @@ def build(model, target="llvm", params: dict | None = None, *, shape_dict: dict 
     - ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key``: what ``best`` and ``auto`` measure runs on a GPU of
       an RPC server registered under that key (``tvm-nimble rpc-server``) instead of this machine's (see
       :mod:`.timers`).
+    - ``buckets={"sequence_length": [16, 32, 64]}``: one build per size (several dimensions: every combination)
+      of the ONNX model's named dimensions, in one module with the weights once whose executor pads any
+      shorter input to its bucket; a model whose padding is not masked is refused (see :mod:`.buckets`).
     - ``batch_sizes=[1, 2, 4, 8]``: one build per batch size (the ONNX model's leading input dimension set
       to it; kernels and streams chosen per bucket) in one module with the weights once, whose executor
       takes any batch (see :mod:`.buckets` and ``tvm_nimble.runtime.buckets``).

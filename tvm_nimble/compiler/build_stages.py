@@ -110,17 +110,17 @@ def _run(session, state: _State, names) -> _State:
 
 def run_stages(session, model, params: dict | None = None,
                shape_dict: dict | None = None) -> BuildResult:
-    """The stages of :data:`STAGES` on ``model`` in ``session``: one bucketed build per batch size, or
+    """The stages of :data:`STAGES` on ``model`` in ``session``: one build per bucket (``buckets``, ``batch_sizes``), or
     import -> [precision -> layout -> merge -> kernels -> build, again in NCHW where TVM fails on NHWC] -> streams
     -> accuracy (a :class:`~.kernel_choice.Selection` starts at build)."""
     opts = session.options
-    if opts.batch_sizes:  # one build per batch size (see .buckets), put together with the weights once
+    if opts.batch_sizes or opts.buckets:  # one build per bucket (see .buckets), put together with the weights once
         request = buckets.BucketRequest(model, opts, shape_dict)
         built = {}
-        for batch, onnx_model in request.models():
-            with request.building(batch):
-                built[batch] = request.checked(batch, session.bucket(request.options).build(onnx_model, params))
-        return request.module(built)
+        for key, onnx_model in request.models():
+            with request.building(key):
+                built[key] = request.checked(key, session.bucket(request.options).build(onnx_model, params))
+        return request.module(built, session.note)
     state = _State(model, params, shape_dict)
     if isinstance(model, Selection):
         state.selection = model

@@ -59,6 +59,11 @@ class BuildOptions:
       :mod:`.kernel_cache`; on by default, nothing without a timing-cache directory).
     - ``batch_sizes``: build one plan per batch size (a bucket) into one module that serves any batch
       (see :mod:`.buckets`); None: the model's own batch.
+    - ``buckets``: build one plan per combination of sizes of the ONNX model's named dimensions (its
+      dim_params), e.g. ``{"sequence_length": [16, 32, 64]}`` or ``{"batch": [1, 2], "sequence_length":
+      [16, 32]}``, into one module that serves any extent up to the largest (see :mod:`.buckets`); kept as
+      ((name, sizes), ...) in the order given. ``batch_sizes`` is buckets over the leading dimension of every
+      input; give one or the other.
     """
 
     target: tvm.target.Target
@@ -79,6 +84,7 @@ class BuildOptions:
     rpc_tracker: str | None = None
     rpc_key: str | None = None
     batch_sizes: tuple[int, ...] | None = None
+    buckets: tuple[tuple[str, tuple[int, ...]], ...] | None = None
     timing_cache: str | None = dataclasses.field(default_factory=default_directory)
     kernel_cache: bool = True
 
@@ -127,6 +133,11 @@ class BuildOptions:
         _check(mb is None or (isinstance(mb, int) and mb > 0), "memory_budget", mb, "a positive number of bytes")
         _check(self.reuse in REUSE_MODES, "reuse", self.reuse, f"one of {REUSE_MODES}")
         object.__setattr__(self, "batch_sizes", _batch_sizes(self.batch_sizes))
+        object.__setattr__(self, "buckets", _buckets(self.buckets))
+        if self.batch_sizes and self.buckets:
+            raise NimbleError("give batch_sizes or buckets, not both: batch_sizes=[...] is buckets over the leading "
+                              "dimension; to bucket it with other dimensions, name it in buckets (e.g. "
+                              "buckets={'batch': [1, 2], 'sequence_length': [16, 32]})")
         object.__setattr__(self, "timing_cache", directory_option(self.timing_cache))
         _check(isinstance(self.kernel_cache, bool), "kernel_cache", self.kernel_cache, "True or False")
         if (self.rpc_tracker is None) != (self.rpc_key is None):
@@ -172,16 +183,56 @@ class BuildOptions:
 
 def _batch_sizes(value) -> tuple[int, ...] | None:
     """``batch_sizes`` as a sorted tuple of distinct positive ints (None or empty: the model's own batch)."""
+    if value is None or (not isinstance(value, str) and hasattr(value, "__len__") and len(value) == 0):
+        return None
+    sizes = _sizes_of(value)
+    _check(sizes is not None, "batch_sizes", value, "a list of positive batch sizes such as [1, 2, 4, 8]")
+    return sizes
+
+
+_BUCKETS_EXAMPLE = "a mapping of dimension names to sizes such as {'sequence_length': [16, 32, 64]}"
+
+
+def _buckets(value) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    """``buckets`` as ((dimension name, sorted distinct positive sizes), ...) in the order given (None or empty:
+    no buckets). Takes a mapping, (name, sizes) pairs, or ``"name=16,32"`` strings (the command line's)."""
     if value is None:
         return None
+    if isinstance(value, str):
+        value = [value]
+    pairs = []
+    try:
+        items = value.items() if hasattr(value, "items") else list(value)
+    except TypeError:
+        items = None
+    _check(items is not None, "buckets", value, _BUCKETS_EXAMPLE)
+    for item in items:
+        if isinstance(item, str):
+            name, sep, sizes = item.partition("=")
+            _check(bool(sep), "buckets", item, "NAME=N,N,... such as sequence_length=16,32,64")
+            item = (name.strip(), sizes)
+        _check(isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str) and item[0] != "",
+               "buckets", value, _BUCKETS_EXAMPLE)
+        name, sizes = item
+        parsed = _sizes_of(sizes)
+        _check(bool(parsed), f"buckets[{name!r}]", sizes, "a list of positive sizes such as [16, 32, 64]")
+        if name in dict(pairs):
+            raise NimbleError(f"buckets names dimension {name!r} twice: give each dimension's sizes once, e.g. "
+                              f"{name}={','.join(map(str, sorted(set(dict(pairs)[name]) | set(parsed))))}")
+        pairs.append((name, parsed))
+    return tuple(pairs) or None
+
+
+def _sizes_of(value) -> tuple[int, ...] | None:
+    """``value`` (a list of ints or ``"16,32"``) as sorted distinct positive ints; None when it is not one."""
     sizes = value.split(",") if isinstance(value, str) else value
     try:
         sizes = [int(s) if isinstance(s, str) else s for s in sizes]
     except (TypeError, ValueError):
-        sizes = [value]
-    _check(all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes), "batch_sizes", value,
-           "a list of positive batch sizes such as [1, 2, 4, 8]")
-    return tuple(sorted(set(sizes))) or None
+        return None
+    if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        return None
+    return tuple(sorted(set(sizes)))
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:

@@ -28,7 +28,11 @@ ARTIFACT_VERSION = 1
 #: an artifact with one plan per batch size (``build(..., batch_sizes=...)``): plan.b<N>.json and kernels.b<N>.so
 #: per bucket, one params.npz of weights shared by every bucket (see :func:`save_bucketed_artifact`)
 BUCKETED_VERSION = 2
-VERSIONS = (ARTIFACT_VERSION, BUCKETED_VERSION)
+#: an artifact with one plan per bucket of named dimensions (``build(..., buckets=...)``): as version 2, with the
+#: dimensions and where the inputs and outputs carry them (``bucket_space``), each bucket's sizes and files
+#: plan.b<S1>x<S2>.json, kernels.b<S1>x<S2>.so
+SPACE_VERSION = 3
+VERSIONS = (ARTIFACT_VERSION, BUCKETED_VERSION, SPACE_VERSION)
 FILES = ("plan.json", "kernels.so", "params.npz")
 
 
@@ -170,9 +174,9 @@ def read_manifest(path: str) -> dict:
     if manifest.get("version") not in VERSIONS:
         raise ArtifactError(f"{path} has artifact format version {manifest.get('version')}, this tvm-nimble "
                             f"reads versions {', '.join(map(str, VERSIONS))}: rebuild it with this version")
-    if (manifest.get("version") == BUCKETED_VERSION) != isinstance(manifest.get("buckets"), list):
+    if (manifest.get("version") in (BUCKETED_VERSION, SPACE_VERSION)) != isinstance(manifest.get("buckets"), list):
         raise ArtifactError(f"{path}/manifest.json is inconsistent (format version {manifest.get('version')} "
-                            f"{'without' if manifest.get('version') == BUCKETED_VERSION else 'with'} batch buckets); "
+                            f"{'with' if isinstance(manifest.get('buckets'), list) else 'without'} buckets); "
                             "rebuild the artifact")
     return manifest
 
@@ -203,7 +207,7 @@ def load_artifact_files(path: str) -> tuple[dict, Plan, str, dict[str, np.ndarra
     """Verify checksums and return (manifest, plan, kernels.so path, params)."""
     manifest = read_manifest(path)
     if manifest["version"] != ARTIFACT_VERSION:
-        raise ArtifactError(f"{path} holds batch buckets: load it with tvm_nimble.load or NimbleExecutor")
+        raise ArtifactError(f"{path} holds buckets: load it with tvm_nimble.load or NimbleExecutor")
     check_tvm_version(path, manifest)
     _check_sums(path, manifest, FILES)
     plan = _read_plan(path, "plan.json", manifest)
@@ -263,28 +267,33 @@ def _check_constants(path: str, plan: Plan, names: dict, params: dict) -> None:
             raise ArtifactError(f"{path}: constant c{c} is {p.dtype}{list(p.shape)}, the plan expects {t.dtype}{t.shape}")
 
 
-# ---- batch buckets ---------------------------------------------------------------------------------
-def bucket_files(batch: int) -> tuple[str, str]:
-    """The plan and kernel library of the bucket for batch size ``batch``."""
-    return f"plan.b{batch}.json", f"kernels.b{batch}.so"
+# ---- buckets ------------------------------------------------------------------------------------------
+def bucket_files(key) -> tuple[str, str]:
+    """The plan and kernel library of bucket ``key`` (its sizes, one per bucketed dimension): plan.b8.json
+    for batch 8, plan.b1x16.json for sizes 1 and 16."""
+    label = "x".join(str(int(k)) for k in key)
+    return f"plan.b{label}.json", f"kernels.b{label}.so"
 
 
-def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarray], extra: dict | None = None,
-                           vendor_library: str | None = None, overwrite: bool = False) -> str:
-    """Write an artifact of several batch buckets: ``buckets`` is a list of (batch, plan, kernels,
-    constant names) where the names map each constant ``c<id>`` of that plan to its entry in ``weights``,
-    which params.npz stores once for every bucket."""
+def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarray], space: dict | None = None,
+                           extra: dict | None = None, vendor_library: str | None = None,
+                           overwrite: bool = False) -> str:
+    """Write an artifact of several buckets: ``buckets`` is a list of (key, plan, kernels, constant names)
+    where the names map each constant ``c<id>`` of that plan to its entry in ``weights``, which params.npz
+    stores once for every bucket. ``space``: the bucketed dimensions (``BucketSpace.to_json``), or None for
+    batch sizes (format version 2, what ``batch_sizes`` has always written)."""
     def write(staging):
         import tvm
 
         files, entries = [], []
-        for batch, plan, kernels, names in buckets:
-            plan_file, kernels_file = bucket_files(batch)
+        for key, plan, kernels, names in buckets:
+            plan_file, kernels_file = bucket_files(key)
             with open(os.path.join(staging, plan_file), "w") as f:
                 f.write(plan.to_json())
             kernels.export_library(os.path.join(staging, kernels_file))
             files += [plan_file, kernels_file]
-            entries.append({"batch": int(batch), "plan": plan_file, "kernels": kernels_file,
+            where = {"batch": int(key[0])} if space is None else {"sizes": [int(k) for k in key]}
+            entries.append({**where, "plan": plan_file, "kernels": kernels_file,
                             "constants": {k: names[k] for k in sorted(names)}})
         np.savez(os.path.join(staging, "params.npz"), **weights)
         files.append("params.npz")
@@ -294,8 +303,9 @@ def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarr
                                     "package; export the module returned by tvm_nimble.build")
             shutil.copyfile(vendor_library, os.path.join(staging, VENDOR_FILE))
             files.append(VENDOR_FILE)
-        manifest = {"format": ARTIFACT_FORMAT, "version": BUCKETED_VERSION, "target": buckets[0][1].target,
-                    "tvm_version": tvm.__version__, "buckets": entries,
+        manifest = {"format": ARTIFACT_FORMAT, "version": BUCKETED_VERSION if space is None else SPACE_VERSION,
+                    "target": buckets[0][1].target, "tvm_version": tvm.__version__, "buckets": entries,
+                    **({} if space is None else {"bucket_space": space}),
                     "sha256": {name: file_sha256(os.path.join(staging, name)) for name in files}, **(extra or {})}
         with open(os.path.join(staging, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
@@ -303,27 +313,35 @@ def save_bucketed_artifact(path: str, buckets: list, weights: dict[str, np.ndarr
     return _write_staged(path, overwrite, write)
 
 
-def load_bucketed_files(path: str) -> tuple[dict, list, dict[str, np.ndarray]]:
-    """Verify a bucketed artifact and return (manifest, [(batch, plan, kernels path, constant names)], weights)."""
+def load_bucketed_files(path: str) -> tuple[dict, object, list, dict[str, np.ndarray]]:
+    """Verify a bucketed artifact and return (manifest, its BucketSpace, [(key, plan, kernels path, constant
+    names)], weights)."""
+    from .buckets import BucketSpace
+
     manifest = read_manifest(path)
     check_tvm_version(path, manifest)
     entries = manifest["buckets"]
+    batches = manifest["version"] == BUCKETED_VERSION
     try:
-        specs = [(int(e["batch"]), str(e["plan"]), str(e["kernels"]), dict(e["constants"])) for e in entries]
+        space = None if batches else BucketSpace.from_json(manifest["bucket_space"])
+        specs = [(tuple(int(s) for s in ([e["batch"]] if batches else e["sizes"])), str(e["plan"]),
+                  str(e["kernels"]), dict(e["constants"])) for e in entries]
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"{path}/manifest.json has a malformed bucket entry ({err}); rebuild the artifact") from None
-    batches = [b for b, *_ in specs]
-    if not specs or batches != sorted(set(batches)) or batches[0] < 1:
-        raise ArtifactError(f"{path}/manifest.json lists batch buckets {batches}; rebuild the artifact")
-    if any((p, k) != bucket_files(b) for b, p, k, _ in specs):
+    keys = [k for k, *_ in specs]
+    if not specs or keys != sorted(set(keys)) or min(min(k) for k in keys) < 1:
+        raise ArtifactError(f"{path}/manifest.json lists buckets {[list(k) for k in keys]}; rebuild the artifact")
+    if any((p, k) != bucket_files(key) for key, p, k, _ in specs):
         raise ArtifactError(f"{path}/manifest.json names unexpected bucket files; rebuild the artifact")
     _check_sums(path, manifest, [f for _, p, k, _ in specs for f in (p, k)] + ["params.npz"])
     plans = [_read_plan(path, plan_file, manifest) for _, plan_file, _, _ in specs]
+    if space is None:
+        space = BucketSpace.batch([k[0] for k in keys], len(plans[0].inputs), len(plans[0].outputs))
     dtypes = {names.get(f"c{c}"): plan.tensors[c].dtype
               for plan, (_, _, _, names) in zip(plans, specs) for c in plan.constants}
     weights = _read_params(path, dtypes)
     out = []
-    for plan, (batch, _, kernels_file, names) in zip(plans, specs):
+    for plan, (key, _, kernels_file, names) in zip(plans, specs):
         _check_constants(path, plan, names, weights)
-        out.append((batch, plan, os.path.join(path, kernels_file), names))
-    return manifest, out, weights
+        out.append((key, plan, os.path.join(path, kernels_file), names))
+    return manifest, space, out, weights

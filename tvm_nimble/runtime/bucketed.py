@@ -1,11 +1,12 @@
-"""BucketedExecutor: a model built with ``batch_sizes`` served at any batch size (see :mod:`.buckets`).
+"""BucketedExecutor: a model built with ``buckets`` or ``batch_sizes`` served at any size (see :mod:`.buckets`).
 
 It holds one :class:`~tvm_nimble.runtime.executor.Executor` per bucket, over buffers it allocates once: the
 weights (each distinct constant once, shared by every bucket) and one allocation for the buckets' inputs,
 outputs and memory pools (one bucket runs at a time). A call checks its inputs as a plain executor does
-(names, dtypes, index ranges, ``check_finite``; any number of rows), copies each run's rows into the
-bucket's input buffers, pads the rest of the bucket with zeros (a device-to-device copy from zero rows
-kept there), replays the bucket, and returns the caller's rows of every output.
+(names, dtypes, index ranges, ``check_finite``; any extent of the bucketed axes), picks the smallest bucket
+that holds them, copies them into the bucket's input buffers with zeros past their extent, replays the
+bucket, and returns the real extent of every output (rows of ``batch_sizes`` over the largest bucket run in
+several runs).
 """
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError
 
-from .buckets import SharedWorkspace, arena_layout, max_padding, row_view, shared_constant_storages
+from .buckets import (SharedWorkspace, arena_layout, padding_bytes, prefix_of, row_view,
+                      shared_constant_storages)
 from .device import device_for, tensor_at
+from .tvm_compat import tensor_view
 from .executor import Executor, owned_copy
 from .inputs import ChecksInputs, InputError, InputRules
 from .module import BucketedModule, NimbleModule, from_fixed
@@ -25,17 +28,19 @@ from .turns import Turns
 
 
 class BucketedExecutor(ChecksInputs):
-    """The executor of a model built with ``batch_sizes``: ``ex(*inputs)`` takes any number of rows (the
-    leading dimension of every input) and returns that many rows of every output, in order. ``module`` is a
+    """The executor of a model built with ``buckets`` or ``batch_sizes``: ``ex(*inputs)`` takes any extent of
+    the bucketed dimensions up to the largest bucket (``batch_sizes``: any number of rows, the leading
+    dimension of every input) and returns every output at that extent, in order. ``module`` is a
     :class:`~tvm_nimble.runtime.module.BucketedModule`, or a module built for one batch size, which becomes
     a one-bucket model (:func:`~tvm_nimble.runtime.module.from_fixed`). ``tvm_nimble.NimbleExecutor(...)``
     of a bucketed model or artifact returns one. The options are :class:`Executor` 's.
 
-    ``ex(*inputs, split=False)`` refuses a batch over the largest bucket instead of splitting it;
-    ``copy=False`` returns views of the bucket's output buffers (valid until the next run) when one run
-    serves the batch. ``set_input`` / ``run`` / ``get_output`` work as on a plain executor (the inputs are
-    kept until the run, which splits and pads like a call). ``stats`` counts runs, rows and padded rows
-    (and :meth:`warm` 's runs apart).
+    ``ex(*inputs, split=False)`` refuses a batch over the largest batch bucket instead of splitting it (an
+    extent over a named dimension's largest bucket is always refused); ``copy=False`` returns views of the
+    bucket's output buffers (valid until the next run) where one run serves the call and each output's real
+    part is a prefix of its buffer. ``set_input`` / ``run`` / ``get_output`` work as on a plain executor (the
+    inputs are kept until the run, which pads and splits like a call). ``stats`` counts calls, runs, rows
+    and padded rows (batch buckets; and :meth:`warm` 's runs apart).
     """
 
     def __init__(self, module: NimbleModule, device=None, mode: str | None = None, check_inputs: bool = True,
@@ -43,18 +48,20 @@ class BucketedExecutor(ChecksInputs):
         import tvm
 
         self._closed = False
-        self._buckets: dict[int, Executor] = {}
+        self._buckets: dict[tuple, Executor] = {}
         self._arena = None
         self._weights_dev: dict[str, object] = {}
-        self._pad_zeros: list = []  # per input: max_padding() zero rows on the device, what padding copies
+        self._zeros = None  # padding_bytes() zeros on the device, what padding after a real prefix copies
         if not isinstance(module, BucketedModule):
             module = from_fixed(module)
         self.module = module
+        self.space = module.space
         self.plan = module.plan
+        self.keys = list(module.buckets)
         self.batch_sizes = module.batch_sizes
         self.max_batch = module.max_batch
         self.device = device_for(self.plan.target, device)
-        self._rules = InputRules(self.plan, self.device, check_inputs, check_finite, tuple(self.batch_sizes))
+        self._rules = InputRules(self.plan, self.device, check_inputs, check_finite, self.space)
         self._lock = threading.RLock()
         self._turns = Turns(self.plan.input_names)
         self._pending: dict[int, object] = {}  # input index -> prepared value, until the run
@@ -62,23 +69,17 @@ class BucketedExecutor(ChecksInputs):
         self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0, "warm_runs": 0}
         try:
             names, weights = module.shared_weights()
-            layouts = {b: arena_layout(m.plan) for b, m in module.buckets.items()}
+            layouts = {k: arena_layout(m.plan) for k, m in module.buckets.items()}
             self.pool_bytes = max(total for _, total in layouts.values())
             self._arena = tvm.runtime.empty((max(self.pool_bytes, 1),), "uint8", self.device)
-            for b, bucket in module.buckets.items():
-                ws = self._workspace(bucket.plan, layouts[b][0], names[b], weights)
-                self._buckets[b] = Executor(bucket, self.device, mode, check_inputs, None, check_finite, workspace=ws)
-            self.mode = self._buckets[self.max_batch].mode
-            # per bucket: each input's and output's bytes per row (what row views and padding need)
-            self._row_bytes = {b: ([ex.plan.tensors[t].nbytes // b for t in ex.plan.inputs],
-                                   [ex.plan.tensors[t].nbytes // b for t in ex.plan.outputs])
-                               for b, ex in self._buckets.items()}
-            pad = max_padding(self.batch_sizes)
-            for t in self.plan.inputs if pad else ():
-                slot = self.plan.tensors[t]
-                zeros = tvm.runtime.empty((pad, *slot.shape[1:]), slot.dtype, self.device)
-                zeros.copyfrom(np.zeros((pad, *slot.shape[1:]), dtype=slot.dtype))
-                self._pad_zeros.append(zeros)
+            for k, bucket in module.buckets.items():
+                ws = self._workspace(bucket.plan, layouts[k][0], names[k], weights)
+                self._buckets[k] = Executor(bucket, self.device, mode, check_inputs, None, check_finite, workspace=ws)
+            self.mode = self._buckets[max(self.keys)].mode
+            zeros = padding_bytes(self.space, {k: m.plan for k, m in module.buckets.items()})
+            if zeros:
+                self._zeros = tvm.runtime.empty((zeros,), "uint8", self.device)
+                self._zeros.copyfrom(np.zeros(zeros, "uint8"))
         except BaseException:
             self.close()
             raise
@@ -124,12 +125,14 @@ class BucketedExecutor(ChecksInputs):
         """How many weight buffers this executor holds on the device (each distinct constant once)."""
         return len(self._weights_dev)
 
-    def bucket(self, batch: int) -> Executor:
-        """The executor of the bucket for batch size ``batch``; it shares this executor's buffers, so use it
-        only while nothing else runs this executor."""
-        if batch not in self._buckets:
-            raise InputError(f"no bucket for batch {batch}: the buckets are {self.batch_sizes}")
-        return self._buckets[batch]
+    def bucket(self, key) -> Executor:
+        """The executor of bucket ``key`` (its sizes; an int for one dimension, e.g. a batch size); it shares
+        this executor's buffers, so use it only while nothing else runs this executor."""
+        k = self.space.key(key)
+        if k not in self._buckets:
+            raise InputError(f"no bucket {self.space.label(k)}: the buckets are "
+                             f"{[self.space.label(b) for b in self.keys]} ({self.space.describe()})")
+        return self._buckets[k]
 
     # ---- runs --------------------------------------------------------------------------------------------
     def get_num_inputs(self) -> int:
@@ -139,8 +142,8 @@ class BucketedExecutor(ChecksInputs):
         return len(self.plan.outputs)
 
     def chunks(self, n: int) -> list[tuple[int, int, int]]:
-        """(first row, rows, bucket) of each run that serves ``n`` rows: runs of the largest bucket while more
-        rows than it remain, then the smallest bucket that holds the rest."""
+        """(first row, rows, bucket) of each run that serves ``n`` rows (batch buckets): runs of the largest
+        bucket while more rows than it remain, then the smallest bucket that holds the rest."""
         out, start = [], 0
         while n - start > self.max_batch:
             out.append((start, self.max_batch, self.max_batch))
@@ -148,86 +151,118 @@ class BucketedExecutor(ChecksInputs):
         out.append((start, n - start, self.bucket_for(n - start)))
         return out
 
-    def bucket_for(self, rows: int) -> int:
-        """The bucket a run of ``rows`` rows takes: the smallest that holds them (the largest for more)."""
-        return min((b for b in self.batch_sizes if b >= rows), default=self.max_batch)
+    def bucket_for(self, extent) -> tuple | int:
+        """The bucket a run of ``extent`` takes: the smallest that holds it (batch buckets: ``extent`` rows, the
+        largest for more, as an int; named dimensions: one extent per dimension, the key)."""
+        if self.space.rows:
+            return self.space.key_for((extent,))[0]
+        return self.space.key_for(self.space.key(extent))
 
-    def _batch_of(self, prepared: list) -> int:
-        rows = [int(src.shape[0]) for src in prepared]
-        if len(set(rows)) != 1:
-            raise InputError("the inputs disagree on the batch size: " +
-                             ", ".join(f"{n!r} has {r} rows" for n, r in zip(self.plan.input_names, rows)))
-        if rows[0] < 1:
-            raise InputError("the batch is empty (0 rows): give at least one row")
-        return rows[0]
-
-    def _copy_rows(self, bucket: Executor, prepared: list, start: int, rows: int, batch: int) -> None:
-        for i, (src, dst, row_bytes) in enumerate(zip(prepared, bucket.input_views(), self._row_bytes[batch][0])):
-            head = row_view(dst, 0, rows, row_bytes)
-            if isinstance(src, np.ndarray):
-                head.copyfrom(src[start:start + rows])
+    def _fill(self, bucket: Executor, srcs: list) -> None:
+        """Copy the inputs ``srcs`` into ``bucket``'s input buffers, zeros past their extent: a real prefix of the
+        buffer is a copy and a device-to-device zero fill of the rest (whatever an earlier run left there);
+        any other padding is made on the host."""
+        for src, dst in zip(srcs, bucket.input_views()):
+            real, full = list(src.shape), list(dst.shape)
+            if real == full:
+                _copy(src, dst)
+            elif prefix_of(real, full):
+                head = tensor_view(dst, real, str(dst.dtype), 0)
+                _copy(src, head)
+                used = _nbytes(head)
+                tensor_view(self._zeros, (_nbytes(dst) - used,), "uint8", 0).copyto(
+                    tensor_view(dst, (_nbytes(dst) - used,), "uint8", used))
             else:
-                row_view(src, start, rows, row_bytes).copyto(head)
-            if rows < batch:  # the padded rows: zeros (a device-to-device copy), whatever an earlier run left there
-                row_view(self._pad_zeros[i], 0, batch - rows, row_bytes).copyto(
-                    row_view(dst, rows, batch - rows, row_bytes))
+                padded = np.zeros(full, str(dst.dtype))
+                padded[tuple(slice(0, r) for r in real)] = src if isinstance(src, np.ndarray) else src.numpy()
+                dst.copyfrom(padded)
 
-    def _run_rows(self, prepared: list, n: int, copy: bool, split: bool) -> list:
-        """Serve ``n`` rows of ``prepared`` inputs (under the lock): the outputs' first ``n`` rows."""
+    def _outputs(self, bucket: Executor, extents: tuple) -> list:
+        """The bucket's outputs cut to ``extents``: a view where the real part is a prefix of the buffer (or the
+        whole), else a copy made through the host."""
         import tvm
 
-        if n > self.max_batch and not split:
+        outs = []
+        for view, axes in zip(bucket.output_views(), self.space.outputs):
+            real, full = self.space.shape_at(view.shape, axes, extents), list(view.shape)
+            if real == full:
+                outs.append(view)
+            elif prefix_of(real, full):
+                outs.append(tensor_view(view, real, str(view.dtype), 0))
+            else:
+                outs.append(tvm.runtime.tensor(np.ascontiguousarray(view.numpy()[tuple(slice(0, r) for r in real)]),
+                                               self.device))
+        return outs
+
+    def _run_once(self, srcs: list, extents: tuple, copy: bool) -> list:
+        """One run of the bucket that holds ``extents`` on ``srcs`` (their extents): its outputs cut to them."""
+        key = self.space.key_for(extents)
+        bucket = self._buckets[key]
+        self._fill(bucket, srcs)
+        bucket.replay()
+        self.stats["runs"] += 1
+        if self.space.rows:
+            self.stats["padded_rows"] += key[0] - extents[0]
+        outs = self._outputs(bucket, extents)
+        return [owned_copy(o, self.device) for o in outs] if copy else outs
+
+    def _run(self, prepared: list, extents: tuple, copy: bool, split: bool) -> list:
+        """Serve ``prepared`` inputs of ``extents`` (under the lock): one run, or (batch buckets) runs of the
+        largest bucket and one for the rest, their rows concatenated."""
+        import tvm
+
+        if not self.space.rows or extents[0] <= self.max_batch:
+            return self._run_once(prepared, extents, copy)
+        n = extents[0]
+        if not split:
             raise InputError(f"a batch of {n} rows is over the largest bucket ({self.max_batch}; buckets "
                              f"{self.batch_sizes}) and split=False: split it, or build with a larger batch size")
-        chunks = self.chunks(n)
         outs = None
-        for start, rows, batch in chunks:
-            bucket = self._buckets[batch]
-            self._copy_rows(bucket, prepared, start, rows, batch)
-            bucket.replay()
-            self.stats["runs"] += 1
-            self.stats["padded_rows"] += batch - rows
-            views = bucket.output_views()
-            row_bytes = self._row_bytes[batch][1]
-            if len(chunks) == 1:
-                heads = [row_view(v, 0, rows, rb) for v, rb in zip(views, row_bytes)]
-                return [owned_copy(h, self.device) for h in heads] if copy else heads
+        for start, rows, _ in self.chunks(n):
+            heads = self._run_once([_rows(src, start, rows) for src in prepared], (rows,), copy=False)
             if outs is None:
-                outs = [tvm.runtime.empty((n, *v.shape[1:]), v.dtype, self.device) for v in views]
-            for v, o, rb in zip(views, outs, row_bytes):
-                row_view(v, 0, rows, rb).copyto(row_view(o, start, rows, rb))
+                outs = [tvm.runtime.empty((n, *h.shape[1:]), h.dtype, self.device) for h in heads]
+            for h, o in zip(heads, outs):
+                h.copyto(_rows(o, start, rows))
         return outs
 
     def __call__(self, *inputs, copy: bool = True, split: bool = True, **named):
-        """Run any number of rows (see the class docstring); the outputs have exactly as many rows, in order."""
+        """Run inputs of any extent (see the class docstring); the outputs have exactly that extent, in order."""
         self._check_open()
         prepared = self._rules.prepare_all(inputs, named)
-        n = self._batch_of(prepared)
         me = current_thread()
         with self._lock:
-            self.stats["calls"] += 1
-            self.stats["rows"] += n
-            out = self._run_rows(prepared, n, copy, split)
+            out = self._counted(prepared, copy, split)
             self._turns.release(me)
             return out
 
+    def _counted(self, prepared: list, copy: bool, split: bool) -> list:
+        """:meth:`_run`, counted in ``stats``."""
+        extents = self.space.extents(self.plan.input_names, [list(src.shape) for src in prepared])
+        self.stats["calls"] += 1
+        if self.space.rows:
+            self.stats["rows"] += extents[0]
+        return self._run(prepared, extents, copy, split)
+
     def warm(self) -> None:
-        """Run every bucket once on zero rows (padded as a request's rows would be) and read its outputs back,
-        so that no request pays a first use (a graph's first launch, a copy path's set-up); ``stats`` count
-        these runs as ``warm_runs`` only. A :class:`~tvm_nimble.runtime.batcher.Batcher` warms its executors
-        when it starts."""
+        """Run every bucket once on zeros, at the smallest extents it serves (padded as a request would be), and
+        read its outputs back, so that no request pays a first use (a graph's first launch, a copy path's
+        set-up); ``stats`` count these runs as ``warm_runs`` only. A :class:`~tvm_nimble.runtime.batcher.Batcher`
+        warms its executors when it starts."""
         self._check_open()
-        inputs = [np.zeros((self.max_batch, *self.plan.tensors[t].shape[1:]), self.plan.tensors[t].dtype)
-                  for t in self.plan.inputs]
         with self._lock:
             saved = dict(self.stats)
             try:
-                for smaller, b in zip([0, *self.batch_sizes], self.batch_sizes):
-                    for out in self._run_rows([x[:smaller + 1] for x in inputs], smaller + 1, copy=False, split=False):
+                for key in self.keys:
+                    extents = self.space.smallest_extents(key)
+                    inputs = [np.zeros(self.space.shape_at(self.plan.tensors[t].shape, axes, extents),
+                                       self.plan.tensors[t].dtype)
+                              for t, axes in zip(self.plan.inputs, self.space.inputs)]
+                    for out in self._run_once(inputs, extents, copy=False):
                         out.numpy()
             finally:
                 self.stats.update(saved)
-            self.stats["warm_runs"] += len(self.batch_sizes)
+            self.stats["warm_runs"] += len(self.keys)
 
     # ---- graph-executor API --------------------------------------------------------------------------------
     def set_input(self, key, value) -> None:
@@ -241,10 +276,7 @@ class BucketedExecutor(ChecksInputs):
         with self._lock:
             self._turns.check_run(me)
             prepared = [self._pending[i] for i in range(len(self.plan.inputs))]
-            n = self._batch_of(prepared)
-            self.stats["calls"] += 1
-            self.stats["rows"] += n
-            self._results = self._run_rows(prepared, n, copy=True, split=split)
+            self._results = self._counted(prepared, copy=True, split=split)
             self._turns.ran(me)
 
     def get_output(self, index: int = 0, copy: bool = True):
@@ -267,15 +299,16 @@ class BucketedExecutor(ChecksInputs):
     def sync(self) -> None:  # every run is synchronized before its outputs are read
         pass
 
-    def profile(self, batch: int | None = None, graph: bool | None = None):
-        """Per-launch GPU timeline (:meth:`Executor.profile`) of the bucket that runs a batch of ``batch``
-        rows (the smallest bucket holding them; the largest for more); ``batch=None``: of every bucket, as
-        {bucket: timeline}. Each bucket profiles on the buffers the buckets share."""
+    def profile(self, batch=None, graph: bool | None = None):
+        """Per-launch GPU timeline (:meth:`Executor.profile`) of the bucket that runs ``batch`` (rows of batch
+        buckets, the largest for more; or one extent per named dimension); ``batch=None``: of every bucket, as
+        {bucket: timeline} (keyed by batch size for batch buckets). Each bucket profiles on the buffers the
+        buckets share."""
         self._check_open()
         with self._lock:
             if batch is not None:
-                return self._buckets[self.bucket_for(batch)].profile(graph)
-            return {b: ex.profile(graph) for b, ex in self._buckets.items()}
+                return self.bucket(self.bucket_for(batch)).profile(graph)
+            return {(k[0] if self.space.rows else k): ex.profile(graph) for k, ex in self._buckets.items()}
 
     # ---- lifetime ----------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -290,7 +323,7 @@ class BucketedExecutor(ChecksInputs):
         self._buckets = {}
         self._arena = None
         self._weights_dev = {}
-        self._pad_zeros = []
+        self._zeros = None
         self._results = None
         self._pending = {}
 
@@ -301,4 +334,29 @@ class BucketedExecutor(ChecksInputs):
         self.close()
 
     def __repr__(self) -> str:
-        return f"BucketedExecutor(buckets={self.batch_sizes}, mode={getattr(self, 'mode', None)!r})"
+        space = getattr(self, "space", None)
+        buckets = self.batch_sizes if space is not None and space.rows else (space.describe() if space else None)
+        return f"BucketedExecutor(buckets={buckets!r}, mode={getattr(self, 'mode', None)!r})"
+
+
+def _nbytes(t) -> int:
+    """Bytes of the contiguous tensor ``t``."""
+    import tvm
+
+    dtype = tvm.runtime.DataType(str(t.dtype))
+    return int(np.prod(t.shape)) * ((dtype.bits * dtype.lanes + 7) // 8)
+
+
+def _copy(src, dst) -> None:
+    """``src`` (a numpy array or a TVM tensor of ``dst``'s shape) into ``dst``."""
+    if isinstance(src, np.ndarray):
+        dst.copyfrom(src)
+    else:
+        src.copyto(dst)
+
+
+def _rows(t, start: int, rows: int):
+    """Rows ``start:start+rows`` of ``t`` (a numpy array or a contiguous TVM tensor), sharing its memory."""
+    if isinstance(t, np.ndarray):
+        return t[start:start + rows]
+    return row_view(t, start, rows, _nbytes(t) // t.shape[0])

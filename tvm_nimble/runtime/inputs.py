@@ -61,14 +61,15 @@ def _host(src) -> np.ndarray:
 
 @dataclass(frozen=True)
 class InputRules:
-    """How an executor of ``plan`` takes its inputs. ``buckets`` (a bucketed executor's batch sizes): any
-    number of rows (the leading dimension); empty: exactly the plan's shapes."""
+    """How an executor of ``plan`` takes its inputs. ``buckets`` (a bucketed executor's
+    :class:`~tvm_nimble.runtime.buckets.BucketSpace`): any extent of the bucketed axes, the others as in ``plan``;
+    None: exactly the plan's shapes."""
 
     plan: object  # tvm_nimble.contract.plan.Plan
     device: object
     check_inputs: bool = True
     check_finite: bool = False
-    buckets: tuple = ()
+    buckets: object = None
 
     @property
     def names(self) -> list[str]:
@@ -91,10 +92,8 @@ class InputRules:
         slot = self.plan.tensors[self.plan.inputs[i]]
         src = as_input(value, slot.name, self.device)
         shape = list(src.shape)
-        if self.buckets:
-            if len(shape) != len(slot.shape) or shape[1:] != slot.shape[1:]:
-                raise ShapeError(f"input {slot.name!r} has shape {shape}; the model takes batches shaped "
-                                 f"[N, {', '.join(map(str, slot.shape[1:]))}] (any N, run in buckets of {list(self.buckets)})")
+        if self.buckets is not None:
+            self.buckets.check_shape(i, slot.name, shape, slot.shape)
         elif shape != slot.shape:
             raise ShapeError(f"input {slot.name!r} has shape {shape}, the model was built for {slot.shape}")
         if str(src.dtype) != slot.dtype:

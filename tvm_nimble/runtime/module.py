@@ -12,7 +12,7 @@ from tvm_nimble.errors import NimbleError
 
 from .artifact import (VENDOR_FILE, ArtifactError, load_artifact_files, load_bucketed_files, read_manifest,
                        save_artifact, save_bucketed_artifact)
-from .buckets import arena_layout, check_buckets, dedupe_weights, padding_bytes
+from .buckets import BucketSpace, arena_layout, check_buckets, dedupe_weights, padding_bytes
 
 
 class KernelNotFoundError(ArtifactError):
@@ -78,7 +78,7 @@ def resolve_kernels(plan: Plan, kernels) -> list:
 
 def load(path: str) -> NimbleModule:
     """Load an artifact with the TVM runtime only (no compiler needed)."""
-    if read_manifest(path).get("buckets") is not None:  # built with batch_sizes: a plan per batch size
+    if read_manifest(path).get("buckets") is not None:  # built with buckets or batch_sizes: a plan per bucket
         return load_bucketed(path)
     manifest, plan, kernels_path, params = load_artifact_files(path)
     vendor = _load_runtime_libraries(path, manifest)
@@ -110,37 +110,53 @@ def _load_kernels(plan: Plan, kernels_path: str):
     return kernels
 
 
-# ---- batch buckets (see runtime/buckets.py) ------------------------------------------------------
+# ---- buckets (see runtime/buckets.py) ---------------------------------------------------------------
 @dataclass
 class BucketedModule(NimbleModule):
-    """A model built for several batch sizes: ``buckets`` maps each batch size to its
-    :class:`NimbleModule` (plan, kernels, constants). ``plan``, ``kernels`` and ``params`` are the largest
-    bucket's (what code that knows one plan sees); ``weight_names`` / ``weights`` are the constants stored
-    once (:func:`dedupe_weights`; computed on first use for a module built in this process)."""
+    """A model built for several sizes of its bucketed dimensions: ``buckets`` maps each bucket (a key: one size
+    per dimension of ``space``, a :class:`~tvm_nimble.runtime.buckets.BucketSpace`) to its :class:`NimbleModule`
+    (plan, kernels, constants). ``plan``, ``kernels`` and ``params`` are the largest bucket's (what code that
+    knows one plan sees); ``weight_names`` / ``weights`` are the constants stored once (:func:`dedupe_weights`;
+    computed on first use for a module built in this process)."""
 
     buckets: dict = field(default_factory=dict)
+    space: BucketSpace | None = None
     weight_names: dict | None = field(default=None, repr=False)
     weights: dict | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, buckets: dict[int, NimbleModule], info: dict | None = None, **known) -> "BucketedModule":
-        buckets = dict(sorted(buckets.items()))
-        check_buckets(buckets)
+    def of(cls, buckets: dict, space: BucketSpace | None = None, info: dict | None = None,
+           **known) -> "BucketedModule":
+        """The module of ``buckets`` (key -> module) over ``space``; without one, the keys are batch sizes
+        (``batch_sizes``: the leading dimension of every input and output)."""
+        if space is None:
+            if not buckets or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in buckets):
+                raise NimbleError(f"batch buckets must be positive batch sizes, got {sorted(buckets, key=str)}")
+            plan = next(iter(buckets.values())).plan
+            space = BucketSpace.batch(buckets, len(plan.inputs), len(plan.outputs))
+        buckets = dict(sorted((space.key(k), m) for k, m in buckets.items()))
+        check_buckets(space, buckets)
         top = buckets[max(buckets)]
         vendor = next((m.vendor_library for m in buckets.values() if m.vendor_library), None)
-        info = info if info is not None else {"batch_sizes": list(buckets),
-                                              "buckets": {str(b): m.info for b, m in buckets.items()}}
-        return cls(top.plan, top.kernels, top.params, None, info, vendor, buckets=buckets, **known)
+        if info is None:
+            info = {"buckets": {space.label(k): m.info for k, m in buckets.items()}}
+            info.update({"batch_sizes": [k[0] for k in buckets]} if space.rows else {"bucket_dims": space.describe()})
+        return cls(top.plan, top.kernels, top.params, None, info, vendor, buckets=buckets, space=space, **known)
 
     @property
-    def batch_sizes(self) -> list[int]:
-        return sorted(self.buckets)
+    def batch_sizes(self) -> list[int] | None:
+        """The batch sizes of a model built with ``batch_sizes`` (rows, split over the largest); else None."""
+        return [k[0] for k in self.buckets] if self.space.rows else None
 
     @property
-    def max_batch(self) -> int:
-        return max(self.buckets)
+    def max_batch(self) -> int | None:
+        return max(self.batch_sizes) if self.space.rows else None
 
-    def shared_weights(self) -> tuple[dict[int, dict[str, str]], dict[str, np.ndarray]]:
+    def bucket(self, key) -> NimbleModule:
+        """The module of bucket ``key`` (one size per dimension; an int for a one-dimension space)."""
+        return self.buckets[self.space.key(key)]
+
+    def shared_weights(self) -> tuple[dict, dict[str, np.ndarray]]:
         """(per bucket: ``c<id>`` -> weight name, weight name -> array), each distinct constant once."""
         if self.weight_names is None or self.weights is None:
             self.weight_names, self.weights = dedupe_weights(self.buckets)
@@ -151,17 +167,18 @@ class BucketedModule(NimbleModule):
         return max(arena_layout(m.plan)[1] for m in self.buckets.values())
 
     def device_bytes(self) -> int:
-        """Device bytes one executor allocates: the weights once, the shared allocation and the zero rows
-        padding is copied from."""
+        """Device bytes one executor allocates: the weights once, the shared allocation and the zeros padding
+        is copied from."""
         _, weights = self.shared_weights()
         return (sum(max(np.asarray(w).nbytes, 1) for w in weights.values()) + self.pool_bytes()
-                + padding_bytes(self.plan, self.batch_sizes))
+                + padding_bytes(self.space, {k: m.plan for k, m in self.buckets.items()}))
 
     def export(self, path: str, overwrite: bool = False) -> str:
         """Write one artifact directory: a plan and kernel library per bucket, the weights once."""
         names, weights = self.shared_weights()
-        return save_bucketed_artifact(path, [(b, m.plan, m.kernels, names[b]) for b, m in self.buckets.items()],
-                                      weights, extra={"info": self.info}, vendor_library=self.vendor_library,
+        return save_bucketed_artifact(path, [(k, m.plan, m.kernels, names[k]) for k, m in self.buckets.items()],
+                                      weights, None if self.space.rows else self.space.to_json(),
+                                      extra={"info": self.info}, vendor_library=self.vendor_library,
                                       overwrite=overwrite)
 
     export_library = export
@@ -182,13 +199,17 @@ def from_fixed(module: NimbleModule) -> BucketedModule:
 
 def load_bucketed(path: str) -> BucketedModule:
     """Load a bucketed artifact with the TVM runtime only."""
-    manifest, specs, weights = load_bucketed_files(path)
+    manifest, space, specs, weights = load_bucketed_files(path)
     vendor = _load_runtime_libraries(path, manifest)
     info = dict(manifest.get("info", {}))
     per_bucket = info.get("buckets", {}) if isinstance(info.get("buckets"), dict) else {}
     buckets, names = {}, {}
-    for batch, plan, kernels_path, constants in specs:
+    for key, plan, kernels_path, constants in specs:
         params = {c: weights[w] for c, w in constants.items()}
-        buckets[batch] = NimbleModule(plan, _load_kernels(plan, kernels_path), params, None, dict(per_bucket.get(str(batch), {})), vendor)
-        names[batch] = constants
-    return BucketedModule.of(buckets, info=info, weight_names=names, weights=weights)
+        buckets[key] = NimbleModule(plan, _load_kernels(plan, kernels_path), params, None,
+                                    dict(per_bucket.get(space.label(key), {})), vendor)
+        names[key] = constants
+    try:
+        return BucketedModule.of(buckets, space, info=info, weight_names=names, weights=weights)
+    except NimbleError as err:
+        raise ArtifactError(f"{path}: {err}") from None

@@ -49,7 +49,7 @@ class ArtifactFacts:
     def read(cls, path: str) -> "ArtifactFacts":
         manifest = read_manifest(path)  # one line (ArtifactError) for a path that is no artifact
         buckets = manifest.get("buckets")
-        sizes = tuple(sorted(int(b["batch"]) for b in buckets)) if buckets else None
+        sizes = tuple(sorted(int(b["batch"]) for b in buckets)) if buckets and "bucket_space" not in manifest else None
         return cls(os.path.abspath(path), str(manifest.get("target", {}).get("kind", "llvm")), sizes)
 
     @property

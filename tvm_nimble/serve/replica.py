@@ -73,7 +73,7 @@ class ReplicaModel:
     def __init__(self, artifact: str):
         self.executor = NimbleExecutor(artifact)
         plan = self.executor.plan
-        self.bucketed = hasattr(self.executor, "batch_sizes")
+        self.bucketed = getattr(self.executor, "batch_sizes", None) is not None  # rows that stack
         self.inputs = _slots(plan, plan.inputs)
         if self.bucketed:
             self.executor.warm()

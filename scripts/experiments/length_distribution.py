@@ -46,7 +46,7 @@ class NimbleBuckets:
         import tvm_nimble
 
         start = time.perf_counter()
-        result = tvm_nimble.build(model, target, buckets={"sequence_length": buckets}, kernels=args.kernels,
+        result = tvm_nimble.build(model, target, buckets={"batch": [1], "sequence_length": buckets}, kernels=args.kernels,
                                   precision=args.precision)
         self.executor = tvm_nimble.NimbleExecutor(result)
         self.dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)

@@ -43,7 +43,8 @@ MODELS = {
                                                       "num_attention_heads": 16, "intermediate_size": 4096}),
     "gpt2": HfModel("GPT2Config", "GPT2LMHeadModel"),
     "gpt2-tiny": HfModel("GPT2Config", "GPT2LMHeadModel", {"n_embd": 64, "n_layer": 2, "n_head": 4,
-                                                           "vocab_size": 256, "n_positions": 512}, seq=16),
+                                                           "vocab_size": 256, "n_positions": 512,
+                                                           "bos_token_id": 0, "eos_token_id": 0}, seq=16),
     "llama-0.5b": HfModel("LlamaConfig", "LlamaForCausalLM", {
         "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
         "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,

@@ -90,6 +90,7 @@ void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView
   int dtype = 0;
   const SdpaParams p = CheckSdpa(op, q, k, v, nullptr, attrs, y, workspace, &dtype);
   if (dtype == kF32) FailValue(op, "cuDNN's fused attention is fp16/bf16 here; float32 takes nimble.attention.sdpa");
+  if (p.group != 1) FailValue(op, "grouped K/V heads (attrs' last entry > 1) take nimble.attention.sdpa here");
   const int dev = q.device().device_id;
   Workspace ws = CheckWorkspace(op, workspace, dev);
   // both 16-bit dtypes: the offsets count 2-byte elements

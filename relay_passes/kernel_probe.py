@@ -69,9 +69,10 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list, list]:
     first-use order. A parameter is a tensor: an item of a tuple computed outside the chain (the Split of a fused
     QKV projection whose other items the model also reads elsewhere, e.g. as a key/value cache output) is the
     input, not the tuple, and its item binding is not emitted."""
+    members = {b.var for b in offload.bindings}
     items = {b.var for b in offload.bindings
-             if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value not in {x.var for x in offload.bindings}}
-    inside = {b.var for b in offload.bindings} - items
+             if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value not in members}
+    inside = members - items
     emitted = [b for b in offload.bindings if b.var not in items]
     params, views, seen = [], [], set()
     for b in emitted:

@@ -234,8 +234,7 @@ class _MixedPrecision(relax.PyExprMutator):
                 # a value computed from constants (a causal mask's where(.., 0, finfo.min)), which FoldConstant
                 # casts: saturated as narrowed() saturates a constant
                 info = ml_dtypes.finfo(_NUMPY[to])
-                source = self.builder_.emit(relax.op.clip(arg, relax.PrimValue(tvm.tirx.FloatImm(have, float(info.min))),
-                                                          relax.PrimValue(tvm.tirx.FloatImm(have, float(info.max)))))
+                source = self.builder_.emit(relax.op.clip(arg, float(info.min), float(info.max)))
             self.casts[key] = self.builder_.emit(relax.op.astype(source, to))
         return self.casts[key]
 

@@ -133,7 +133,8 @@ def _attention_calls(mod) -> list[list]:
                 continue
             if isinstance(v.op, relax.ExternFunc) and str(v.op.global_symbol) == attention.SDPA_BIAS:
                 calls.append(list(v.args))
-            elif v.args and isinstance(v.args[0], relax.ExternFunc) and str(v.args[0].global_symbol) == attention.SDPA_BIAS:
+            elif (v.args and isinstance(v.args[0], relax.ExternFunc)
+                  and str(v.args[0].global_symbol) == attention.SDPA_BIAS):
                 calls.append(list(v.args[1].fields))
     return calls
 
@@ -224,7 +225,7 @@ def test_grouped_query_attention_reads_each_kv_head_once(decoders):
     assert len(calls) == LAYERS
     for _q, k, v, _mask, attrs, *_outputs in calls:
         values = [int(x) for x in attrs.values]
-        assert values[1] == HEADS and values[-1] == HEADS // KV_HEADS
+        assert len(values) == 27 and values[1] == HEADS and values[26] == HEADS // KV_HEADS
         for kv in (k, v):  # k after RoPE [1, KV_HEADS, S, 16], v_proj's output [1, S, KV_HEADS * 16]: never repeated
             assert int(np.prod([int(d) for d in kv.ty.shape.values])) == SEQ * KV_HEADS * 16
     names = [gv.name_hint for gv in lowered.functions]

@@ -106,10 +106,10 @@ def _view(flat, offset, strides, shape):
 
 def np_sdpa(q, k, v, bias, attrs):
     """codegen/vendor/attention.cu's contract: softmax(scale * q·kᵀ + bias) · v in float64, y [B, H, Sq, Dv]
-    laid out by the y strides (returned flat); query head h reads KV head h // group (attrs' last entry), and a
+    laid out by the y strides (returned flat); query head h reads KV head h // group (attrs' entry 26, 1 when absent), and a
     row whose scores are all -inf outputs 0."""
     B, H, Sq, Sk, D, Dv = attrs[:6]
-    group = attrs[26]
+    group = attrs[26] if len(attrs) > 26 else 1
     qv = _view(q.ravel(), attrs[6], attrs[7:10], (B, H, Sq, D)).astype(np.float64)
     kv = np.repeat(_view(k.ravel(), attrs[10], attrs[11:14], (B, H // group, Sk, D)).astype(np.float64), group, axis=1)
     vv = np.repeat(_view(v.ravel(), attrs[14], attrs[15:18], (B, H // group, Sk, Dv)).astype(np.float64), group, axis=1)

@@ -11,9 +11,9 @@
 //   attrs = [B, H, Sq, Sk, D, Dv,
 //            q_offset, q_stride_b, q_stride_h, q_stride_s,  k_offset, k_stride_b, k_stride_h, k_stride_s,
 //            v_offset, v_stride_b, v_stride_h, v_stride_s,  y_stride_b, y_stride_h, y_stride_s,
-//            bias_stride_b, bias_stride_h, bias_stride_sq, bias_stride_sk,  scale (float32 bits),  group]
+//            bias_stride_b, bias_stride_h, bias_stride_sq, bias_stride_sk,  scale (float32 bits) [, group]]
 // in elements; the head dimension is contiguous (stride 1) everywhere; a bias stride of 0 broadcasts
-// (a [B, 1, 1, Sk] padding mask). group: query heads per KV head (grouped-query attention; 1 otherwise): k and v
+// (a [B, 1, 1, Sk] padding mask). group (absent: 1): query heads per KV head (grouped-query attention): k and v
 // have H / group heads and query head h reads their head h / group, so a decoder's repeated K/V is never
 // materialised. A row whose scores are all -inf (a fully masked query) outputs 0, not NaN. fp32, fp16 or bf16 in and out (the bias in the same dtype or fp32),
 // fp32 softmax and accumulation.

@@ -22,6 +22,8 @@ static_assert(offsetof(SdpaParams, m_sk) == 24 * sizeof(int64_t), "the attrs fil
 
 namespace {
 
+// 26 attrs, or 27 with the KV group (grouped-query attention) last: plans made before the group was added keep
+// working, and the offload writes the group only where it is over 1
 constexpr int kNumAttrs = 27;
 constexpr int64_t kMaxHeadDim = 128;
 
@@ -47,9 +49,9 @@ void CheckView(const char* op, const char* name, const TensorView& t, int64_t of
 // The attrs as SdpaParams, after checking every tensor against them (one-line errors); *dtype: kF32 / kF16 / kBF16.
 SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* bias,
                      const Shape& attrs, const TensorView& y, const TensorView& workspace, int* dtype_out) {
-  if (int(attrs.size()) != kNumAttrs) {
-    FailValue(op, "attrs must have " + std::to_string(kNumAttrs) + " entries (see the extension's header), got " +
-                      std::to_string(attrs.size()));
+  if (int(attrs.size()) != kNumAttrs && int(attrs.size()) != kNumAttrs - 1) {
+    FailValue(op, "attrs must have " + std::to_string(kNumAttrs - 1) + " or " + std::to_string(kNumAttrs) +
+                      " entries (see the extension's header), got " + std::to_string(attrs.size()));
   }
   if (q.device().device_type != kDLCUDA) {
     FailValue(op, "q must be a CUDA tensor, got device type " + std::to_string(q.device().device_type));
@@ -76,7 +78,7 @@ SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, c
   for (int i = 0; i < kNumAttrs - 1; ++i) f[i] = attrs[i];
   uint32_t bits = uint32_t(attrs[kNumAttrs - 2]);
   std::memcpy(&p.scale, &bits, sizeof(bits));
-  p.group = attrs[kNumAttrs - 1];
+  p.group = int(attrs.size()) == kNumAttrs ? attrs[kNumAttrs - 1] : 1;
   if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || p.D < 1 || p.Dv < 1) {
     FailValue(op, "attrs " + ShapeStr(attrs.data(), 6) + ": B, H, Sq, Sk, D and Dv must be >= 1");
   }
@@ -87,7 +89,7 @@ SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, c
   if (p.B > 65535 || p.H > 65535) FailValue(op, "B and H must be <= 65535");
   if (!std::isfinite(p.scale)) FailValue(op, "the scale (attrs' entry 25, float32 bits) is not finite");
   if (p.group < 1 || p.H % p.group != 0) {
-    FailValue(op, "the KV group (attrs' last entry) must be >= 1 and divide H = " + std::to_string(p.H) + ", got " +
+    FailValue(op, "the KV group (attrs' entry 26) must be >= 1 and divide H = " + std::to_string(p.H) + ", got " +
                       std::to_string(p.group));
   }
   const int64_t kv_heads = p.H / p.group;

@@ -12,7 +12,7 @@ computes, e.g. one QKV Linear's output for all three: the call reads them throug
 so those copies disappear, and a following ``permute_dims(0, 2, 1, 3)`` (the head merge) is written
 in place. Grouped-query attention's ``repeat_kv`` (K or V [B, Hkv, S, D] -> expand_dims(axis=2) ->
 broadcast_to [B, Hkv, g, S, D] -> reshape [B, Hkv * g, S, D], as the Qwen2 / Llama exports spell it) is
-read in place too: the call's last attr is the group g, and query head h reads KV head h // g. Casts
+read in place too: the call's attrs end with the group g, and query head h reads KV head h // g. Casts
 around the softmax (reduced-precision builds compute it in fp32; decoders' exports cast its output
 back to the values' dtype) are part of the chain. A bias (an attention mask) must broadcast to [B, H, Sq, Sk] from the right; any other
 form (``where`` masks, a scale after the bias, a head dimension over 128) stays on the other
@@ -106,7 +106,8 @@ def _repeat_kv(chains, var, stop: set) -> list | None:
     if None in (out, mid, big, src) or len(src) != 4 or len(big) != 5:
         return None
     b, hkv, s, d = src
-    if list(mid) != [b, hkv, 1, s, d] or big[:2] != (b, hkv) or big[3:] != (s, d) or list(out) != [b, hkv * big[2], s, d]:
+    if (list(mid) != [b, hkv, 1, s, d] or big[:2] != (b, hkv) or big[3:] != (s, d)
+            or list(out) != [b, hkv * big[2], s, d]):
         return None
     return [(var, value), (wide, wide_value), (unit, unit_value)]
 
@@ -215,7 +216,8 @@ def _compose(chains, base, steps: list) -> _View:
             continue
         if repeating:  # repeat_kv's reshape [B, Hkv, g, S, D] -> [B, Hkv * g, S, D] (see _repeat_kv)
             group, head_axis, repeating = shape[2], 1, False
-            shape, strides = [shape[0], shape[1] * group, shape[3], shape[4]], [strides[0], strides[1], strides[3], strides[4]]
+            shape = [shape[0], shape[1] * group, shape[3], shape[4]]
+            strides = [strides[0], strides[1], strides[3], strides[4]]  # the KV head's stride; h // group picks it
             continue
         if operator_of(value) == "relax.split":
             continue  # its item (the next step) says which part
@@ -421,9 +423,10 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
         m_strides = [s if m != 1 else 0 for m, s in zip(aligned, _contiguous(aligned))]
         args.append(bias)
     scale_bits = struct.unpack("<I", struct.pack("<f", scale))[0]
-    # the KV head of query head h is h // group (vendor_abi's SDPA attrs: the group is the last)
+    # the KV head of query head h is h // group, written only where it is over 1 (codegen/vendor/sdpa_args.h: 26
+    # attrs, or 27 with the group; plans without it stay as they were)
     attrs = [B, H, Sq, Sk, D, Dv, qo, qst[0], qst[1], qst[2], ko, kst[0], kst[1], kst[2],
-             vo, vst[0], vst[1], vst[2], *o_strides, *m_strides, scale_bits, group]
+             vo, vst[0], vst[1], vst[2], *o_strides, *m_strides, scale_bits] + ([group] if group > 1 else [])
     args.append(relax.ShapeExpr(attrs))
     removed = list(keep | (core - {last}))
     if cudnn:

@@ -64,11 +64,18 @@ def _constant_index(var, bound: dict):
     return None if value is None else relax.const(np.asarray(value, dtype=str(ty.dtype)))
 
 
-def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
-    """(parameters, constant-view bindings to copy) of one chain, in first-use order."""
-    inside = {b.var for b in offload.bindings}
+def _inputs(offload: Offload, bound: dict) -> tuple[list, list, list]:
+    """(parameters, constant-view bindings to copy, the chain's bindings to emit) of one chain, parameters in
+    first-use order. A parameter is a tensor: an item of a tuple computed outside the chain (the Split of a fused
+    QKV projection whose other items the model also reads elsewhere, e.g. as a key/value cache output) is the
+    input, not the tuple, and its item binding is not emitted."""
+    members = {b.var for b in offload.bindings}
+    items = {b.var for b in offload.bindings
+             if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value not in members}
+    inside = members - items
+    emitted = [b for b in offload.bindings if b.var not in items]
     params, views, seen = [], [], set()
-    for b in offload.bindings:
+    for b in emitted:
         for a in operands(b.value):
             if not isinstance(a, relax.Var) or a in inside or a in seen:
                 continue
@@ -81,7 +88,7 @@ def _inputs(offload: Offload, bound: dict) -> tuple[list, list]:
                 views.append(relax.VarBinding(a, index))
             else:
                 params.append(a)
-    return params, views
+    return params, views, emitted
 
 
 def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = False,
@@ -103,20 +110,20 @@ def build_probe(mod: tvm.IRModule, func_name: str = "main", allow_tf32: bool = F
         k = o.signature if key is None else key(o)
         first.setdefault(k, o)
         counts[k] = counts.get(k, 0) + 1
-    plan = []  # (offload, {original param var: probe param}, views)
+    plan = []  # (offload, {original param var: probe param}, views, the chain's bindings to emit)
     all_params = []
     for i, o in enumerate(first.values()):
-        params, views = _inputs(o, bound)
+        params, views, emitted = _inputs(o, bound)
         fresh = {p: relax.Var(f"c{i}_{k}", p.ty) for k, p in enumerate(params)}
         all_params.extend(fresh.values())
-        plan.append((o, fresh, views))
+        plan.append((o, fresh, views, emitted))
     bb = relax.BlockBuilder()
     with bb.function("main", all_params):
         with bb.dataflow():
             outs = []
-            for o, var_map, views in plan:
+            for o, var_map, views, emitted in plan:
                 var_map = dict(var_map)
-                for b in views + o.bindings:
+                for b in views + emitted:
                     var_map[b.var] = bb.emit(_substitute(b.value, var_map))
                 outs.append(var_map[o.last])
             out = bb.emit_output(relax.Tuple(outs))

@@ -197,6 +197,18 @@ def _float_dtype(expr) -> str | None:
     return None
 
 
+def narrowed(value: np.ndarray, to: str) -> np.ndarray:
+    """``value`` in the float dtype ``to``, finite values saturated to its finite range: an attention mask's
+    finfo(float32).min (what Hugging Face exports add for a masked key) is -inf in float16, and a query whose keys
+    are all masked (a left-padded position) then has a softmax of -inf - (-inf) = NaN, where float32 gives a
+    finite row. Saturated, the row stays finite as in float32; non-finite values stay as they are."""
+    dtype = _NUMPY[to]
+    if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize:
+        info = ml_dtypes.finfo(dtype)
+        value = np.where(np.isfinite(value), np.clip(value, float(info.min), float(info.max)), value)
+    return value.astype(dtype)
+
+
 @relax.expr_functor.mutator
 class _MixedPrecision(relax.PyExprMutator):
     """One forward walk: each call's float arguments are cast to the dtype its rule asks for (one cast
@@ -214,10 +226,16 @@ class _MixedPrecision(relax.PyExprMutator):
         if have is None or have == to:
             return arg
         if isinstance(arg, Constant):  # cast here: FoldConstant leaves scalar casts, which hide a scale
-            return relax.const(tvm.runtime.tensor(arg.value.numpy().astype(_NUMPY[to])))
+            return relax.const(tvm.runtime.tensor(narrowed(arg.value.numpy(), to)))
         key = (arg, to)
         if key not in self.casts:
-            self.casts[key] = self.builder_.emit(relax.op.astype(arg, to))
+            source = arg
+            if np.dtype(_NUMPY[to]).itemsize < np.dtype(_NUMPY[have]).itemsize and self._is_constant(arg):
+                # a value computed from constants (a causal mask's where(.., 0, finfo.min)), which FoldConstant
+                # casts: saturated as narrowed() saturates a constant
+                info = ml_dtypes.finfo(_NUMPY[to])
+                source = self.builder_.emit(relax.op.clip(arg, float(info.min), float(info.max)))
+            self.casts[key] = self.builder_.emit(relax.op.astype(source, to))
         return self.casts[key]
 
     def _leaves(self, args):

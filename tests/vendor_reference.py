@@ -106,18 +106,21 @@ def _view(flat, offset, strides, shape):
 
 def np_sdpa(q, k, v, bias, attrs):
     """codegen/vendor/attention.cu's contract: softmax(scale * q·kᵀ + bias) · v in float64, y [B, H, Sq, Dv]
-    laid out by the y strides (returned flat)."""
+    laid out by the y strides (returned flat); query head h reads KV head h // group (attrs' entry 26, 1 when absent), and a
+    row whose scores are all -inf outputs 0."""
     B, H, Sq, Sk, D, Dv = attrs[:6]
+    group = attrs[26] if len(attrs) > 26 else 1
     qv = _view(q.ravel(), attrs[6], attrs[7:10], (B, H, Sq, D)).astype(np.float64)
-    kv = _view(k.ravel(), attrs[10], attrs[11:14], (B, H, Sk, D)).astype(np.float64)
-    vv = _view(v.ravel(), attrs[14], attrs[15:18], (B, H, Sk, Dv)).astype(np.float64)
+    kv = np.repeat(_view(k.ravel(), attrs[10], attrs[11:14], (B, H // group, Sk, D)).astype(np.float64), group, axis=1)
+    vv = np.repeat(_view(v.ravel(), attrs[14], attrs[15:18], (B, H // group, Sk, Dv)).astype(np.float64), group, axis=1)
     scale = struct.unpack("<f", struct.pack("<I", attrs[25]))[0]
     s = scale * qv @ np.swapaxes(kv, -1, -2)
     if bias is not None:
         item = bias.itemsize
         s = s + as_strided(bias.ravel(), shape=(B, H, Sq, Sk), strides=[x * item for x in attrs[21:25]])
-    p = np.exp(s - s.max(-1, keepdims=True))
-    out = (p / p.sum(-1, keepdims=True)) @ vv
+    top = s.max(-1, keepdims=True)
+    p = np.where(np.isneginf(top), 0.0, np.exp(s - np.where(np.isneginf(top), 0.0, top)))
+    out = (p / np.maximum(p.sum(-1, keepdims=True), np.finfo(np.float64).tiny)) @ vv
     y = np.zeros(B * H * Sq * Dv)
     idx = (np.arange(B)[:, None, None, None] * attrs[18] + np.arange(H)[None, :, None, None] * attrs[19]
            + np.arange(Sq)[None, None, :, None] * attrs[20] + np.arange(Dv)[None, None, None, :])

@@ -11,9 +11,11 @@
 //   attrs = [B, H, Sq, Sk, D, Dv,
 //            q_offset, q_stride_b, q_stride_h, q_stride_s,  k_offset, k_stride_b, k_stride_h, k_stride_s,
 //            v_offset, v_stride_b, v_stride_h, v_stride_s,  y_stride_b, y_stride_h, y_stride_s,
-//            bias_stride_b, bias_stride_h, bias_stride_sq, bias_stride_sk,  scale (float32 bits)]
+//            bias_stride_b, bias_stride_h, bias_stride_sq, bias_stride_sk,  scale (float32 bits) [, group]]
 // in elements; the head dimension is contiguous (stride 1) everywhere; a bias stride of 0 broadcasts
-// (a [B, 1, 1, Sk] padding mask). fp32, fp16 or bf16 in and out (the bias in the same dtype or fp32),
+// (a [B, 1, 1, Sk] padding mask). group (absent: 1): query heads per KV head (grouped-query attention): k and v
+// have H / group heads and query head h reads their head h / group, so a decoder's repeated K/V is never
+// materialised. A row whose scores are all -inf (a fully masked query) outputs 0, not NaN. fp32, fp16 or bf16 in and out (the bias in the same dtype or fp32),
 // fp32 softmax and accumulation.
 //
 // Three kernels, all fp32 math, written for batch-1 inference, where a flash kernel's large tiles leave
@@ -81,8 +83,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = int(p.D), Dv = int(p.Dv);
   const T* qb = q + p.q_off + b * p.q_sb + h * p.q_sh;  // this (batch, head)'s views
-  const T* kb = k + p.k_off + b * p.k_sb + h * p.k_sh;
-  const T* vb = v + p.v_off + b * p.v_sb + h * p.v_sh;
+  const T* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh;
+  const T* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh;
   const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
   // Global loads: a warp reads whole rows (lane, lane + 32, ...: coalesced), fixed trip counts so that
   // all of a thread's loads are in flight at once; the next key tile is fetched into registers while
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
 #pragma unroll
       for (int c = 0; c < DC; ++c) {
         const int d = lane + 32 * c;
-        if (d < Dv) o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(acc[r][c] / sum[r]);
+        if (d < Dv) o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(Normalised(acc[r][c], sum[r]));
       }
     }
   }
@@ -238,8 +240,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int D = int(p.D), Dv = int(p.Dv);
   const T* qb = q + p.q_off + b * p.q_sb + h * p.q_sh;
-  const T* kb = k + p.k_off + b * p.k_sb + h * p.k_sh;
-  const T* vb = v + p.v_off + b * p.v_sb + h * p.v_sh;
+  const T* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh;
+  const T* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh;
   const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
   for (int i = threadIdx.x; i < R * W; i += blockDim.x) {  // the block's rows, scaled; zeros pad rows and width
     const int r = i / W, d = i % W;
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
       L += wt * Ls[w][r];
       O += wt * Scratch[w][r * W + d];
     }
-    o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(O / L);
+    o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(Normalised(O, L));
   }
 }
 

@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
 
   // 1. Q and K (one group), then V (a second group, waited for after the softmax)
   const float* qb = q + p.q_off + b * p.q_sb + h * p.q_sh + row0 * p.q_ss;
-  const float* kb = k + p.k_off + b * p.k_sb + h * p.k_sh + key0 * p.k_ss;
-  const float* vb = v + p.v_off + b * p.v_sb + h * p.v_sh + key0 * p.v_ss;
+  const float* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh + key0 * p.k_ss;
+  const float* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh + key0 * p.v_ss;
   ClStage(Qs, kClPitch, qb, p.q_ss, kClRows, rows, dq, tid);
   ClStage(Ks, kClPitch, kb, p.k_ss, ks16, keys, dq, tid);
   CpAsyncCommit();
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
     }
   }
   float* ob = o + b * p.o_sb + h * p.o_sh + row0 * p.o_ss;
-  if (splits == 1) {  // the whole head's keys: normalise and write (a row whose scores are all -inf: 0 / 0, NaN)
+  if (splits == 1) {  // the whole head's keys: normalise and write (a row whose scores are all -inf: 0, see Normalised)
     if (dc < vq) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
         if (row < rows) {
           const float l = Ls[row];
           *reinterpret_cast<float4*>(ob + row * p.o_ss + 4 * dc) =
-              make_float4(out[r][0] / l, out[r][1] / l, out[r][2] / l, out[r][3] / l);
+              make_float4(Normalised(out[r][0], l), Normalised(out[r][1], l), Normalised(out[r][2], l),
+                          Normalised(out[r][3], l));
         }
       }
     }
@@ -218,7 +219,8 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
       const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(Os, s) + row * kClPitch + 4 * c);
       acc4.x += w * x.x, acc4.y += w * x.y, acc4.z += w * x.z, acc4.w += w * x.w;
     }
-    *reinterpret_cast<float4*>(ob + row * p.o_ss + 4 * c) = make_float4(acc4.x / l, acc4.y / l, acc4.z / l, acc4.w / l);
+    *reinterpret_cast<float4*>(ob + row * p.o_ss + 4 * c) = make_float4(Normalised(acc4.x, l), Normalised(acc4.y, l),
+                                                                     Normalised(acc4.z, l), Normalised(acc4.w, l));
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 #else

@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(kTileThreads, 2) SdpaTileKernel(const T* __res
   const int Sk = int(p.Sk), D = int(p.D), Dv = int(p.Dv);
   const int rows = int(p.Sq - row0 < R ? p.Sq - row0 : R);  // the block's rows inside Sq (>= 1)
   const T* qb = q + p.q_off + b * p.q_sb + h * p.q_sh + row0 * p.q_ss;
-  const T* kb = k + p.k_off + b * p.k_sb + h * p.k_sh;
-  const T* vb = v + p.v_off + b * p.v_sb + h * p.v_sh;
+  const T* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh;
+  const T* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh;
   const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
   const int dq = L.dp / 4, vq = L.vdp / 4, nkg = L.skp / 4;
 
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kTileThreads, 2) SdpaTileKernel(const T* __res
           T* orow = ob + r * p.o_ss + 4 * cq;
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            if (4 * cq + e < Dv) orow[e] = FromF<T>(acc[mm][e] / l);
+            if (4 * cq + e < Dv) orow[e] = FromF<T>(Normalised(acc[mm][e], l));
           }
         }
       }

@@ -90,6 +90,7 @@ void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView
   int dtype = 0;
   const SdpaParams p = CheckSdpa(op, q, k, v, nullptr, attrs, y, workspace, &dtype);
   if (dtype == kF32) FailValue(op, "cuDNN's fused attention is fp16/bf16 here; float32 takes nimble.attention.sdpa");
+  if (p.group != 1) FailValue(op, "grouped K/V heads (a group over 1) take nimble.attention.sdpa here");
   const int dev = q.device().device_id;
   Workspace ws = CheckWorkspace(op, workspace, dev);
   // both 16-bit dtypes: the offsets count 2-byte elements
@@ -102,7 +103,7 @@ void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView
   SdpaKey key{};
   key[0] = dev;
   key[1] = dtype;
-  for (int i = 0; i < kNumAttrs; ++i) key[2 + i] = attrs[i];
+  for (int i = 0; i < int(attrs.size()); ++i) key[2 + i] = attrs[i];  // 26 or 27 (CheckSdpa)
   key[2 + kNumAttrs] = PtrAlign(qp), key[3 + kNumAttrs] = PtrAlign(kp), key[4 + kNumAttrs] = PtrAlign(vp);
   key[5 + kNumAttrs] = PtrAlign(DataPtr(y));
   SdpaGraph* g;

@@ -16,13 +16,20 @@ struct SdpaParams {
   int64_t q_off, q_sb, q_sh, q_ss, k_off, k_sb, k_sh, k_ss, v_off, v_sb, v_sh, v_ss;
   int64_t o_sb, o_sh, o_ss, m_sb, m_sh, m_sq, m_sk;
   float scale;
+  int64_t group;  // query heads per KV head (grouped-query attention): head h reads k and v's head h / group
 };
 static_assert(offsetof(SdpaParams, m_sk) == 24 * sizeof(int64_t), "the attrs fill B .. m_sk in order");
 
 namespace {
 
-constexpr int kNumAttrs = 26;
+// 26 attrs, or 27 with the KV group (grouped-query attention) last: plans made before the group was added keep
+// working, and the offload writes the group only where it is over 1
+constexpr int kNumAttrs = 27;
 constexpr int64_t kMaxHeadDim = 128;
+
+// softmax's normalisation of a row's weighted sum: 0 for a row whose every score is -inf (a fully masked query, e.g. a
+// left-padded position in a 16-bit model whose mask is -inf), which has nothing to weigh (0 / 0 would be NaN)
+__device__ __forceinline__ float Normalised(float x, float l) { return l > 0.0f ? x / l : 0.0f; }
 
 // The largest element a strided [B, H, S, D] view reads, +1 (what the tensor must hold).
 int64_t ViewExtent(int64_t off, int64_t sb, int64_t sh, int64_t ss, int64_t B, int64_t H, int64_t S, int64_t D) {
@@ -42,9 +49,9 @@ void CheckView(const char* op, const char* name, const TensorView& t, int64_t of
 // The attrs as SdpaParams, after checking every tensor against them (one-line errors); *dtype: kF32 / kF16 / kBF16.
 SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* bias,
                      const Shape& attrs, const TensorView& y, const TensorView& workspace, int* dtype_out) {
-  if (int(attrs.size()) != kNumAttrs) {
-    FailValue(op, "attrs must have " + std::to_string(kNumAttrs) + " entries (see the extension's header), got " +
-                      std::to_string(attrs.size()));
+  if (int(attrs.size()) != kNumAttrs && int(attrs.size()) != kNumAttrs - 1) {
+    FailValue(op, "attrs must have " + std::to_string(kNumAttrs - 1) + " or " + std::to_string(kNumAttrs) +
+                      " entries (see the extension's header), got " + std::to_string(attrs.size()));
   }
   if (q.device().device_type != kDLCUDA) {
     FailValue(op, "q must be a CUDA tensor, got device type " + std::to_string(q.device().device_type));
@@ -67,10 +74,11 @@ SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, c
   }
   CheckWorkspace(op, workspace, dev);
   SdpaParams p;
-  int64_t* f = &p.B;  // B .. m_sk: the first 25 attrs, in order
+  int64_t* f = &p.B;  // B .. m_sk: the first 25 attrs, in order; then the scale's bits and the KV group
   for (int i = 0; i < kNumAttrs - 1; ++i) f[i] = attrs[i];
-  uint32_t bits = uint32_t(attrs[kNumAttrs - 1]);
+  uint32_t bits = uint32_t(attrs[kNumAttrs - 2]);
   std::memcpy(&p.scale, &bits, sizeof(bits));
+  p.group = int(attrs.size()) == kNumAttrs ? attrs[kNumAttrs - 1] : 1;
   if (p.B < 1 || p.H < 1 || p.Sq < 1 || p.Sk < 1 || p.D < 1 || p.Dv < 1) {
     FailValue(op, "attrs " + ShapeStr(attrs.data(), 6) + ": B, H, Sq, Sk, D and Dv must be >= 1");
   }
@@ -79,10 +87,15 @@ SdpaParams CheckSdpa(const char* op, const TensorView& q, const TensorView& k, c
                       std::to_string(kMaxHeadDim));
   }
   if (p.B > 65535 || p.H > 65535) FailValue(op, "B and H must be <= 65535");
-  if (!std::isfinite(p.scale)) FailValue(op, "the scale (attrs' last entry, float32 bits) is not finite");
+  if (!std::isfinite(p.scale)) FailValue(op, "the scale (attrs' entry 25, float32 bits) is not finite");
+  if (p.group < 1 || p.H % p.group != 0) {
+    FailValue(op, "the KV group (attrs' entry 26) must be >= 1 and divide H = " + std::to_string(p.H) + ", got " +
+                      std::to_string(p.group));
+  }
+  const int64_t kv_heads = p.H / p.group;
   CheckView(op, "q", q, p.q_off, p.q_sb, p.q_sh, p.q_ss, p.B, p.H, p.Sq, p.D);
-  CheckView(op, "k", k, p.k_off, p.k_sb, p.k_sh, p.k_ss, p.B, p.H, p.Sk, p.D);
-  CheckView(op, "v", v, p.v_off, p.v_sb, p.v_sh, p.v_ss, p.B, p.H, p.Sk, p.Dv);
+  CheckView(op, "k", k, p.k_off, p.k_sb, p.k_sh, p.k_ss, p.B, kv_heads, p.Sk, p.D);
+  CheckView(op, "v", v, p.v_off, p.v_sb, p.v_sh, p.v_ss, p.B, kv_heads, p.Sk, p.Dv);
   CheckView(op, "y", y, 0, p.o_sb, p.o_sh, p.o_ss, p.B, p.H, p.Sq, p.Dv);
   if (y.numel() != p.B * p.H * p.Sq * p.Dv) {
     FailValue(op, "y " + ShapeStr(y) + " must hold B * H * Sq * Dv = " + std::to_string(p.B * p.H * p.Sq * p.Dv) +

@@ -10,7 +10,11 @@ q, kᵀ and v are traced back through the views that split the heads (reshape, p
 and a multiply by a scalar constant, which becomes part of the scale) to the tensors the model
 computes, e.g. one QKV Linear's output for all three: the call reads them through strided views,
 so those copies disappear, and a following ``permute_dims(0, 2, 1, 3)`` (the head merge) is written
-in place. A bias (an attention mask) must broadcast to [B, H, Sq, Sk] from the right; any other
+in place. Grouped-query attention's ``repeat_kv`` (K or V [B, Hkv, S, D] -> expand_dims(axis=2) ->
+broadcast_to [B, Hkv, g, S, D] -> reshape [B, Hkv * g, S, D], as the Qwen2 / Llama exports spell it) is
+read in place too: the call's attrs end with the group g, and query head h reads KV head h // g. Casts
+around the softmax (reduced-precision builds compute it in fp32; decoders' exports cast its output
+back to the values' dtype) are part of the chain. A bias (an attention mask) must broadcast to [B, H, Sq, Sk] from the right; any other
 form (``where`` masks, a scale after the bias, a head dimension over 128) stays on the other
 providers' and TVM's kernels, with the reason in the offload report.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
@@ -82,13 +87,42 @@ def _scaled_input(chains, value):
     return value.args[0]
 
 
+def _repeat_kv(chains, var, stop: set) -> list | None:
+    """The bindings of ``repeat_kv`` computing ``var`` (reshape first): ``reshape(broadcast_to(expand_dims(x,
+    axis=2), [B, Hkv, g, S, D]), [B, Hkv * g, S, D])`` with x [B, Hkv, S, D]; else None."""
+    value = chains.value.get(var)
+    if operator_of(value) != "relax.reshape" or not isinstance(value.args[0], relax.Var):
+        return None
+    wide = value.args[0]
+    wide_value = chains.value.get(wide)
+    if operator_of(wide_value) != "relax.broadcast_to" or not isinstance(wide_value.args[0], relax.Var):
+        return None
+    unit = wide_value.args[0]
+    unit_value = chains.value.get(unit)
+    if operator_of(unit_value) != "relax.expand_dims" or any(v in stop or v in chains.claimed for v in (wide, unit)):
+        return None
+    x, out, mid, big = unit_value.args[0], known_shape(var), known_shape(unit), known_shape(wide)
+    src = known_shape(x)
+    if None in (out, mid, big, src) or len(src) != 4 or len(big) != 5:
+        return None
+    b, hkv, s, d = src
+    if (list(mid) != [b, hkv, 1, s, d] or big[:2] != (b, hkv) or big[3:] != (s, d)
+            or list(out) != [b, hkv * big[2], s, d]):
+        return None
+    return [(var, value), (wide, wide_value), (unit, unit_value)]
+
+
 def _trace(chains, operand, stop: set) -> list:
     """The view / scale bindings from ``operand`` back towards the tensor it reads (operand first),
     stopping at a var in ``stop`` or at any other operator."""
     steps, var = [], operand
     while isinstance(var, relax.Var) and var in chains.value and var not in stop and var not in chains.claimed:
         value = chains.value[var]
-        if isinstance(value, relax.TupleGetItem):
+        repeat = _repeat_kv(chains, var, stop)
+        if repeat is not None:
+            steps += repeat
+            var = repeat[-1][1].args[0]
+        elif isinstance(value, relax.TupleGetItem):
             split = chains.value.get(value.tuple_value) if isinstance(value.tuple_value, relax.Var) else None
             if operator_of(split) != "relax.split" or value.tuple_value in stop:
                 break
@@ -153,14 +187,38 @@ def _input_of(chains, value):
     return _scaled_input(chains, value) if operator_of(value) in _SCALES else value.args[0]
 
 
-def _compose(chains, base, steps: list):
-    """(offset, shape, strides, scale) of the first step's output as a view of ``base``, the last step's
-    input: the steps applied base-first."""
+@dataclass
+class _View:
+    """A strided view of a tensor the model computes: element [i0, i1, ..] at ``offset + sum(i * stride)``, except
+    that along ``head_axis`` index i reads i // ``group`` (a repeat_kv's query heads sharing one KV head)."""
+
+    offset: int
+    shape: list
+    strides: list
+    scale: float = 1.0
+    group: int = 1
+    head_axis: int = -1
+
+
+def _compose(chains, base, steps: list) -> _View:
+    """The first step's output as a view of ``base``, the last step's input: the steps applied base-first."""
     shape = known_shape(base)
     if shape is None:
         raise _NotTaken("a tensor of the attention has no static shape")
     shape, strides, offset, scale = list(shape), _contiguous(shape), 0, 1.0
+    group, head_axis, repeating = 1, -1, False
     for var, value in reversed(steps):
+        op = operator_of(value)
+        if group > 1 and op not in _SCALES and op not in ("relax.astype", "relax.permute_dims"):
+            raise _NotTaken("a view of repeated K/V heads the trace cannot follow")
+        if op == "relax.broadcast_to":  # repeat_kv: [B, Hkv, 1, S, D] (stride 0 on the unit axis) -> [B, Hkv, g, S, D]
+            shape, repeating = list(known_shape(var)), True
+            continue
+        if repeating:  # repeat_kv's reshape [B, Hkv, g, S, D] -> [B, Hkv * g, S, D] (see _repeat_kv)
+            group, head_axis, repeating = shape[2], 1, False
+            shape = [shape[0], shape[1] * group, shape[3], shape[4]]
+            strides = [strides[0], strides[1], strides[3], strides[4]]  # the KV head's stride; h // group picks it
+            continue
         if operator_of(value) == "relax.split":
             continue  # its item (the next step) says which part
         if isinstance(value, relax.TupleGetItem):
@@ -176,7 +234,6 @@ def _compose(chains, base, steps: list):
             offset += starts[i] * strides[axis]
             shape[axis] = starts[i + 1] - starts[i]
             continue
-        op = operator_of(value)
         if op in _SCALES:
             scale *= _scale_step(chains, value)
             continue
@@ -193,6 +250,7 @@ def _compose(chains, base, steps: list):
         elif op == "relax.permute_dims":
             axes = list(range(len(shape)))[::-1] if value.attrs.axes is None else ints(value.attrs.axes)
             shape, strides = [shape[a] for a in axes], [strides[a] for a in axes]
+            head_axis = axes.index(head_axis) if group > 1 else head_axis
         elif op == "relax.take":
             idx = const_value(chains.value, value.args[1])
             if idx is None or idx.size != 1:
@@ -211,7 +269,7 @@ def _compose(chains, base, steps: list):
                 strides.append(next(it)[1] if d != 1 else 0)
         if list(shape) != list(out):
             raise _NotTaken("a view the trace cannot follow")
-    return offset, shape, strides, scale
+    return _View(offset, shape, strides, scale, group, head_axis)
 
 
 def _bhsd(shape, strides, what: str):
@@ -288,7 +346,7 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[
     core.append(nxt)
     probs = nxt
     nxt, pv = chains.follow(probs)
-    if operator_of(pv) == "relax.astype":  # back to the build's precision for ·V
+    while operator_of(pv) == "relax.astype":  # back to the build's precision for ·V (exports cast once more)
         core.append(nxt)
         probs = nxt
         nxt, pv = chains.follow(probs)
@@ -320,14 +378,22 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
     for x, steps in zip((q, kt, v), traces):
         steps = [(sv, value) for sv, value in steps if sv in keep]  # a prefix: what the call reads through
         base = _input_of(chains, steps[-1][1]) if steps else x  # an item's base is its split's input
-        offset, shape, strides, factor = _compose(chains, base, steps)
+        view = _compose(chains, base, steps)
         if any(operator_of(value) == "relax.astype" and _BITS[dtype_of(sv)] < _BITS[dtype] for sv, value in steps):
             raise _NotTaken(f"q, k or v is rounded to a narrower dtype than the attention's {dtype}")
         if dtype_of(base) != dtype:
             raise _NotTaken("q, k and v are read from tensors of another dtype")
-        views.append((base, offset, shape, strides))
-        scale *= factor
-    (qb, qo, qs, qst), (kb, ko, ks, kst), (vb, vo, vs, vst) = views
+        views.append((base, view))
+        scale *= view.scale
+    (qb, qv), (kb, kv), (vb, vv) = views
+    group = kv.group
+    if qv.group != 1 or vv.group != group or any(x.group > 1 and (len(x.shape) != 4 or x.head_axis != 1)
+                                                 for x in (kv, vv)):
+        raise _NotTaken("q is repeated, or k and v are not repeated alike along the heads (grouped-query attention "
+                        "reads each KV head once for the query heads of its group)")
+    qo, qs, qst = qv.offset, qv.shape, qv.strides
+    ko, ks, kst = kv.offset, kv.shape, kv.strides
+    vo, vs, vst = vv.offset, vv.shape, vv.strides
     if len(ks) in (3, 4):  # kᵀ [.., D, Sk] -> k [.., Sk, D]
         ks, kst = ks[:-2] + [ks[-1], ks[-2]], kst[:-2] + [kst[-1], kst[-2]]
     qs, qst = _bhsd(qs, qst, "q")
@@ -357,14 +423,16 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
         m_strides = [s if m != 1 else 0 for m, s in zip(aligned, _contiguous(aligned))]
         args.append(bias)
     scale_bits = struct.unpack("<I", struct.pack("<f", scale))[0]
+    # the KV head of query head h is h // group, written only where it is over 1 (codegen/vendor/sdpa_args.h: 26
+    # attrs, or 27 with the group; plans without it stay as they were)
     attrs = [B, H, Sq, Sk, D, Dv, qo, qst[0], qst[1], qst[2], ko, kst[0], kst[1], kst[2],
-             vo, vst[0], vst[1], vst[2], *o_strides, *m_strides, scale_bits]
+             vo, vst[0], vst[1], vst[2], *o_strides, *m_strides, scale_bits] + ([group] if group > 1 else [])
     args.append(relax.ShapeExpr(attrs))
     removed = list(keep | (core - {last}))
     if cudnn:
         aligned = [D, Dv, qo, ko, vo, *qst[:3], *kst[:3], *vst[:3], *o_strides]
-        if dtype not in _HALF or bias is not None or any(x % 8 for x in aligned):
-            return None  # cuDNN's SDPA: fp16/bf16, no mask here, 16-byte aligned rows and heads
+        if dtype not in _HALF or bias is not None or group != 1 or any(x % 8 for x in aligned):
+            return None  # cuDNN's SDPA: fp16/bf16, no mask or KV groups here, 16-byte aligned rows and heads
         return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
     name = kernels[1] if bias is not None else kernels[0]
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)

@@ -39,7 +39,8 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
 
         # static shape arithmetic folded first: the converter leaves a Cast(to=float) of a shape in fp32,
         # and timm's attention scale (sqrt of a Cast of a Slice of a Shape) then mixes fp16 and fp32
-        onnx_model = float16.convert_float_to_float16(fold_static_shapes(onnx_model), keep_io_types=True)
+        onnx_model = _cast_types_kept(float16.convert_float_to_float16(fold_static_shapes(onnx_model),
+                                                                       keep_io_types=True))
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -52,7 +53,9 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
     systems = []
     with _serialized(onnx_model) as blob:
         for name, graph in (("ort-cuda", "0"), ("ort-cuda-graph", "1")):
-            system = _session(ort, blob, name, graph, precision, feeds, sync)
+            # the outputs' shapes come from the plain session's run: a first run of the CUDA-graph session captures
+            # its graph with the buffers that run used, which the bound outputs are not
+            system = _session(ort, blob, name, graph, precision, feeds, sync, systems[0].outputs() if systems else None)
             if isinstance(system, str):
                 return [], [system]
             systems.append(system)
@@ -76,9 +79,10 @@ def _serialized(onnx_model):
         yield path
 
 
-def _session(ort, blob, name: str, graph: str, precision: str, feeds: dict, sync):
+def _session(ort, blob, name: str, graph: str, precision: str, feeds: dict, sync, reference=None):
     """One ONNX Runtime system (``graph``: "1" captures a CUDA graph) with its inputs and outputs bound on the
-    GPU, or the one-line reason it could not be made."""
+    GPU, or the one-line reason it could not be made. ``reference``: outputs of the model on ``feeds`` (their
+    shapes and dtypes), else this session runs it once unbound (never a CUDA-graph session: see the caller)."""
     options = {"use_tf32": "1" if precision == "tf32" else "0", "cudnn_conv_algo_search": "EXHAUSTIVE",
                "enable_cuda_graph": graph}
     start = time.perf_counter()  # its build: the session's creation and the first run (cuDNN's search, the capture)
@@ -86,7 +90,8 @@ def _session(ort, blob, name: str, graph: str, precision: str, feeds: dict, sync
         sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", options)])
     except Exception as err:  # noqa: BLE001 -- ORT's own error types; the bench goes on without its rows
         return f"ONNX Runtime could not load the {precision} model: {' '.join(str(err).split())[:200]}"
-    reference = sess.run(None, feeds)
+    if reference is None:
+        reference = sess.run(None, feeds)
     binding = sess.io_binding()
     keep = []
     for k, v in feeds.items():
@@ -106,3 +111,21 @@ def _session(ort, blob, name: str, graph: str, precision: str, feeds: dict, sync
     sync()
     return System(name, run, sync, lambda run=run, outs=outs, keep=keep: (run(), sync(), [o.numpy() for o in outs])[2],
                   time.perf_counter() - start)
+
+
+def _cast_types_kept(model):
+    """``model`` with each Cast to float32 whose output the fp16 converter retyped to float16 casting to float16:
+    the converter retypes every float32 value, the outputs of the Casts to float32 that transformers' attention
+    computes in too, but leaves their ``to``, and ONNX Runtime then refuses the model ("Type (tensor(float16)) of
+    output arg (.../Cast_output_0) does not match expected type (tensor(float))"). The attention then runs in
+    float16, as the rest of the converted model."""
+    from onnx import TensorProto
+
+    retyped = {vi.name for vi in model.graph.value_info
+               if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == TensorProto.FLOAT16}
+    for n in model.graph.node:
+        if n.op_type == "Cast" and n.domain in ("", "ai.onnx") and n.output[0] in retyped:
+            for a in n.attribute:
+                if a.name == "to" and a.i == TensorProto.FLOAT:
+                    a.i = TensorProto.FLOAT16
+    return model

@@ -27,7 +27,8 @@ def pytest_configure(config):
     caches = RunCaches.create(config.getoption("--nimble-cache-dir"))
     os.environ.update(caches.environment())
     home = os.path.expanduser("~")
-    skip = [str(config.rootpath), tempfile.gettempdir(), caches.folder]
+    # $OUT: where a GPU-machine run (scripts/gpu_session.sh) logs what the run is doing, beside the tests
+    skip = [str(config.rootpath), tempfile.gettempdir(), caches.folder] + ([os.environ["OUT"]] if os.environ.get("OUT") else [])
     config.stash[_RUN] = {"caches": caches, "skip": skip, "started": time.time(),
                           "home": HomeListing.take(home, skip), "wrote": []}
 

@@ -41,7 +41,9 @@ class RunCaches:
         return {"TVM_NIMBLE_CACHE_DIR": self.cache_root,
                 "XDG_CACHE_HOME": os.path.join(self.folder, "xdg-cache"),
                 "XDG_CONFIG_HOME": os.path.join(self.folder, "xdg-config"),
-                "MPLCONFIGDIR": os.path.join(self.folder, "matplotlib")}
+                "MPLCONFIGDIR": os.path.join(self.folder, "matplotlib"),
+                # the CUDA driver's cache of kernels it compiled from PTX (default ~/.nv/ComputeCache)
+                "CUDA_CACHE_PATH": os.path.join(self.folder, "cuda-compute-cache")}
 
     def remove(self) -> None:
         if self.owned:

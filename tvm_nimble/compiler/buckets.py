@@ -38,12 +38,7 @@ def _batch_inputs(model, shape_dict) -> tuple[dict[str, list], int | None]:
     line when an input does not have the batch as its leading dimension."""
     from tvm_nimble.compiler.frontend.fold_shapes import declared_dims
 
-    inputs = _non_init_inputs(model)
-    shape_dict = dict(shape_dict or {})
-    unknown = [k for k in shape_dict if k not in {vi.name for vi in inputs}]
-    if unknown:
-        raise ShapeError(f"shape_dict names input {unknown[0]!r}, which the model does not have: its inputs are "
-                         f"{', '.join(repr(vi.name) for vi in inputs)}")
+    inputs, shape_dict = _inputs_and_shapes(model, shape_dict)
     rest: dict[str, list] = {}
     leads: dict[str, object] = {}
     for vi in inputs:
@@ -75,9 +70,17 @@ def _batch_inputs(model, shape_dict) -> tuple[dict[str, list], int | None]:
     return rest, (next(iter(static.values())) if static else None)
 
 
-def _non_init_inputs(model) -> list:
+def _inputs_and_shapes(model, shape_dict) -> tuple[list, dict]:
+    """(the model's inputs that are not initializers, ``shape_dict`` as a dict); one line when ``shape_dict`` names
+    an input the model does not have."""
     inits = {t.name for t in model.graph.initializer}
-    return [vi for vi in model.graph.input if vi.name not in inits]
+    inputs = [vi for vi in model.graph.input if vi.name not in inits]
+    shape_dict = dict(shape_dict or {})
+    unknown = [k for k in shape_dict if k not in {vi.name for vi in inputs}]
+    if unknown:
+        raise ShapeError(f"shape_dict names input {unknown[0]!r}, which the model does not have: its inputs are "
+                         f"{', '.join(repr(vi.name) for vi in inputs)}")
+    return inputs, shape_dict
 
 
 def _named_inputs(model, dims: tuple, shape_dict) -> tuple[dict[str, list], dict[str, tuple], tuple]:
@@ -86,12 +89,7 @@ def _named_inputs(model, dims: tuple, shape_dict) -> tuple[dict[str, list], dict
     named by its dim_params; one line for a name the model lacks or a dynamic dimension left open."""
     from tvm_nimble.compiler.frontend.fold_shapes import declared_dims
 
-    inputs = _non_init_inputs(model)
-    shape_dict = dict(shape_dict or {})
-    unknown = [k for k in shape_dict if k not in {vi.name for vi in inputs}]
-    if unknown:
-        raise ShapeError(f"shape_dict names input {unknown[0]!r}, which the model does not have: its inputs are "
-                         f"{', '.join(repr(vi.name) for vi in inputs)}")
+    inputs, shape_dict = _inputs_and_shapes(model, shape_dict)
     declared = {vi.name: declared_dims(vi) for vi in inputs}
     named = list(dict.fromkeys(d for ds in declared.values() if ds for d in ds if isinstance(d, str)))
     index = {name: i for i, (name, _) in enumerate(dims)}

@@ -90,6 +90,18 @@ def test_a_length_over_the_largest_bucket_is_one_line(decoder):
     assert "sequence_length is 65, over the largest bucket" in text and "give at most 64" in text, text
 
 
+
+def test_a_batcher_over_named_buckets_is_one_line(decoder):
+    """A Batcher stacks requests as rows of one batch: over buckets of another dimension it has nothing to stack
+    (it failed with a TypeError on the missing batch sizes)."""
+    from tvm_nimble.errors import NimbleError
+    from tvm_nimble.runtime.batcher import Batcher
+
+    with pytest.raises(NimbleError) as err:
+        Batcher(decoder.path, max_delay_ms=1)
+    text = _one_line(err)
+    assert "sequence_length" in text and "batch_sizes=[...]" in text, text
+
 def test_two_dimensions_at_once(tmp_path):
     pytest.importorskip("transformers")
     from decoder_models import tiny_gpt2_onnx

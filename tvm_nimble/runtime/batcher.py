@@ -102,6 +102,11 @@ class Batcher:
             probe = self._target._executors[0]
         if probe is not None:
             self.plan = probe.plan
+            if probe.batch_sizes is None:  # buckets over named dimensions (build(..., buckets=...))
+                dims = ", ".join(d.name for d in probe.module.space.dims)
+                raise NimbleError(f"this model's buckets are over named dimensions ({dims}), and a Batcher stacks "
+                                  "requests as rows of one batch: build it with batch_sizes=[...] to batch requests, "
+                                  "or call its executor once per request")
         self.batch_sizes = list(probe.batch_sizes) if probe is not None else None
         self.max_batch = probe.max_batch if max_batch is None else int(max_batch)
         if self.max_batch < 1:

@@ -197,16 +197,35 @@ def _float_dtype(expr) -> str | None:
     return None
 
 
+#: a float32 value at least this large in magnitude stands for an infinity (see :func:`narrowed`)
+SENTINEL = float(np.finfo(np.float32).max) / 2
+
+
 def narrowed(value: np.ndarray, to: str) -> np.ndarray:
-    """``value`` in the float dtype ``to``, finite values saturated to its finite range: an attention mask's
-    finfo(float32).min (what Hugging Face exports add for a masked key) is -inf in float16, and a query whose keys
-    are all masked (a left-padded position) then has a softmax of -inf - (-inf) = NaN, where float32 gives a
-    finite row. Saturated, the row stays finite as in float32; non-finite values stay as they are."""
+    """``value`` in the float dtype ``to``, float32's extreme values (``SENTINEL`` and over, in magnitude)
+    saturated to its finite range: an attention mask's finfo(float32).min (what Hugging Face exports add for a
+    masked key) is -inf in float16, and a query whose keys are all masked (a left-padded position) then has a
+    softmax of -inf - (-inf) = NaN, where float32 gives a finite row. Saturated, the row stays finite as in float32.
+    Any other value over the dtype's range is a real number the dtype cannot hold: it overflows to infinity, which
+    the build's accuracy check reports, rather than becoming a wrong finite number."""
     dtype = _NUMPY[to]
     if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize:
         info = ml_dtypes.finfo(dtype)
-        value = np.where(np.isfinite(value), np.clip(value, float(info.min), float(info.max)), value)
+        extreme = np.isfinite(value) & (np.abs(value) >= SENTINEL)
+        value = np.where(extreme, np.sign(value) * float(info.max), value)
     return value.astype(dtype)
+
+
+def _saturated_extremes(x: relax.Expr, have: str, to) -> relax.Expr:
+    """``x`` with its values of magnitude ``SENTINEL`` and over replaced by ``to``'s largest finite value, sign kept
+    (what :func:`narrowed` does to a constant; ``x`` is computed from constants, so FoldConstant evaluates this)."""
+    top = float(ml_dtypes.finfo(to).max)
+
+    def const(v):
+        return relax.const(v, have)
+
+    low = relax.op.where(relax.op.less_equal(x, const(-SENTINEL)), const(-top), x)
+    return relax.op.where(relax.op.greater_equal(low, const(SENTINEL)), const(top), low)
 
 
 @relax.expr_functor.mutator
@@ -232,9 +251,8 @@ class _MixedPrecision(relax.PyExprMutator):
             source = arg
             if np.dtype(_NUMPY[to]).itemsize < np.dtype(_NUMPY[have]).itemsize and self._is_constant(arg):
                 # a value computed from constants (a causal mask's where(.., 0, finfo.min)), which FoldConstant
-                # casts: saturated as narrowed() saturates a constant
-                info = ml_dtypes.finfo(_NUMPY[to])
-                source = self.builder_.emit(relax.op.clip(arg, float(info.min), float(info.max)))
+                # casts: its extreme values saturated as narrowed() saturates a constant's
+                source = self.builder_.emit(_saturated_extremes(arg, have, _NUMPY[to]))
             self.casts[key] = self.builder_.emit(relax.op.astype(source, to))
         return self.casts[key]
 

@@ -19,3 +19,7 @@ class UnsupportedOperatorError(ModelError):
 
 class TrainingDivergedError(NimbleError):
     """A training step's loss is inf or nan: the weights have left the finite range."""
+
+
+class ArtifactError(NimbleError):
+    """An artifact is missing, corrupted or built for something else."""

@@ -142,7 +142,7 @@ class OrtDynamic:
     def __init__(self, model, precision):
         import onnxruntime as ort
 
-        from tvm_nimble.bench.onnxruntime_peer import _serialized
+        from tvm_nimble.bench.onnxruntime_peer import serialized
 
         if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
@@ -151,7 +151,7 @@ class OrtDynamic:
 
             model = float16.convert_float_to_float16(model, keep_io_types=True)
         start = time.perf_counter()
-        with _serialized(model) as blob:
+        with serialized(model) as blob:
             self.sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", {
                 "use_tf32": "1" if precision == "tf32" else "0"})])
         self.ort, self.output = ort, self.sess.get_outputs()[0].name

@@ -317,12 +317,13 @@ def reference_errors(name: str, model, systems: list[System], inputs: list[np.nd
     given, else the ONNX reference evaluator for small models; ({}, {}) (no check) otherwise. Raises when one of
     our systems (TVM, Nimble) or a peer within :data:`WRONG_PEER_FACTOR` of the tolerance mismatches."""
     from tvm_nimble import zoo
+    from tvm_nimble.compiler.frontend.onnx_import import fits_in_memory_checks
 
     second = list(zoo.random_inputs(model, seed=1).values())
     if torch_model is not None:
         label = "PyTorch fp32"
         ref, other = torch_reference(torch_model, [inputs, second])
-    elif model.ByteSize() <= ONNX_REFERENCE_MAX_BYTES:
+    elif fits_in_memory_checks(model, limit=ONNX_REFERENCE_MAX_BYTES + 1):
         from onnx.reference import ReferenceEvaluator
 
         label = "the ONNX reference evaluator"

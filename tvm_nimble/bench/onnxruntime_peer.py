@@ -51,7 +51,7 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
         rt.cudaDeviceSynchronize()
 
     systems = []
-    with _serialized(onnx_model) as blob:
+    with serialized(onnx_model) as blob:
         for name, graph in (("ort-cuda", "0"), ("ort-cuda-graph", "1")):
             # the outputs' shapes come from the plain session's run: a first run of the CUDA-graph session captures
             # its graph with the buffers that run used, which the bound outputs are not
@@ -63,13 +63,16 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
 
 
 @contextlib.contextmanager
-def _serialized(onnx_model):
+def serialized(onnx_model):
     """What ``InferenceSession`` takes: the serialized model, or, over protobuf's 2 GB limit, the path of a copy
     with its weights as external data in a temporary folder (kept while the sessions are made)."""
-    if onnx_model.ByteSize() < 2**31 - 1:
+    import onnx
+
+    from tvm_nimble.compiler.frontend.onnx_import import fits_in_memory_checks
+
+    if fits_in_memory_checks(onnx_model, limit=2**31 - 1):
         yield onnx_model.SerializeToString()
         return
-    import onnx
 
     with tempfile.TemporaryDirectory(prefix="tvm-nimble-ort-") as tmp:
         path = os.path.join(tmp, "model.onnx")

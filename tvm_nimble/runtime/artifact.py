@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from tvm_nimble.contract.plan import Plan
-from tvm_nimble.errors import NimbleError
+from tvm_nimble.errors import ArtifactError  # noqa: F401  (public here too: runtime.artifact.ArtifactError)
 
 ARTIFACT_FORMAT = "tvm-nimble-artifact"
 ARTIFACT_VERSION = 1
@@ -34,10 +34,6 @@ BUCKETED_VERSION = 2
 SPACE_VERSION = 3
 VERSIONS = (ARTIFACT_VERSION, BUCKETED_VERSION, SPACE_VERSION)
 FILES = ("plan.json", "kernels.so", "params.npz")
-
-
-class ArtifactError(NimbleError):
-    """An artifact is missing, corrupted or built for something else."""
 
 
 class TVMVersionWarning(UserWarning):

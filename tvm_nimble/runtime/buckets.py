@@ -37,9 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_nimble.errors import ShapeError
+from tvm_nimble.errors import ArtifactError, ShapeError
 
-from .artifact import ArtifactError
 from .device import Workspace
 from .inputs import InputError
 from .tvm_compat import tensor_view

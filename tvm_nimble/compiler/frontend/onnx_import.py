@@ -34,7 +34,7 @@ __all__ = ["from_onnx", "load_onnx_model", "unsupported_operators", "supported_o
 _CONVERTIBLE_DOMAINS = ("", "ai.onnx", "com.microsoft")
 # Handled by the importer itself rather than through its converter map.
 _DIRECT_OPS = frozenset({"If", "Constant"})
-_IN_MEMORY_CHECK_BYTES = 2**30  # see _in_memory_checkable
+_IN_MEMORY_CHECK_BYTES = 2**30  # see fits_in_memory_checks
 
 
 class OnnxFileNotFoundError(ModelError, FileNotFoundError):
@@ -228,16 +228,20 @@ def _check_opset(model: onnx.ModelProto, label: str) -> None:
 
 
 # ---- checker ------------------------------------------------------------------------------
-def _in_memory_checkable(model: onnx.ModelProto) -> bool:
-    """Whether the in-memory checker can take ``model``: it serializes the model first, which fails near protobuf's
-    2 GB limit ("Failed to serialize proto": a 0.5B-parameter decoder in float32, its weights loaded from external
-    data) below the limit ``ByteSize`` reports; such a model is checked from its file, or by the importer."""
-    return model.ByteSize() < _IN_MEMORY_CHECK_BYTES
+def fits_in_memory_checks(model: onnx.ModelProto, limit: int = _IN_MEMORY_CHECK_BYTES) -> bool:
+    """Whether ``model`` serializes in memory below ``limit`` bytes (the in-memory ONNX checker, ONNX Runtime's
+    session from bytes). Protobuf cannot size a message over its 2 GB limit: ``ByteSize`` itself raises then ("Failed
+    to serialize proto": a 0.5B-parameter decoder in float32, its weights loaded from external data); such a model
+    is checked from its file, or by the importer."""
+    try:
+        return model.ByteSize() < limit
+    except Exception:  # noqa: BLE001  (protobuf's EncodeError, by implementation)
+        return False
 
 
 def _check_model(model: onnx.ModelProto, label: str, path: str | None) -> None:
     try:
-        if not _in_memory_checkable(model):
+        if not fits_in_memory_checks(model):
             if path is None:
                 return  # too large for the in-memory checker; the importer will still validate it
             onnx.checker.check_model(path)

@@ -142,14 +142,12 @@ class OrtDynamic:
     def __init__(self, model, precision):
         import onnxruntime as ort
 
-        from tvm_nimble.bench.onnxruntime_peer import serialized
+        from tvm_nimble.bench.onnxruntime_peer import fp16_model, serialized
 
         if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
         if precision == "fp16":
-            from onnxconverter_common import float16
-
-            model = float16.convert_float_to_float16(model, keep_io_types=True)
+            model = fp16_model(model)
         start = time.perf_counter()
         with serialized(model) as blob:
             self.sess = ort.InferenceSession(blob, providers=[("CUDAExecutionProvider", {
@@ -185,15 +183,17 @@ def _systems(spec, args, target, buckets):
         return systems, ["llvm: the PyTorch and ONNX Runtime peers run on the GPU only"], torch_builder
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
-    for make in (lambda: TorchPerBucket(torch_builder(1), buckets, dtype),
-                 lambda: TorchDynamic(torch_builder(1), dtype, sorted({args.min_length, 100, args.max_length})),
-                 lambda: OrtDynamic(dynamic, args.precision)):
+    peers = [lambda: TorchPerBucket(torch_builder(1), buckets, dtype),
+             lambda: TorchDynamic(torch_builder(1), dtype, sorted({args.min_length, 100, args.max_length}))]
+    if args.precision == "bf16":  # ONNX Runtime has no bf16 conversion of an fp32 model (as the bench's ORT rows)
+        notes.append("ONNX Runtime: no bf16 rows")
+    else:
+        peers.append(lambda: OrtDynamic(dynamic, args.precision))
+    for make in peers:
         try:
             systems.append(make())
         except Exception as err:  # noqa: BLE001 -- a peer that cannot run is left out with its reason
             notes.append(f"{type(err).__name__}: {' '.join(str(err).split())[:200]}")
-    if args.precision == "bf16":
-        systems = [s for s in systems if not isinstance(s, OrtDynamic)]
     return systems, notes, torch_builder
 
 

@@ -32,15 +32,9 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
         return [], ["ONNX Runtime has no bf16 conversion of an fp32 model: no ORT rows for bf16"]
     if precision == "fp16":
         try:
-            from onnxconverter_common import float16
+            onnx_model = fp16_model(onnx_model)
         except ImportError:
             return [], ["onnxconverter-common not installed (pip install onnxconverter-common): no fp16 ORT rows"]
-        from tvm_nimble.compiler.frontend.fold_shapes import fold_static_shapes
-
-        # static shape arithmetic folded first: the converter leaves a Cast(to=float) of a shape in fp32,
-        # and timm's attention scale (sqrt of a Cast of a Slice of a Shape) then mixes fp16 and fp32
-        onnx_model = _cast_types_kept(float16.convert_float_to_float16(fold_static_shapes(onnx_model),
-                                                                       keep_io_types=True))
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -60,6 +54,18 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
                 return [], [system]
             systems.append(system)
     return systems, []
+
+
+def fp16_model(onnx_model):
+    """The fp16 copy of ``onnx_model`` ORT's fp16 rows run: onnxconverter-common's converter with float32 inputs and
+    outputs (``keep_io_types``), as ORT's own docs suggest. Raises ImportError without onnxconverter-common."""
+    from onnxconverter_common import float16
+
+    from tvm_nimble.compiler.frontend.fold_shapes import fold_static_shapes
+
+    # static shape arithmetic folded first: the converter leaves a Cast(to=float) of a shape in fp32,
+    # and timm's attention scale (sqrt of a Cast of a Slice of a Shape) then mixes fp16 and fp32
+    return _cast_types_kept(float16.convert_float_to_float16(fold_static_shapes(onnx_model), keep_io_types=True))
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@ Proves, from the plan alone, that in *every* execution order the GPU may choose 
 interleaving consistent with per-stream program order and the planned events):
   1. every tensor a launch reads was written by a launch that happens before it;
   2. two tensors that share storage never have overlapping lifetimes;
-  3. inputs and constants are never written, outputs own their storage.
+  3. inputs and constants are never written, outputs and states own their storage (a state, which outlives a
+     run, may be read before this run writes it).
 The executor's CPU race simulator (``tvm_nimble.runtime.race_check``) tests the same property
 dynamically; both use :mod:`codegen.happens_before`.
 """
@@ -30,7 +31,7 @@ def check_plan(plan) -> list[str]:
                 if kind[r] in ("input", "const"):
                     problems.append(f"launch {l.idx} ({l.kernel}) writes {kind[r]} tensor t{r}")
                 continue
-            if kind[r] in ("input", "const"):
+            if kind[r] in ("input", "const", "state"):
                 continue
             if r not in writer:
                 problems.append(f"launch {l.idx} ({l.kernel}) reads t{r}, which no launch writes")
@@ -43,8 +44,8 @@ def check_plan(plan) -> list[str]:
         if t.view_of is None:
             by_storage.setdefault(t.storage, []).append(t.id)
     for s, roots in by_storage.items():
-        if len(roots) > 1 and any(kind[r] in ("input", "output", "const") for r in roots):
-            problems.append(f"storage {s} is shared by an input/output/constant tensor: {roots}")
+        if len(roots) > 1 and any(kind[r] in ("input", "output", "const", "state") for r in roots):
+            problems.append(f"storage {s} is shared by an input/output/constant/state tensor: {roots}")
         live = [r for r in roots if r in writer]
         for i, a in enumerate(live):
             for b in live[i + 1:]:

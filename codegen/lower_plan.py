@@ -10,7 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_nimble.contract.plan import CONST, INPUT, INTERMEDIATE, OUTPUT, POOL, Launch, Plan, Storage, TensorSlot
+from tvm_nimble.contract.plan import (CONST, INPUT, INTERMEDIATE, OUTPUT, POOL, STATE, Launch, Plan, Storage,
+                                      TensorSlot)
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
 from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
 
@@ -30,7 +31,7 @@ def _kinds(program: LoweredProgram) -> dict[int, str]:
         r = program.root(v.id)
         base = program.values[r].kind
         if base == "input":
-            kinds[v.id] = INPUT
+            kinds[v.id] = STATE if r in program.states else INPUT
         elif base == "const":
             kinds[v.id] = CONST
         elif r in output_roots:
@@ -100,10 +101,12 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
         "pool_bytes_sequential": sequential.total_bytes,
         "pool_bytes_no_reuse": no_reuse_bytes(pool, nbytes),
         "reuse": reuse,
+        **({"state_bytes": sum(program.values[s].nbytes for s in program.states)} if program.states else {}),
     }
     plan = Plan(target=dict(target), num_streams=max(num_streams, 1), num_events=num_events, tensors=tensors,
                 storages=storages, launches=launches, inputs=list(program.inputs), outputs=list(program.outputs),
-                constants=constants, output_is_tuple=program.output_is_tuple, memory=memory)
+                constants=constants, output_is_tuple=program.output_is_tuple, memory=memory,
+                states=list(program.states))
     plan.validate()
     return plan, params
 

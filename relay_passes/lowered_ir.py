@@ -19,6 +19,7 @@ from tvm_nimble.contract.plan import read_after_write
 from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 from tvm_nimble.errors import NimbleError
 
+from .kv_cache import in_place_args
 from .schedules import allocates_global_buffers
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
@@ -75,6 +76,8 @@ class LoweredProgram:
     input_names: list[str]
     outputs: list[int]
     output_is_tuple: bool
+    #: the inputs a kernel writes in place (``kv_cache.in_place_args``): state, which outlives a run; not in ``inputs``
+    states: list[int] = field(default_factory=list)
 
     def root(self, vid: int) -> int:
         """The value that owns the memory of ``vid`` (views resolve to their base)."""
@@ -93,6 +96,12 @@ class LoweredProgram:
         edges = read_after_write(((k.index, k.args, k.writes) for k in self.kernels), self.region)
         pool = [k.index for k in self.kernels if k.tvm_workspace]
         return sorted(set(edges) | set(zip(pool, pool[1:])))
+
+
+def _root(values: list[Value], vid: int) -> int:
+    while values[vid].base is not None:
+        vid = values[vid].base
+    return vid
 
 
 def _region(values: list[Value], vid: int) -> tuple[int, int, int]:
@@ -152,6 +161,7 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
     written: dict[int, list[tuple[int, int]]] = {}  # root -> byte ranges some kernel wrote
     kernels: list[Kernel] = []
     workspace: dict[str, bool] = {}  # PrimFunc name -> whether it takes memory from TVM's workspace pool
+    in_place_roots: set[int] = set()
     pending_stream: int | None = None
     pending_waits: list[int] = []
 
@@ -230,7 +240,12 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                     # destination passing: the first kernel to take an allocation's bytes writes them
                     # (a kernel writing one slice of an in-place concat leaves the others unwritten)
                     writes, reads = [], []
+                    in_place = {args[i] for i in in_place_args(prim_funcs[name])} if name in prim_funcs else set()
                     for a in args:
+                        if a in in_place:  # written in place: its root (an input) is state
+                            writes.append(a)
+                            in_place_roots.add(_root(values, a))
+                            continue
                         root, start, end = _region(values, a)
                         taken = written.setdefault(root, [])
                         if values[root].kind == "alloc" and not any(s < end and start < e for s, e in taken):
@@ -258,4 +273,12 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
         outputs, is_tuple = [value_of(f, "return") for f in body.fields], True
     else:
         outputs, is_tuple = [value_of(body, "return")], False
-    return LoweredProgram(values, kernels, inputs, input_names, outputs, is_tuple)
+    for r in in_place_roots:
+        if values[r].kind != "input":
+            raise LoweredIRError(f"a kernel writes '{values[r].name}' in place, which is not an input: only state "
+                                 "(an input that outlives the run) is written in place")
+    states = [i for i in inputs if i in in_place_roots]
+    # a state returned (to keep its in-place writes alive through the passes) is not an output of the plan
+    outputs = [o for o in outputs if _root(values, o) not in in_place_roots]
+    return LoweredProgram(values, kernels, [i for i in inputs if i not in in_place_roots],
+                          [values[i].name for i in inputs if i not in in_place_roots], outputs, is_tuple, states)

@@ -57,6 +57,8 @@ def report(fp32_mod: tvm.IRModule | None, result, session) -> Accuracy:
         why = "the build started from a kernel selection, not the model"
     elif not options.compile_kernels:
         why = "kernels were not compiled"
+    elif result.plan.states:
+        why = "a step of generation (its KV cache is state): the generator checks its logits"
     if why is not None:
         return Accuracy(options.precision, None, why=why)
     return measure(fp32_mod, result, tvm.cuda(0) if options.is_cuda else tvm.cpu(), session)

@@ -26,11 +26,14 @@ INPUT = "input"
 OUTPUT = "output"
 CONST = "const"
 INTERMEDIATE = "intermediate"
-TENSOR_KINDS = (INPUT, OUTPUT, CONST, INTERMEDIATE)
+#: state: memory that outlives a run, which the kernels read and update in place (a decoder's KV cache); the
+#: executor allocates it zeroed and never copies it in or out
+STATE = "state"
+TENSOR_KINDS = (INPUT, OUTPUT, CONST, INTERMEDIATE, STATE)
 # ... and what its storage is (``Storage.kind``): inputs, outputs and constants have their own, the
 # intermediates share the pool blocks the memory plan proves safe
 POOL = "pool"
-STORAGE_KINDS = (INPUT, OUTPUT, CONST, POOL)
+STORAGE_KINDS = (INPUT, OUTPUT, CONST, POOL, STATE)
 
 
 class PlanError(NimbleError):
@@ -101,12 +104,18 @@ class Plan:
     #: per stream, 1 where the stream runs ahead of the others when both have work ready (a CUDA stream
     #: priority: the streams that carry the critical path); empty: all streams equal
     stream_priority: list = field(default_factory=list)
+    #: the state tensors (kind ``state``), in the order of the function's parameters
+    states: list = field(default_factory=list)
     version: int = PLAN_VERSION
 
     # ---- queries -----------------------------------------------------------------------
     @property
     def input_names(self) -> list[str]:
         return [self.tensors[i].name for i in self.inputs]
+
+    @property
+    def state_names(self) -> list[str]:
+        return [self.tensors[i].name for i in self.states]
 
     @property
     def uses_vendor_kernels(self) -> bool:
@@ -138,6 +147,8 @@ class Plan:
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.states:  # a stateless plan's JSON is what it was before states existed
+            del d["states"]
         d["format"] = PLAN_FORMAT
         return d
 
@@ -174,6 +185,7 @@ class Plan:
                 memory=dict(data.get("memory", {})),
                 index_bounds={str(k): _int(v) for k, v in data.get("index_bounds", {}).items()},
                 stream_priority=[_int(p) for p in data.get("stream_priority", [])],
+                states=[_int(i) for i in data.get("states", [])],
             )
         except (KeyError, TypeError) as err:
             raise PlanError(f"plan JSON is missing or has a malformed field ({err}); rebuild the artifact") from None
@@ -220,8 +232,12 @@ class Plan:
             for e in l.records:
                 _check(0 <= e < self.num_events and e not in recorded, f"launch {i} records event {e} twice or out of range")
                 recorded.add(e)
-        for name, ids in (("input", self.inputs), ("output", self.outputs), ("constant", self.constants)):
+        for name, ids in (("input", self.inputs), ("output", self.outputs), ("constant", self.constants),
+                          ("state", self.states)):
             _check(all(0 <= i < nt for i in ids), f"an {name} refers to a missing tensor")
+        for i in self.states:
+            _check(self.tensors[i].kind == STATE and self.storages[self.tensors[i].storage].kind == STATE,
+                   f"state tensor {i} is not of kind state in a state storage")
 
     # ---- human-readable ---------------------------------------------------------------
     def format_table(self) -> str:

@@ -17,9 +17,8 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError
 
-from .buckets import (SharedWorkspace, arena_layout, padding_bytes, prefix_of, row_view,
-                      shared_constant_storages)
-from .device import device_for, tensor_at
+from .buckets import SharedBuffers, SharedWorkspace, arena_layout, padding_bytes, prefix_of, row_view
+from .device import device_for
 from .tvm_compat import tensor_view
 from .executor import Executor, owned_copy
 from .inputs import ChecksInputs, InputError, InputRules
@@ -50,7 +49,7 @@ class BucketedExecutor(ChecksInputs):
         self._closed = False
         self._buckets: dict[tuple, Executor] = {}
         self._arena = None
-        self._weights_dev: dict[str, object] = {}
+        self._shared = None
         self._zeros = None  # padding_bytes() zeros on the device, what padding after a real prefix copies
         if not isinstance(module, BucketedModule):
             module = from_fixed(module)
@@ -61,6 +60,7 @@ class BucketedExecutor(ChecksInputs):
         self.batch_sizes = module.batch_sizes
         self.max_batch = module.max_batch
         self.device = device_for(self.plan.target, device)
+        self._shared = SharedBuffers(self.device)
         self._rules = InputRules(self.plan, self.device, check_inputs, check_finite, self.space)
         self._lock = threading.RLock()
         self._turns = Turns(self.plan.input_names)
@@ -86,44 +86,12 @@ class BucketedExecutor(ChecksInputs):
 
     # ---- buffers -----------------------------------------------------------------------------------------
     def _workspace(self, plan, offsets: dict[int, int], names: dict[str, str], weights: dict) -> SharedWorkspace:
-        """A bucket's buffers: its inputs, outputs and pool in the shared allocation, each whole-constant
-        storage the shared weight buffer, other constant storages its own; constants loaded, inputs zeroed."""
-        import tvm
-
-        shared = shared_constant_storages(plan, names)
-        storages = []
-        for s in plan.storages:
-            size = (max(s.nbytes, 1),)
-            if s.id in offsets:
-                storages.append(tensor_at(self._arena, size, "uint8", offsets[s.id]))
-            elif s.id in shared:
-                storages.append(self._weight_buffer(shared[s.id], s, plan, weights))
-            else:  # a constant storage that is not one whole constant: the bucket's own, loaded below
-                storages.append(tvm.runtime.empty(size, "uint8", self.device))
-        ws = SharedWorkspace(plan, self.device, storages)
-        for c in plan.constants:
-            if plan.tensors[c].storage not in shared:
-                ws.tensors[c].copyfrom(np.asarray(weights[names[f"c{c}"]], order="C"))
-        for s in plan.storages:  # inputs read zeros, not another bucket's leftovers, in the GPU warm-up run
-            if s.kind == "input":
-                storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
-        return ws
-
-    def _weight_buffer(self, name: str, storage, plan, weights: dict):
-        """The device buffer of weight ``name``, allocated and loaded on first use."""
-        import tvm
-
-        if name not in self._weights_dev:
-            buf = tvm.runtime.empty((max(storage.nbytes, 1),), "uint8", self.device)
-            t = next(plan.tensors[c] for c in plan.constants if plan.tensors[c].storage == storage.id)
-            tensor_at(buf, t.shape, t.dtype, 0).copyfrom(np.asarray(weights[name], order="C"))
-            self._weights_dev[name] = buf
-        return self._weights_dev[name]
+        return self._shared.workspace(plan, self._arena, offsets, names, weights)
 
     @property
     def weight_buffers(self) -> int:
         """How many weight buffers this executor holds on the device (each distinct constant once)."""
-        return len(self._weights_dev)
+        return len(self._shared.weights)
 
     def bucket(self, key) -> Executor:
         """The executor of bucket ``key`` (its sizes; an int for one dimension, e.g. a batch size); it shares
@@ -322,7 +290,8 @@ class BucketedExecutor(ChecksInputs):
             ex.close()
         self._buckets = {}
         self._arena = None
-        self._weights_dev = {}
+        if self._shared is not None:
+            self._shared.release()
         self._zeros = None
         self._results = None
         self._pending = {}

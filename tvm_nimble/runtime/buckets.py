@@ -39,7 +39,7 @@ import numpy as np
 
 from tvm_nimble.errors import ArtifactError, ShapeError
 
-from .device import Workspace
+from .device import Workspace, tensor_at
 from .inputs import InputError
 from .tvm_compat import tensor_view
 
@@ -205,11 +205,11 @@ def padding_bytes(space: BucketSpace, plans: dict) -> int:
 
 
 def arena_layout(plan) -> tuple[dict[int, int], int]:
-    """(storage id -> byte offset, total bytes) of ``plan``'s storages other than constants (inputs,
+    """(storage id -> byte offset, total bytes) of ``plan``'s storages other than constants and state (inputs,
     outputs and the memory pool) placed one after another in one allocation."""
     offsets, total = {}, 0
     for s in plan.storages:
-        if s.kind != "const":
+        if s.kind not in ("const", "state"):
             offsets[s.id] = total
             total += _align(max(s.nbytes, 1))
     return offsets, total
@@ -292,6 +292,74 @@ def check_buckets(space: BucketSpace, buckets: dict) -> None:
                                         f"{_shape(rslot)} in bucket {space.label(keys[0])}: only the bucketed "
                                         f"dimensions ({', '.join(space.names)}) may differ; name every dimension "
                                         "that follows them as a dim_param of the model's outputs")
+
+
+class SharedBuffers:
+    """Device buffers several plans of one model share (a bucketed model's buckets, a generator's steps): each
+    distinct weight once, loaded on first use, and each state (a KV cache) once, by name, zeroed."""
+
+    def __init__(self, device):
+        self.device = device
+        self.weights: dict[str, object] = {}
+        self.states: dict[str, object] = {}
+
+    def workspace(self, plan, arena, offsets: dict[int, int], names: dict[str, str], weights: dict) -> "SharedWorkspace":
+        """``plan``'s buffers: its inputs, outputs and pool at ``offsets`` in ``arena`` (the allocation the plans
+        share, one running at a time), each whole-constant storage the shared weight buffer, each state the shared
+        state of its name, other constant storages its own; constants loaded, inputs zeroed."""
+        import tvm
+
+        shared = shared_constant_storages(plan, names)
+        state_of = {plan.tensors[t].storage: plan.tensors[t] for t in plan.states}
+        storages = []
+        for s in plan.storages:
+            size = (max(s.nbytes, 1),)
+            if s.id in offsets:
+                storages.append(tensor_at(arena, size, "uint8", offsets[s.id]))
+            elif s.id in shared:
+                storages.append(self._weight(shared[s.id], s, plan, weights))
+            elif s.id in state_of:
+                storages.append(self._state(state_of[s.id], s))
+            else:  # a constant storage that is not one whole constant: the plan's own, loaded below
+                storages.append(tvm.runtime.empty(size, "uint8", self.device))
+        ws = SharedWorkspace(plan, self.device, storages)
+        for c in plan.constants:
+            if plan.tensors[c].storage not in shared:
+                ws.tensors[c].copyfrom(np.asarray(weights[names[f"c{c}"]], order="C"))
+        for s in plan.storages:  # inputs read zeros, not another plan's leftovers, in the GPU warm-up run
+            if s.kind == "input":
+                storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
+        return ws
+
+    def _weight(self, name: str, storage, plan, weights: dict):
+        """The device buffer of weight ``name``, allocated and loaded on first use."""
+        import tvm
+
+        if name not in self.weights:
+            buf = tvm.runtime.empty((max(storage.nbytes, 1),), "uint8", self.device)
+            t = next(plan.tensors[c] for c in plan.constants if plan.tensors[c].storage == storage.id)
+            tensor_at(buf, t.shape, t.dtype, 0).copyfrom(np.asarray(weights[name], order="C"))
+            self.weights[name] = buf
+        return self.weights[name]
+
+    def _state(self, slot, storage):
+        """The device buffer of state ``slot.name``, allocated zeroed on first use; one line when two plans disagree on
+        its size."""
+        import tvm
+
+        buf = self.states.get(slot.name)
+        if buf is None:
+            buf = tvm.runtime.empty((max(storage.nbytes, 1),), "uint8", self.device)
+            buf.copyfrom(np.zeros(max(storage.nbytes, 1), "uint8"))
+            self.states[slot.name] = buf
+        elif int(buf.shape[0]) != max(storage.nbytes, 1):
+            raise ArtifactError(f"state {slot.name!r} is {storage.nbytes} bytes in one plan and {int(buf.shape[0])} in "
+                                "another of the same model; rebuild the artifact")
+        return buf
+
+    def release(self) -> None:
+        self.weights = {}
+        self.states = {}
 
 
 class SharedWorkspace(Workspace):

@@ -97,9 +97,10 @@ class Workspace:
                               f"on {device}: {str(err).splitlines()[0]}") from None
         self.tensors = self.views()
         # inputs start as zeros, not leftover memory: the executor's first (warm-up) run reads them before
-        # any set_input, and an index input (a label, a Gather's indices) holding garbage reads out of bounds
+        # any set_input, and an index input (a label, a Gather's indices) holding garbage reads out of bounds;
+        # state (a KV cache) starts as zeros too
         for s in plan.storages:
-            if s.kind == "input":
+            if s.kind in ("input", "state"):
                 self.storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
         for c in plan.constants:
             self.tensors[c].copyfrom(np.asarray(params[f"c{c}"], order="C"))  # keeps 0-d scalars 0-d

@@ -1,0 +1,245 @@
+"""The KV cache as state: a decoder exported with past key/values becomes one step of generation over a cache that
+lives on the device and is updated in place.
+
+A decoder exported as optimum and ONNX Runtime GenAI export them takes ``input_ids``, ``attention_mask``,
+``position_ids`` and, per layer, ``past_key_values.N.key`` / ``.value`` ([batch, kv heads, past, head dim]), and
+returns ``logits`` and ``present.N.key`` / ``.value``: each present is ``Concat(past, new, axis=2)``, which the
+attention then reads. Run as it is, every step copies the whole cache in and out. :func:`cache_step` rewrites the
+imported Relax function so that the cache is *state*: a parameter of ``[batch, kv heads, max_length, head dim]``
+that a kernel writes in place (``R.call_tir_inplace`` of :func:`kv_write`, which writes each new position's key and
+value at the slot its ``position_ids`` entry names, read from device memory) and the attention reads. The plan
+keeps such a parameter in storage of its own that outlives a run (``relay_passes.lowered_ir``: an input a kernel
+writes in place is state), so one captured graph serves every step. Two steps come out of one export:
+
+- ``decode`` (past length ``max_length - 1``, one new token): ``Concat(past, new)`` becomes the cache with ``new``
+  written at ``position_ids``; the attention reads all ``max_length`` slots, masked by ``attention_mask``
+  (``[batch, max_length]``, 1 where a slot holds a token). The exported causal mask is trivially true there: the
+  query sits at the last slot.
+- ``prefill`` (past length 1, a prompt bucket of new tokens): the past is one zero slot, masked by
+  ``attention_mask[:, 0] = 0``, so the exported causal mask is the prompt's own; the prompt's keys and values are
+  written into the cache at ``position_ids`` besides.
+
+Either step returns ``(next_ids, logits)``: the argmax over the vocabulary at every position (greedy decoding
+reads a few integers, not the logits) and the logits. The presents are no longer outputs; the prefill's cache
+writes are returned after them, so that nothing removes them as dead code (the plan does not return a state).
+The cache's dtype is the step's compute dtype (a reduced-precision build keeps its cache in 16 bits).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+#: an exported past key/value input, as TVM's ONNX importer names it (dots become underscores)
+PAST_INPUT = re.compile(r"past_key_values[._](\d+)[._](key|value)")
+#: the state parameter that replaces it
+STATE_NAME = "kv_cache_{layer}_{kind}"
+#: the inputs a step needs besides the cache
+STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
+#: the attribute of a PrimFunc that writes some of its arguments in place: their indices
+IN_PLACE_ATTR = "nimble.in_place"
+ROLES = ("prefill", "decode")
+
+
+class KvCacheError(ValueError):
+    """The model is not a decoder exported with past key/values the rewrite can take."""
+
+
+@dataclass(frozen=True)
+class KvCacheSpec:
+    """Which step to make of a with-past export: ``role`` (``prefill`` or ``decode``), the cache's ``max_length``
+    (slots per sequence) and ``dtype`` (None: the dtype the present's concatenation computes in)."""
+
+    role: str
+    max_length: int
+    dtype: str | None = None
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise KvCacheError(f"kv cache role must be one of {ROLES}, got {self.role!r}")
+        if not isinstance(self.max_length, int) or self.max_length < 2:
+            raise KvCacheError(f"kv cache max_length must be an integer >= 2, got {self.max_length!r}")
+
+    def past_length(self) -> int:
+        """The past length the export is imported at for this step."""
+        return self.max_length - 1 if self.role == "decode" else 1
+
+
+def past_inputs(names) -> dict[str, tuple[int, str]]:
+    """input name -> (layer, "key"|"value") of the past key/value inputs among ``names`` (ONNX or Relax spelling)."""
+    found = {}
+    for n in names:
+        m = PAST_INPUT.fullmatch(n)
+        if m:
+            found[n] = (int(m.group(1)), m.group(2))
+    return found
+
+
+def kv_write(cache_shape, new_len: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0)."""
+    b, h, length, d = (int(x) for x in cache_shape)
+    text = f'''
+@T.prim_func(private=True, s_tir=True)
+def kv_write(cache: T.Buffer((T.int64({b}), T.int64({h}), T.int64({length}), T.int64({d})), "{dtype}"),
+             new: T.Buffer((T.int64({b}), T.int64({h}), T.int64({new_len}), T.int64({d})), "{dtype}"),
+             pos: T.Buffer((T.int64({b}), T.int64({new_len})), "int64")):
+    T.func_attr({{"tirx.noalias": True, "{IN_PLACE_ATTR}": [0]}})
+    for vb, vh, vs, vd in T.grid(T.int64({b}), T.int64({h}), T.int64({new_len}), T.int64({d})):
+        with T.sblock("kv_write"):
+            ib, ih, is_, id_ = T.axis.remap("SSSS", [vb, vh, vs, vd])
+            T.reads(new[ib, ih, is_, id_], pos[ib, is_])
+            T.writes(cache[ib, ih, T.int64(0):T.int64({length}), id_])
+            cache[ib, ih, pos[ib, is_], id_] = new[ib, ih, is_, id_]
+'''
+    return tvm.script.from_source(text)
+
+
+def in_place_args(func) -> list[int]:
+    """The argument indices a PrimFunc writes in place (:data:`IN_PLACE_ATTR`), or []."""
+    attrs = getattr(func, "attrs", None)
+    if attrs is None or IN_PLACE_ATTR not in attrs:
+        return []
+    return [int(i) for i in attrs[IN_PLACE_ATTR]]
+
+
+def _tensor(ty) -> tuple[list[int], str]:
+    return [int(x) for x in ty.shape.values], str(ty.dtype)
+
+
+def _through_identity(expr, bound: dict):
+    """``expr`` with one-field concatenations and float casts looked through (what the exporter and the precision
+    pass put between a past input and its Concat)."""
+    while isinstance(expr, relax.Var) and expr in bound:
+        value = bound[expr]
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
+                (value.op.name == "relax.concat" and len(value.args[0].fields) == 1)
+                or value.op.name == "relax.astype"):
+            expr = value.args[0].fields[0] if value.op.name == "relax.concat" else value.args[0]
+        else:
+            break
+    return expr
+
+
+def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") -> tvm.IRModule:
+    """``mod`` (a with-past export imported at ``spec.past_length()``) as one step over an in-place KV cache (see
+    the module docstring); a :class:`KvCacheError` of one line when it is not such an export."""
+    func = mod[func_name]
+    params = {p.name: p for p in func.params}
+    past = past_inputs(params)
+    missing = [n for n in STEP_INPUTS if n not in params]
+    if not past:
+        raise KvCacheError("the model has no past key/value inputs (past_key_values.N.key / .value): export the decoder "
+                           "with its cache (optimum's 'text-generation-with-past', or torch.onnx.export with "
+                           "past_key_values inputs and present outputs)")
+    if missing:
+        raise KvCacheError(f"the with-past model has no {missing[0]!r} input: a generation step needs "
+                           f"{', '.join(STEP_INPUTS)} (export position_ids as an input)")
+    if not isinstance(func.body, relax.SeqExpr) or len(func.body.blocks) != 1:
+        raise KvCacheError("the imported model is not one dataflow block; cannot place its KV cache")
+    block = func.body.blocks[0]
+    bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != func_name}))
+    states: dict[str, relax.Var] = {}
+    kernels: dict[tuple, relax.GlobalVar] = {}
+    writes: list[relax.Var] = []
+    var_map: dict[relax.Var, relax.Expr] = {}
+    presents: set = set()
+
+    def state_for(name: str, new_shape, dtype) -> relax.Var:
+        layer, kind = past[name]
+        shape = [new_shape[0], new_shape[1], spec.max_length, new_shape[3]]
+        sname = STATE_NAME.format(layer=layer, kind=kind)
+        if sname not in states:
+            states[sname] = relax.Var(sname, relax.TensorType(shape, dtype))
+        return states[sname]
+
+    def write(state: relax.Var, new: relax.Expr, dtype: str) -> relax.Var:
+        shape, _ = _tensor(state.ty)
+        new_shape, new_dtype = _tensor(new.ty)
+        if new_dtype != dtype:
+            new = bb.emit(relax.op.astype(new, dtype))
+        key = (tuple(shape), new_shape[2], dtype)
+        if key not in kernels:
+            kernels[key] = bb.add_func(kv_write(shape, new_shape[2], dtype), "kv_write")
+        return bb.emit(relax.call_tir_inplace(kernels[key], [state, new, position_ids], [0],
+                                             relax.TensorType(shape, dtype)))
+
+    new_params = [p for p in func.params if p.name not in past]
+    with bb.function(func_name, new_params, attrs=dict(func.attrs) if func.attrs else None):
+        with bb.dataflow():
+            position_ids = params["position_ids"]
+            if _tensor(position_ids.ty)[1] != "int64":
+                position_ids = bb.emit(relax.op.astype(position_ids, "int64"))
+            for binding in block.bindings:
+                value = _Substitute(var_map).visit_expr(binding.value) if var_map else binding.value
+                is_concat = (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                             and value.op.name == "relax.concat" and len(value.args[0].fields) == 2)
+                source = _through_identity(binding.value.args[0].fields[0], bound) if is_concat else None
+                if is_concat and isinstance(source, relax.Var) and source.name in past:
+                    concat_shape, concat_dtype = _tensor(binding.var.ty)
+                    new = value.args[0].fields[1]
+                    dtype = spec.dtype or concat_dtype
+                    state = state_for(source.name, _tensor(new.ty)[0], dtype)
+                    presents.add(binding.var)
+                    if spec.role == "decode":
+                        cache = write(state, new, dtype)
+                        if dtype != concat_dtype:
+                            cache = bb.emit(relax.op.astype(cache, concat_dtype))
+                        var_map[binding.var] = cache
+                        continue
+                    writes.append(write(state, new, dtype))
+                    # the prefill's past: one zero slot, masked by attention_mask[:, 0] = 0
+                    zero_shape = _tensor(binding.value.args[0].fields[0].ty)[0]
+                    zero = relax.const(np.zeros(zero_shape, concat_dtype), concat_dtype)
+                    value = relax.op.concat([zero, new], axis=int(value.attrs.axis))
+                var_map[binding.var] = bb.emit(value, name_hint=binding.var.name)
+            logits = _first_output(func.body.body, bound, presents, var_map)
+            ids = bb.emit(relax.op.argmax(logits, axis=-1))
+            out = bb.emit_output(relax.Tuple([ids, logits, *writes]))
+        bb.emit_func_output(out)
+    if len(states) != len(past):
+        unused = sorted(set(past) - {n for n in past if STATE_NAME.format(layer=past[n][0], kind=past[n][1]) in states})
+        raise KvCacheError(f"past input {unused[0]!r} does not feed a Concat along the sequence axis, as a with-past "
+                           "export's present does; cannot place its cache")
+    new_mod = bb.finalize()
+    func = new_mod[func_name]
+    # the states come after the model's own inputs, layer by layer, key before value
+    ordered = [states[k] for k in sorted(states, key=_state_order)]
+    func = relax.Function(list(func.params) + ordered, func.body, func.ret_ty, func.is_pure, func.attrs)
+    new_mod[func_name] = func
+    return relax.transform.DeadCodeElimination([func_name])(new_mod)
+
+
+def _state_order(name: str):
+    m = re.fullmatch(r"kv_cache_(\d+)_(key|value)", name)
+    return (int(m.group(1)), m.group(2) != "key")
+
+
+@relax.expr_functor.mutator
+class _Substitute(relax.PyExprMutator):
+    def __init__(self, var_map):
+        super().__init__()
+        self.var_map = var_map
+
+    def visit_var_(self, var):
+        return self.var_map.get(var, var)
+
+    def visit_dataflow_var_(self, var):
+        return self.var_map.get(var, var)
+
+
+def _first_output(body, bound: dict, presents: set, var_map: dict) -> relax.Expr:
+    """The function's first output that is not a present (the logits), in the rewritten function's terms."""
+    result = body
+    while isinstance(result, relax.Var) and result in bound and isinstance(bound[result], (relax.Var, relax.Tuple)):
+        result = bound[result]
+    fields = list(result.fields) if isinstance(result, relax.Tuple) else [result]
+    logits = [f for f in fields if not (isinstance(f, relax.Var) and _through_identity(f, bound) in presents)]
+    if not logits:
+        raise KvCacheError("the with-past model returns only its presents: a generation step needs the logits")
+    first = logits[0]
+    return var_map.get(first, first)

@@ -51,11 +51,13 @@ class KvCacheError(ValueError):
 @dataclass(frozen=True)
 class KvCacheSpec:
     """Which step to make of a with-past export: ``role`` (``prefill`` or ``decode``), the cache's ``max_length``
-    (slots per sequence) and ``dtype`` (None: the dtype the present's concatenation computes in)."""
+    (slots per sequence), ``dtype`` (None: the dtype the present's concatenation computes in) and whether the
+    cache write is a GPU kernel (``gpu``: scheduled here, a thread per element)."""
 
     role: str
     max_length: int
     dtype: str | None = None
+    gpu: bool = False
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -78,8 +80,13 @@ def past_inputs(names) -> dict[str, tuple[int, str]]:
     return found
 
 
-def kv_write(cache_shape, new_len: int, dtype: str) -> tvm.tirx.PrimFunc:
-    """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0)."""
+#: threads per block of the GPU cache write
+KV_WRITE_THREADS = 256
+
+
+def kv_write(cache_shape, new_len: int, dtype: str, gpu: bool = False) -> tvm.tirx.PrimFunc:
+    """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0); with
+    ``gpu``, scheduled a thread per element (DLight's rules do not take a write at a position read from memory)."""
     b, h, length, d = (int(x) for x in cache_shape)
     text = f'''
 @T.prim_func(private=True, s_tir=True)
@@ -94,7 +101,17 @@ def kv_write(cache: T.Buffer((T.int64({b}), T.int64({h}), T.int64({length}), T.i
             T.writes(cache[ib, ih, T.int64(0):T.int64({length}), id_])
             cache[ib, ih, pos[ib, is_], id_] = new[ib, ih, is_, id_]
 '''
-    return tvm.script.from_source(text)
+    func = tvm.script.from_source(text)
+    if not gpu:
+        return func
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    fused = sch.fuse(*sch.get_loops(sch.get_sblock("kv_write")))
+    bx, tx = sch.split(fused, [None, KV_WRITE_THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 def in_place_args(func) -> list[int]:
@@ -164,7 +181,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
             new = bb.emit(relax.op.astype(new, dtype))
         key = (tuple(shape), new_shape[2], dtype)
         if key not in kernels:
-            kernels[key] = bb.add_func(kv_write(shape, new_shape[2], dtype), "kv_write")
+            kernels[key] = bb.add_func(kv_write(shape, new_shape[2], dtype, spec.gpu), "kv_write")
         return bb.emit(relax.call_tir_inplace(kernels[key], [state, new, position_ids], [0],
                                              relax.TensorType(shape, dtype)))
 

@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 from .errors import ModelError, NimbleError, ShapeError, UnsupportedOperatorError  # noqa: E402
 from .runtime.bucketed import BucketedExecutor  # noqa: E402
 from .runtime.executor import ConcurrentUseError, Executor, NotReadyError  # noqa: E402
+from .runtime.generator import Generator, GeneratorModule, Sampling  # noqa: E402
 from .runtime.inputs import InputError  # noqa: E402
 from .runtime.loading import NimbleExecutor  # noqa: E402
 from .runtime.module import NimbleModule, load  # noqa: E402
@@ -31,6 +32,8 @@ from .runtime.pool import NimblePool  # noqa: E402
 _LAZY = {
     "build": ("tvm_nimble.compiler.build", "build"),
     "build_training": ("tvm_nimble.compiler.training", "build_training"),
+    "build_generator": ("tvm_nimble.compiler.generate", "build_generator"),
+    "generate": ("tvm_nimble.compiler.generate", "generate"),
     "BuildResult": ("tvm_nimble.compiler.build", "BuildResult"),
     "from_onnx": ("tvm_nimble.compiler.frontend", "from_onnx"),
     "assign_streams": ("tvm_nimble.relay_passes.stream_assignment", "assign_streams"),

@@ -190,6 +190,12 @@ def cmd_zoo(args):
     zoo_run(args)
 
 
+def cmd_generate(args):
+    from tvm_nimble.cli.generate import run as generate_run
+
+    generate_run(args)
+
+
 def cmd_train(args):
     from tvm_nimble.cli.train import main as train_main
 
@@ -255,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="executor mode (default: cuda-graph for a CUDA artifact, sequential for an llvm one)")
     from tvm_nimble.cli.serve import register as register_serve
     register_serve(add)
+
+    p = add("generate", cmd_generate, "generate tokens with a decoder exported with past key/values "
+            "(tvm_nimble.cli.generate)", "tvm-nimble generate decoder.onnx --prompt-ids 1,2,3 --max-new-tokens 16")
+    from tvm_nimble.cli.generate import add_arguments as generate_arguments
+    generate_arguments(p)
 
     p = add("explain", cmd_explain, "show the stream assignment: streams, syncs, DAG width, plan table, DOT graph",
             "tvm-nimble explain model.onnx --dot model.dot --plan")

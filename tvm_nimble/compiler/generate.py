@@ -11,6 +11,8 @@ over ``max_length`` slots) and one prefill step per prompt bucket (``prefill_len
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from tvm_nimble.errors import ModelError, NimbleError
@@ -108,9 +110,11 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     memory = CacheMemory()
     steps = {}
     for n in [DECODE, *lengths]:
-        spec = KvCacheSpec("decode" if n == DECODE else "prefill", max_length, opts.compute_dtype)
+        spec = KvCacheSpec("decode" if n == DECODE else "prefill", max_length, opts.compute_dtype, opts.is_cuda)
         shapes = step_shapes(onnx_model, batch, n, spec.past_length())
-        mod = cache_step(import_model(onnx_model, params, shapes), spec)
+        with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
+            warnings.filterwarnings("ignore", message="Renaming name")
+            mod = cache_step(import_model(onnx_model, params, shapes), spec)
         steps[n] = build_with(mod, opts, cache=memory)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,

@@ -78,7 +78,12 @@ def resolve_kernels(plan: Plan, kernels) -> list:
 
 def load(path: str) -> NimbleModule:
     """Load an artifact with the TVM runtime only (no compiler needed)."""
-    if read_manifest(path).get("buckets") is not None:  # built with buckets or batch_sizes: a plan per bucket
+    manifest = read_manifest(path)
+    if isinstance(manifest.get("generator"), dict):  # tvm_nimble.build_generator's: a plan per step
+        from .generator import load_generator
+
+        return load_generator(path)
+    if manifest.get("buckets") is not None:  # built with buckets or batch_sizes: a plan per bucket
         return load_bucketed(path)
     manifest, plan, kernels_path, params = load_artifact_files(path)
     vendor = _load_runtime_libraries(path, manifest)

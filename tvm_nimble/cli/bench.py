@@ -129,6 +129,10 @@ def model_builders(spec: str):
 
 
 def main(argv=None):
+    if argv is not None and "--generate" in argv:  # generation: its own options (tvm_nimble.bench.generation)
+        from tvm_nimble.bench.generation import main as generation_main
+
+        return generation_main(argv)
     ap = argparse.ArgumentParser(prog="tvm-nimble bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models",

@@ -1,0 +1,141 @@
+"""``tvm-nimble bench --generate``: time to first token and milliseconds per token of Nimble's generator against
+Hugging Face transformers (eager, and a static cache under ``torch.compile``), side by side in one process.
+
+    tvm-nimble bench --generate --models hf:gpt2,hf:llama-0.5b --precision fp16,bf16 --prompt 128 --new-tokens 256
+
+Each model is ``hf:NAME`` of :mod:`.hf_models` (random weights, config in code). Nimble builds the with-past ONNX
+export (:func:`.hf_models.past_onnx_model`) into a generator (:func:`tvm_nimble.build_generator`) whose cache holds
+the prompt and the new tokens. Before timing, the first greedy tokens (up to 32) of every system are compared with
+HF eager's in the same precision; a system that differs is reported with the step where it diverged. Rows go to
+``generation.csv`` in the output folder (one per system: TTFT, ms per token, tokens matched). ONNX Runtime GenAI and
+vLLM are not run here (not installed where this runs; see the findings).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import time
+
+COLUMNS = ["date", "device", "model", "batch", "dtype", "kernels", "system", "prompt_tokens", "new_tokens",
+           "ttft_ms", "ms_per_token", "tokens_checked", "tokens_matched", "build_s", "note"]
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def _args(argv):
+    ap = argparse.ArgumentParser(prog="tvm-nimble bench --generate", description=__doc__.splitlines()[0])
+    ap.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="hf:gpt2", help="comma-separated hf:NAME decoders")
+    ap.add_argument("--precision", default="fp16", help="comma-separated: fp32, fp16, bf16")
+    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default %(default)s)")
+    ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per request (default %(default)s)")
+    ap.add_argument("--check-tokens", type=int, default=32, help="greedy tokens compared with HF eager's")
+    ap.add_argument("--repeats", type=int, default=3, help="timed requests per system (median)")
+    ap.add_argument("--skip", default="", help="comma-separated systems to leave out: hf-eager, hf-static-compiled")
+    ap.add_argument("--out", default="bench-results", help="output folder (generation.csv)")
+    ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
+    return ap.parse_args(argv)
+
+
+def _timed(fn, repeats: int, sync) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def nimble_timing(module, prompt: list[int], new_tokens: int, repeats: int, device=None):
+    """(tokens, TTFT ms, ms per token) of a generator: a request of 1 new token is the TTFT; the rest of a request of
+    ``new_tokens`` divided by ``new_tokens - 1`` is the time per token."""
+    from tvm_nimble.runtime.generator import Generator
+
+    with Generator(module, device) as gen:
+        tokens = gen.generate(prompt, new_tokens)  # warm-up (and the tokens)
+        ttft = _timed(lambda: gen.generate(prompt, 1), repeats, lambda: None)
+        total = _timed(lambda: gen.generate(prompt, new_tokens), repeats, lambda: None)
+    return tokens, ttft, (total - ttft) / max(new_tokens - 1, 1)
+
+
+def _matched(tokens: list[int], want: list[int]) -> int:
+    n = 0
+    for a, b in zip(tokens, want):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def main(argv=None) -> int:
+    import numpy as np
+    import torch
+
+    import tvm_nimble
+    from tvm_nimble.bench import generate_peers
+    from tvm_nimble.bench.harness import device_name
+    from tvm_nimble.bench.hf_models import hf_builders, past_onnx_model
+    from tvm_nimble.bench.report import append_rows
+
+    args = _args(argv)
+    gpu = torch.cuda.is_available() if args.target is None else args.target == "cuda"
+    target = "cuda" if gpu else "llvm"
+    dev = "cuda" if gpu else "cpu"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    skip = {s for s in args.skip.split(",") if s}
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, "generation.csv")
+    date = datetime.date.today().isoformat()
+    device = device_name(gpu)
+    table = []
+    for spec in [m for m in args.models.split(",") if m]:
+        label, _, torch_builder = hf_builders(spec)
+        onnx_model = past_onnx_model(spec)
+        vocab = onnx_model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+        prompt = np.random.default_rng(0).integers(0, vocab, size=args.prompt).tolist()
+        for precision in [p for p in args.precision.split(",") if p]:
+            rows = []
+            dtype = getattr(torch, _DTYPES[precision])
+            model = torch_builder(1).model.to(dev, dtype)
+            peers = {}
+            if "hf-eager" not in skip:
+                peers["hf-eager"] = generate_peers.hf_eager(model, prompt, args.new_tokens, dev, dtype, args.repeats)
+            if "hf-static-compiled" not in skip:
+                try:
+                    peers["hf-static-compiled"] = generate_peers.hf_static_compiled(
+                        model, prompt, args.new_tokens, dev, dtype, args.repeats)
+                except Exception as err:  # noqa: BLE001 -- a peer that fails is reported, not fatal
+                    rows.append({"system": "hf-static-compiled", "note": f"failed: {str(err).splitlines()[0][:200]}"})
+            start = time.perf_counter()
+            module = tvm_nimble.build_generator(onnx_model, target, precision=precision, kernels=args.kernels,
+                                                max_length=args.prompt + args.new_tokens,
+                                                prefill_lengths=sorted({16, 32, 64, 128, args.prompt}))
+            build_s = time.perf_counter() - start
+            tokens, ttft, per_token = nimble_timing(module, prompt, args.new_tokens, args.repeats)
+            reference = peers["hf-eager"].tokens if "hf-eager" in peers else None
+            n = min(args.check_tokens, args.new_tokens)
+            systems = [("nimble", tokens, ttft, per_token, f"{build_s:.1f}", "")]
+            systems += [(name, t.tokens, t.ttft_ms, t.ms_per_token, "", t.note) for name, t in peers.items()]
+            for name, toks, t_ms, pt_ms, b_s, note in systems:
+                rows.append({"system": name, "ttft_ms": f"{t_ms:.3f}", "ms_per_token": f"{pt_ms:.4f}",
+                             "tokens_checked": n if reference else "",
+                             "tokens_matched": _matched(toks[:n], reference[:n]) if reference else "",
+                             "build_s": b_s, "note": note})
+            for r in rows:
+                r.update({"date": date, "device": device, "model": label, "batch": 1, "dtype": precision,
+                          "kernels": args.kernels, "prompt_tokens": args.prompt, "new_tokens": args.new_tokens})
+            append_rows(csv_path, rows, COLUMNS, defaults={})
+            table += rows
+            del model
+            if gpu:
+                torch.cuda.empty_cache()
+    print(f"{'model':<14} {'dtype':<5} {'system':<20} {'TTFT ms':>9} {'ms/token':>9} {'match':>6}  note")
+    for r in table:
+        match = f"{r.get('tokens_matched', '')}/{r.get('tokens_checked', '')}" if r.get("tokens_checked") else ""
+        print(f"{r['model']:<14} {r['dtype']:<5} {r['system']:<20} {r.get('ttft_ms', ''):>9} "
+              f"{r.get('ms_per_token', ''):>9} {match:>6}  {r.get('note', '')}")
+    return 0

@@ -10,6 +10,9 @@ transformers picks by default); the ONNX file Nimble and ONNX Runtime build is e
 weights with the eager attention, which the exporter spells as MatMul, scale, mask, Softmax and MatMul.
 A model over protobuf's 2 GB limit (the 0.5B decoder in float32) is exported with its weights as external
 data and loaded back into memory.
+
+A decoder's token-by-token form, :func:`past_onnx_model`, is the same weights exported with past key/values in and
+present key/values out, named as optimum and ONNX Runtime GenAI name them.
 """
 from __future__ import annotations
 
@@ -126,6 +129,82 @@ def hf_builders(spec: str):
                            {"input_ids": axes, "attention_mask": axes, output: axes} if dynamic else None)
 
     return f"hf-{name}" + (f"-s{seq}" if seq != spec_model.seq else ""), onnx_model, torch_model
+
+
+def cache_keyword(model) -> str:
+    """The keyword a transformers causal LM's ``forward`` takes its KV cache by: ``cache`` where the installed
+    transformers has it (``past_key_values`` is deprecated there), else ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def past_names(layers: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) of a with-past decoder of ``layers`` layers: ``input_ids``, ``attention_mask``,
+    ``position_ids``, then ``past_key_values.{i}.key`` / ``.value`` per layer; ``logits``, then
+    ``present.{i}.key`` / ``.value`` per layer."""
+    kv = [(i, part) for i in range(layers) for part in ("key", "value")]
+    return (["input_ids", "attention_mask", "position_ids"] + [f"past_key_values.{i}.{p}" for i, p in kv],
+            ["logits"] + [f"present.{i}.{p}" for i, p in kv])
+
+
+def past_onnx_model(spec: str, batch: int = 1):
+    """The decoder ``hf:NAME`` (the weights of :func:`hf_builders`'s torch model) exported with past key/values,
+    as optimum and ONNX Runtime GenAI export decoders for token-by-token generation.
+
+    Inputs: ``input_ids`` and ``position_ids`` ``[batch, sequence_length]``, ``attention_mask`` ``[batch,
+    total_sequence_length]`` (int64), and per layer ``past_key_values.{i}.key`` / ``.value`` ``[batch,
+    num_kv_heads, past_sequence_length, head_dim]`` (float32). Outputs: ``logits`` ``[batch, sequence_length,
+    vocab]``, then per layer ``present.{i}.key`` / ``.value`` ``[batch, num_kv_heads, total_sequence_length,
+    head_dim]``: the past with this step's keys and values appended. Every one of those dims is symbolic, under
+    those names; ``batch`` is only the traced example's. Eager attention, opset 17, the TorchScript exporter
+    (see :func:`export_onnx`; a model over 2 GB goes through external data)."""
+    _, spec_model, _ = parse_spec(spec)
+    if not spec_model.decoder:
+        raise ValueError(f"model {spec!r} is an encoder: only the decoders "
+                         f"({', '.join('hf:' + n for n, m in MODELS.items() if m.decoder)}) export with past key/values")
+    import torch
+    import transformers
+
+    # a fresh copy of the seeded torch model (the exporter's tracing changes a GPT-2 module's later outputs)
+    model = hf_builders(spec)[2](batch).model
+    model.config._attn_implementation = "eager"
+    config = model.config
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    keyword = cache_keyword(model)
+
+    class WithPast(torch.nn.Module):
+        """(logits, present key/values) from (input_ids, attention_mask, position_ids, past key/values): the past
+        goes into a ``DynamicCache``, which the model extends in place with this step's keys and values."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = transformers.DynamicCache(config=self.model.config)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, **{keyword: cache})
+            return (out.logits, *(t for layer in cache.layers[:layers] for t in (layer.keys, layer.values)))
+
+    # the traced example: distinct past and new lengths, so the exporter does not tie the two dims together
+    past_len, new_len = 4, 3
+    ids = torch.zeros(batch, new_len, dtype=torch.int64)
+    mask = torch.ones(batch, past_len + new_len, dtype=torch.int64)
+    positions = torch.arange(past_len, past_len + new_len).expand(batch, new_len)
+    past = [torch.zeros(batch, kv_heads, past_len, head_dim) for _ in range(2 * layers)]
+    inputs, outputs = past_names(layers)
+    tokens = {0: "batch", 1: "sequence_length"}
+    axes = {"input_ids": tokens, "position_ids": tokens, "logits": tokens,
+            "attention_mask": {0: "batch", 1: "total_sequence_length"}}
+    axes.update({n: {0: "batch", 2: "past_sequence_length"} for n in inputs[3:]})
+    axes.update({n: {0: "batch", 2: "total_sequence_length"} for n in outputs[1:]})
+    return export_onnx(WithPast(model).eval(), (ids, mask, positions, *past), inputs, outputs, axes)
 
 
 def export_onnx(module, args, input_names, output_names, dynamic_axes=None):

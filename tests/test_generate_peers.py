@@ -1,0 +1,66 @@
+"""The generation peers (tvm_nimble/bench/generate_peers.py) on the CPU: transformers' generate and the static-cache
+compiled decode loop give the greedy tokens of a plain loop without any cache (the whole sequence run again for
+each token, its last position's argmax appended), on the tiny GPT-2 and Llama decoders in float32."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from decoder_models import tiny_torch  # noqa: E402
+
+from tvm_nimble.bench.generate_peers import GenerationTiming, hf_eager, hf_static_compiled  # noqa: E402
+from tvm_nimble.errors import NimbleError  # noqa: E402
+
+PROMPT = [17, 3, 250, 96, 41]
+NEW_TOKENS = 16
+
+
+def lively(spec: str):
+    """The tiny decoder with its attention and MLP weights scaled 8x: a random decoder with tied embeddings
+    otherwise repeats the prompt's last token, whatever the positions and the cache hold."""
+    wrapped = tiny_torch(spec)
+    with torch.no_grad():
+        for name, weight in wrapped.model.named_parameters():
+            if weight.dim() == 2 and not any(e in name for e in ("wte", "wpe", "embed_tokens")):
+                weight.mul_(8)
+    return wrapped
+
+
+def reference_tokens(wrapped, prompt: list[int] = PROMPT) -> list[int]:
+    """Greedy tokens with no cache: the full sequence's last logits' argmax, appended one at a time."""
+    model = wrapped.model
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("peer", [hf_eager, hf_static_compiled])
+@pytest.mark.parametrize("spec", ["hf:gpt2-tiny", "hf:llama-tiny"])
+def test_a_peer_generates_the_greedy_tokens(spec, peer):
+    model = lively(spec)
+    want = reference_tokens(model)
+    assert len(set(want)) > 4  # the tokens depend on the sequence so far
+    got = peer(model, PROMPT, NEW_TOKENS, "cpu", torch.float32, repeats=2)
+    assert isinstance(got, GenerationTiming) and got.system and got.note
+    assert got.tokens == want
+    assert got.ttft_ms > 0 and got.ms_per_token > 0
+
+
+def test_the_end_of_sequence_token_neither_stops_nor_is_suppressed():
+    """GPT-2-tiny's end-of-sequence id is 0, and 0 is the greedy token after this prompt: generation runs on past
+    it, and picks it (min_new_tokens alone would suppress it)."""
+    prompt = [1, 0]
+    want = reference_tokens(tiny_torch("hf:gpt2-tiny"), prompt)
+    assert tiny_torch("hf:gpt2-tiny").model.generation_config.eos_token_id == want[0] == 0
+    assert hf_eager(tiny_torch("hf:gpt2-tiny"), prompt, NEW_TOKENS, "cpu", torch.float32, repeats=1).tokens == want
+
+
+@pytest.mark.parametrize("new_tokens, repeats, prompt, message", [
+    (1, 1, PROMPT, "at least 2"), (4, 0, PROMPT, "at least 1"), (4, 1, [], "prompt")])
+def test_bad_generation_settings_are_one_line(new_tokens, repeats, prompt, message):
+    with pytest.raises(NimbleError, match=message):
+        hf_eager(tiny_torch("hf:gpt2-tiny"), prompt, new_tokens, "cpu", torch.float32, repeats)
+    with pytest.raises(NimbleError, match="causal LM"):
+        hf_eager(torch.nn.Linear(2, 2), PROMPT, 4, "cpu", torch.float32, 1)

@@ -1,0 +1,161 @@
+"""PyTorch peers for token-by-token generation (``tvm-nimble bench --generate``): a decoder generates greedily from a
+prompt, timed as the time to the first token (TTFT, the prompt's prefill) and the milliseconds per further token.
+
+- :func:`hf_eager`: transformers' ``generate`` (greedy, SDPA attention, its dynamic KV cache), the everyday
+  baseline;
+- :func:`hf_static_compiled`: a static KV cache with the one-token decode step under
+  ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU), gpt-fast's recipe, PyTorch's fastest decode.
+
+Both decode greedily for exactly ``new_tokens`` tokens (the end-of-sequence token neither stops nor is
+suppressed), so every system's tokens can be compared one for one. ONNX Runtime GenAI and vLLM are separate
+peers, not in this module.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tvm_nimble.bench.hf_models import cache_keyword
+from tvm_nimble.errors import NimbleError
+
+
+@dataclass(frozen=True)
+class GenerationTiming:
+    """One peer's greedy generation: the new tokens' ids, the median time to the first token (the prompt's
+    prefill and its token), the median milliseconds per further token, and how the peer got there."""
+
+    system: str
+    tokens: list[int]
+    ttft_ms: float
+    ms_per_token: float
+    note: str = ""
+
+
+def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype, repeats: int) -> GenerationTiming:
+    """transformers' ``generate``, greedy, SDPA attention. TTFT is the median time of ``generate`` for one token;
+    ms/token is (the median time for ``new_tokens`` minus TTFT) / (``new_tokens`` - 1)."""
+    import torch
+
+    _check(prompt_ids, new_tokens, repeats)
+    model = _causal_lm(torch_model, device, dtype)
+    ids = torch.tensor([prompt_ids], dtype=torch.int64, device=device)
+
+    def generate(n: int) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 min_new_tokens=n, max_new_tokens=n)
+        return out[0, len(prompt_ids):].tolist()
+
+    tokens = generate(new_tokens)  # the warm-up gives the tokens
+    sync = _synchronizer(device)
+    first = statistics.median(_elapsed_ms(lambda: generate(1), sync) for _ in range(repeats))
+    whole = statistics.median(_elapsed_ms(lambda: generate(new_tokens), sync) for _ in range(repeats))
+    return GenerationTiming("hf-eager", tokens, first, (whole - first) / (new_tokens - 1),
+                            "transformers generate, greedy, SDPA attention, dynamic KV cache")
+
+
+def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype,
+                       repeats: int) -> GenerationTiming:
+    """A static KV cache (``transformers.StaticCache``), the prompt's prefill eager, and the one-token decode step
+    under ``torch.compile(mode="reduce-overhead", fullgraph=True)``; greedy argmax on the device.
+
+    The loop is written here, not ``generate(cache_implementation="static")`` with a compiled forward: that
+    recipe read a CUDA graph's output after the next replay had overwritten it. Here each decode call begins with
+    ``torch.compiler.cudagraph_mark_step_begin()`` and its token is cloned out of the graph's buffer before the
+    next call. TTFT is the median prefill (and its token); ms/token the median decode loop / (``new_tokens`` - 1)."""
+    import torch
+    import transformers
+
+    _check(prompt_ids, new_tokens, repeats)
+    model = _causal_lm(torch_model, device, dtype)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=len(prompt_ids) + new_tokens)
+    keyword = cache_keyword(model)
+    # older transformers index the cache by an explicit cache_position; newer ones keep the length in the cache
+    explicit_position = "cache_position" in inspect.signature(model.forward).parameters
+
+    def step(ids, positions):
+        """The greedy next token ([1, 1]) after ``ids`` at ``positions``, the cache extended in place."""
+        extra = {"cache_position": positions[0]} if explicit_position else {}
+        logits = model(input_ids=ids, position_ids=positions, use_cache=True, **{keyword: cache}, **extra).logits
+        return logits[:, -1].argmax(-1, keepdim=True)
+
+    decode = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    prompt = torch.tensor([prompt_ids], dtype=torch.int64, device=device)
+    positions = torch.arange(len(prompt_ids) + new_tokens, dtype=torch.int64, device=device)[None]
+    sync = _synchronizer(device)
+
+    def generate() -> tuple[list[int], float, float]:
+        """(tokens, prefill ms, decode ms) of one generation from an empty cache."""
+        cache.reset()
+        with torch.no_grad():
+            sync()
+            start = time.perf_counter()
+            token = step(prompt, positions[:, :len(prompt_ids)])
+            sync()
+            prefilled = time.perf_counter()
+            tokens = [token]
+            for at in range(len(prompt_ids), len(prompt_ids) + new_tokens - 1):
+                torch.compiler.cudagraph_mark_step_begin()
+                token = decode(token, positions[:, at:at + 1]).clone()
+                tokens.append(token)
+            sync()
+            end = time.perf_counter()
+        return torch.cat(tokens, dim=1)[0].tolist(), (prefilled - start) * 1e3, (end - prefilled) * 1e3
+
+    generate()  # the warm-up: compiles the decode step and records its CUDA graph
+    runs = [generate() for _ in range(repeats)]
+    graphs = "CUDA graphs" if torch.device(device).type == "cuda" else f"no CUDA graphs on {device}"
+    return GenerationTiming(
+        "hf-static-compiled", runs[-1][0], statistics.median(r[1] for r in runs),
+        statistics.median(r[2] for r in runs) / (new_tokens - 1),
+        f"StaticCache({len(prompt_ids) + new_tokens} slots), eager prefill, own decode loop: the decode step "
+        f"under torch.compile(mode='reduce-overhead', fullgraph=True) ({graphs}), cudagraph_mark_step_begin() "
+        "before each call and its token cloned (transformers' static-cache generate read overwritten CUDA-graph "
+        "outputs)")
+
+
+def _check(prompt_ids: list[int], new_tokens: int, repeats: int) -> None:
+    if not prompt_ids:
+        raise NimbleError("generation needs a prompt of at least one token id")
+    if new_tokens < 2:
+        raise NimbleError(f"generation of {new_tokens} new tokens: ms per token needs at least 2 (e.g. 32)")
+    if repeats < 1:
+        raise NimbleError(f"generation timed {repeats} times: repeats must be at least 1")
+
+
+def _causal_lm(torch_model, device: str, dtype):
+    """A copy of the transformers causal LM in ``torch_model`` (itself, or the bench's wrapper of it, see
+    :func:`tvm_nimble.bench.hf_models.hf_builders`) on ``device`` in ``dtype``, SDPA attention, in eval mode, its
+    end-of-sequence token dropped from the generation config (greedy decoding runs the full length, never
+    suppressing that token either)."""
+    import transformers
+
+    model = torch_model if isinstance(torch_model, transformers.PreTrainedModel) else getattr(torch_model, "model", None)
+    if not isinstance(model, transformers.GenerationMixin):
+        raise NimbleError(f"{type(torch_model).__name__} is not a transformers causal LM (nor the bench's wrapper "
+                          "of one): pass hf_builders(spec)'s torch model of a decoder")
+    model = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    model.set_attn_implementation("sdpa")
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _synchronizer(device: str) -> Callable[[], None]:
+    """What waits for the device's queued work: ``torch.cuda.synchronize`` on CUDA, nothing on the CPU."""
+    import torch
+
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
+def _elapsed_ms(fn: Callable[[], object], sync: Callable[[], None]) -> float:
+    """Milliseconds of one ``fn()``, the device synchronized before and after."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3

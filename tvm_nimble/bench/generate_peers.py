@@ -13,7 +13,6 @@ peers, not in this module.
 from __future__ import annotations
 
 import copy
-import inspect
 import statistics
 import time
 from collections.abc import Callable
@@ -74,13 +73,11 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
     model = _causal_lm(torch_model, device, dtype)
     cache = transformers.StaticCache(config=model.config, max_cache_len=len(prompt_ids) + new_tokens)
     keyword = cache_keyword(model)
-    # older transformers index the cache by an explicit cache_position; newer ones keep the length in the cache
-    explicit_position = "cache_position" in inspect.signature(model.forward).parameters
 
     def step(ids, positions):
-        """The greedy next token ([1, 1]) after ``ids`` at ``positions``, the cache extended in place."""
-        extra = {"cache_position": positions[0]} if explicit_position else {}
-        logits = model(input_ids=ids, position_ids=positions, use_cache=True, **{keyword: cache}, **extra).logits
+        """The greedy next token ([1, 1]) after ``ids`` at ``positions``; the cache, which keeps its own length on
+        the device, extended in place."""
+        logits = model(input_ids=ids, position_ids=positions, use_cache=True, **{keyword: cache}).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
     decode = torch.compile(step, mode="reduce-overhead", fullgraph=True)
@@ -134,7 +131,9 @@ def _causal_lm(torch_model, device: str, dtype):
     suppressing that token either)."""
     import transformers
 
-    model = torch_model if isinstance(torch_model, transformers.PreTrainedModel) else getattr(torch_model, "model", None)
+    model = torch_model
+    if not isinstance(model, transformers.PreTrainedModel):
+        model = getattr(torch_model, "model", None)
     if not isinstance(model, transformers.GenerationMixin):
         raise NimbleError(f"{type(torch_model).__name__} is not a transformers causal LM (nor the bench's wrapper "
                           "of one): pass hf_builders(spec)'s torch model of a decoder")

@@ -161,8 +161,8 @@ def past_onnx_model(spec: str, batch: int = 1):
     (see :func:`export_onnx`; a model over 2 GB goes through external data)."""
     _, spec_model, _ = parse_spec(spec)
     if not spec_model.decoder:
-        raise ValueError(f"model {spec!r} is an encoder: only the decoders "
-                         f"({', '.join('hf:' + n for n, m in MODELS.items() if m.decoder)}) export with past key/values")
+        decoders = ", ".join("hf:" + n for n, m in MODELS.items() if m.decoder)
+        raise ValueError(f"model {spec!r} is an encoder: only the decoders ({decoders}) export with past key/values")
     import torch
     import transformers
 

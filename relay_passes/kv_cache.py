@@ -33,6 +33,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_nimble.errors import ModelError
+
 #: an exported past key/value input, as TVM's ONNX importer names it (dots become underscores)
 PAST_INPUT = re.compile(r"past_key_values[._](\d+)[._](key|value)")
 #: the state parameter that replaces it
@@ -44,7 +46,7 @@ IN_PLACE_ATTR = "nimble.in_place"
 ROLES = ("prefill", "decode")
 
 
-class KvCacheError(ValueError):
+class KvCacheError(ModelError):
     """The model is not a decoder exported with past key/values the rewrite can take."""
 
 
@@ -85,7 +87,9 @@ KV_WRITE_THREADS = 256
 
 
 def kv_write(cache_shape, new_len: int, dtype: str, gpu: bool = False) -> tvm.tirx.PrimFunc:
-    """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0); with
+    """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0), a position
+    outside the cache writing nothing (the kernel stays in bounds whatever its input holds: a measurement's random
+    inputs, another step's leftovers in a shared buffer); with
     ``gpu``, scheduled a thread per element (DLight's rules do not take a write at a position read from memory)."""
     b, h, length, d = (int(x) for x in cache_shape)
     text = f'''
@@ -99,7 +103,8 @@ def kv_write(cache: T.Buffer((T.int64({b}), T.int64({h}), T.int64({length}), T.i
             ib, ih, is_, id_ = T.axis.remap("SSSS", [vb, vh, vs, vd])
             T.reads(new[ib, ih, is_, id_], pos[ib, is_])
             T.writes(cache[ib, ih, T.int64(0):T.int64({length}), id_])
-            cache[ib, ih, pos[ib, is_], id_] = new[ib, ih, is_, id_]
+            if pos[ib, is_] >= T.int64(0) and pos[ib, is_] < T.int64({length}):
+                cache[ib, ih, pos[ib, is_], id_] = new[ib, ih, is_, id_]
 '''
     func = tvm.script.from_source(text)
     if not gpu:

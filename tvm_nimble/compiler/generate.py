@@ -104,6 +104,9 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
         raise NimbleError(f"prefill_lengths must be prompt lengths >= 2 (one token goes through the decode step), "
                           f"got {prefill_lengths!r}")
     lengths = [n for n in lengths if n < max_length]
+    # one stream unless asked: a decoder step is a chain, and the measured stream choice does not yet run a plan
+    # with state (it aborted on an H100)
+    options.setdefault("max_streams", 1)
     opts = BuildOptions.create(target, **options)
     onnx_model = _onnx(model)
     vocab = vocab_size(onnx_model)

@@ -163,6 +163,11 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
         raise KvCacheError("the imported model is not one dataflow block; cannot place its KV cache")
     block = func.body.blocks[0]
     bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+    uses: dict = {}
+    for b in block.bindings:
+        for v in relax.analysis.free_vars(b.value) if isinstance(b.value, relax.Expr) else ():
+            uses.setdefault(v, []).append(b)
+    outputs = set(relax.analysis.free_vars(func.body.body))
 
     bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != func_name}))
     states: dict[str, relax.Var] = {}
@@ -209,7 +214,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                     presents.add(binding.var)
                     if spec.role == "decode":
                         cache = write(state, new, dtype)
-                        if dtype != concat_dtype:
+                        if dtype != concat_dtype and not _moved_then_cast(binding.var, dtype, uses, outputs):
                             cache = bb.emit(relax.op.astype(cache, concat_dtype))
                         var_map[binding.var] = cache
                         continue
@@ -218,6 +223,9 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                     zero_shape = _tensor(binding.value.args[0].fields[0].ty)[0]
                     zero = relax.const(np.zeros(zero_shape, concat_dtype), concat_dtype)
                     value = relax.op.concat([zero, new], axis=int(value.attrs.axis))
+                if _is_cast(value) and _tensor(value.args[0].ty)[1] == str(value.attrs.dtype):
+                    var_map[binding.var] = value.args[0]  # a cast to the dtype its input has now (the cache's)
+                    continue
                 var_map[binding.var] = bb.emit(value, name_hint=binding.var.name)
             logits = _first_output(func.body.body, bound, presents, var_map)
             ids = bb.emit(relax.op.argmax(logits, axis=-1))
@@ -234,6 +242,33 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
     func = relax.Function(list(func.params) + ordered, func.body, func.ret_ty, func.is_pure, func.attrs)
     new_mod[func_name] = func
     return relax.transform.DeadCodeElimination([func_name])(new_mod)
+
+
+#: data movement that keeps values as they are (its dtype follows its input's)
+_MOVES = ("relax.expand_dims", "relax.broadcast_to", "relax.reshape", "relax.permute_dims")
+
+
+def _is_cast(value) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.astype"
+
+
+def _moved_then_cast(var, dtype: str, uses: dict, outputs: set, depth: int = 0) -> bool:
+    """Whether every reader of ``var`` (the present a precision pass left in float32) only moves it and then casts it
+    to ``dtype`` (the attention's Q·Kᵀ and P·V operands), or returns it: then the cache, already in ``dtype``, can
+    stand for it with no cast of the whole cache to float32 and back at every step (what a fused-attention match
+    needs, and a GQA decoder's repeated K/V read in place)."""
+    readers = uses.get(var, [])
+    if depth > 8 or (not readers and var not in outputs):
+        return False
+    for b in readers:
+        v = b.value
+        if _is_cast(v) and str(v.attrs.dtype) == dtype:
+            continue
+        if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _MOVES
+                and v.args[0].same_as(var) and _moved_then_cast(b.var, dtype, uses, outputs, depth + 1)):
+            if not isinstance(v, relax.Tuple):  # the function's output tuple (the present) is dropped
+                return False
+    return True
 
 
 def _state_order(name: str):

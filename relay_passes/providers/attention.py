@@ -137,6 +137,12 @@ def _trace(chains, operand, stop: set) -> list:
             var = _scaled_input(chains, value)
         else:
             break
+    # a cast that rounds (float32 rotary output to fp16) and is not undone below it: the call reads the rounded
+    # tensor, so the trace ends there (a view taken in fp32 of an fp16 tensor and cast back stays absorbed)
+    if isinstance(var, relax.Expr) and isinstance(operand, relax.Expr) and dtype_of(var) != dtype_of(operand):
+        for i, (sv, value) in enumerate(steps):
+            if operator_of(value) == "relax.astype" and _BITS.get(dtype_of(sv), 0) < _BITS.get(dtype_of(value.args[0]), 0):
+                return steps[:i]
     return steps
 
 
@@ -434,6 +440,10 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
         if dtype not in _HALF or bias is not None or group != 1 or any(x % 8 for x in aligned):
             return None  # cuDNN's SDPA: fp16/bf16, no mask or KV groups here, 16-byte aligned rows and heads
         return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
+    if kernels == (SDPA, SDPA_BIAS) and Sq == 1:
+        # one query row (a decoder's decode step over its cache): the row-per-warp kernel gives it one warp per
+        # head; the split-key kernel spreads the keys over a block's eight warps
+        kernels = (SPLIT_SDPA, SPLIT_SDPA_BIAS)
     name = kernels[1] if bias is not None else kernels[0]
     return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=1), None)
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from tvm_nimble.errors import NimbleError
 
 from . import accuracy, buckets, stages
+from tvm_nimble.relay_passes.kv_cache import cache_step
+
 from .frontend.onnx_import import one_line
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
@@ -52,6 +54,8 @@ def _import(session, state: _State) -> None:
 def _precision(session, state: _State) -> None:
     with session.phases("precision"):
         state.mod = stages.apply_precision(state.fp32_mod, session.options)
+        if session.options.kv_cache is not None:  # a generation step: its cache as state, in the compute dtype
+            state.mod = cache_step(state.mod, session.options.kv_cache)
 
 
 def _layout(session, state: _State) -> None:

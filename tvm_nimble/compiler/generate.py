@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 
 from tvm_nimble.errors import ModelError, NimbleError
-from tvm_nimble.relay_passes.kv_cache import STEP_INPUTS, KvCacheError, KvCacheSpec, cache_step, past_inputs
+from tvm_nimble.relay_passes.kv_cache import STEP_INPUTS, KvCacheError, KvCacheSpec, past_inputs
 from tvm_nimble.runtime.generator import DECODE, Generator, GeneratorModule, Sampling
 
 from .build import build_with
@@ -117,8 +117,8 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
         shapes = step_shapes(onnx_model, batch, n, spec.past_length())
         with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
             warnings.filterwarnings("ignore", message="Renaming name")
-            mod = cache_step(import_model(onnx_model, params, shapes), spec)
-        steps[n] = build_with(mod, opts, cache=memory)
+            mod = import_model(onnx_model, params, shapes)
+        steps[n] = build_with(mod, opts.replace(kv_cache=spec), cache=memory)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,
             "steps": {str(n): m.info for n, m in steps.items()}}

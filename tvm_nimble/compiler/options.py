@@ -15,6 +15,7 @@ import tvm
 from tvm_nimble.codegen.lower_plan import REUSE_MODES
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import providers as provider_registry
+from tvm_nimble.relay_passes.kv_cache import KvCacheSpec
 from tvm_nimble.relay_passes.layout import LAYOUTS
 from tvm_nimble.relay_passes.precision import PRECISIONS, Policy, precision_name
 
@@ -57,6 +58,9 @@ class BuildOptions:
       to keep nothing. ``kernel_cache``: also keep the build's lowered module and compiled kernels there, so a
       second build of the same model loads them instead of lowering and compiling again (see
       :mod:`.kernel_cache`; on by default, nothing without a timing-cache directory).
+    - ``kv_cache``: a :class:`~tvm_nimble.relay_passes.kv_cache.KvCacheSpec`: the model is a decoder exported with
+      past key/values, built as one step of generation whose cache is state updated in place (rewritten right after
+      the precision pass; ``tvm_nimble.build_generator`` sets it per step).
     - ``batch_sizes``: build one plan per batch size (a bucket) into one module that serves any batch
       (see :mod:`.buckets`); None: the model's own batch.
     - ``buckets``: build one plan per combination of sizes of the ONNX model's named dimensions (its
@@ -87,6 +91,7 @@ class BuildOptions:
     buckets: tuple[tuple[str, tuple[int, ...]], ...] | None = None
     timing_cache: str | None = dataclasses.field(default_factory=default_directory)
     kernel_cache: bool = True
+    kv_cache: KvCacheSpec | None = None
 
     @classmethod
     def create(cls, target="llvm", **options) -> "BuildOptions":
@@ -140,6 +145,8 @@ class BuildOptions:
                               "buckets={'batch': [1, 2], 'sequence_length': [16, 32]})")
         object.__setattr__(self, "timing_cache", directory_option(self.timing_cache))
         _check(isinstance(self.kernel_cache, bool), "kernel_cache", self.kernel_cache, "True or False")
+        _check(self.kv_cache is None or isinstance(self.kv_cache, KvCacheSpec), "kv_cache", self.kv_cache,
+               "None or a relay_passes.kv_cache.KvCacheSpec (tvm_nimble.build_generator makes them)")
         if (self.rpc_tracker is None) != (self.rpc_key is None):
             raise NimbleError("measuring through an RPC tracker needs both the tracker (HOST:PORT) and the key "
                               "its servers registered under (--rpc-tracker and --rpc-key)")

@@ -25,8 +25,8 @@ from .runtime.bucketed import BucketedExecutor  # noqa: E402
 from .runtime.executor import ConcurrentUseError, Executor, NotReadyError  # noqa: E402
 from .runtime.generator import Generator, GeneratorModule, Sampling  # noqa: E402
 from .runtime.inputs import InputError  # noqa: E402
-from .runtime.loading import NimbleExecutor  # noqa: E402
-from .runtime.module import NimbleModule, load  # noqa: E402
+from .runtime.loading import NimbleExecutor, load  # noqa: E402
+from .runtime.module import NimbleModule  # noqa: E402
 from .runtime.pool import NimblePool  # noqa: E402
 
 _LAZY = {

@@ -28,7 +28,7 @@ from .artifact import ArtifactError, load_bucketed_files, read_manifest, save_bu
 from .buckets import BucketDim, BucketSpace, SharedBuffers, arena_layout, dedupe_weights
 from .device import device_for
 from .executor import Executor
-from .module import NimbleModule, _load_kernels, _load_runtime_libraries
+from .module import NimbleModule, load_kernels, load_runtime_libraries
 
 #: the inputs every step takes, in order
 STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -149,11 +149,11 @@ def load_generator(path: str) -> GeneratorModule:
     meta = manifest.get("generator")
     if not isinstance(meta, dict) or space.names != [STEP_DIM]:
         raise ArtifactError(f"{path} is not a generator artifact; build one with tvm_nimble.build_generator")
-    vendor = _load_runtime_libraries(path, manifest)
+    vendor = load_runtime_libraries(path, manifest)
     steps, names = {}, {}
     for key, plan, kernels_path, constants in specs:
         params = {c: weights[w] for c, w in constants.items()}
-        steps[key[0]] = NimbleModule(plan, _load_kernels(plan, kernels_path), params, None, {}, vendor)
+        steps[key[0]] = NimbleModule(plan, load_kernels(plan, kernels_path), params, None, {}, vendor)
         names[key[0]] = constants
     try:
         return GeneratorModule(steps, int(meta["max_length"]), int(meta["vocab_size"]),

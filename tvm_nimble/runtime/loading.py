@@ -16,7 +16,18 @@ from tvm_nimble.errors import NimbleError
 
 from .bucketed import BucketedExecutor
 from .executor import Executor
-from .module import BucketedModule, NimbleModule, load
+from .generator import GeneratorModule, is_generator_artifact, load_generator
+from .module import BucketedModule, NimbleModule
+from .module import load as load_model
+
+
+def load(path: str) -> NimbleModule | GeneratorModule:
+    """Load an artifact with the TVM runtime only: a model's (:class:`~tvm_nimble.runtime.module.NimbleModule`, a
+    :class:`~tvm_nimble.runtime.module.BucketedModule` for one built with buckets) or a generator's
+    (:class:`~tvm_nimble.runtime.generator.GeneratorModule`)."""
+    if is_generator_artifact(path):
+        return load_generator(path)
+    return load_model(path)
 
 
 def load_module(module_or_artifact) -> NimbleModule:
@@ -28,7 +39,7 @@ def load_module(module_or_artifact) -> NimbleModule:
     if isinstance(module_or_artifact, NimbleModule):
         return module_or_artifact
     if isinstance(module_or_artifact, str) or hasattr(module_or_artifact, "__fspath__"):
-        return load(str(module_or_artifact))
+        return load_model(str(module_or_artifact))
     if hasattr(module_or_artifact, "export_library") or type(module_or_artifact).__name__ in ("Module", "Executable"):
         from .executable import module_from_executable  # built with relax_pipeline="nimble"
 

@@ -79,18 +79,17 @@ def resolve_kernels(plan: Plan, kernels) -> list:
 def load(path: str) -> NimbleModule:
     """Load an artifact with the TVM runtime only (no compiler needed)."""
     manifest = read_manifest(path)
-    if isinstance(manifest.get("generator"), dict):  # tvm_nimble.build_generator's: a plan per step
-        from .generator import load_generator
-
-        return load_generator(path)
+    if isinstance(manifest.get("generator"), dict):
+        raise ArtifactError(f"{path} is a generator (tvm_nimble.build_generator): open it with "
+                            "tvm_nimble.Generator(path), or load it with tvm_nimble.load(path)")
     if manifest.get("buckets") is not None:  # built with buckets or batch_sizes: a plan per bucket
         return load_bucketed(path)
     manifest, plan, kernels_path, params = load_artifact_files(path)
-    vendor = _load_runtime_libraries(path, manifest)
-    return NimbleModule(plan, _load_kernels(plan, kernels_path), params, None, dict(manifest.get("info", {})), vendor)
+    vendor = load_runtime_libraries(path, manifest)
+    return NimbleModule(plan, load_kernels(plan, kernels_path), params, None, dict(manifest.get("info", {})), vendor)
 
 
-def _load_runtime_libraries(path: str, manifest: dict) -> str | None:
+def load_runtime_libraries(path: str, manifest: dict) -> str | None:
     """What an artifact's kernels need loaded first: the CUDA runtime (a CUDA target) and the packaged vendor
     extension; the extension's path, or None when the artifact has none."""
     if manifest.get("target", {}).get("kind") == "cuda":
@@ -106,7 +105,7 @@ def _load_runtime_libraries(path: str, manifest: dict) -> str | None:
     return vendor
 
 
-def _load_kernels(plan: Plan, kernels_path: str):
+def load_kernels(plan: Plan, kernels_path: str):
     """The plan's kernel library, loaded; a plan naming a kernel the library lacks fails here, not at the first run."""
     import tvm
 
@@ -205,13 +204,13 @@ def from_fixed(module: NimbleModule) -> BucketedModule:
 def load_bucketed(path: str) -> BucketedModule:
     """Load a bucketed artifact with the TVM runtime only."""
     manifest, space, specs, weights = load_bucketed_files(path)
-    vendor = _load_runtime_libraries(path, manifest)
+    vendor = load_runtime_libraries(path, manifest)
     info = dict(manifest.get("info", {}))
     per_bucket = info.get("buckets", {}) if isinstance(info.get("buckets"), dict) else {}
     buckets, names = {}, {}
     for key, plan, kernels_path, constants in specs:
         params = {c: weights[w] for c, w in constants.items()}
-        buckets[key] = NimbleModule(plan, _load_kernels(plan, kernels_path), params, None,
+        buckets[key] = NimbleModule(plan, load_kernels(plan, kernels_path), params, None,
                                     dict(per_bucket.get(space.label(key), {})), vendor)
         names[key] = constants
     try:

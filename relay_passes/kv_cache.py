@@ -86,25 +86,29 @@ def past_inputs(names) -> dict[str, tuple[int, str]]:
 KV_WRITE_THREADS = 256
 
 
-def kv_write(cache_shape, new_len: int, dtype: str, gpu: bool = False) -> tvm.tirx.PrimFunc:
+def kv_write(cache_shape, new_len: int, dtype: str, gpu: bool = False, heads_first: bool = True) -> tvm.tirx.PrimFunc:
     """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0), a position
     outside the cache writing nothing (the kernel stays in bounds whatever its input holds: a measurement's random
-    inputs, another step's leftovers in a shared buffer); with
-    ``gpu``, scheduled a thread per element (DLight's rules do not take a write at a position read from memory)."""
+    inputs, another step's leftovers in a shared buffer). ``heads_first=False``: ``new`` is [b, s, h, :], as the
+    projection gives it before the exporter's transpose (which then costs no kernel). With ``gpu``, scheduled a
+    thread per element (DLight's rules do not take a write at a position read from memory)."""
     b, h, length, d = (int(x) for x in cache_shape)
+    new_dims = f"T.int64({b}), T.int64({h}), T.int64({new_len})" if heads_first else \
+        f"T.int64({b}), T.int64({new_len}), T.int64({h})"
+    at = "ib, ih, is_, id_" if heads_first else "ib, is_, ih, id_"
     text = f'''
 @T.prim_func(private=True, s_tir=True)
 def kv_write(cache: T.Buffer((T.int64({b}), T.int64({h}), T.int64({length}), T.int64({d})), "{dtype}"),
-             new: T.Buffer((T.int64({b}), T.int64({h}), T.int64({new_len}), T.int64({d})), "{dtype}"),
+             new: T.Buffer(({new_dims}, T.int64({d})), "{dtype}"),
              pos: T.Buffer((T.int64({b}), T.int64({new_len})), "int64")):
     T.func_attr({{"tirx.noalias": True, "{IN_PLACE_ATTR}": [0]}})
     for vb, vh, vs, vd in T.grid(T.int64({b}), T.int64({h}), T.int64({new_len}), T.int64({d})):
         with T.sblock("kv_write"):
             ib, ih, is_, id_ = T.axis.remap("SSSS", [vb, vh, vs, vd])
-            T.reads(new[ib, ih, is_, id_], pos[ib, is_])
+            T.reads(new[{at}], pos[ib, is_])
             T.writes(cache[ib, ih, T.int64(0):T.int64({length}), id_])
             if pos[ib, is_] >= T.int64(0) and pos[ib, is_] < T.int64({length}):
-                cache[ib, ih, pos[ib, is_], id_] = new[ib, ih, is_, id_]
+                cache[ib, ih, pos[ib, is_], id_] = new[{at}]
 '''
     func = tvm.script.from_source(text)
     if not gpu:
@@ -174,6 +178,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
     kernels: dict[tuple, relax.GlobalVar] = {}
     writes: list[relax.Var] = []
     var_map: dict[relax.Var, relax.Expr] = {}
+    emitted: dict[relax.Var, relax.Expr] = {}  # what each emitted var is bound to
     presents: set = set()
 
     def state_for(name: str, new_shape, dtype) -> relax.Var:
@@ -186,12 +191,22 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
 
     def write(state: relax.Var, new: relax.Expr, dtype: str) -> relax.Var:
         shape, _ = _tensor(state.ty)
-        new_shape, new_dtype = _tensor(new.ty)
-        if new_dtype != dtype:
+        new_len = _tensor(new.ty)[0][2]
+        # read the new keys/values where they were before the exporter's transpose to [B, H, S, D] and the precision
+        # pass's exact widening for the concatenation: those become dead, and cost no kernel
+        value = emitted.get(new)
+        if _is_cast(value) and _tensor(value.args[0].ty)[1] == dtype:
+            new, value = value.args[0], emitted.get(value.args[0])
+        heads_first = not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                           and value.op.name == "relax.permute_dims" and value.attrs.axes is not None
+                           and [int(a) for a in value.attrs.axes] == [0, 2, 1, 3])
+        if not heads_first:
+            new = value.args[0]
+        if _tensor(new.ty)[1] != dtype:
             new = bb.emit(relax.op.astype(new, dtype))
-        key = (tuple(shape), new_shape[2], dtype)
+        key = (tuple(shape), new_len, dtype, heads_first)
         if key not in kernels:
-            kernels[key] = bb.add_func(kv_write(shape, new_shape[2], dtype, spec.gpu), "kv_write")
+            kernels[key] = bb.add_func(kv_write(shape, new_len, dtype, spec.gpu, heads_first), "kv_write")
         return bb.emit(relax.call_tir_inplace(kernels[key], [state, new, position_ids], [0],
                                              relax.TensorType(shape, dtype)))
 
@@ -227,6 +242,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                     var_map[binding.var] = value.args[0]  # a cast to the dtype its input has now (the cache's)
                     continue
                 var_map[binding.var] = bb.emit(value, name_hint=binding.var.name)
+                emitted[var_map[binding.var]] = value
             logits = _first_output(func.body.body, bound, presents, var_map)
             ids = bb.emit(relax.op.argmax(logits, axis=-1))
             out = bb.emit_output(relax.Tuple([ids, logits, *writes]))

@@ -107,6 +107,9 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     # one stream unless asked: a decoder step is a chain, and the measured stream choice does not yet run a plan
     # with state (it aborted on an H100)
     options.setdefault("max_streams", 1)
+    # sibling projections merged (Q/K/V, gate/up) and splits read in place unless asked: a decode step is bound by
+    # its launches, and a merged GEMM reads the same weights in one
+    options.setdefault("merge", "on")
     opts = BuildOptions.create(target, **options)
     onnx_model = _onnx(model)
     vocab = vocab_size(onnx_model)

@@ -142,3 +142,28 @@ def test_cli_generate_prints_the_tokens(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert [int(t) for t in out.stdout.split()] == want
+
+
+@functools.cache
+def batched_module() -> GeneratorModule:
+    return tvm_nimble.build_generator(MODELS["llama"][0](), "llvm", max_length=MAX_LENGTH, prefill_lengths=PREFILL,
+                                      batch=3)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, seed=11)], ids=["greedy", "sampled"])
+def test_a_batch_of_prompts_of_different_lengths(sampling):
+    prompts = [[5, 17, 99, 3, 200], [9, 1, 44], [250, 2, 3, 4, 5, 6, 7, 8]]
+    with Generator(batched_module()) as gen:
+        got = gen.generate_batch(prompts, 20, sampling)
+        two = gen.generate_batch(prompts[:2], 20, sampling)  # fewer prompts than the batch
+    for r, prompt in enumerate(prompts):  # row r samples with seed + r
+        row = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed + r)
+        assert got[r] == reference_tokens("llama", prompt, 20, row)
+    assert two == got[:2]
+
+
+def test_a_batch_longer_than_the_generator_is_one_line():
+    with Generator(batched_module()) as gen:
+        with pytest.raises(NimbleError) as err:
+            gen.generate_batch([[1, 2]] * 4, 3)
+    assert "1 to 3 prompts" in str(err.value)

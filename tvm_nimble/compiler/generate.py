@@ -87,12 +87,13 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
                     **options) -> GeneratorModule:
     """A :class:`~tvm_nimble.runtime.generator.GeneratorModule` of the with-past decoder ``model``: its decode step
     and a prefill step per length of ``prefill_lengths`` (those below ``max_length``; a prompt longer than the
-    largest continues token by token), the KV cache ``max_length`` slots per sequence in the build's compute dtype.
+    largest continues token by token), the KV cache ``max_length`` slots per sequence in the build's compute dtype;
+    ``batch`` sequences at once (``Generator.generate_batch``), each at its own positions.
     ``options`` are :func:`tvm_nimble.build` 's (``kernels``, ``precision``, ``max_streams``, ...)."""
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise NimbleError(f"max_length must be an integer >= 2 (cache slots per sequence), got {max_length!r}")
-    if batch != 1:
-        raise NimbleError(f"build_generator serves batch 1 for now, got batch={batch!r}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise NimbleError(f"batch must be an integer >= 1 (the prompts a generator serves at once), got {batch!r}")
     if options.get("buckets") or options.get("batch_sizes"):
         raise NimbleError("build_generator makes its own prompt buckets (prefill_lengths=...); leave buckets and "
                           "batch_sizes out")

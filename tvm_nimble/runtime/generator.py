@@ -203,69 +203,101 @@ class Generator:
         out = ex.output_views()
         return out[0].numpy(), (out[1].numpy() if want_logits else None)
 
-    def _prefill(self, prompt: np.ndarray, want_logits: bool):
-        """Write the prompt's keys and values into the cache; (next token ids per position, logits or None) of its
-        last position."""
-        n = len(prompt)
+    def _prefill(self, prompts: list[np.ndarray], want_logits: bool):
+        """Write every row's prompt into the cache (a row per sequence of the batch; rows past the prompts get one
+        token, unused); (next token id per row, logits per row or None) at each prompt's last position."""
+        rows, lengths = self.module.batch, [len(p) for p in prompts]
+        n = max(lengths)
         fits = [b for b in self.module.prefill_lengths if b >= n]
-        if fits:
-            b = fits[0]
-            ids = np.zeros((1, b), np.int64)
-            ids[0, :n] = prompt
-            mask = np.zeros((1, b + 1), np.int64)  # slot 0: the step's zero past, masked
-            mask[0, 1:n + 1] = 1
-            nxt, logits = self._run(b, ids, mask, np.arange(b, dtype=np.int64)[None], want_logits)
-            return int(nxt[0, n - 1]), (logits[0, n - 1] if want_logits else None)
-        done = 0
-        if self.module.prefill_lengths:  # the largest prefill step takes the first part, the decode step the rest
-            b = self.module.prefill_lengths[-1]
-            self._prefill(prompt[:b], False)
-            done = b
-        result = None
-        for p in range(done, n):
-            result = self._decode(int(prompt[p]), p, want_logits)
-        return result
+        if not fits and rows == 1:  # the largest prefill step takes the first part, the decode step the rest
+            prompt, done, result = prompts[0], 0, None
+            if self.module.prefill_lengths:
+                done = self.module.prefill_lengths[-1]
+                self._prefill([prompt[:done]], False)
+            for p in range(done, n):
+                result = self._decode([int(prompt[p])], [p], want_logits)
+            return result
+        b = fits[0]
+        ids = np.zeros((rows, b), np.int64)
+        mask = np.zeros((rows, b + 1), np.int64)  # slot 0: the step's zero past, masked
+        for r, prompt in enumerate(prompts):
+            ids[r, :len(prompt)] = prompt
+            mask[r, 1:len(prompt) + 1] = 1
+        for r in range(len(prompts), rows):
+            mask[r, 1] = 1
+        nxt, logits = self._run(b, ids, mask, np.tile(np.arange(b, dtype=np.int64), (rows, 1)), want_logits)
+        last = [m - 1 for m in lengths]
+        return ([int(nxt[r, i]) for r, i in enumerate(last)],
+                [logits[r, i] for r, i in enumerate(last)] if want_logits else None)
 
-    def _decode(self, token: int, position: int, want_logits: bool):
-        mask = np.zeros((1, self.max_length), np.int64)
-        mask[0, :position + 1] = 1
-        nxt, logits = self._run(DECODE, np.array([[token]], np.int64), mask, np.array([[position]], np.int64),
-                                want_logits)
-        return int(nxt[0, 0]), (logits[0, 0] if want_logits else None)
+    def _decode(self, tokens: list[int], positions: list[int], want_logits: bool):
+        """One token per row at its position; (next token id per row, logits per row or None)."""
+        rows = self.module.batch
+        ids = np.zeros((rows, 1), np.int64)
+        pos = np.zeros((rows, 1), np.int64)
+        mask = np.zeros((rows, self.max_length), np.int64)
+        mask[:, 0] = 1
+        for r, (t, p) in enumerate(zip(tokens, positions)):
+            ids[r, 0], pos[r, 0] = t, p
+            mask[r, :p + 1] = 1
+        nxt, logits = self._run(DECODE, ids, mask, pos, want_logits)
+        return [int(x) for x in nxt[:, 0]], ([logits[r, 0] for r in range(rows)] if want_logits else None)
 
     def prompt_logits(self, prompt_ids) -> np.ndarray:
         """The logits after ``prompt_ids`` (its last position's), from the prefill; the cache holds the prompt after."""
         prompt = self._check(prompt_ids, 1)
         with self._lock:
             self._check_open()
-            return self._prefill(prompt, True)[1]
+            return self._prefill([prompt], True)[1][0]
 
-    # ---- a request -------------------------------------------------------------------------------------------
+    # ---- requests --------------------------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int, sampling: Sampling | None = None, stop_tokens=(),
                  on_token=None) -> list[int]:
         """The new token ids after ``prompt_ids`` (a list of ints): up to ``max_new_tokens``, ending early after a
         token of ``stop_tokens`` (which is returned). ``sampling``: greedy when None. ``on_token(token_id)`` is called
         with each new token as it is made (streaming)."""
+        stream = None if on_token is None else (lambda row, token: on_token(token))
+        return self.generate_batch([prompt_ids], max_new_tokens, sampling, stop_tokens, stream)[0]
+
+    def generate_batch(self, prompts, max_new_tokens: int, sampling: Sampling | None = None, stop_tokens=(),
+                       on_token=None) -> list[list[int]]:
+        """:meth:`generate` for up to the generator's batch of prompts of any lengths at once (each a row of every
+        step, at its own positions): the new ids of each, in order. A row that ends early (a stop token) waits for
+        the others; ``on_token(row, token_id)`` streams. Sampling draws row ``r`` with a generator seeded ``seed +
+        r`` (row 0 draws what :meth:`generate` draws)."""
         sampling = sampling or Sampling()
-        prompt = self._check(prompt_ids, max_new_tokens)
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__") or not 1 <= len(prompts) <= \
+                self.module.batch:
+            raise GenerationError(f"generate_batch takes a list of 1 to {self.module.batch} prompts (the batch the "
+                                  "generator was built for)")
+        checked = [self._check(p, max_new_tokens) for p in prompts]
+        if len(checked) > 1 and max(map(len, checked)) > max(self.module.prefill_lengths, default=0):
+            raise GenerationError(f"a batch's prompts must fit the largest prefill bucket "
+                                  f"({max(self.module.prefill_lengths, default=0)} tokens); a longer prompt goes alone "
+                                  "(generate), or build with larger prefill_lengths")
         stops = {int(t) for t in stop_tokens}
-        rng = np.random.default_rng(sampling.seed)
+        rngs = [np.random.default_rng(sampling.seed + r) for r in range(len(checked))]
         want = not sampling.greedy
-        out: list[int] = []
+        outs: list[list[int]] = [[] for _ in checked]
+        done = [False] * len(checked)
         with self._lock:
             self._check_open()
-            token, logits = self._prefill(prompt, want)
-            position = len(prompt)
+            tokens, logits = self._prefill(checked, want)
+            positions = [len(p) for p in checked]
             while True:
-                if want:
-                    token = sampling.draw(logits, rng)
-                out.append(token)
-                if on_token is not None:
-                    on_token(token)
-                if token in stops or len(out) == max_new_tokens:
-                    return out
-                token, logits = self._decode(token, position, want)
-                position += 1
+                for r in range(len(checked)):
+                    if done[r]:
+                        continue
+                    token = sampling.draw(logits[r], rngs[r]) if want else tokens[r]
+                    tokens[r] = token
+                    outs[r].append(token)
+                    if on_token is not None:
+                        on_token(r, token)
+                    done[r] = token in stops or len(outs[r]) == max_new_tokens
+                if all(done):
+                    return outs
+                tokens, logits = self._decode(tokens[:len(checked)], positions, want)
+                positions = [p + 1 for p in positions]
 
     def _check(self, prompt_ids, max_new_tokens) -> np.ndarray:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:

@@ -33,14 +33,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_nimble.contract.generation import STATE_NAME, STEP_INPUTS
 from tvm_nimble.errors import ModelError
+
+from .providers.chains import operator_of
 
 #: an exported past key/value input, as TVM's ONNX importer names it (dots become underscores)
 PAST_INPUT = re.compile(r"past_key_values[._](\d+)[._](key|value)")
-#: the state parameter that replaces it
-STATE_NAME = "kv_cache_{layer}_{kind}"
-#: the inputs a step needs besides the cache
-STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
 #: the attribute of a PrimFunc that writes some of its arguments in place: their indices
 IN_PLACE_ATTR = "nimble.in_place"
 ROLES = ("prefill", "decode")
@@ -80,6 +79,21 @@ def past_inputs(names) -> dict[str, tuple[int, str]]:
         if m:
             found[n] = (int(m.group(1)), m.group(2))
     return found
+
+
+def step_inputs(names) -> dict[str, tuple[int, str]]:
+    """:func:`past_inputs` of a with-past export's input ``names``; one line when they are not a generation step's
+    (no past key/values, or one of :data:`STEP_INPUTS` missing)."""
+    past = past_inputs(names)
+    if not past:
+        raise KvCacheError("the model has no past key/value inputs (past_key_values.N.key / .value): export the "
+                           "decoder with its cache (optimum's 'text-generation-with-past', or torch.onnx.export with "
+                           "past_key_values inputs and present outputs); the full-sequence form is not supported yet")
+    missing = [n for n in STEP_INPUTS if n not in names]
+    if missing:
+        raise KvCacheError(f"the with-past model has no {missing[0]!r} input: a generation step needs "
+                           f"{', '.join(STEP_INPUTS)} (export position_ids as an input)")
+    return past
 
 
 #: threads per block of the GPU cache write
@@ -140,10 +154,10 @@ def _through_identity(expr, bound: dict):
     pass put between a past input and its Concat)."""
     while isinstance(expr, relax.Var) and expr in bound:
         value = bound[expr]
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
-                (value.op.name == "relax.concat" and len(value.args[0].fields) == 1)
-                or value.op.name == "relax.astype"):
-            expr = value.args[0].fields[0] if value.op.name == "relax.concat" else value.args[0]
+        if operator_of(value) == "relax.concat" and len(value.args[0].fields) == 1:
+            expr = value.args[0].fields[0]
+        elif operator_of(value) == "relax.astype":
+            expr = value.args[0]
         else:
             break
     return expr
@@ -154,15 +168,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
     the module docstring); a :class:`KvCacheError` of one line when it is not such an export."""
     func = mod[func_name]
     params = {p.name: p for p in func.params}
-    past = past_inputs(params)
-    missing = [n for n in STEP_INPUTS if n not in params]
-    if not past:
-        raise KvCacheError("the model has no past key/value inputs (past_key_values.N.key / .value): export the decoder "
-                           "with its cache (optimum's 'text-generation-with-past', or torch.onnx.export with "
-                           "past_key_values inputs and present outputs)")
-    if missing:
-        raise KvCacheError(f"the with-past model has no {missing[0]!r} input: a generation step needs "
-                           f"{', '.join(STEP_INPUTS)} (export position_ids as an input)")
+    past = step_inputs(params)
     if not isinstance(func.body, relax.SeqExpr) or len(func.body.blocks) != 1:
         raise KvCacheError("the imported model is not one dataflow block; cannot place its KV cache")
     block = func.body.blocks[0]
@@ -174,7 +180,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
     outputs = set(relax.analysis.free_vars(func.body.body))
 
     bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != func_name}))
-    states: dict[str, relax.Var] = {}
+    states: dict[str, relax.Var] = {}  # by past input name
     kernels: dict[tuple, relax.GlobalVar] = {}
     writes: list[relax.Var] = []
     var_map: dict[relax.Var, relax.Expr] = {}
@@ -182,12 +188,11 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
     presents: set = set()
 
     def state_for(name: str, new_shape, dtype) -> relax.Var:
-        layer, kind = past[name]
-        shape = [new_shape[0], new_shape[1], spec.max_length, new_shape[3]]
-        sname = STATE_NAME.format(layer=layer, kind=kind)
-        if sname not in states:
-            states[sname] = relax.Var(sname, relax.TensorType(shape, dtype))
-        return states[sname]
+        if name not in states:
+            layer, kind = past[name]
+            shape = [new_shape[0], new_shape[1], spec.max_length, new_shape[3]]
+            states[name] = relax.Var(STATE_NAME.format(layer=layer, kind=kind), relax.TensorType(shape, dtype))
+        return states[name]
 
     def write(state: relax.Var, new: relax.Expr, dtype: str) -> relax.Var:
         shape, _ = _tensor(state.ty)
@@ -195,10 +200,9 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
         # read the new keys/values where they were before the exporter's transpose to [B, H, S, D] and the precision
         # pass's exact widening for the concatenation: those become dead, and cost no kernel
         value = emitted.get(new)
-        if _is_cast(value) and _tensor(value.args[0].ty)[1] == dtype:
+        if operator_of(value) == "relax.astype" and _tensor(value.args[0].ty)[1] == dtype:
             new, value = value.args[0], emitted.get(value.args[0])
-        heads_first = not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                           and value.op.name == "relax.permute_dims" and value.attrs.axes is not None
+        heads_first = not (operator_of(value) == "relax.permute_dims" and value.attrs.axes is not None
                            and [int(a) for a in value.attrs.axes] == [0, 2, 1, 3])
         if not heads_first:
             new = value.args[0]
@@ -218,11 +222,10 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                 position_ids = bb.emit(relax.op.astype(position_ids, "int64"))
             for binding in block.bindings:
                 value = _Substitute(var_map).visit_expr(binding.value) if var_map else binding.value
-                is_concat = (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                             and value.op.name == "relax.concat" and len(value.args[0].fields) == 2)
+                is_concat = operator_of(value) == "relax.concat" and len(value.args[0].fields) == 2
                 source = _through_identity(binding.value.args[0].fields[0], bound) if is_concat else None
                 if is_concat and isinstance(source, relax.Var) and source.name in past:
-                    concat_shape, concat_dtype = _tensor(binding.var.ty)
+                    concat_dtype = _tensor(binding.var.ty)[1]
                     new = value.args[0].fields[1]
                     dtype = spec.dtype or concat_dtype
                     state = state_for(source.name, _tensor(new.ty)[0], dtype)
@@ -238,7 +241,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                     zero_shape = _tensor(binding.value.args[0].fields[0].ty)[0]
                     zero = relax.const(np.zeros(zero_shape, concat_dtype), concat_dtype)
                     value = relax.op.concat([zero, new], axis=int(value.attrs.axis))
-                if _is_cast(value) and _tensor(value.args[0].ty)[1] == str(value.attrs.dtype):
+                if operator_of(value) == "relax.astype" and _tensor(value.args[0].ty)[1] == str(value.attrs.dtype):
                     var_map[binding.var] = value.args[0]  # a cast to the dtype its input has now (the cache's)
                     continue
                 var_map[binding.var] = bb.emit(value, name_hint=binding.var.name)
@@ -247,14 +250,14 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
             ids = bb.emit(relax.op.argmax(logits, axis=-1))
             out = bb.emit_output(relax.Tuple([ids, logits, *writes]))
         bb.emit_func_output(out)
-    if len(states) != len(past):
-        unused = sorted(set(past) - {n for n in past if STATE_NAME.format(layer=past[n][0], kind=past[n][1]) in states})
+    unused = sorted(set(past) - set(states))
+    if unused:
         raise KvCacheError(f"past input {unused[0]!r} does not feed a Concat along the sequence axis, as a with-past "
                            "export's present does; cannot place its cache")
     new_mod = bb.finalize()
     func = new_mod[func_name]
     # the states come after the model's own inputs, layer by layer, key before value
-    ordered = [states[k] for k in sorted(states, key=_state_order)]
+    ordered = [states[n] for n in sorted(states, key=lambda n: (past[n][0], past[n][1] != "key"))]
     func = relax.Function(list(func.params) + ordered, func.body, func.ret_ty, func.is_pure, func.attrs)
     new_mod[func_name] = func
     return relax.transform.DeadCodeElimination([func_name])(new_mod)
@@ -262,10 +265,6 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
 
 #: data movement that keeps values as they are (its dtype follows its input's)
 _MOVES = ("relax.expand_dims", "relax.broadcast_to", "relax.reshape", "relax.permute_dims")
-
-
-def _is_cast(value) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.astype"
 
 
 def _moved_then_cast(var, dtype: str, uses: dict, outputs: set, depth: int = 0) -> bool:
@@ -278,18 +277,13 @@ def _moved_then_cast(var, dtype: str, uses: dict, outputs: set, depth: int = 0) 
         return False
     for b in readers:
         v = b.value
-        if _is_cast(v) and str(v.attrs.dtype) == dtype:
+        if operator_of(v) == "relax.astype" and str(v.attrs.dtype) == dtype:
             continue
-        if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _MOVES
+        if not (operator_of(v) in _MOVES
                 and v.args[0].same_as(var) and _moved_then_cast(b.var, dtype, uses, outputs, depth + 1)):
             if not isinstance(v, relax.Tuple):  # the function's output tuple (the present) is dropped
                 return False
     return True
-
-
-def _state_order(name: str):
-    m = re.fullmatch(r"kv_cache_(\d+)_(key|value)", name)
-    return (int(m.group(1)), m.group(2) != "key")
 
 
 @relax.expr_functor.mutator

@@ -98,12 +98,6 @@ class LoweredProgram:
         return sorted(set(edges) | set(zip(pool, pool[1:])))
 
 
-def _root(values: list[Value], vid: int) -> int:
-    while values[vid].base is not None:
-        vid = values[vid].base
-    return vid
-
-
 def _region(values: list[Value], vid: int) -> tuple[int, int, int]:
     start, v = 0, vid
     while values[v].base is not None:
@@ -184,11 +178,8 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
             return vid
         raise LoweredIRError(f"{where}: unsupported argument {type(expr).__name__}")
 
-    input_names = []
     for p in func.params:
-        vid = new_value(p.name, p.ty, "input")
-        var_to_value[p] = vid
-        input_names.append(p.name)
+        var_to_value[p] = new_value(p.name, p.ty, "input")
     inputs = list(range(len(values)))
 
     for block in func.body.blocks:
@@ -242,11 +233,11 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                     writes, reads = [], []
                     in_place = {args[i] for i in in_place_args(prim_funcs[name])} if name in prim_funcs else set()
                     for a in args:
+                        root, start, end = _region(values, a)
                         if a in in_place:  # written in place: its root (an input) is state
                             writes.append(a)
-                            in_place_roots.add(_root(values, a))
+                            in_place_roots.add(root)
                             continue
-                        root, start, end = _region(values, a)
                         taken = written.setdefault(root, [])
                         if values[root].kind == "alloc" and not any(s < end and start < e for s, e in taken):
                             writes.append(a)
@@ -278,7 +269,7 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
             raise LoweredIRError(f"a kernel writes '{values[r].name}' in place, which is not an input: only state "
                                  "(an input that outlives the run) is written in place")
     states = [i for i in inputs if i in in_place_roots]
+    inputs = [i for i in inputs if i not in in_place_roots]
     # a state returned (to keep its in-place writes alive through the passes) is not an output of the plan
-    outputs = [o for o in outputs if _root(values, o) not in in_place_roots]
-    return LoweredProgram(values, kernels, [i for i in inputs if i not in in_place_roots],
-                          [values[i].name for i in inputs if i not in in_place_roots], outputs, is_tuple, states)
+    outputs = [o for o in outputs if _region(values, o)[0] not in in_place_roots]
+    return LoweredProgram(values, kernels, inputs, [values[i].name for i in inputs], outputs, is_tuple, states)

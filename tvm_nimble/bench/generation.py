@@ -20,7 +20,6 @@ import time
 
 COLUMNS = ["date", "device", "model", "batch", "dtype", "kernels", "system", "prompt_tokens", "new_tokens",
            "ttft_ms", "ms_per_token", "tokens_checked", "tokens_matched", "build_s", "note"]
-_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def _args(argv):
@@ -39,13 +38,12 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def _timed(fn, repeats: int, sync) -> float:
+def _timed(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn`` (a generator's request, which waits for its last step)."""
     times = []
     for _ in range(repeats):
-        sync()
         start = time.perf_counter()
         fn()
-        sync()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
@@ -57,8 +55,8 @@ def nimble_timing(module, prompt: list[int], new_tokens: int, repeats: int, devi
 
     with Generator(module, device) as gen:
         tokens = gen.generate(prompt, new_tokens)  # warm-up (and the tokens)
-        ttft = _timed(lambda: gen.generate(prompt, 1), repeats, lambda: None)
-        total = _timed(lambda: gen.generate(prompt, new_tokens), repeats, lambda: None)
+        ttft = _timed(lambda: gen.generate(prompt, 1), repeats)
+        total = _timed(lambda: gen.generate(prompt, new_tokens), repeats)
     return tokens, ttft, (total - ttft) / max(new_tokens - 1, 1)
 
 
@@ -80,12 +78,13 @@ def main(argv=None) -> int:
     from tvm_nimble.bench.harness import device_name
     from tvm_nimble.bench.hf_models import hf_builders, past_onnx_model
     from tvm_nimble.bench.report import append_rows
+    from tvm_nimble.compiler.generate import vocab_size
+    from tvm_nimble.relay_passes.precision import PRECISIONS
 
     args = _args(argv)
     gpu = torch.cuda.is_available() if args.target is None else args.target == "cuda"
     target = "cuda" if gpu else "llvm"
     dev = "cuda" if gpu else "cpu"
-    sync = torch.cuda.synchronize if gpu else (lambda: None)
     skip = {s for s in args.skip.split(",") if s}
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "generation.csv")
@@ -95,11 +94,10 @@ def main(argv=None) -> int:
     for spec in [m for m in args.models.split(",") if m]:
         label, _, torch_builder = hf_builders(spec)
         onnx_model = past_onnx_model(spec)
-        vocab = onnx_model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
-        prompt = np.random.default_rng(0).integers(0, vocab, size=args.prompt).tolist()
+        prompt = np.random.default_rng(0).integers(0, vocab_size(onnx_model), size=args.prompt).tolist()
         for precision in [p for p in args.precision.split(",") if p]:
             rows = []
-            dtype = getattr(torch, _DTYPES[precision])
+            dtype = getattr(torch, PRECISIONS[precision][0])
             model = torch_builder(1)  # (each peer runs its own copy on the device, in the precision)
             peers = {}
             if "hf-eager" not in skip:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> None:
         raise NimbleError("--prompt is text: give --tokenizer tokenizer.json, or the ids with --prompt-ids")
     prompt = tok.encode(args.prompt).ids if args.prompt is not None else _ids(args.prompt_ids)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    if os.path.isdir(args.model) and is_generator_artifact(args.model):
+    if is_generator_artifact(args.model):
         module = args.model
     else:
         if args.output:

@@ -16,7 +16,8 @@ import warnings
 import numpy as np
 
 from tvm_nimble.errors import ModelError, NimbleError
-from tvm_nimble.relay_passes.kv_cache import STEP_INPUTS, KvCacheError, KvCacheSpec, past_inputs
+from tvm_nimble.contract.generation import STEP_INPUTS
+from tvm_nimble.relay_passes.kv_cache import KvCacheError, KvCacheSpec, step_inputs
 from tvm_nimble.runtime.generator import DECODE, Generator, GeneratorModule, Sampling
 
 from .build import build_with
@@ -49,16 +50,7 @@ def step_shapes(model, batch: int, new_tokens: int, past: int) -> dict[str, list
     one line when the model is not such an export."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in inits]
-    names = [vi.name for vi in inputs]
-    pasts = past_inputs(names)
-    if not pasts:
-        raise KvCacheError("the model has no past key/value inputs (past_key_values.N.key / .value): export the "
-                           "decoder with its cache (optimum's 'text-generation-with-past', or torch.onnx.export with "
-                           "past_key_values inputs and present outputs); the full-sequence form is not supported yet")
-    missing = [n for n in STEP_INPUTS if n not in names]
-    if missing:
-        raise KvCacheError(f"the with-past model has no {missing[0]!r} input: a generation step needs "
-                           f"{', '.join(STEP_INPUTS)} (export position_ids as an input)")
+    pasts = step_inputs([vi.name for vi in inputs])
     shapes = {"input_ids": [batch, new_tokens], "attention_mask": [batch, past + new_tokens],
               "position_ids": [batch, new_tokens]}
     for vi in inputs:
@@ -105,8 +97,8 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
         raise NimbleError(f"prefill_lengths must be prompt lengths >= 2 (one token goes through the decode step), "
                           f"got {prefill_lengths!r}")
     lengths = [n for n in lengths if n < max_length]
-    # one stream unless asked: a decoder step is a chain, and the measured stream choice does not yet run a plan
-    # with state (it aborted on an H100)
+    # one stream unless asked: a decoder step is a chain, and the measured stream choice has not been compared with
+    # one stream on decode steps yet
     options.setdefault("max_streams", 1)
     # sibling projections merged (Q/K/V, gate/up) and splits read in place unless asked: a decode step is bound by
     # its launches, and a merged GEMM reads the same weights in one
@@ -159,7 +151,7 @@ def generate(model, prompt_ids, max_new_tokens: int, target="llvm", *, sampling:
     from tvm_nimble.runtime.generator import is_generator_artifact
 
     is_path = isinstance(model, str) or hasattr(model, "__fspath__")
-    if not (isinstance(model, GeneratorModule) or (is_path and _is_dir(model) and is_generator_artifact(str(model)))):
+    if not (isinstance(model, GeneratorModule) or (is_path and is_generator_artifact(model))):
         model = build_generator(model, target, **build_options)
     elif build_options:
         raise NimbleError(f"build options ({', '.join(sorted(build_options))}) apply to an ONNX model, not to a built "
@@ -167,8 +159,3 @@ def generate(model, prompt_ids, max_new_tokens: int, target="llvm", *, sampling:
     with Generator(model, device) as gen:
         return gen.generate(prompt_ids, max_new_tokens, sampling, stop_tokens, on_token)
 
-
-def _is_dir(path) -> bool:
-    import os
-
-    return os.path.isdir(str(path))

@@ -17,7 +17,7 @@ import numpy as np
 
 from tvm_nimble.errors import NimbleError
 
-from .buckets import SharedBuffers, SharedWorkspace, arena_layout, padding_bytes, prefix_of, row_view
+from .buckets import SharedBuffers, padding_bytes, prefix_of, row_view
 from .device import device_for
 from .tvm_compat import tensor_view
 from .executor import Executor, owned_copy
@@ -48,7 +48,6 @@ class BucketedExecutor(ChecksInputs):
 
         self._closed = False
         self._buckets: dict[tuple, Executor] = {}
-        self._arena = None
         self._shared = None
         self._zeros = None  # padding_bytes() zeros on the device, what padding after a real prefix copies
         if not isinstance(module, BucketedModule):
@@ -69,12 +68,11 @@ class BucketedExecutor(ChecksInputs):
         self.stats = {"calls": 0, "runs": 0, "rows": 0, "padded_rows": 0, "warm_runs": 0}
         try:
             names, weights = module.shared_weights()
-            layouts = {k: arena_layout(m.plan) for k, m in module.buckets.items()}
-            self.pool_bytes = max(total for _, total in layouts.values())
-            self._arena = tvm.runtime.empty((max(self.pool_bytes, 1),), "uint8", self.device)
+            workspaces = self._shared.workspaces({k: m.plan for k, m in module.buckets.items()}, names, weights)
+            self.pool_bytes = self._shared.arena_bytes
             for k, bucket in module.buckets.items():
-                ws = self._workspace(bucket.plan, layouts[k][0], names[k], weights)
-                self._buckets[k] = Executor(bucket, self.device, mode, check_inputs, None, check_finite, workspace=ws)
+                self._buckets[k] = Executor(bucket, self.device, mode, check_inputs, None, check_finite,
+                                            workspace=workspaces[k])
             self.mode = self._buckets[max(self.keys)].mode
             zeros = padding_bytes(self.space, {k: m.plan for k, m in module.buckets.items()})
             if zeros:
@@ -85,9 +83,6 @@ class BucketedExecutor(ChecksInputs):
             raise
 
     # ---- buffers -----------------------------------------------------------------------------------------
-    def _workspace(self, plan, offsets: dict[int, int], names: dict[str, str], weights: dict) -> SharedWorkspace:
-        return self._shared.workspace(plan, self._arena, offsets, names, weights)
-
     @property
     def weight_buffers(self) -> int:
         """How many weight buffers this executor holds on the device (each distinct constant once)."""
@@ -289,7 +284,6 @@ class BucketedExecutor(ChecksInputs):
         for ex in list(getattr(self, "_buckets", {}).values()):
             ex.close()
         self._buckets = {}
-        self._arena = None
         if self._shared is not None:
             self._shared.release()
         self._zeros = None

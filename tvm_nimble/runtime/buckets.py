@@ -295,19 +295,34 @@ def check_buckets(space: BucketSpace, buckets: dict) -> None:
 
 
 class SharedBuffers:
-    """Device buffers several plans of one model share (a bucketed model's buckets, a generator's steps): each
-    distinct weight once, loaded on first use, and each state (a KV cache) once, by name, zeroed."""
+    """Device buffers several plans of one model share (a bucketed model's buckets, a generator's steps): one
+    allocation for their inputs, outputs and memory pools (one plan runs at a time), each distinct weight once,
+    loaded on first use, and each state (a KV cache) once, by name, zeroed."""
 
     def __init__(self, device):
         self.device = device
         self.weights: dict[str, object] = {}
         self.states: dict[str, object] = {}
+        self.arena = None
+        self.arena_bytes = 0
 
-    def workspace(self, plan, arena, offsets: dict[int, int], names: dict[str, str], weights: dict) -> "SharedWorkspace":
-        """``plan``'s buffers: its inputs, outputs and pool at ``offsets`` in ``arena`` (the allocation the plans
-        share, one running at a time), each whole-constant storage the shared weight buffer, each state the shared
-        state of its name, other constant storages its own; constants loaded, inputs zeroed."""
+    def workspaces(self, plans: dict, names: dict, weights: dict) -> dict:
+        """key -> :class:`SharedWorkspace` of each plan of ``plans`` (key -> plan; ``names``: key -> its constants'
+        weight names), over one arena allocated here for the largest plan's inputs, outputs and pool."""
         import tvm
+
+        layouts = {k: arena_layout(plan) for k, plan in plans.items()}
+        self.arena_bytes = max(total for _, total in layouts.values())
+        self.arena = tvm.runtime.empty((max(self.arena_bytes, 1),), "uint8", self.device)
+        return {k: self._workspace(plan, layouts[k][0], names[k], weights) for k, plan in plans.items()}
+
+    def _workspace(self, plan, offsets: dict[int, int], names: dict[str, str], weights: dict) -> "SharedWorkspace":
+        """``plan``'s buffers: its inputs, outputs and pool at ``offsets`` in the arena, each whole-constant storage
+        the shared weight buffer, each state the shared state of its name, other constant storages its own;
+        constants loaded, inputs zeroed."""
+        import tvm
+
+        arena = self.arena
 
         shared = shared_constant_storages(plan, names)
         state_of = {plan.tensors[t].storage: plan.tensors[t] for t in plan.states}
@@ -360,6 +375,7 @@ class SharedBuffers:
     def release(self) -> None:
         self.weights = {}
         self.states = {}
+        self.arena = None
 
 
 class SharedWorkspace(Workspace):

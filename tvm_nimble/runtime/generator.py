@@ -16,22 +16,22 @@ cache holds the token at position ``j``; the mask marks the slots written so far
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from tvm_nimble.contract.generation import STEP_INPUTS
 from tvm_nimble.contract.plan import Plan
 from tvm_nimble.errors import NimbleError
 
 from .artifact import ArtifactError, load_bucketed_files, read_manifest, save_bucketed_artifact
-from .buckets import BucketDim, BucketSpace, SharedBuffers, arena_layout, dedupe_weights
+from .buckets import BucketDim, BucketSpace, SharedBuffers, dedupe_weights
 from .device import device_for
 from .executor import Executor
-from .module import NimbleModule, load_kernels, load_runtime_libraries
+from .module import NimbleModule, load_plans, load_runtime_libraries
 
-#: the inputs every step takes, in order
-STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
 #: the manifest's name for the dimension the steps are keyed by
 STEP_DIM = "new_tokens"
 DECODE = 1
@@ -139,8 +139,9 @@ class GeneratorModule:
                                       vendor_library=self.vendor_library, overwrite=overwrite)
 
 
-def is_generator_artifact(path: str) -> bool:
-    return isinstance(read_manifest(path).get("generator"), dict)
+def is_generator_artifact(path) -> bool:
+    """Whether ``path`` is a generator's artifact directory (a file, e.g. an ONNX model, is not)."""
+    return os.path.isdir(path) and isinstance(read_manifest(os.fspath(path)).get("generator"), dict)
 
 
 def load_generator(path: str) -> GeneratorModule:
@@ -150,14 +151,11 @@ def load_generator(path: str) -> GeneratorModule:
     if not isinstance(meta, dict) or space.names != [STEP_DIM]:
         raise ArtifactError(f"{path} is not a generator artifact; build one with tvm_nimble.build_generator")
     vendor = load_runtime_libraries(path, manifest)
-    steps, names = {}, {}
-    for key, plan, kernels_path, constants in specs:
-        params = {c: weights[w] for c, w in constants.items()}
-        steps[key[0]] = NimbleModule(plan, load_kernels(plan, kernels_path), params, None, {}, vendor)
-        names[key[0]] = constants
+    modules, names = load_plans(specs, weights, vendor)
+    steps = {key[0]: m for key, m in modules.items()}
     try:
         return GeneratorModule(steps, int(meta["max_length"]), int(meta["vocab_size"]),
-                               dict(manifest.get("info", {})), vendor, names, weights)
+                               dict(manifest.get("info", {})), vendor, {key[0]: n for key, n in names.items()}, weights)
     except (KeyError, TypeError, ValueError) as err:
         raise ArtifactError(f"{path}/manifest.json has a malformed generator entry ({err}); rebuild it") from None
 
@@ -168,8 +166,6 @@ class Generator:
     executors' (``cuda-graph`` by default on a GPU)."""
 
     def __init__(self, module, device=None, mode: str | None = None):
-        import tvm
-
         if isinstance(module, str) or hasattr(module, "__fspath__"):
             module = load_generator(str(module))
         if not isinstance(module, GeneratorModule):
@@ -182,11 +178,9 @@ class Generator:
         self._steps: dict[int, Executor] = {}
         try:
             names, weights = module.shared_weights()
-            layouts = {n: arena_layout(m.plan) for n, m in module.steps.items()}
-            self._arena = tvm.runtime.empty((max(max(t for _, t in layouts.values()), 1),), "uint8", self.device)
+            workspaces = self._shared.workspaces({n: m.plan for n, m in module.steps.items()}, names, weights)
             for n, m in sorted(module.steps.items()):
-                ws = self._shared.workspace(m.plan, self._arena, layouts[n][0], names[n], weights)
-                self._steps[n] = Executor(m, self.device, mode, workspace=ws)
+                self._steps[n] = Executor(m, self.device, mode, workspace=workspaces[n])
         except BaseException:
             self.close()
             raise
@@ -326,7 +320,6 @@ class Generator:
         for ex in (self._steps or {}).values():
             ex.close()
         self._steps = None
-        self._arena = None
         self._shared.release()
 
     def __enter__(self):

@@ -201,18 +201,25 @@ def from_fixed(module: NimbleModule) -> BucketedModule:
     return BucketedModule.of({leads.pop(): module}, info=dict(module.info))
 
 
+def load_plans(specs: list, weights: dict, vendor: str | None, info_of=lambda key: {}) -> tuple[dict, dict]:
+    """(key -> :class:`NimbleModule`, key -> its constants' weight names) of ``specs`` (``load_bucketed_files`` 's
+    (key, plan, kernels path, constant names) entries): each plan with its kernels loaded and its constants taken
+    from ``weights``; ``info_of(key)``: the module's info."""
+    modules, names = {}, {}
+    for key, plan, kernels_path, constants in specs:
+        params = {c: weights[w] for c, w in constants.items()}
+        modules[key] = NimbleModule(plan, load_kernels(plan, kernels_path), params, None, dict(info_of(key)), vendor)
+        names[key] = constants
+    return modules, names
+
+
 def load_bucketed(path: str) -> BucketedModule:
     """Load a bucketed artifact with the TVM runtime only."""
     manifest, space, specs, weights = load_bucketed_files(path)
     vendor = load_runtime_libraries(path, manifest)
     info = dict(manifest.get("info", {}))
     per_bucket = info.get("buckets", {}) if isinstance(info.get("buckets"), dict) else {}
-    buckets, names = {}, {}
-    for key, plan, kernels_path, constants in specs:
-        params = {c: weights[w] for c, w in constants.items()}
-        buckets[key] = NimbleModule(plan, load_kernels(plan, kernels_path), params, None,
-                                    dict(per_bucket.get(space.label(key), {})), vendor)
-        names[key] = constants
+    buckets, names = load_plans(specs, weights, vendor, lambda key: per_bucket.get(space.label(key), {}))
     try:
         return BucketedModule.of(buckets, space, info=info, weight_names=names, weights=weights)
     except NimbleError as err:

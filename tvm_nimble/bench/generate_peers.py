@@ -16,7 +16,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvm_nimble.bench.hf_models import cache_keyword
 from tvm_nimble.errors import NimbleError
@@ -32,6 +32,8 @@ class GenerationTiming:
     ttft_ms: float
     ms_per_token: float
     note: str = ""
+    #: ``run(n)`` generates ``n`` tokens from the prompt again (for a kernel profile after the timing)
+    run: Callable[[int], object] | None = field(default=None, repr=False, compare=False)
 
 
 def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype, repeats: int) -> GenerationTiming:
@@ -54,7 +56,7 @@ def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, d
     first = statistics.median(_elapsed_ms(lambda: generate(1), sync) for _ in range(repeats))
     whole = statistics.median(_elapsed_ms(lambda: generate(new_tokens), sync) for _ in range(repeats))
     return GenerationTiming("hf-eager", tokens, first, (whole - first) / (new_tokens - 1),
-                            "transformers generate, greedy, SDPA attention, dynamic KV cache")
+                            "transformers generate, greedy, SDPA attention, dynamic KV cache", generate)
 
 
 def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype,
@@ -85,8 +87,8 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
     positions = torch.arange(len(prompt_ids) + new_tokens, dtype=torch.int64, device=device)[None]
     sync = _synchronizer(device)
 
-    def generate() -> tuple[list[int], float, float]:
-        """(tokens, prefill ms, decode ms) of one generation from an empty cache."""
+    def generate(n: int = new_tokens) -> tuple[list[int], float, float]:
+        """(tokens, prefill ms, decode ms) of one generation of ``n`` tokens from an empty cache."""
         cache.reset()
         with torch.no_grad():
             sync()
@@ -95,7 +97,7 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
             sync()
             prefilled = time.perf_counter()
             tokens = [token]
-            for at in range(len(prompt_ids), len(prompt_ids) + new_tokens - 1):
+            for at in range(len(prompt_ids), len(prompt_ids) + n - 1):
                 torch.compiler.cudagraph_mark_step_begin()
                 token = decode(token, positions[:, at:at + 1]).clone()
                 tokens.append(token)
@@ -112,7 +114,7 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
         f"StaticCache({len(prompt_ids) + new_tokens} slots), eager prefill, own decode loop: the decode step "
         f"under torch.compile(mode='reduce-overhead', fullgraph=True) ({graphs}), cudagraph_mark_step_begin() "
         "before each call and its token cloned (transformers' static-cache generate read overwritten CUDA-graph "
-        "outputs)")
+        "outputs)", generate)
 
 
 def _check(prompt_ids: list[int], new_tokens: int, repeats: int) -> None:

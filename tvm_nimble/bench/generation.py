@@ -9,11 +9,16 @@ the prompt and the new tokens. Before timing, the first greedy tokens (up to 32)
 HF eager's in the same precision; a system that differs is reported with the step where it diverged. Rows go to
 ``generation.csv`` in the output folder (one per system: TTFT, ms per token, tokens matched). ONNX Runtime GenAI and
 vLLM are not run here (not installed where this runs; see the findings).
+
+``--profile`` adds where a token's time goes on the GPU: each system generates 1 and then 1 + N tokens under
+``torch.profiler`` (CUPTI: every kernel and copy as the device ran it, CUDA-graph replays included), and the
+difference over N is the device time per token by kernel name (``generation-kernels.json``, top kernels printed).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import time
@@ -35,6 +40,8 @@ def _args(argv):
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out: hf-eager, hf-static-compiled")
     ap.add_argument("--out", default="bench-results", help="output folder (generation.csv)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="GPU: also profile N more tokens per system, device time per token by kernel (default off)")
     return ap.parse_args(argv)
 
 
@@ -48,16 +55,43 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def nimble_timing(module, prompt: list[int], new_tokens: int, repeats: int, device=None):
-    """(tokens, TTFT ms, ms per token) of a generator: a request of 1 new token is the TTFT; the rest of a request of
-    ``new_tokens`` divided by ``new_tokens - 1`` is the time per token."""
-    from tvm_nimble.runtime.generator import Generator
-
-    with Generator(module, device) as gen:
-        tokens = gen.generate(prompt, new_tokens)  # warm-up (and the tokens)
-        ttft = _timed(lambda: gen.generate(prompt, 1), repeats)
-        total = _timed(lambda: gen.generate(prompt, new_tokens), repeats)
+def nimble_timing(gen, prompt: list[int], new_tokens: int, repeats: int):
+    """(tokens, TTFT ms, ms per token) of an open :class:`~tvm_nimble.Generator`: a request of 1 new token is the
+    TTFT; the rest of a request of ``new_tokens`` divided by ``new_tokens - 1`` is the time per token."""
+    tokens = gen.generate(prompt, new_tokens)  # warm-up (and the tokens)
+    ttft = _timed(lambda: gen.generate(prompt, 1), repeats)
+    total = _timed(lambda: gen.generate(prompt, new_tokens), repeats)
     return tokens, ttft, (total - ttft) / max(new_tokens - 1, 1)
+
+
+def kernels_per_token(run, tokens: int) -> dict[str, float]:
+    """Device microseconds per token by kernel (or copy) name: ``run(1 + tokens)`` less ``run(1)`` under
+    ``torch.profiler`` (CUPTI records the kernels of CUDA-graph replays too), over ``tokens``; the prompt's prefill
+    cancels out. ``run(n)`` generates ``n`` tokens from the same prompt."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def device_us(n: int) -> dict[str, float]:
+        run(n)  # warm
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(n)
+            torch.cuda.synchronize()
+        times: dict[str, float] = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us()
+        return times
+
+    short, long = device_us(1), device_us(1 + tokens)
+    return {k: (long.get(k, 0.0) - short.get(k, 0.0)) / tokens for k in set(long) | set(short)}
+
+
+def _print_profile(name: str, per_kernel: dict[str, float], top: int = 12) -> None:
+    total = sum(per_kernel.values())
+    print(f"  {name}: {total:.1f} us of device time per token")
+    for k, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {us:8.2f} us {100 * us / (total or 1):5.1f}%  {k[:100]}")
 
 
 def _matched(tokens: list[int], want: list[int]) -> int:
@@ -90,7 +124,7 @@ def main(argv=None) -> int:
     csv_path = os.path.join(args.out, "generation.csv")
     date = datetime.date.today().isoformat()
     device = device_name(gpu)
-    table = []
+    table, profiles = [], {}
     for spec in [m for m in args.models.split(",") if m]:
         label, _, torch_builder = hf_builders(spec)
         onnx_model = past_onnx_model(spec)
@@ -113,7 +147,15 @@ def main(argv=None) -> int:
                                                 max_length=args.prompt + args.new_tokens,
                                                 prefill_lengths=(args.prompt,))
             build_s = time.perf_counter() - start
-            tokens, ttft, per_token = nimble_timing(module, prompt, args.new_tokens, args.repeats)
+            with tvm_nimble.Generator(module) as gen:
+                tokens, ttft, per_token = nimble_timing(gen, prompt, args.new_tokens, args.repeats)
+                if args.profile and gpu:
+                    profiles[f"{label}/{precision}/nimble"] = kernels_per_token(
+                        lambda n: gen.generate(prompt, n), args.profile)
+            if args.profile and gpu:
+                for name, t in peers.items():
+                    if t.run is not None:
+                        profiles[f"{label}/{precision}/{name}"] = kernels_per_token(t.run, args.profile)
             reference = peers["hf-eager"].tokens if "hf-eager" in peers else None
             n = min(args.check_tokens, args.new_tokens)
             systems = [("nimble", tokens, ttft, per_token, f"{build_s:.1f}", "")]
@@ -136,4 +178,10 @@ def main(argv=None) -> int:
         match = f"{r.get('tokens_matched', '')}/{r.get('tokens_checked', '')}" if r.get("tokens_checked") else ""
         print(f"{r['model']:<14} {r['dtype']:<5} {r['system']:<20} {r.get('ttft_ms', ''):>9} "
               f"{r.get('ms_per_token', ''):>9} {match:>6}  {r.get('note', '')}")
+    if profiles:
+        with open(os.path.join(args.out, "generation-kernels.json"), "w") as f:
+            json.dump(profiles, f, indent=1)
+        print(f"device time per token by kernel ({args.profile} tokens profiled):")
+        for name, per_kernel in profiles.items():
+            _print_profile(name, per_kernel)
     return 0

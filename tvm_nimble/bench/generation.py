@@ -67,24 +67,34 @@ def nimble_timing(gen, prompt: list[int], new_tokens: int, repeats: int):
 def kernels_per_token(run, tokens: int) -> dict[str, float]:
     """Device microseconds per token by kernel (or copy) name: ``run(1 + tokens)`` less ``run(1)`` under
     ``torch.profiler`` (CUPTI records the kernels of CUDA-graph replays too), over ``tokens``; the prompt's prefill
-    cancels out. ``run(n)`` generates ``n`` tokens from the same prompt."""
+    cancels out. ``run(n)`` generates ``n`` tokens from the same prompt.
+
+    Both runs are one profiling session, split at a marker kernel: a second session in a process that replays CUDA
+    graphs re-initializes CUPTI, which aborted the process on an H100 (CUDA 13); for the same reason CUPTI is
+    told not to tear down between sessions of one bench (PyTorch's own workaround for its CUDA graphs)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    def device_us(n: int) -> dict[str, float]:
-        run(n)  # warm
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
+    os.environ.setdefault("DISABLE_CUPTI_LAZY_REINIT", "1")
+    run(1 + tokens)  # warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(1)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            run(n)
-            torch.cuda.synchronize()
-        times: dict[str, float] = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us()
-        return times
-
-    short, long = device_us(1), device_us(1 + tokens)
-    return {k: (long.get(k, 0.0) - short.get(k, 0.0)) / tokens for k in set(long) | set(short)}
+        torch.cuda._sleep(1000)  # the marker between the two runs
+        torch.cuda.synchronize()
+        run(1 + tokens)
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    marker = next(i for i, e in enumerate(events) if "spin_kernel" in e.name)
+    times: dict[str, float] = {}
+    for i, e in enumerate(events):
+        if i != marker:
+            times[e.name] = times.get(e.name, 0.0) + (e.time_range.elapsed_us() if i > marker
+                                                       else -e.time_range.elapsed_us())
+    return {k: v / tokens for k, v in times.items()}
 
 
 def _print_profile(name: str, per_kernel: dict[str, float], top: int = 12) -> None:

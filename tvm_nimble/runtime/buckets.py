@@ -319,7 +319,7 @@ class SharedBuffers:
     def _workspace(self, plan, offsets: dict[int, int], names: dict[str, str], weights: dict) -> "SharedWorkspace":
         """``plan``'s buffers: its inputs, outputs and pool at ``offsets`` in the arena, each whole-constant storage
         the shared weight buffer, each state the shared state of its name, other constant storages its own;
-        constants loaded, inputs zeroed."""
+        constants loaded."""
         import tvm
 
         arena = self.arena
@@ -341,10 +341,7 @@ class SharedBuffers:
         for c in plan.constants:
             if plan.tensors[c].storage not in shared:
                 ws.tensors[c].copyfrom(np.asarray(weights[names[f"c{c}"]], order="C"))
-        for s in plan.storages:  # inputs read zeros, not another plan's leftovers, in the GPU warm-up run
-            if s.kind == "input":
-                storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
-        return ws
+        return ws  # (its inputs are zeroed by the executor right before its warm-up run: Workspace.zero)
 
     def _weight(self, name: str, storage, plan, weights: dict):
         """The device buffer of weight ``name``, allocated and loaded on first use."""

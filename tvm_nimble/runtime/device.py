@@ -96,14 +96,18 @@ class Workspace:
             raise DeviceError(f"could not allocate the plan's {sum(s.nbytes for s in plan.storages) / 2**20:.1f} MiB "
                               f"on {device}: {str(err).splitlines()[0]}") from None
         self.tensors = self.views()
-        # inputs start as zeros, not leftover memory: the executor's first (warm-up) run reads them before
-        # any set_input, and an index input (a label, a Gather's indices) holding garbage reads out of bounds;
-        # state (a KV cache) starts as zeros too
-        for s in plan.storages:
-            if s.kind in ("input", "state"):
-                self.storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
+        self.zero(("input", "state"))  # state (a KV cache) starts as zeros
         for c in plan.constants:
             self.tensors[c].copyfrom(np.asarray(params[f"c{c}"], order="C"))  # keeps 0-d scalars 0-d
+
+    def zero(self, kinds=("input",)) -> None:
+        """Fill the storages of ``kinds`` with zeros. The executor zeroes the inputs right before its first
+        (warm-up) run, which reads them before any set_input: an index input (a label, a Gather's ids) holding
+        leftover memory reads out of bounds, and where plans share one allocation (a generator's steps) another
+        plan's warm-up run has written over them."""
+        for s in self.plan.storages:
+            if s.kind in kinds:
+                self.storages[s.id].copyfrom(np.zeros(max(s.nbytes, 1), "uint8"))
 
     def views(self, swap: dict[int, int] | None = None) -> list:
         """A typed view per tensor; ``swap`` (storage -> storage) places tensors in another storage

@@ -375,13 +375,16 @@ struct SplitLaunch {  // one instantiation of the split-key kernel: its grid and
 };
 
 // R: the fewest waves of blocks over the SMs first (a second, partial wave costs a whole block's time),
-// then a grid that has a block for every SM, then the most rows per block (K and V read fewer times).
+// then a grid that has a block for every SM, then no block mostly padding (a decode step's one query row in a
+// block of 16 computed 16 score and output rows per key: where R >= 2 Sq, the fewest rows), then the most rows
+// per block (K and V read fewer times).
 template <typename T, typename M, int DC>
 void LaunchSplitRows(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
   const int64_t sms = SmCount();
   auto score = [&](int64_t blocks, int per_sm, int rows) {
     const int64_t waves = (blocks + sms * per_sm - 1) / (sms * per_sm);
-    return std::make_tuple(waves, blocks < sms ? 1 : 0, -rows);
+    const int mostly_padding = rows >= 2 * p.Sq ? rows : 0;
+    return std::make_tuple(waves, blocks < sms ? 1 : 0, mostly_padding, -rows);
   };
   const auto s16 = score(SplitLaunch<T, M, DC, 16>::Blocks(p), SplitLaunch<T, M, DC, 16>::PerSm(p), 16);
   const auto s8 = score(SplitLaunch<T, M, DC, 8>::Blocks(p), SplitLaunch<T, M, DC, 8>::PerSm(p), 8);

@@ -210,6 +210,18 @@ def test_native_stderr_filter_passes_everything_else_on(capfd):
     assert err.count("\n") == 3, repr(err)  # the dropped line's newline goes with it
 
 
+def test_native_last_words_before_an_abort_reach_stderr():
+    """A CUDA error thrown in a destructor ends the command in std::terminate: its message, written to file descriptor
+    2 just before abort(), reaches the terminal through the filter (a thread of the dying process lost it)."""
+    code = ("import os\nfrom tvm_nimble.cli.console import native_lines_dropped\n"
+            "with native_lines_dropped(('DROP ME',)):\n"
+            "    os.write(2, b'[12:00:00] x.h:1: Warning: DROP ME\\nterminate called after throwing an instance\\n')\n"
+            "    os.abort()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "terminate called after throwing an instance" in r.stderr and "DROP ME" not in r.stderr, r.stderr
+
+
 # ---- 8: the help ------------------------------------------------------------------------------
 def test_version_names_tvm_nimble_and_its_tvm():
     r = cli("--version")

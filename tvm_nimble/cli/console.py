@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
+import subprocess
 import sys
-import threading
 import warnings
 
 #: TVM C++ log lines (``LOG(WARNING)``, written straight to file descriptor 2) that a tvm-nimble command drops,
@@ -34,62 +33,39 @@ def one_line_warning(message, category, filename, lineno, file=None, line=None) 
         pass
 
 
-class _LineFilter:
-    """Copies what arrives on a pipe to a file descriptor, leaving out the lines that contain one of
-    ``dropped``. A line is passed on once complete; an unfinished one (a prompt, a progress bar's ``\\r``
-    redraw) at once, unless it may be a log line, which waits for its end."""
-
-    def __init__(self, source: int, target: int, dropped: tuple[str, ...], poll_s: float = 0.1):
-        """``poll_s``: how often (seconds) the thread looks whether the command has ended."""
-        self.source, self.target, self.dropped, self.poll_s = source, target, dropped, poll_s
-        self.pending = b""
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="tvm-nimble stderr filter")
-        self.thread.start()
-
-    def _keep(self, line: bytes) -> bool:
-        text = line.decode(errors="replace")
-        return not any(d in text for d in self.dropped)
-
-    def _pass_on(self, data: bytes) -> None:
-        while data:
-            try:
-                data = data[os.write(self.target, data):]
-            except OSError:
-                return
-
-    def _flush(self, everything: bool) -> None:
-        *lines, rest = self.pending.split(b"\n")
-        self._pass_on(b"".join(line + b"\n" for line in lines if self._keep(line)))
-        if everything or (rest and not self._held(rest)):
-            if self._keep(rest):
-                self._pass_on(rest)
-            rest = b""
-        self.pending = rest
-
-    @staticmethod
-    def _held(partial: bytes) -> bool:
-        """Whether an unfinished line waits for its end: one that may be a TVM log line, which starts
-        ``[hh:mm:ss] file:line: Warning: ...`` and whose text and newline C++ writes separately."""
-        return partial.startswith(b"[")
-
-    def _run(self) -> None:
-        while True:
-            ready, _, _ = select.select([self.source], [], [], self.poll_s)
-            if not ready:
-                if self.done.is_set():
-                    break
-                continue
-            chunk = os.read(self.source, 1 << 16)
-            if not chunk:
-                break
-            self.pending += chunk
-            self._flush(everything=False)
-        self._flush(everything=True)
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join()
+#: the filter process: copies its stdin (the pipe fd 2 writes to) to its stdout (the command's real stderr),
+#: leaving out the lines that contain one of its arguments. A line is passed on once complete; an unfinished one
+#: (a prompt, a progress bar's ``\r`` redraw) at once, unless it may be a TVM log line (``[hh:mm:ss] file:line:
+#: Warning: ...``, whose text and newline C++ writes separately), which waits for its end. Standard library only.
+_FILTER = r"""
+import os, sys
+dropped = [d.encode() for d in sys.argv[1:]]
+keep = lambda line: not any(d in line for d in dropped)
+pending = b""
+def write(data):
+    while data:
+        try:
+            data = data[os.write(1, data):]
+        except OSError:
+            return
+while True:
+    try:
+        chunk = os.read(0, 1 << 16)
+    except OSError:
+        break
+    if not chunk:
+        break
+    *lines, pending = (pending + chunk).split(b"\n")
+    out = b"".join(line + b"\n" for line in lines if keep(line))
+    if pending and not pending.startswith(b"["):
+        out, pending = out + (pending if keep(pending) else b""), b""
+    write(out)
+if keep(pending):
+    write(pending)
+"""
+#: how long (seconds) the end of a command waits for the filter to pass on what is left; a process the command
+#: started that still holds the pipe (a compile worker) keeps the filter alive past that, not the command
+FILTER_DRAIN_S = 2.0
 
 
 @contextlib.contextmanager
@@ -110,15 +86,21 @@ def native_lines_dropped(dropped: tuple[str, ...] = DROPPED_TVM_LINES):
     if writes_fd2:  # Python's writes keep going where they went, not through the filter
         sys.stderr = open(os.dup(original), "w", buffering=1, encoding=python_stderr.encoding,
                           errors=python_stderr.errors or "backslashreplace")
-    line_filter = _LineFilter(read_end, original, dropped)
+    # a process, not a thread: when native code aborts the command (a CUDA error thrown in a destructor ends in
+    # std::terminate), its last words are in the pipe, and only a reader outliving the process passes them on
+    line_filter = subprocess.Popen([sys.executable, "-I", "-c", _FILTER, *dropped], stdin=read_end, stdout=original,
+                                   close_fds=True)
+    os.close(read_end)
     os.dup2(write_end, 2)
     os.close(write_end)
     try:
         yield
     finally:
-        os.dup2(original, 2)  # (a child process still holding the pipe's write end does not delay the end)
-        line_filter.close()
-        os.close(read_end)
+        os.dup2(original, 2)  # the filter sees the end of its input once no process holds the pipe any more
+        try:
+            line_filter.wait(FILTER_DRAIN_S)
+        except subprocess.TimeoutExpired:  # a process the command started still holds the pipe: it goes on
+            pass
         if writes_fd2:
             sys.stderr.close()
             sys.stderr = python_stderr

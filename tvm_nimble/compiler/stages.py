@@ -25,6 +25,7 @@ from tvm_nimble.relay_passes.lowered_ir import LoweredProgram, read_lowered_func
 from tvm_nimble.relay_passes.pipeline import kernel_passes, run_passes
 from tvm_nimble.relay_passes.layout import to_nhwc
 from tvm_nimble.relay_passes.precision import hoist_casts, to_precision
+from tvm_nimble.relay_passes.rms_norm import fuse_rms_norm
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 from tvm_nimble.runtime.module import NimbleModule
@@ -77,8 +78,9 @@ def import_model(model, params: dict | None = None, shape_dict: dict | None = No
 
 
 def apply_precision(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
-    """``mod`` computing in ``options.precision`` under its policy (inputs and outputs keep their dtypes)."""
-    return to_precision(mod, options.compute_dtype, options.policy)
+    """``mod`` computing in ``options.precision`` under its policy (inputs and outputs keep their dtypes), each
+    spelled-out RMSNorm then one operator in the dtype the policy gave it (``relay_passes.rms_norm``)."""
+    return fuse_rms_norm(to_precision(mod, options.compute_dtype, options.policy))
 
 
 def apply_layout(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:

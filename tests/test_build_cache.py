@@ -21,6 +21,7 @@ from tvm_nimble.compiler.session import CacheMemory
 from tvm_nimble.errors import NimbleError
 from tvm_nimble import NimbleExecutor
 from tvm_nimble.runtime.module import NimbleModule
+from tvm_nimble.runtime.timing import ReplayTimes
 
 from test_timing_cache import SM90, PlanCostTimer, _need_vendor, nasnet  # noqa: F401 (nasnet: a fixture)
 from test_timing_cache import _build as _best
@@ -227,7 +228,7 @@ class _CappedSlackTimer(PlanCostTimer):
             factor = {1: 1.0, 2: 0.6, 3: 0.7}.get(r.plan.num_streams, 0.8)
             factor -= 0.05 * (r.report.stream_order == "slack") + 0.05 * bool(r.plan.stream_priority)
             out.append(sum(self._cost(l.kernel) for l in r.plan.launches) * factor)
-        return out
+        return ReplayTimes([out])
 
 
 def test_a_warm_build_finds_a_capped_prioritized_stream_choice_of_an_inception_net(inception, tmp_path):

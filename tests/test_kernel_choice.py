@@ -22,6 +22,7 @@ from tvm_nimble.contract import vendor_abi
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.kernel_probe import build_probe
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor, find_offloads
+from tvm_nimble.runtime.timing import ReplayTimes
 
 MODELS = ["inception", "nasnet", "resnet"]
 
@@ -259,8 +260,8 @@ class _MixLosesInModel(PlanCostTimer):
 
     def replay_ms(self, results):
         self.calls["replay_ms"] += 1
-        return [sum(10.0 if not l.kernel.startswith("nimble.") else self._cost(l.kernel) for l in r.plan.launches)
-                for r in results]
+        return ReplayTimes([[sum(10.0 if not l.kernel.startswith("nimble.") else self._cost(l.kernel)
+                                 for l in r.plan.launches) for r in results]])
 
 
 def test_where_the_mix_loses_in_the_model_each_operator_goes_to_its_fastest_provider_if_that_wins(tmp_path):

@@ -16,6 +16,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes.providers.attention import SDPA_BIAS, reshape_strides
 from tvm_nimble.relay_passes.vendor_offload import MATMUL, OffloadToVendor
 from tvm_nimble.runtime.race_check import check_races
+from tvm_nimble.runtime.timing import ReplayTimes
 
 CUDA = {"kind": "cuda", "arch": "sm_90"}
 
@@ -343,7 +344,7 @@ class LaunchCountTimer:
 
     def replay_ms(self, results):
         self.replays += 1
-        return [self.fixed + self.per_launch * len(r.plan.launches) for r in results]
+        return ReplayTimes([[self.fixed + self.per_launch * len(r.plan.launches) for r in results]])
 
 
 @pytest.mark.parametrize("per_launch, kept", [(1.0, "merged"), (-1.0, "separate")])

@@ -29,6 +29,7 @@ from tvm_nimble.compiler.session import BuildSession, CacheMemory
 from tvm_nimble.compiler.stages import apply_precision, import_model
 from tvm_nimble.compiler.timers import LocalGPU
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime.timing import ReplayTimes
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}
 GPU_A = {"name": "Test GPU", "arch": "sm_90", "driver": "1.0", "nvidia-cudnn-cu13": "9.0"}
@@ -78,7 +79,8 @@ class PlanCostTimer:
 
     def replay_ms(self, results):
         self.calls["replay_ms"] += 1
-        return [sum(self._cost(l.kernel) for l in r.plan.launches) / r.plan.num_streams ** 0.5 for r in results]
+        return ReplayTimes([[sum(self._cost(l.kernel) for l in r.plan.launches) / r.plan.num_streams ** 0.5
+                             for r in results]])
 
     def gemm_us(self, timings_func, call, reps):
         self.calls["gemm_us"] += 1

@@ -74,7 +74,7 @@ def main(argv=None):
         bad = {k: e for k, e in errs.items() if not e < 1e-3}
         if bad:
             raise SystemExit(f"{name} batch {batch}: outputs disagree ({bad}); not timing")
-        times = dict(zip(builds, replay_ms(list(builds.values())))) if gpu else {}
+        times = dict(zip(builds, replay_ms(list(builds.values())).median())) if gpu else {}
         row = {"model": name, "batch": batch, "kernels": kernels, "rel_err": errs, "ms": times,
                "concats_in_place": builds["in-place"].report.concats_in_place,
                "launches": {k: len(b.plan.launches) for k, b in builds.items()},

@@ -35,7 +35,7 @@ def _time_artifacts(paths: list[str]) -> list[float]:
     from tvm_nimble.runtime.module import load
     from tvm_nimble.runtime.timing import replay_ms
 
-    return replay_ms([load(p) for p in paths])
+    return replay_ms([load(p) for p in paths]).median()
 
 
 def main(argv=None):

@@ -53,7 +53,7 @@ def main(argv=None):
             err = float(np.linalg.norm(outs["tracker"] - outs["here"]) / np.linalg.norm(outs["here"]))
             if not err < 1e-3:
                 raise SystemExit(f"{name}: the two builds disagree (rel err {err:.1e}); not timing")
-            ms = dict(zip(built, replay_ms(list(built.values()))))
+            ms = dict(zip(built, replay_ms(list(built.values())).median()))
             row = {"model": name, "kernels": kernels, "build_s": seconds, "chains": len(choice["here"]),
                    "same_choice": same, "rel_err": err, "ms": ms,
                    "streams": {w: b.plan.num_streams for w, b in built.items()},

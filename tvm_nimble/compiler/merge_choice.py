@@ -95,7 +95,7 @@ def measure(separate: tvm.IRModule, merged_mod: tvm.IRModule, session) -> tuple[
             options = session.options.replace(max_streams=None, compile_kernels=True, memory_budget=None)
             widest = stages.build_fixed(m, options, session)
             plans += [rescheduled(widest, 1), widest]
-        return [float(x) for x in session.timer.replay_ms(plans)]
+        return session.timer.replay_ms(plans).median()
 
     known = session.measured(key, replay, valid=timing_cache.numbers(4))
     return known[:2], known[2:]

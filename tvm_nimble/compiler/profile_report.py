@@ -41,7 +41,7 @@ def profile_build(result, png_path: str, reps: int = REPS) -> list[str]:
     single = rescheduled(result, 1)
     if [l.kernel for l in single.plan.launches] != [l.kernel for l in result.plan.launches]:
         raise NimbleError("explain --profile: the one-stream plan launches in another order than the built one")
-    multi_ms, single_ms = replay_ms([result, single])
+    multi_ms, single_ms = replay_ms([result, single]).median()
     measured, one_stream = timeline(result, reps), timeline(single, reps)
     durations = [end - start for _, start, end in one_stream]  # the same launch order in both plans
     bound, path = critical_path(result.plan, durations)

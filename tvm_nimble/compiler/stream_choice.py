@@ -7,12 +7,13 @@ schedule, so every candidate cap (1, 2, 3, 4, 6, 8 and Nimble's maximum) reuses 
 library. A cap below the widest is built twice: merging the streams that lose the least concurrency
 and running them in program order, and cost-aware (``relay_passes/cost_schedule.py``: merges and
 each stream's order chosen by a list schedule of the kernels' one-stream times measured here, least
-critical-path slack first). Every plan is replayed as a CUDA graph side by side with the others,
-and the fastest is kept. The one-stream plan wins unless another beats it by more than
-``MIN_GAIN``. The chosen multi-stream plan is then tried with CUDA stream priorities: the streams
-that carry the critical path (the same one-stream kernel times, along the plan's dependencies) go
-first when streams compete for the GPU; the prioritized plan is kept only if it too wins by
-``MIN_GAIN``. A memory budget drops every candidate whose concurrency-safe pool does not fit.
+critical-path slack first). Every plan is replayed as a CUDA graph side by side with the others, in
+interleaved rounds (more of them where the two fastest are close: :func:`~tvm_nimble.runtime.timing.replay_ms`),
+and :func:`decide` keeps the simplest plan that the fastest does not beat beyond the rounds' noise and
+``MIN_GAIN`` (fewer streams, then program order before the cost-aware one). The chosen multi-stream plan is then
+tried with CUDA stream priorities: the streams that carry the critical path (the same one-stream kernel times,
+along the plan's dependencies) go first when streams compete for the GPU; the prioritized plan is kept only if it
+too wins by that rule. A memory budget drops every candidate whose concurrency-safe pool does not fit.
 Without a GPU of the target's arch here, the largest cap that fits the budget is kept (Nimble's
 schedule), with a one-line note. Every measurement (the one-stream kernel times, the side-by-side
 replays, the priority trial) is kept in the build session's cache (:mod:`.session`), keyed by the
@@ -27,16 +28,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from dataclasses import dataclass
 
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.runtime.timing import ReplayTimes, paired_gain
 
 from . import timing_cache
 from .report import StreamCandidate, StreamChoice, StreamPriority
 from .stages import schedule
 
 CAPS = (1, 2, 3, 4, 6, 8)
-#: another schedule replaces the one-stream plan only when it is at least this much faster
+#: a more complex schedule replaces a simpler one only when it is more than this much faster (and beyond noise)
 MIN_GAIN = 0.01
+#: the rule :func:`decide` chooses by, in the stream choice's cache key: a decision made by another rule is not reused
+RULE = "simplest within noise of the fastest"
 
 
 def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
@@ -120,10 +125,11 @@ class _Measured:
                                      lambda: [float(x) for x in self.session.timer.launch_ms(built, reps)],
                                      valid=timing_cache.numbers(len(built.plan.launches)))
 
-    def replay_ms(self, results: list) -> list[float]:
-        return self.session.measured(self.key("replay_ms", plans=[_plan_digest(r) for r in results]),
-                                     lambda: [float(x) for x in self.session.timer.replay_ms(results)],
-                                     valid=timing_cache.numbers(len(results)))
+    def replay_ms(self, results: list) -> ReplayTimes:
+        return ReplayTimes.from_json(self.session.measured(
+            self.key("replay_ms", plans=[_plan_digest(r) for r in results], times="per round"),
+            lambda: self.session.timer.replay_ms(results).to_json(),
+            valid=lambda value: ReplayTimes.is_json(value, len(results))))
 
 
 def _plan_digest(built) -> str:
@@ -141,6 +147,43 @@ def _fields(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
+@dataclass(frozen=True)
+class Decision:
+    """:func:`decide`'s answer: the position of the candidate kept, and why, in words."""
+
+    chosen: int
+    why: str
+
+
+def decide(times: ReplayTimes, labels: list[str], min_gain: float = MIN_GAIN) -> Decision:
+    """The simplest candidate that the fastest does not beat beyond noise. ``times``: the candidates' side-by-side
+    rounds, ordered from the simplest (fewest streams; program order before least slack first; no priorities) to
+    the most complex; ``labels``: their names, in the same order.
+
+    The fastest (by median over the rounds) is the one to match. From the simplest on, the first candidate that
+    the fastest does not beat clearly (:meth:`~tvm_nimble.runtime.timing.PairedGain.clear`: in most rounds, by
+    more than ``min_gain`` and more than the rounds vary by) is kept. So the choice is never slower than the
+    fastest schedule measured by more than that noise, and a more complex one is taken only for a gain that held
+    round after round: a schedule that came out ahead of a simpler one in a noisy comparison costs cross-stream
+    waits and contention for nothing, and can run slower than the simpler one where it is used."""
+    medians = times.median()
+    fastest = min(range(times.modules), key=lambda m: (medians[m], m))
+    chosen = next(m for m in range(times.modules) if not paired_gain(times, m, fastest).clear(min_gain))
+    if chosen != fastest:
+        gain = paired_gain(times, chosen, fastest)
+        under = "within noise" if not gain.clear() else f"under the {min_gain:.0%} a more complex schedule must gain"
+        why = f"{labels[fastest]} faster by only {gain.describe()}, {under}: kept {labels[chosen]}"
+    elif chosen == 0:
+        why = f"{labels[0]} measured fastest"
+    else:
+        why = f"{labels[chosen]} faster than {labels[0]} by {paired_gain(times, 0, chosen).describe()}"
+    return Decision(chosen, why)
+
+
+def _label(cap: int, order: str) -> str:
+    return "1 stream" if cap == 1 else f"cap {cap}{' least slack first' if order == 'slack' else ''}"
+
+
 def choose_streams(result, session, reuse: str | None = None,
                    memory_budget: int | None = None) -> tuple[object, StreamChoice]:
     """The stream-choice stage: (the chosen BuildResult, the :class:`~.report.StreamChoice`: every candidate's cap,
@@ -153,7 +196,7 @@ def choose_streams(result, session, reuse: str | None = None,
     if measuring:
         measured = _Measured(result, session)
         decision_key = measured.key("stream_choice", plan=_plan_digest(result), reuse=reuse,
-                                    memory_budget=memory_budget)
+                                    memory_budget=memory_budget, rule=RULE)
         known = _decided(result, reuse, measured, decision_key)
         if known is not None:
             return known
@@ -172,16 +215,16 @@ def choose_streams(result, session, reuse: str | None = None,
     if (1, "program") in candidates and len(candidates) > 2:
         costs = kernel_costs(candidates[(1, "program")], measured.launch_ms(candidates[(1, "program")], 5))
         candidates.update(_slack_candidates(result, reuse, memory_budget, candidates, costs))
-    keys = sorted(candidates)
-    times = dict(zip(keys, measured.replay_ms([candidates[k] for k in keys])))
-    best = min(keys, key=lambda k: (times[k], k))
-    if (1, "program") in times and times[best] > times[(1, "program")] * (1 - MIN_GAIN):
-        best = (1, "program")
+    keys = sorted(candidates)  # the simplest first: fewer streams, then program order before least slack first
+    rounds = measured.replay_ms([candidates[k] for k in keys])
+    decision = decide(rounds, [_label(*k) for k in keys])
+    best = keys[decision.chosen]
     chosen, priority = candidates[best], None
     if best[0] != 1 and costs is not None:
         chosen, priority = _try_priorities(chosen, costs, measured)
-    record = StreamChoice(memory_budget, _describe(candidates, times), *best,
-                          how=f"measured on {timer.where}: CUDA-graph replays, side by side", priority=priority)
+    record = StreamChoice(memory_budget, _describe(candidates, dict(zip(keys, rounds.median()))), *best,
+                          how=f"measured on {timer.where}: CUDA-graph replays, side by side", priority=priority,
+                          why=decision.why)
     measured.session.keep(decision_key, {
         "chosen": list(best), "costs": costs, "prioritized": bool(priority and priority.kept),
         "plan": _plan_digest(chosen), "record": record.to_dict()})
@@ -236,11 +279,14 @@ def prioritized(result, durations):
 
 
 def _try_priorities(chosen, costs, measured: _Measured) -> tuple[object, StreamPriority]:
-    """(``chosen`` with critical-path stream priorities if that measures ``MIN_GAIN`` faster, else ``chosen``; the
-    trial's record); ``costs`` are the kernels' one-stream times (see :func:`kernel_costs`)."""
+    """(``chosen`` with critical-path stream priorities if :func:`decide` keeps them, the more complex of the two,
+    else ``chosen``; the trial's record); ``costs`` are the kernels' one-stream times (see :func:`kernel_costs`)."""
     candidate = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
-    base_ms, prio_ms = measured.replay_ms([chosen, candidate])
-    kept = prio_ms < base_ms * (1 - MIN_GAIN)
-    trial = StreamPriority(tuple(int(s) for s in candidate.plan.stream_priority), base_ms, prio_ms, kept)
+    rounds = measured.replay_ms([chosen, candidate])
+    decision = decide(rounds, ["no priorities", "critical-path priorities"])
+    base_ms, prio_ms = rounds.median()
+    kept = decision.chosen == 1
+    trial = StreamPriority(tuple(int(s) for s in candidate.plan.stream_priority), base_ms, prio_ms, kept,
+                           decision.why)
     return (candidate if kept else chosen), trial
 

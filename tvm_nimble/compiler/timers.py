@@ -4,7 +4,8 @@
 :class:`LocalGPU` times them here; :class:`RemoteGPU` exports each plan as an artifact, uploads it to
 one session of an RPC server registered under a key (``tvm-nimble rpc-server``), and times it there
 (:mod:`tvm_nimble.runtime.rpc_session`), so a machine without that GPU can build for it. Both
-offer the same calls: ``arch()``, ``launch_ms(result, reps)``, ``replay_ms(results)``, ``where`` and
+offer the same calls: ``arch()``, ``launch_ms(result, reps)``, ``replay_ms(results)`` (a
+:class:`~tvm_nimble.runtime.timing.ReplayTimes`: every round's times, side by side), ``where`` and
 ``fingerprint()`` (what the timing cache keys their measurements by: the GPU, its driver and libraries,
 a dict; empty when nothing identifies the GPU). :class:`LocalGPU` also times cuBLASLt's algorithm
 candidates (``gemm_us``); a timer without it leaves every GEMM on the heuristic's first.
@@ -38,7 +39,7 @@ class LocalGPU:
     def launch_ms(self, result, reps: int) -> list[float]:
         return timing.launch_ms(result, reps)
 
-    def replay_ms(self, results: list) -> list[float]:
+    def replay_ms(self, results: list) -> timing.ReplayTimes:
         return timing.replay_ms(results)
 
     def fingerprint(self) -> dict:
@@ -147,9 +148,18 @@ class RemoteGPU:
     def launch_ms(self, result, reps: int) -> list[float]:
         return json.loads(self._call("nimble.rpc.launch_ms", self._upload(result), reps))
 
-    def replay_ms(self, results: list) -> list[float]:
+    def replay_ms(self, results: list) -> timing.ReplayTimes:
         names = "\n".join(self._upload(r) for r in results)
-        return json.loads(self._call("nimble.rpc.replay_ms", names, 5, 40))
+        value = json.loads(self._call("nimble.rpc.replay_ms", names, timing.ROUNDS, 40))
+        if isinstance(value, list) and all(isinstance(x, (int, float)) for x in value):
+            # a server of an older tvm-nimble: one median per plan, taken as one round
+            self.note(f"{self.where} replies with one median per replayed plan (an older tvm-nimble): the stream "
+                      "choice cannot tell its rounds' noise apart from a gain; update tvm-nimble there")
+            return timing.ReplayTimes([value])
+        try:
+            return timing.ReplayTimes.from_json(value)
+        except ValueError as err:
+            raise NimbleError(f"{self.where} answered the replay with {err}") from None
 
     def close(self) -> None:
         self._session = None

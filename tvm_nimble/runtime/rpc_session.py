@@ -7,8 +7,9 @@ server registered under the key, and calls these functions there:
 ``nimble.rpc.gpu_arch()``                    the server's GPU (``sm_XY``, "" without one)
 ``nimble.rpc.gpu_fingerprint()``             JSON: its GPU, driver and libraries (:mod:`.gpu_identity`)
 ``nimble.rpc.launch_ms(tar, reps)``          JSON: median ms of every launch (:func:`.timing.launch_ms`)
-``nimble.rpc.replay_ms(tars, rounds, iters)`` JSON: median ms of each artifact's replay, side by side
-                                             (``tars`` newline-separated; :func:`.timing.replay_ms`)
+``nimble.rpc.replay_ms(tars, rounds, iters)`` JSON: each round's median ms of each artifact's replay, side by
+                                             side (``tars`` newline-separated; :func:`.timing.replay_ms`,
+                                             :meth:`.timing.ReplayTimes.to_json`)
 
 TVM's RPC server runs every session in a process of its own; its ``server_init_callback`` runs only
 in the server's process, which a spawned session does not inherit. So :func:`install`, that
@@ -73,7 +74,7 @@ def register_session_functions(workdir: str) -> None:
     tvm_ffi.register_global_func(
         "nimble.rpc.replay_ms",
         lambda tars, rounds, iters: json.dumps(timing.replay_ms([_unpacked(t, workdir) for t in tars.split("\n")],
-                                                                int(rounds), int(iters))), override=True)
+                                                                int(rounds), int(iters)).to_json()), override=True)
 
 
 def _session_loop(sock, load_library, work_path):

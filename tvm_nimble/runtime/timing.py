@@ -4,6 +4,7 @@ measure with (CUDA-graph replays, interleaved so that drift hits all alike), on 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,15 +45,124 @@ def _executor(module):
 #: of replays at 200 ms, a fifth of its cold build
 ROUND_MS = 50.0
 MIN_ITERS = 5
+#: the rounds every side-by-side replay runs, and at most this many more while its two fastest modules are
+#: within noise of each other (:meth:`PairedGain.clear`): more rounds where the answer is close, not everywhere
+ROUNDS = 5
+EXTRA_ROUNDS = 10
+#: a module is faster beyond noise only if it was faster in at least this share of the rounds
+WIN_SHARE = 0.8
+#: the median absolute deviation times this estimates a standard deviation where the noise is normal
+MAD_TO_SIGMA = 1.4826
 
 
-def replay_ms(modules: list, rounds: int = 5, iters: int = 40) -> list[float]:
-    """Median ms of one run (launch to synchronize; a CUDA-graph replay on a GPU) of each module, interleaved.
-    A round runs ``iters`` times each, fewer (not under ``MIN_ITERS``) where that would take over
-    ``ROUND_MS``: a large batch must not turn a stream choice into minutes of replays."""
+@dataclass(frozen=True)
+class ReplayTimes:
+    """Side-by-side replay times: ``rounds[r][m]``, the median ms of module ``m``'s runs in round ``r``. Every
+    module runs in every round, one after the other, so one round's numbers share its conditions (clocks,
+    temperature, other work on the GPU): compare modules round by round (:func:`paired_gain`)."""
+
+    rounds: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self):
+        rounds = tuple(tuple(float(x) for x in r) for r in self.rounds)
+        if not rounds or not rounds[0] or len({len(r) for r in rounds}) != 1:
+            raise ValueError(f"replay times need one number per module in every round, got {self.rounds!r}")
+        object.__setattr__(self, "rounds", rounds)
+
+    @property
+    def modules(self) -> int:
+        return len(self.rounds[0])
+
+    def of(self, module: int) -> list[float]:
+        """Module ``module``'s time in each round."""
+        return [r[module] for r in self.rounds]
+
+    def median(self) -> list[float]:
+        """Each module's median over the rounds: its one number."""
+        return [float(np.median(self.of(m))) for m in range(self.modules)]
+
+    def to_json(self) -> list[list[float]]:
+        return [list(r) for r in self.rounds]
+
+    @classmethod
+    def from_json(cls, value) -> "ReplayTimes":
+        if not cls.is_json(value):
+            raise ValueError(f"not replay times (a list of rounds, each a list of numbers): {value!r:.200}")
+        return cls(value)
+
+    @staticmethod
+    def is_json(value, modules: int | None = None) -> bool:
+        """Whether ``value`` is :meth:`to_json`'s form (of ``modules`` modules, when given)."""
+        return (isinstance(value, list) and bool(value) and all(isinstance(r, list) for r in value)
+                and len({len(r) for r in value}) == 1 and len(value[0]) == (modules or len(value[0])) > 0
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for r in value for x in r))
+
+
+@dataclass(frozen=True)
+class PairedGain:
+    """How much faster module ``other`` ran than module ``base``, round by round (:func:`paired_gain`): ``gain``
+    the median over the rounds of ``(base - other) / base``, ``spread`` the median absolute deviation of those
+    round-by-round gains times :data:`MAD_TO_SIGMA`, ``wins`` the rounds ``other`` was faster in, of ``rounds``."""
+
+    gain: float
+    spread: float
+    wins: int
+    rounds: int
+
+    def clear(self, min_gain: float = 0.0) -> bool:
+        """Whether ``other`` is faster beyond noise: in at least :data:`WIN_SHARE` of the rounds, by a median gain
+        over both ``min_gain`` and the spread.
+
+        Why this rule: a pair's rounds ran under the same conditions, so their differences cancel drift that moves
+        both (which two medians taken apart do not); a gain that is real shows in most rounds, and is larger than
+        what the rounds vary by. A significance test (a sign test, Wilcoxon's) answers another question: at 5 rounds
+        it needs every round to agree, so one outlier round would decide, and at 15 it calls a 0.3% gain real that
+        is not worth a more complex schedule. The median and the median absolute deviation are not moved by one
+        outlier round; 80% of the rounds lets one of 5 go the other way."""
+        return self.wins >= WIN_SHARE * self.rounds - 1e-9 and self.gain > max(min_gain, self.spread)
+
+    def describe(self) -> str:
+        """``3.1% ± 0.4% in 5/5 rounds``: the gain, its spread, the rounds ``other`` won."""
+        return f"{self.gain:.1%} ± {self.spread:.1%} in {self.wins}/{self.rounds} rounds"
+
+
+def paired_gain(times: ReplayTimes, base: int, other: int) -> PairedGain:
+    """Module ``other``'s gain over module ``base`` in ``times``, compared round by round (see :class:`PairedGain`)."""
+    b, o = np.asarray(times.of(base)), np.asarray(times.of(other))
+    gains = (b - o) / b
+    gain = float(np.median(gains))
+    return PairedGain(gain, MAD_TO_SIGMA * float(np.median(np.abs(gains - gain))), int(np.sum(o < b)), len(gains))
+
+
+def _settled(times: ReplayTimes) -> bool:
+    """Whether the two fastest modules (by median) are apart beyond noise, or there is only one."""
+    if times.modules < 2:
+        return True
+    medians = times.median()
+    first, second = sorted(range(times.modules), key=lambda m: (medians[m], m))[:2]
+    return paired_gain(times, second, first).clear()
+
+
+def interleaved_rounds(one_round, rounds: int = ROUNDS, extra_rounds: int = EXTRA_ROUNDS) -> ReplayTimes:
+    """``rounds`` calls of ``one_round()`` (each: one number per module, from running them one after the other),
+    then up to ``extra_rounds`` more, one at a time, while the two fastest modules are within noise of each other:
+    a close answer gets more rounds to settle on, a clear one costs no more than before."""
+    times = ReplayTimes([one_round() for _ in range(rounds)])
+    for _ in range(extra_rounds):
+        if _settled(times):
+            break
+        times = ReplayTimes([*times.rounds, one_round()])
+    return times
+
+
+def replay_ms(modules: list, rounds: int = ROUNDS, iters: int = 40, extra_rounds: int = EXTRA_ROUNDS) -> ReplayTimes:
+    """The ms of one run (launch to synchronize; a CUDA-graph replay on a GPU) of each module, interleaved: in each
+    round every module runs ``iters`` times, and the round keeps each one's median (:func:`interleaved_rounds`:
+    ``rounds`` rounds, more while the two fastest are within noise of each other). A round runs each
+    module fewer times (not under ``MIN_ITERS``) where ``iters`` would take over ``ROUND_MS``: a large batch must
+    not turn a stream choice into minutes of replays."""
     executors = [_executor(m) for m in modules]
     try:
-        samples: list[list[float]] = [[] for _ in modules]
         warm_ms = []
         for ex, m in zip(executors, modules):
             set_random_inputs(ex, m.plan)
@@ -64,14 +174,20 @@ def replay_ms(modules: list, rounds: int = 5, iters: int = 40) -> list[float]:
             ex.sync()
             warm_ms.append((time.perf_counter() - t0) * 1e2)
         iters = max(MIN_ITERS, min(iters, int(ROUND_MS / max(max(warm_ms), 1e-6))))
-        for _ in range(rounds):
-            for ex, s in zip(executors, samples):
+
+        def one_round() -> list[float]:
+            medians = []
+            for ex in executors:
+                samples = []
                 for _ in range(iters):
                     t0 = time.perf_counter()
                     ex.run()
                     ex.sync()
-                    s.append((time.perf_counter() - t0) * 1e3)
-        return [float(np.median(s)) for s in samples]
+                    samples.append((time.perf_counter() - t0) * 1e3)
+                medians.append(float(np.median(samples)))
+            return medians
+
+        return interleaved_rounds(one_round, rounds, extra_rounds)
     finally:
         for ex in executors:
             ex.close()

@@ -7,8 +7,7 @@ prompt, timed as the time to the first token (TTFT, the prompt's prefill) and th
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU), gpt-fast's recipe, PyTorch's fastest decode.
 
 Both decode greedily for exactly ``new_tokens`` tokens (the end-of-sequence token neither stops nor is
-suppressed), so every system's tokens can be compared one for one. ONNX Runtime GenAI and vLLM are separate
-peers, not in this module.
+suppressed), so every system's tokens can be compared one for one. ONNX Runtime GenAI is in :mod:`.ort_genai`.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, d
     ms/token is (the median time for ``new_tokens`` minus TTFT) / (``new_tokens`` - 1)."""
     import torch
 
-    _check(prompt_ids, new_tokens, repeats)
+    check_settings(prompt_ids, new_tokens, repeats)
     model = _causal_lm(torch_model, device, dtype)
     ids = torch.tensor([prompt_ids], dtype=torch.int64, device=device)
 
@@ -71,7 +70,7 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
     import torch
     import transformers
 
-    _check(prompt_ids, new_tokens, repeats)
+    check_settings(prompt_ids, new_tokens, repeats)
     model = _causal_lm(torch_model, device, dtype)
     cache = transformers.StaticCache(config=model.config, max_cache_len=len(prompt_ids) + new_tokens)
     keyword = cache_keyword(model)
@@ -117,7 +116,8 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
         "outputs)", generate)
 
 
-def _check(prompt_ids: list[int], new_tokens: int, repeats: int) -> None:
+def check_settings(prompt_ids: list[int], new_tokens: int, repeats: int) -> None:
+    """One line for a generation request no peer can time: no prompt, fewer than 2 new tokens, no repeat."""
     if not prompt_ids:
         raise NimbleError("generation needs a prompt of at least one token id")
     if new_tokens < 2:

@@ -7,8 +7,9 @@ Each model is ``hf:NAME`` of :mod:`.hf_models` (random weights, config in code).
 export (:func:`.hf_models.past_onnx_model`) into a generator (:func:`tvm_nimble.build_generator`) whose cache holds
 the prompt and the new tokens. Before timing, the first greedy tokens (up to 32) of every system are compared with
 HF eager's in the same precision; a system that differs is reported with the step where it diverged. Rows go to
-``generation.csv`` in the output folder (one per system: TTFT, ms per token, tokens matched). ONNX Runtime GenAI and
-vLLM are not run here (not installed where this runs; see the findings).
+``generation.csv`` in the output folder (one per system: TTFT, ms per token, tokens matched). ONNX Runtime GenAI
+(``ort-genai``, :mod:`.ort_genai`) runs the same with-past export on its CUDA provider on a GPU, its CPU one
+otherwise; where ``onnxruntime_genai`` does not import, its row says so. vLLM is not run here.
 
 ``--profile`` adds where a token's time goes on the GPU: each system generates 1 and then 1 + N tokens under
 ``torch.profiler`` (CUPTI: every kernel and copy as the device ran it, CUDA-graph replays included), and the
@@ -37,7 +38,8 @@ def _args(argv):
     ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per request (default %(default)s)")
     ap.add_argument("--check-tokens", type=int, default=32, help="greedy tokens compared with HF eager's")
     ap.add_argument("--repeats", type=int, default=3, help="timed requests per system (median)")
-    ap.add_argument("--skip", default="", help="comma-separated systems to leave out: hf-eager, hf-static-compiled")
+    ap.add_argument("--skip", default="",
+                    help="comma-separated systems to leave out: hf-eager, hf-static-compiled, ort-genai")
     ap.add_argument("--out", default="bench-results", help="output folder (generation.csv)")
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -121,8 +123,10 @@ def main(argv=None) -> int:
     from tvm_nimble.bench import generate_peers
     from tvm_nimble.bench.harness import device_name
     from tvm_nimble.bench.hf_models import hf_builders, past_onnx_model
+    from tvm_nimble.bench.ort_genai import ort_genai
     from tvm_nimble.bench.report import append_rows
     from tvm_nimble.compiler.generate import vocab_size
+    from tvm_nimble.errors import NimbleError
     from tvm_nimble.relay_passes.precision import PRECISIONS
 
     args = _args(argv)
@@ -152,6 +156,14 @@ def main(argv=None) -> int:
                         model, prompt, args.new_tokens, dev, dtype, args.repeats)
                 except Exception as err:  # noqa: BLE001 -- a peer that fails is reported, not fatal
                     rows.append({"system": "hf-static-compiled", "note": f"failed: {str(err).splitlines()[0][:200]}"})
+            if "ort-genai" not in skip:
+                try:
+                    peers["ort-genai"] = ort_genai(onnx_model, model, prompt, args.new_tokens, "cuda" if gpu else "cpu",
+                                                   precision, args.repeats)
+                except NimbleError as err:  # not installed, or a precision it has no model for: said in its row
+                    rows.append({"system": "ort-genai", "note": str(err)})
+                except Exception as err:  # noqa: BLE001 -- a peer that fails is reported, not fatal
+                    rows.append({"system": "ort-genai", "note": f"failed: {str(err).splitlines()[0][:200]}"})
             start = time.perf_counter()
             module = tvm_nimble.build_generator(onnx_model, target, precision=precision, kernels=args.kernels,
                                                 max_length=args.prompt + args.new_tokens,

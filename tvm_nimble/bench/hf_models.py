@@ -148,7 +148,7 @@ def past_names(layers: int) -> tuple[list[str], list[str]]:
             ["logits"] + [f"present.{i}.{p}" for i, p in kv])
 
 
-def past_onnx_model(spec: str, batch: int = 1):
+def past_onnx_model(spec: str, batch: int = 1, model=None):
     """The decoder ``hf:NAME`` (the weights of :func:`hf_builders`'s torch model) exported with past key/values,
     as optimum and ONNX Runtime GenAI export decoders for token-by-token generation.
 
@@ -158,16 +158,19 @@ def past_onnx_model(spec: str, batch: int = 1):
     vocab]``, then per layer ``present.{i}.key`` / ``.value`` ``[batch, num_kv_heads, total_sequence_length,
     head_dim]``: the past with this step's keys and values appended. Every one of those dims is symbolic, under
     those names; ``batch`` is only the traced example's. Eager attention, opset 17, the TorchScript exporter
-    (see :func:`export_onnx`; a model over 2 GB goes through external data)."""
+    (see :func:`export_onnx`; a model over 2 GB goes through external data). ``model``: another transformers
+    decoder of ``spec``'s kind to export instead (a test's, with its weights changed), exported from a copy."""
     _, spec_model, _ = parse_spec(spec)
     if not spec_model.decoder:
         decoders = ", ".join("hf:" + n for n, m in MODELS.items() if m.decoder)
         raise ValueError(f"model {spec!r} is an encoder: only the decoders ({decoders}) export with past key/values")
+    import copy
+
     import torch
     import transformers
 
     # a fresh copy of the seeded torch model (the exporter's tracing changes a GPT-2 module's later outputs)
-    model = hf_builders(spec)[2](batch).model
+    model = hf_builders(spec)[2](batch).model if model is None else copy.deepcopy(model)
     model.config._attn_implementation = "eager"
     config = model.config
     layers = config.num_hidden_layers

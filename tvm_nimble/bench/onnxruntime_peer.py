@@ -56,16 +56,18 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
     return systems, []
 
 
-def fp16_model(onnx_model):
+def fp16_model(onnx_model, keep_io_types: bool = True):
     """The fp16 copy of ``onnx_model`` ORT's fp16 rows run: onnxconverter-common's converter with float32 inputs and
-    outputs (``keep_io_types``), as ORT's own docs suggest. Raises ImportError without onnxconverter-common."""
+    outputs (``keep_io_types``), as ORT's own docs suggest; without it, float inputs and outputs in fp16 too (ORT
+    GenAI's cache). Raises ImportError without onnxconverter-common."""
     from onnxconverter_common import float16
 
     from tvm_nimble.compiler.frontend.fold_shapes import fold_static_shapes
 
     # static shape arithmetic folded first: the converter leaves a Cast(to=float) of a shape in fp32,
     # and timm's attention scale (sqrt of a Cast of a Slice of a Shape) then mixes fp16 and fp32
-    return _cast_types_kept(float16.convert_float_to_float16(fold_static_shapes(onnx_model), keep_io_types=True))
+    return _cast_types_kept(float16.convert_float_to_float16(fold_static_shapes(onnx_model),
+                                                                    keep_io_types=keep_io_types))
 
 
 @contextlib.contextmanager

@@ -59,25 +59,17 @@ def _rewriter(parts):
     return rewrite
 
 
-@tvm.transform.module_pass(opt_level=0, name="FuseRmsNorm")
+@relax.transform.function_pass(opt_level=0, name="FuseRmsNorm")
 class FuseRmsNorm:
     """Every spelled-out RMSNorm over the last axis, in every Relax function of the module, as ``R.nn.rms_norm``."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    def __init__(self):
         pattern, parts = _pattern()
-        rewrite = _rewriter(parts)
-        updates = {}
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                new = rewrite_call(pattern, rewrite, func)
-                if not new.same_as(func):
-                    updates[gv] = relax.analysis.remove_all_unused(new)
-        if not updates:
-            return mod
-        mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
+        self.pattern, self.rewrite = pattern, _rewriter(parts)
+
+    def transform_function(self, func, _mod, _ctx):
+        new = rewrite_call(self.pattern, self.rewrite, func)
+        return func if new.same_as(func) else relax.analysis.remove_all_unused(new)
 
 
 def fuse_rms_norm(mod: tvm.IRModule) -> tvm.IRModule:

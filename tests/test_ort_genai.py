@@ -21,10 +21,12 @@ from tvm_nimble.errors import NimbleError  # noqa: E402
 
 needs_genai = pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None,
                                  reason="ONNX Runtime GenAI not installed (pip install onnxruntime-genai)")
+has_converter = importlib.util.find_spec("onnxconverter_common") is not None
 
 
 @needs_genai
-@pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), ("fp16", torch.float16)])
+@pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), pytest.param("fp16", torch.float16, marks=[
+    pytest.mark.skipif(not has_converter, reason="onnxconverter-common not installed (pip install onnxconverter-common)")])])
 @pytest.mark.parametrize("spec", ["hf:gpt2-tiny", "hf:llama-tiny"])
 def test_ort_genai_generates_hf_eagers_greedy_tokens(spec, precision, dtype):
     model = lively(spec)
@@ -49,13 +51,17 @@ def test_the_end_of_sequence_token_neither_stops_nor_is_suppressed():
     assert got.tokens == want
 
 
-def test_the_model_folder(tmp_path):
+@pytest.mark.parametrize("precision", [
+    "fp32", pytest.param("fp16", marks=pytest.mark.skipif(not has_converter, reason="onnxconverter-common not "
+                                                          "installed (pip install onnxconverter-common)"))])
+def test_the_model_folder(tmp_path, precision):
     """genai_config.json names the export's inputs and outputs, one vocabulary id more than the model's (the
-    never-picked stop id), the model's heads; past and present stay separate buffers for this export."""
+    never-picked stop id), the model's heads; past and present stay separate buffers for this export; fp16 makes
+    the cache and logits fp16 too (ORT GenAI's cache is in the model's dtype)."""
     import onnx
 
     model = tiny_torch("hf:llama-tiny")
-    genai = genai_model_dir(past_onnx_model("hf:llama-tiny"), model, str(tmp_path), "fp16", "cuda")
+    genai = genai_model_dir(past_onnx_model("hf:llama-tiny"), model, str(tmp_path), precision, "cuda")
     config = json.loads((tmp_path / "genai_config.json").read_text())
     decoder = config["model"]["decoder"]
     assert decoder["inputs"]["past_key_names"] == "past_key_values.%d.key"
@@ -65,7 +71,14 @@ def test_the_model_folder(tmp_path):
     assert decoder["session_options"]["provider_options"] == [{"cuda": {"enable_cuda_graph": "0"}}]
     onnx_model = onnx.load(str(tmp_path / "model.onnx"))
     types = {v.name: v.type.tensor_type.elem_type for v in [*onnx_model.graph.input, *onnx_model.graph.output]}
-    assert types["past_key_values.0.key"] == types["present.1.value"] == types["logits"] == onnx.TensorProto.FLOAT16
+    want = onnx.TensorProto.FLOAT16 if precision == "fp16" else onnx.TensorProto.FLOAT
+    assert types["past_key_values.0.key"] == types["present.1.value"] == types["logits"] == want
+
+
+@pytest.mark.skipif(has_converter, reason="onnxconverter-common is installed")
+def test_fp16_without_the_converter_is_one_line(tmp_path):
+    with pytest.raises(NimbleError, match="onnxconverter-common"):
+        genai_model_dir(past_onnx_model("hf:llama-tiny"), tiny_torch("hf:llama-tiny"), str(tmp_path), "fp16", "cuda")
 
 
 @pytest.mark.parametrize("onnx_model, precision, provider, message", [

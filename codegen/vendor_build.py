@@ -1,14 +1,18 @@
 """Build the vendor-kernel extension (cuDNN convolutions, cuBLASLt GEMMs, our fused kernels) with nvcc.
 
-The extension (codegen/vendor/*.cu) registers TVM FFI global functions -- ``nimble.cudnn.conv2d``,
+The extension (codegen/vendor/*.cu, *.cpp) registers TVM FFI global functions -- ``nimble.cudnn.conv2d``,
 ``nimble.cudnn.conv2d_add``, ``nimble.cublas.matmul``, ``nimble.vendor.versions``, ... -- when it is
 loaded with :func:`tvm_nimble.runtime.vendor.load_vendor_library`. It compiles against tvm-ffi's
 headers and the cuDNN / cuBLAS headers of the pip wheels ``nvidia-cudnn-cu13`` and
 ``nvidia-cublas`` (``pip install "tvm-nimble[vendor]"``), links libcudnn.so.9, libcublasLt.so.13
 and libtvm_ffi.so by soname, and has no rpath: the runtime loader preloads those libraries.
 
-Each ``.cu`` file is a unit compiled on its own (:class:`VendorUnit`, read from its source: the functions its
-constructor registers, the headers it includes, the functions of other units it calls). A build compiles the
+Each ``.cu`` or ``.cpp`` file is a unit compiled on its own (:class:`VendorUnit`, read from its source: the functions
+its constructor registers, the headers it includes, the functions of other units it calls). A ``.cpp`` unit is host
+code (the cuDNN and cuBLASLt calls, the cuDNN frontend's graphs): nvcc hands it to the host compiler alone, at
+``-O1``, with no device pass -- the device compiler parsed the frontend's headers for minutes although it had no
+kernel to compile, and the host code runs only outside the captured graph (building a cuDNN graph, a live run).
+The kernels such a unit launches live in a ``.cu`` unit behind a function a shared header declares. A build compiles the
 units it needs side by side (``$TVM_NIMBLE_JOBS`` nvcc processes at once), each object cached under the cache
 root by the hash of its unit, the headers it includes, the flags, the arch and the nvcc / cuDNN / cuBLAS
 versions, and links them with a list of the functions the library registers (the symbol
@@ -123,7 +127,8 @@ def vendor_available() -> tuple[bool, str]:
 
 @dataclass(frozen=True)
 class VendorUnit:
-    """One translation unit of the extension (a ``.cu`` file), as its source describes it."""
+    """One translation unit of the extension (a ``.cu`` file, or a ``.cpp`` file of host code), as its source
+    describes it."""
 
     path: str
     headers: tuple[str, ...]  # the extension's headers it includes, directly or through another (its object's inputs)
@@ -133,7 +138,12 @@ class VendorUnit:
 
     @property
     def name(self) -> str:
-        return os.path.basename(self.path)[:-len(".cu")]
+        return os.path.splitext(os.path.basename(self.path))[0]
+
+    @property
+    def host_only(self) -> bool:
+        """A ``.cpp`` unit: host code, compiled without nvcc's device pass."""
+        return self.path.endswith(".cpp")
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -179,12 +189,15 @@ def _headers_of(path: str) -> list[str]:
 
 def scan_units(source_dir: str = SOURCE_DIR) -> list[VendorUnit]:
     """Every unit of the extension in ``source_dir``, in name order."""
-    paths = sorted(glob.glob(os.path.join(source_dir, "*.cu")))
+    paths = sorted(glob.glob(os.path.join(source_dir, "*.cu")) + glob.glob(os.path.join(source_dir, "*.cpp")))
     headers = {p: _headers_of(p) for p in paths}
     shared: dict[str, set[str]] = {}  # header -> the functions it declares with external linkage
+    bodies: dict[str, str] = {}  # header -> its code without declarations (what its inline functions call)
     for header in {h for hs in headers.values() for h in hs}:
         with open(header) as f:
-            shared[header] = set(_DECLARATION.findall(_outside_unnamed_namespaces(_code(f.read()))))
+            code = _code(f.read())
+        shared[header] = set(_DECLARATION.findall(_outside_unnamed_namespaces(code)))
+        bodies[header] = _DECLARATION.sub(" ", code)
     units = []
     for path in paths:
         with open(path) as f:
@@ -195,7 +208,9 @@ def scan_units(source_dir: str = SOURCE_DIR) -> list[VendorUnit]:
         declared = set().union(*(shared[h] for h in headers[path])) if headers[path] else set()
         external = _outside_unnamed_namespaces(code)
         defines = sorted(n for n in declared if re.search(rf"\b{n}\s*\([^;{{}}]*\)\s*\{{", external))
-        calls = sorted(n for n in declared - set(defines) if re.search(rf"\b{n}\s*\(", code))
+        # a call in the unit, or in a function of a header it includes (conv_args.h's launcher calls LaunchBiasAct)
+        uses = code + "".join(bodies[h] for h in headers[path])
+        calls = sorted(n for n in declared - set(defines) if re.search(rf"\b{n}\s*\(", uses))
         units.append(VendorUnit(path, tuple(headers[path]), registers, tuple(defines), tuple(calls)))
     return units
 
@@ -270,23 +285,26 @@ class Toolchain:
         paths = vendor_paths()
         return cls(nvcc, arch, paths, f"{nvcc_version(nvcc)}; {_header_versions(paths)}")
 
-    def flags(self) -> list[str]:
+    def flags(self, host_only: bool = False) -> list[str]:
+        """nvcc's flags for a unit: a ``.cu`` unit's at -O3 for ``arch`` (SASS and PTX), a host-only unit's at -O1
+        without device code."""
         import tvm_ffi.libinfo
 
         num = self.arch[3:]
-        return [self.nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
-                "-diag-suppress", "1444",  # cuDNN's legacy convolution API is marked deprecated in cuDNN 9
+        device = [] if host_only else ["-gencode", f"arch=compute_{num},code=[{self.arch},compute_{num}]"]
+        return [self.nvcc, "-O1" if host_only else "-O3", "-std=c++17",
+                "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
+                *([] if host_only else ["-diag-suppress", "1444"]),  # cuDNN's legacy API is deprecated in cuDNN 9
                 # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
                 # engines) instead of linking them: no libnvrtc needed where the extension runs
-                "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
-                "-gencode", f"arch=compute_{num},code=[{self.arch},compute_{num}]",
+                "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", *device,
                 # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
                 "-I", self.paths["cudnn_include"], "-I", self.paths["cublas_include"],
                 "-I", self.paths["cudnn_frontend_include"],
                 "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
 
     def compile_command(self, unit: VendorUnit, obj: str) -> list[str]:
-        return self.flags() + ["-c", unit.path, "-o", obj]
+        return self.flags(unit.host_only) + ["-c", unit.path, "-o", obj]
 
     def link_command(self, objects: list[str], manifest: str, out: str) -> list[str]:
         import tvm_ffi.libinfo
@@ -307,7 +325,7 @@ class Toolchain:
             digest.update(os.path.basename(src).encode() + b"\0")
             with open(src, "rb") as f:
                 digest.update(f.read())
-        digest.update("\0".join(self.flags() + [self.arch, self.versions]).encode())
+        digest.update("\0".join(self.flags(unit.host_only) + [self.arch, self.versions]).encode())
         return digest.hexdigest()[:24]
 
     def object_path(self, unit: VendorUnit) -> str:

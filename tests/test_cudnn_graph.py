@@ -1,5 +1,5 @@
 """Convolutions through cuDNN's graph API as a provider (relay_passes/providers/cudnn_graph.py,
-codegen/vendor/cudnn_conv_graph.cu).
+codegen/vendor/cudnn_conv_graph.cpp).
 
 The calls themselves run on a GPU (bench and build on an H100); here, through the numpy contract of the
 calls (tests/vendor_reference.py), against the ONNX reference evaluator: which convolutions it takes in a

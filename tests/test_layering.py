@@ -152,11 +152,11 @@ _REGISTER = re.compile(r'\bRegister\(\s*(?:"([^"]+)"|(\w+))\s*,')
 
 
 def registered_by_vendor_sources() -> set[str]:
-    """Every name a ``Register(name, f)`` of ``codegen/vendor/*.cu`` registers (a literal, or a named
+    """Every name a ``Register(name, f)`` of ``codegen/vendor/*.cu`` and ``*.cpp`` registers (a literal, or a named
     ``constexpr const char*`` of the same file)."""
     names = set()
     for f in sorted(os.listdir(VENDOR_SOURCES)):
-        if not f.endswith(".cu"):
+        if not f.endswith((".cu", ".cpp")):
             continue
         text = re.sub(r"//[^\n]*", "", open(os.path.join(VENDOR_SOURCES, f)).read())
         constants = dict(_CONSTANT.findall(text))

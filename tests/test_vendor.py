@@ -213,8 +213,11 @@ def test_units_register_every_function_and_name_the_units_they_call():
     # attention.cu launches the tile and key-split kernels of attention_tile.cu / attention_cluster.cu
     assert units["attention"].calls == ("LaunchClusterAttention", "LaunchTileAttention")
     assert {u.name for u in units_for([vendor_abi.ATTENTION_SDPA])} == {"attention", "attention_tile", "attention_cluster"}
-    assert [u.name for u in units_for([vendor_abi.CUDNN.prefix])] == ["nimble_vendor"]  # a provider's prefix
-    assert [u.name for u in units_for([vendor_abi.CUDNN_GRAPH_CONV2D])] == ["cudnn_conv_graph"]
+    # a provider's prefix; the host-only units (.cpp) link the unit of the kernels they launch
+    assert [u.name for u in units_for([vendor_abi.CUDNN.prefix])] == ["nimble_vendor", "small_kernels"]
+    assert [u.name for u in units_for([vendor_abi.CUDNN_GRAPH_CONV2D])] == ["cudnn_conv_graph", "small_kernels"]
+    assert [u.name for u in units_for([vendor_abi.ATTENTION_CUDNN_SDPA])] == ["cudnn_attention"]
+    assert {u.name for u in units.values() if u.host_only} == {"nimble_vendor", "cudnn_conv_graph", "cudnn_attention"}
     assert [u.name for u in units_for([vendor_abi.NORM_LAYER_NORM])] == ["layer_norm"]
     assert len(units_for(None)) == len(units)
     with pytest.raises(VendorBuildError) as err:

@@ -20,11 +20,19 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <utility>
 
 namespace nimble_vendor {
+
+// Microseconds per call of `call` (it enqueues one call on `stream` and returns false if that failed): two
+// warm-up calls, then `reps` back to back queued behind a kernel that waits on the GPU, so that the sequence measures
+// GPU time, not the host's enqueue rate; -1 if a call or the timing failed. It synchronizes, so it must not run
+// inside a graph capture. Defined in small_kernels.cu (with its kernel: a unit that calls it links that unit).
+double GpuUsPerCall(cudaStream_t stream, int64_t reps, const std::function<bool()>& call);
+
 namespace {
 
 using tvm::ffi::Array;
@@ -167,6 +175,7 @@ cudaStream_t CurrentStream(int device_id) {
 }
 
 
+#ifdef __CUDACC__  // device code, for the .cu units (the host-only .cpp units are compiled without nvcc's device pass)
 // 16 bytes global -> shared without a register round trip (sm_80+), zero-filled when not `valid` (nothing read);
 // a group of them committed, then waited for until at most N groups are in flight (gemm_simt, attention_cluster)
 __device__ __forceinline__ void CpAsync16(float* smem, const float* gmem, bool valid) {
@@ -199,41 +208,7 @@ __device__ __forceinline__ float Activate(float v, int act) {
   return v;
 }
 
-// Waits `ns` nanoseconds on the GPU: a timed sequence queued behind it measures GPU time, not the host's
-// enqueue rate.
-__global__ void SpinKernel(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-// Microseconds per call of `call` (it enqueues one call on `stream` and returns false if that failed): two
-// warm-up calls, then `reps` back to back queued behind a spin kernel; -1 if a call or the timing failed.
-// It synchronizes, so it must not run inside a graph capture.
-template <typename F>
-double GpuUsPerCall(cudaStream_t stream, int64_t reps, F&& call) {
-  for (int w = 0; w < 2; ++w) {
-    if (!call()) return -1.0;
-  }
-  cudaEvent_t start, stop;
-  if (cudaEventCreate(&start) != cudaSuccess) return -1.0;
-  if (cudaEventCreate(&stop) != cudaSuccess) {
-    cudaEventDestroy(start);
-    return -1.0;
-  }
-  SpinKernel<<<1, 1, 0, stream>>>(50000ull + 20000ull * uint64_t(reps));
-  bool ok = cudaGetLastError() == cudaSuccess && cudaEventRecord(start, stream) == cudaSuccess;
-  for (int64_t r = 0; r < reps && ok; ++r) ok = call();
-  ok = cudaEventRecord(stop, stream) == cudaSuccess && ok;
-  float ms = 0;
-  ok = ok && cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGetLastError();
-  return ok ? double(ms) * 1000.0 / double(reps) : -1.0;
-}
+#endif  // __CUDACC__
 
 // An attribute of the current device, asked of the driver once per device (a launch may be under stream capture);
 // `fallback` where the driver gives none (or for a device index past 63).

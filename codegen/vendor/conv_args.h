@@ -1,4 +1,4 @@
-// What the two convolution paths share (nimble_vendor.cu: cuDNN's legacy API; cudnn_conv_graph.cu: the cuDNN
+// What the two convolution paths share (nimble_vendor.cpp: cuDNN's legacy API; cudnn_conv_graph.cpp: the cuDNN
 // frontend's graph API): the attrs, the argument checks, and the bias/activation epilogue kernel.
 #pragma once
 
@@ -10,45 +10,14 @@
 #include "common.h"
 
 namespace nimble_vendor {
+
+// y = act(y_in + bias[c] (+ z)), c = (i / inner) % channels, on `stream` (small_kernels.cu): the epilogue where
+// cuDNN/cuBLASLt cannot fuse it (relu6, the exact GELU, identity outside IMPLICIT_PRECOMP_GEMM, a GEMM candidate
+// without cuBLASLt's bias epilogue). bias and z may be null.
+void LaunchBiasAct(const char* op, int dtype, void* y, const void* bias, const void* z, int64_t n, int64_t inner,
+                   int64_t channels, int act, cudaStream_t stream);
+
 namespace {
-
-// y = act(y_in + bias[c] (+ z)), c = (i / inner) % channels: the epilogue where cuDNN/cuBLASLt
-// cannot fuse it (relu6, the exact GELU, identity outside IMPLICIT_PRECOMP_GEMM, a GEMM candidate
-// without cuBLASLt's bias epilogue). Computed in fp32 and rounded once, whatever T is.
-
-
-template <typename T>
-__global__ void BiasActKernel(T* __restrict__ y, const T* __restrict__ bias, const T* z, int64_t n,
-                              int64_t inner, int64_t channels, int act) {
-  int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float v = ToF(y[i]);
-    if (bias != nullptr) v += ToF(bias[(i / inner) % channels]);
-    if (z != nullptr) v += ToF(z[i]);
-    y[i] = FromF<T>(Activate(v, act));
-  }
-}
-
-void LaunchBiasAct(const char* op, int dtype, void* y, const void* bias, const void* z, int64_t n,
-                   int64_t inner, int64_t channels, int act, cudaStream_t stream) {
-  if (n == 0) return;
-  const int threads = 256;
-  int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 65536);
-  if (dtype == kF32) {
-    BiasActKernel<float><<<unsigned(blocks), threads, 0, stream>>>(
-        static_cast<float*>(y), static_cast<const float*>(bias), static_cast<const float*>(z), n, inner,
-        channels, act);
-  } else if (dtype == kF16) {
-    BiasActKernel<__half><<<unsigned(blocks), threads, 0, stream>>>(
-        static_cast<__half*>(y), static_cast<const __half*>(bias), static_cast<const __half*>(z), n, inner,
-        channels, act);
-  } else {
-    BiasActKernel<__nv_bfloat16><<<unsigned(blocks), threads, 0, stream>>>(
-        static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(bias),
-        static_cast<const __nv_bfloat16*>(z), n, inner, channels, act);
-  }
-  CheckCuda(cudaGetLastError(), op, "bias/activation kernel launch");
-}
 
 // layout 0: x and y NCHW, w OIHW; 1: x and y NHWC, w OHWI (a channels-last build; an 11th attrs entry, 0 if absent)
 struct ConvAttrs {

@@ -1,5 +1,5 @@
-// The cuDNN frontend's handle to cuDNN, for the units that use the frontend (cudnn_attention.cu,
-// cudnn_conv_graph.cu). The frontend is built with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (see
+// The cuDNN frontend's handle to cuDNN, for the units that use the frontend (cudnn_attention.cpp,
+// cudnn_conv_graph.cpp). The frontend is built with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (see
 // codegen/vendor_build.py) and finds cuDNN's functions through this handle: the libcudnn.so.9 this extension is
 // linked against. Defined weak in each unit that includes it (the link keeps one), so that either unit builds
 // and links without the other.

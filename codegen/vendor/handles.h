@@ -1,5 +1,5 @@
 // cuDNN and cuBLASLt status checks and handles (one per device and stream), shared by the translation
-// units that call cuDNN or cuBLASLt (nimble_vendor.cu, cudnn_attention.cu).
+// units that call cuDNN or cuBLASLt (nimble_vendor.cpp, cudnn_attention.cpp).
 #pragma once
 
 #include <cublasLt.h>

@@ -1,5 +1,5 @@
 // The attrs of the fused-attention calls (nimble.attention.*: our kernel and cuDNN's SDPA) and their
-// checks, shared by attention.cu and cudnn_attention.cu. See attention.cu for the layout.
+// checks, shared by attention.cu and cudnn_attention.cpp. See attention.cu for the layout.
 #pragma once
 
 #include <cmath>
@@ -29,7 +29,9 @@ constexpr int64_t kMaxHeadDim = 128;
 
 // softmax's normalisation of a row's weighted sum: 0 for a row whose every score is -inf (a fully masked query, e.g. a
 // left-padded position in a 16-bit model whose mask is -inf), which has nothing to weigh (0 / 0 would be NaN)
+#ifdef __CUDACC__
 __device__ __forceinline__ float Normalised(float x, float l) { return l > 0.0f ? x / l : 0.0f; }
+#endif
 
 // The largest element a strided [B, H, S, D] view reads, +1 (what the tensor must hold).
 int64_t ViewExtent(int64_t off, int64_t sb, int64_t sh, int64_t ss, int64_t B, int64_t H, int64_t S, int64_t D) {

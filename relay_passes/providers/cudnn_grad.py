@@ -4,7 +4,7 @@
     conv2d(x, dy) [-> strided_slice]    -> nimble.cudnn.conv2d_bwd_filter  (dL/dW: CNHW / IOHW / CNHW, groups 1)
 
 A provider of its own, used only when named: its calls (cudnnConvolutionBackwardData / BackwardFilter in
-codegen/vendor/nimble_vendor.cu) were checked against float64 autograd and inside training steps against
+codegen/vendor/nimble_vendor.cpp) were checked against float64 autograd and inside training steps against
 PyTorch's losses (H200, fifteenth session), but no inference build takes a ConvTranspose with them unasked;
 ``build_training(kernels="vendor" | "best")`` names it. Its kernel prefix is longer than
 cuDNN's, so a plan launch of its calls counts as its own (``registry.provider_of``).

@@ -1,4 +1,4 @@
-"""cuDNN's convolutions through the cuDNN frontend's graph API (codegen/vendor/cudnn_conv_graph.cu).
+"""cuDNN's convolutions through the cuDNN frontend's graph API (codegen/vendor/cudnn_conv_graph.cpp).
 
     conv2d(x, W) [+ bias] [+ residual] [-> relu | clip(0, 6)]     (NCHW / OIHW or NHWC / OHWI, symmetric padding, groups 1)
 

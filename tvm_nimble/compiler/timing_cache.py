@@ -43,7 +43,7 @@ from tvm_nimble.errors import NimbleError
 FORMAT = 1
 #: the subpackages whose code decides what a measurement measures
 _CODE_FOLDERS = ("compiler", "runtime", "relay_passes", "codegen")
-_CODE_SUFFIXES = (".py", ".cu", ".cuh", ".h")
+_CODE_SUFFIXES = (".py", ".cu", ".cpp", ".cuh", ".h")
 
 #: the compiled-kernel cache's folder inside the directory (see :mod:`.kernel_cache`), not a GPU's
 KERNELS_FOLDER = "kernels"

@@ -43,7 +43,7 @@ def family(*names: str) -> str:
     return os.path.commonprefix(list(names))
 
 
-# ---- cuDNN, legacy API (codegen/vendor/nimble_vendor.cu) -------------------------------------------------
+# ---- cuDNN, legacy API (codegen/vendor/nimble_vendor.cpp) -------------------------------------------------
 CUDNN_CONV2D = "nimble.cudnn.conv2d"
 CUDNN_CONV2D_ADD = "nimble.cudnn.conv2d_add"
 CUDNN_CONV2D_BWD_DATA = "nimble.cudnn.conv2d_bwd_data"
@@ -52,12 +52,12 @@ CUDNN_CONV2D_ALGOS = "nimble.cudnn.conv2d_algos"
 CUDNN = VendorLibrary("cudnn", kernels=(CUDNN_CONV2D, CUDNN_CONV2D_ADD, CUDNN_CONV2D_BWD_DATA, CUDNN_CONV2D_BWD_FILTER),
                       utilities=(CUDNN_CONV2D_ALGOS,))
 
-# ---- cuDNN, graph API (codegen/vendor/cudnn_conv_graph.cu) ------------------------------------------------
+# ---- cuDNN, graph API (codegen/vendor/cudnn_conv_graph.cpp) ------------------------------------------------
 CUDNN_GRAPH_CONV2D = "nimble.cudnn_graph.conv2d"
 CUDNN_GRAPH_CONV2D_ADD = "nimble.cudnn_graph.conv2d_add"
 CUDNN_GRAPH = VendorLibrary("cudnn_graph", kernels=(CUDNN_GRAPH_CONV2D, CUDNN_GRAPH_CONV2D_ADD))
 
-# ---- cuBLASLt (codegen/vendor/nimble_vendor.cu) -----------------------------------------------------------
+# ---- cuBLASLt (codegen/vendor/nimble_vendor.cpp) -----------------------------------------------------------
 CUBLAS_MATMUL = "nimble.cublas.matmul"
 CUBLAS_MATMUL_ADD = "nimble.cublas.matmul_add"
 CUBLAS_BATCHED_MATMUL = "nimble.cublas.batched_matmul"
@@ -76,7 +76,7 @@ GEMM_CANDIDATES = "nimble.gemm.candidates"
 GEMM = VendorLibrary("gemm", kernels=(GEMM_MATMUL, GEMM_MATMUL_ADD),
                      utilities=(GEMM_MATMUL_TIMINGS, GEMM_MATMUL_ADD_TIMINGS, GEMM_CANDIDATES))
 
-# ---- fused attention (codegen/vendor/attention*.cu, cudnn_attention.cu) ----------------------------------
+# ---- fused attention (codegen/vendor/attention*.cu, cudnn_attention.cpp) ----------------------------------
 ATTENTION_SDPA = "nimble.attention.sdpa"
 ATTENTION_SDPA_BIAS = "nimble.attention.sdpa_bias"
 ATTENTION_CUDNN_SDPA = "nimble.attention.cudnn_sdpa"
@@ -102,7 +102,7 @@ DEPTHWISE_POOL2D_ADD = "nimble.depthwise.pool2d_add"
 DEPTHWISE = VendorLibrary("depthwise", kernels=(DEPTHWISE_CONV2D, DEPTHWISE_CONV2D_ADD, DEPTHWISE_POOL2D,
                                                 DEPTHWISE_POOL2D_ADD))
 
-# ---- the extension itself (codegen/vendor/nimble_vendor.cu) -----------------------------------------------
+# ---- the extension itself (codegen/vendor/nimble_vendor.cpp) -----------------------------------------------
 VENDOR_VERSIONS = "nimble.vendor.versions"
 VENDOR_PLANS = "nimble.vendor.plans"
 VENDOR = VendorLibrary("vendor", utilities=(VENDOR_VERSIONS, VENDOR_PLANS))

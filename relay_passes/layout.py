@@ -1,10 +1,9 @@
 """The activation layout of a build: NCHW as the model has it, or NHWC for the convolutions and what runs between them.
 
 Why NHWC: cuDNN's tensor-core convolutions (TF32, fp16, bf16) read channels-last data. In NCHW they transpose or
-take slower kernels, which is why torch.compile (whose layout optimization turns a convolutional net
-channels-last) ran resnet50 in fp16 at batch 1 on an H100 in 0.60 ms against 1.04 ms for PyTorch's NCHW CUDA
-graph. Our resnet50 went from 0.88 to 0.35 ms in fp16 and from 1.17 to 0.44 ms in TF32 with this change; exact fp32
-(FMA kernels) got slower, so ``auto`` keeps it NCHW (eighteenth session, benchmarks/findings.md).
+take slower kernels (torch.compile's layout optimization turns a convolutional net channels-last for the same
+reason). Exact fp32 (FMA kernels) gains nothing from channels-last, so ``auto`` keeps it NCHW (see
+benchmarks/findings.md, 'Channels-last builds: every tensor-core precision').
 
 The change is TVM's ``ConvertLayout``: every conv2d becomes NHWC / OHWI, pools follow, element-wise operators and
 reductions propagate the layout, and one ``permute_dims`` stands where the graph enters or leaves it (the model's

@@ -30,9 +30,9 @@
 //   w, w + 8, ... (32 keys, one per lane) for all R rows, so a warp's tiles do not wait on each other and
 //   each lane works on R rows at once; the warps' partials (max, sum, weighted values) are combined
 //   through shared memory at the end. R (16, 8 or 4) is chosen from the grid's waves over the GPU's SMs
-//   (LaunchSplitRows). Larger heads take the row-per-warp kernel. On the H200 (fifteenth session,
-//   attention_check) it matches float64 as closely as ours, but is faster only for ViT-S-sized and long
-//   sequences (H100, sixteenth session: ViT-S 15.5 vs 17.7 us); its provider (attention_split) is one of the
+//   (LaunchSplitRows). Larger heads take the row-per-warp kernel. It matches float64 as closely as ours, but
+//   is faster only for ViT-S-sized and long sequences (see benchmarks/findings.md, 'Attention kernels, build
+//   times, serving googlenet, PyTorch's half precision by layout'); its provider (attention_split) is one of the
 //   candidates the kernel choice measures against ours per operator (ViT-S fp32 takes it).
 // - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.cu.
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key

@@ -230,9 +230,10 @@ __global__ void __launch_bounds__(kClThreads, 4) SdpaClusterKernel(const float* 
 
 // The keys per block and the cluster size C for a call, or 0 when the kernel does not take it: the fewest splits of
 // at most 64 keys each, then doubled while the grid has fewer blocks than the GPU has SMs and a chunk keeps 16 keys
-// or more. Fitted on the H100's times of every C (attention_check, nineteenth session): it picks the fastest C for
-// ViT-S (4: 10.9 us, 8: 11.4), ViT-B (4), BERT (4: 10.0, 8: 11.9), ViT-S at batch 8 (4: 41.7, 8: 60.8) and a single
-// query tile of 197 keys (8); doubling up to two blocks per SM, the first rule, took C = 8 for ViT-S and BERT.
+// or more. Fitted to H100 timings of every C in every attention_check case: it picks the fastest C for ViT-S, ViT-B,
+// BERT, ViT-S at batch 8 and a single query tile of 197 keys, where doubling up to two blocks per SM took C = 8 for
+// ViT-S and BERT (see benchmarks/findings.md, 'Transformers in fp32 and fp16 past both peers, a key-split attention
+// kernel, nasnetalarge in half precision').
 // NIMBLE_ATTENTION_CLUSTER=1|2|4|8 forces C where its chunks fit (for experiments: attention_check times each).
 int ClusterSplits(const SdpaParams& p, bool clusters, int64_t sms) {
   const int64_t tiles = (p.Sq + kClRows - 1) / kClRows * p.H * p.B;

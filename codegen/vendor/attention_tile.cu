@@ -8,10 +8,9 @@
 // there), V is loaded over K and each thread computes an R/4 x 4 micro-tile of O over a quarter of the keys (the
 // quarters summed by shuffles). R (8, 16 or 32) is chosen by the work on the busiest SM (LaunchTileRows); when no
 // R fits the device's shared memory (227 KB a block on an H100: beyond about 750 keys at D = 64, 400 at D = 128)
-// the call runs the row-per-warp kernel. On an H100 (sixteenth session, attention_check) it matches float64 like
-// the others (fp32 3.0e-7) and takes ViT-B's shape in 21.4 us (row-per-warp 26.4) and ViT-S at batch 8 in 48 us
-// (78), but a small grid pays a fixed ~7 us (one block: 7.6 us, row-per-warp 3.5), so it is a candidate the
-// kernel choice measures per operator (ViT-B takes it).
+// the call runs the row-per-warp kernel. It matches float64 like the others and is faster on large grids, but a
+// small grid pays a fixed cost, so it is a candidate the kernel choice measures per operator (see
+// benchmarks/findings.md, 'Attention kernels, build times, serving googlenet, PyTorch's half precision by layout').
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -284,9 +283,10 @@ struct TileLaunch {  // one instantiation of the tile kernel
 };
 
 // R (8, 16 or 32 rows per block): the least work on the busiest SM, ceil(blocks / SMs) x (R + 8), the 8 standing
-// for a block's fixed cost (staging the whole head's K and V), ties to the larger R. Fitted on the H100's per-R
-// timings of every attention_check case (sixteenth session): it picks the fastest R or one within 3% of it, where
-// LaunchSplitRows' rule (fewest waves, then most rows) took R = 32 for small grids, up to 1.6x slower than R = 8.
+// for a block's fixed cost (staging the whole head's K and V), ties to the larger R. Fitted to H100 per-R timings
+// of every attention_check case: it picks the fastest R or one within 3% of it, where LaunchSplitRows' rule (fewest
+// waves, then most rows) took R = 32 for small grids, far slower than R = 8 (see benchmarks/findings.md, 'Attention
+// kernels, build times, serving googlenet, PyTorch's half precision by layout').
 // NIMBLE_ATTENTION_TILE_ROWS=8|16|32 forces R (for experiments: scripts/experiments/attention_check.py times each).
 // Only R whose shared memory fits the device (K or V for the whole head, the scores for R rows); false when none
 // does: the caller runs the row-per-warp kernel.

@@ -9,9 +9,9 @@
 // API's beta does (the memory plan never gives a launch's output the memory of a tensor that launch reads).
 //
 // Why a second path to cuDNN: the legacy API's algorithm list (cudnnGetConvolutionForwardAlgorithm_v7, what
-// nimble.cudnn.* choose from) does not reach cuDNN 9's faster engines. On an H100 at batch 1, resnet50 in TF32
-// took 1.82 ms through it, its fp32 time, while PyTorch, whose convolutions go through these engine heuristics,
-// took 0.82 ms without even measuring (seventeenth session, benchmarks/findings.md).
+// nimble.cudnn.* choose from) does not reach cuDNN 9's faster engines: TF32 convolutions ran at their fp32 speed
+// through it, while PyTorch's, through these engine heuristics, got tensor-core kernels without measuring (see
+// benchmarks/findings.md, 'Our fp32 GEMM for transformers, build times, precision rows of the chains').
 //
 // A configuration's graph is built on its first call and cached: conv_fprop, then the bias and residual adds and
 // the ReLU as pointwise nodes in fp32 when cuDNN has an engine for that fused graph; else the convolution

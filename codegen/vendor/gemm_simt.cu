@@ -3,7 +3,8 @@
 // exact fp32 on the FMA pipes (no TF32), bias, residual and activation in the epilogue.
 //
 // Why: at M = 197 (a ViT's tokens) cuBLAS's fp32 kernels use large tiles, so ViT-S's GEMMs make 6-72 output tiles
-// for 132 SMs and run at 15-25% of the FMA peak (thirteenth session, gemm_algos.json: ViT-S fc2, 116 MFMA, 17 us).
+// for 132 SMs and leave most of the FMA peak unused (see benchmarks/findings.md, 'Fused attention, where a ViT's
+// time goes').
 // Here the tiles are small (32-128 rows and columns, a thread's 4x4 to 8x8 register micro-tile) and K is split
 // across the blocks of a thread-block cluster (Hopper): each block reduces its share of K into registers, parks
 // its partial tile in shared memory, and after a cluster barrier each block sums one slice of the tile across

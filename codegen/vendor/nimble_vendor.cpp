@@ -326,9 +326,10 @@ void Conv2dAdd(TensorView x, TensorView w, TensorView b, TensorView z, Shape att
 // give one output size). The algorithm is measured on the first call made outside a CUDA graph capture (the
 // executor's live run before it captures): every candidate of cuDNN's heuristic whose workspace fits is timed
 // on the call's own operands and the fastest is kept. Under a capture the heuristic's first that fits is taken.
-// Determinism is not preferred (PyTorch's default, torch.backends.cudnn.deterministic = False): with the
-// deterministic algorithms first, the weight gradients of a batch-32 CIFAR-sized step took 410 us per 3x3
-// convolution on the H200, 75% of the step's kernel time (fifteenth session).
+// Determinism is not preferred (PyTorch's default, torch.backends.cudnn.deterministic = False): the
+// deterministic weight-gradient algorithms took most of a training step's kernel time (see
+// benchmarks/findings.md, 'Transformers in fp16 with every peer, training steps on cuDNN, merges, build times,
+// serving under load').
 
 enum class BwdKind { kData, kFilter };
 
@@ -570,10 +571,9 @@ Array<Shape> Conv2dAlgos(Shape x_shape, Shape w_shape, Shape attrs, String dtype
 // A GEMM with a bias lists its candidates in groups: the heuristic's list with the bias (and ReLU) in
 // cuBLASLt's epilogue, then split-K variants of those (AddSplitKVariants), then the same two without an
 // epilogue, the bias added by our BiasAct kernel after the GEMM (a launch more, and other kernels). At
-// batch 1 the heuristic's first is rarely the fastest: on the H100, PyTorch's cuBLAS call for BERT's
-// [128, 3072] x [3072, 768] in fp32 takes 23 us, the heuristic's first with the bias epilogue 66 us
-// (thirteenth session, benchmarks/findings.md). Index 0 stays the heuristic's first with the epilogue,
-// so indices baked into earlier artifacts keep their meaning.
+// batch 1 the heuristic's first is rarely the fastest, and the bias epilogue can be slower than the GEMM
+// and our kernel (see benchmarks/findings.md, 'GEMMs at batch 1, build times, bf16 accuracy'). Index 0
+// stays the heuristic's first with the epilogue, so indices baked into earlier artifacts keep their meaning.
 
 constexpr int kMaxAlgos = 16;
 constexpr int kMaxCandidates = 160;  // the heuristic's, with and without the bias epilogue, and split-K variants

@@ -471,8 +471,9 @@ SPLIT_PROVIDER = register(Provider(
 
 #: the tile attention kernel (one block per (batch, head) and R query rows, the head's K and then V in shared
 #: memory, Q·Kᵀ and P·V register-tiled like a small SIMT GEMM; a head whose K does not fit shared memory runs
-#: the row-per-warp kernel inside the same call). Checked and timed on an H100 (attention_check, sixteenth
-#: session): ViT-B's shape 21.4 us against ours 26.4 (fp32), slower on small heads; measured per operator
+#: the row-per-warp kernel inside the same call). Faster than the row-per-warp kernel at ViT-B's shape, slower
+#: on small grids (see benchmarks/findings.md, 'Attention kernels, build times, serving googlenet, PyTorch's half
+#: precision by layout'); measured per operator
 TILE_PROVIDER = register(Provider(
     name="attention_tile", title="fused attention (tile kernel)",
     kernel_prefix=vendor_abi.family(TILE_SDPA, TILE_SDPA_BIAS),

@@ -5,7 +5,8 @@
 
 A provider of its own, used only when named: its calls (cudnnConvolutionBackwardData / BackwardFilter in
 codegen/vendor/nimble_vendor.cpp) were checked against float64 autograd and inside training steps against
-PyTorch's losses (H200, fifteenth session), but no inference build takes a ConvTranspose with them unasked;
+PyTorch's losses (see benchmarks/findings.md, 'Transformers in fp16 with every peer, training steps on cuDNN,
+merges, build times, serving under load'), but no inference build takes a ConvTranspose with them unasked;
 ``build_training(kernels="vendor" | "best")`` names it. Its kernel prefix is longer than
 cuDNN's, so a plan launch of its calls counts as its own (``registry.provider_of``).
 """

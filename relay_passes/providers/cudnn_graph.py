@@ -3,9 +3,10 @@
     conv2d(x, W) [+ bias] [+ residual] [-> relu | clip(0, 6)]     (NCHW / OIHW or NHWC / OHWI, symmetric padding, groups 1)
 
 the chains of :mod:`.cudnn` but for grouped convolutions.
-Why a second cuDNN provider: the legacy API's algorithm list misses cuDNN 9's faster engines. On an H100
-at batch 1, resnet50 in TF32 ran at its fp32 speed through it (1.82 ms), while PyTorch's convolutions,
-chosen by the same engine heuristics as here, took 0.82 ms (seventeenth session, benchmarks/findings.md).
+Why a second cuDNN provider: the legacy API's algorithm list misses cuDNN 9's faster engines, so TF32
+convolutions ran at their fp32 speed through it, where PyTorch's, chosen by the same engine heuristics as
+here, got tensor-core kernels (see benchmarks/findings.md, 'Our fp32 GEMM for transformers, build times,
+precision rows of the chains').
 Registered after :mod:`.cudnn`, so ``kernels="vendor"`` keeps the legacy calls; ``kernels="best"`` measures
 both per operator. Only in TF32 and half-precision builds: exact fp32 runs FMA kernels, where the legacy list
 has what the engines have, and a provider that takes nothing costs the kernel choice no probe build.

@@ -7,10 +7,10 @@ gamma and beta must be constants. The casts are what the mixed-precision policy 
 parameters, computes in float32 and writes the 16-bit result, so both casts disappear with the
 chain.
 
-Not used unless named (``providers=(..., "layer_norm")``): on the H100 ``kernels="best"`` measured TVM's
-LayerNorm faster inside ViT-S, ViT-B and BERT-base and kept it everywhere (thirteenth session,
-benchmarks/findings.md), and a provider that loses every measurement would only be taken unmeasured
-by ``kernels="vendor"``.
+Not used unless named (``providers=(..., "layer_norm")``): ``kernels="best"`` measured TVM's LayerNorm
+faster inside ViT-S, ViT-B and BERT-base and kept it everywhere (see benchmarks/findings.md, 'GEMMs at
+batch 1, build times, bf16 accuracy'), and a provider that loses every measurement would only be taken
+unmeasured by ``kernels="vendor"``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Experiment: the fused attention kernels (nimble.attention.sdpa / sdpa_bias, the split-key
-split_sdpa / split_sdpa_bias, first run in the fifteenth session, and the tile kernel tile_sdpa / tile_sdpa_bias,
-first run in the sixteenth) against a float64 PyTorch reference, and timed against PyTorch's own fused attention
+split_sdpa / split_sdpa_bias, and the tile kernel tile_sdpa / tile_sdpa_bias) against a float64 PyTorch reference, and timed against PyTorch's own fused attention
 (F.scaled_dot_product_attention) on the same operands, in fp32, fp16 and bf16 (16-bit with an fp32 padding
 mask at finfo(fp32).min, as the precision policy leaves a transformers mask).
 

@@ -3,8 +3,8 @@ GPU replays, and score it.
 
     python3 scripts/experiments/calibrate_schedule_sim.py benchmarks/raw/2026-11-23-h100-s6/profiles_with_plans.tar.xz
 
-Findings: on the sixth H100 session's profiles (4.5% mean error in-sample, 6.6% leave-one-model-out),
-benchmarks/findings.md; the fitted constants are codegen/schedule_sim.py's defaults. Raw inputs:
+Findings: benchmarks/findings.md, 'The schedule simulator, calibrated'; the fitted constants are
+codegen/schedule_sim.py's defaults. Raw inputs:
 benchmarks/raw/2026-11-23-h100-s6/profiles_with_plans.tar.xz; its output is printed, not kept.
 
 Input: the per-kernel profiles of scripts/experiments/kernel_profile.py (a directory of profile_*.json, or a

@@ -5,8 +5,9 @@ schedule and the one-stream schedule of each are replayed as CUDA graphs, interl
 Every build's output is checked first: against PyTorch for tv:/timm: models, against the other build
 always.
 
-Findings: seventh H100 session (vendor kernels) and eighth (``kernels="best"``, after the concat-order
-fix), benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-24-h100-s7/concat_in_place.json,
+Findings: benchmarks/findings.md, 'Concatenation in place' (vendor kernels) and 'Concat in place with
+`kernels="best"`' (after 'The wrong output of concat in place with mixed kernels, found and fixed.'). Raw
+outputs: benchmarks/raw/2026-11-24-h100-s7/concat_in_place.json,
 benchmarks/raw/2026-11-24-h100-s8/concat_in_place.json, and the session logs beside them.
 
     bash scripts/gpu_session.sh "experiment concat_in_place 300 --models tv:googlenet,tv:inception_v3 --kernels vendor"

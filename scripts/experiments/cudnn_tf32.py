@@ -1,7 +1,8 @@
 """Experiment: why our cuDNN convolutions get no TF32 speed on resnet50 at batch 1 (PyTorch alone).
 
-Seventeenth session, H100: Nimble's resnet50 in TF32 took 1.82 ms (its fp32 time) against PyTorch's 0.92, with
-half PyTorch's TF32 error, so its convolutions ran few TF32 kernels. Ours call cuDNN's legacy API (the
+Why: Nimble's resnet50 in TF32 ran at its fp32 speed, about twice PyTorch's time, with half PyTorch's TF32
+error, so its convolutions ran few TF32 kernels (see benchmarks/findings.md, 'Our fp32 GEMM for transformers,
+build times, precision rows of the chains'). Ours call cuDNN's legacy API (the
 heuristic's first algorithm of cudnnGetConvolutionForwardAlgorithm_v7 that fits an 8 MiB workspace); timing
 every such candidate did not help. This separates the suspects on PyTorch's side, each a fresh process:
 cudnn.benchmark on and off (PyTorch's heuristics-only mode) and the workspace capped at 8 MiB

@@ -2,8 +2,7 @@
 (zoo:NAME, tv:NAME or timm:NAME, as `bench` does), then runs explain with the measured and planned
 timeline picture written to DIR/timeline_NAME.png.
 
-Findings: eighth H100 session (measured / critical-path bound, simulator error), benchmarks/findings.md.
-Raw outputs: benchmarks/raw/2026-11-24-h100-s8/timeline_incept6.png, timeline_googlenet.png and
+Findings: benchmarks/findings.md, '`explain --profile` on the GPU'. Raw outputs: benchmarks/raw/2026-11-24-h100-s8/timeline_incept6.png, timeline_googlenet.png and
 session_call1.log beside them.
 
     bash scripts/gpu_session.sh "experiment explain_profile 200 --models zoo:incept6,tv:googlenet"

@@ -1,9 +1,9 @@
 """Experiment: cuBLASLt's algorithm candidates for the GEMMs of transformers at batch 1, each timed,
 against PyTorch's own GEMM on the same operands.
 
-Why: the eleventh H100 session's kernel profile of timm vit_small_patch16_224 had nimble.cublas.matmul
-at 57% of the kernel time (49 launches, 1.156 ms, up to 35 us for a [197, 384] x [384, 1536] GEMM):
-the heuristic's first algorithm, at M = 197, leaves most of the 132 SMs idle. This times every
+Why: in a kernel profile of timm vit_small_patch16_224, nimble.cublas.matmul took over half the kernel
+time: the heuristic's first algorithm, at M = 197, leaves most of the 132 SMs idle (see
+benchmarks/findings.md, 'Fused attention, where a ViT's time goes'). This times every
 candidate the heuristic lists (``nimble.cublas.matmul_timings``: the index the build can bake into
 the attrs) beside ``torch.nn.functional.linear`` / ``torch.matmul``.
 

@@ -1,7 +1,7 @@
 """Which cuBLAS path is fastest for fp32 GEMMs at transformer shapes (M = 128/197), TF32 off: classic cuBLAS
 (torch.mm) with the weight [K, N] (NN) or [N, K] (TN, nn.Linear's layout), cuBLASLt with the bias epilogue
 (F.linear), and a residual as C (torch.addmm); CUDA-graph time of 20 calls, and the kernels each ran
-(torch.profiler). Findings: thirteenth session, benchmarks/findings.md."""
+(torch.profiler). Findings: benchmarks/findings.md, 'GEMMs at batch 1, build times, bf16 accuracy'."""
 import json, os
 import torch
 

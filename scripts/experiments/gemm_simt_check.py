@@ -2,8 +2,8 @@
 against float64, then timed beside cuBLASLt's candidates and PyTorch's cuBLAS on the transformers' Linears.
 
 Why: at batch 1 a ViT's GEMMs have M = 197 rows, and cuBLAS's fp32 kernels leave most of the H100's 132 SMs
-idle (thirteenth session, gemm_algos.json: ViT-S's fc2, 116 M multiply-adds, 17 us: under 20% of the FMA
-peak). ViT-S's GEMMs are ~80% of its fp32 time, so they decide #30's fp32 rows.
+idle, far below the FMA peak (see benchmarks/findings.md, 'Fused attention, where a ViT's time goes'). ViT-S's
+GEMMs are ~80% of its fp32 time, so they decide #30's fp32 rows.
 
     bash scripts/gpu_session.sh "experiment gemm_simt_check 120"
 

@@ -1,9 +1,8 @@
 """Experiment: per-kernel GPU profile of a torchvision/timm model built with Nimble: where the time goes,
 and how far the multi-stream replay is from the critical-path bound.
 
-Findings: fifth H100 session (TVM's avg_pool2d at 29% of inception_v3's kernel time, hence pools on
-cuDNN) and sixth (the critical-path bound of six multi-branch nets), benchmarks/findings.md. Raw
-outputs: benchmarks/raw/2026-11-23-h100-s5/profile_inception_v3_b{1,8}.json,
+Findings: benchmarks/findings.md, 'What made inception_v3 fast' (hence pools on cuDNN) and
+'Critical-path bound'. Raw outputs: benchmarks/raw/2026-11-23-h100-s5/profile_inception_v3_b{1,8}.json,
 benchmarks/raw/2026-11-23-h100-s6/profile_*_b1.json and profiles_with_plans.tar.xz (the input of
 calibrate_schedule_sim.py).
 

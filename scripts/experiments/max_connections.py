@@ -7,7 +7,7 @@ process creates its CUDA context, so it cannot be compared inside one process: e
 once (the widest schedule and its one-stream twin), exported, and both artifacts are timed in fresh
 processes, one per setting, alternating the settings round by round so that drift hits all alike.
 
-Findings: ninth H100 session (nasnetalarge's 14 streams: 8 and 32 queues time alike), benchmarks/findings.md.
+Findings: benchmarks/findings.md, 'Hardware queues do not limit wide graphs'.
 Raw outputs: the ``max_connections`` lines of benchmarks/raw/2026-11-24-h100-s9/session_call4.log (the JSON
 was not kept).
 

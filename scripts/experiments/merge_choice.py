@@ -3,7 +3,8 @@
 replays side by side), then each of merge off and on built to the end with the stream choice, so the
 latency each would ship with is measured too.
 
-Findings: fifteenth session (H200), benchmarks/findings.md; raw outputs in
+Findings: benchmarks/findings.md, 'Transformers in fp16 with every peer, training steps on cuDNN, merges, build
+times, serving under load'; raw outputs in
 benchmarks/raw/2026-11-26-h200-s15/merge_choice_*.json.
 
     bash scripts/gpu_session.sh "experiment merge_choice 500 --models zoo:incept6,zoo:nasnet,tv:inception_v3,tv:squeezenet1_1,hf:bert-base --kernels best"

@@ -1,7 +1,7 @@
 """Experiment (plot, no GPU): the README's tuning-throughput figure from an `rpc_tune.py` record: trials
 per minute measured on the machine itself and through 1 and 2 RPC servers.
 
-Findings: eighth H100 session, benchmarks/findings.md. Raw input:
+Findings: benchmarks/findings.md, 'Tuning throughput through the tracker'. Raw input:
 benchmarks/raw/2026-11-24-h100-s8/rpc_tune.json; output: benchmarks/rpc_tune_h100.png.
 
     python3 scripts/experiments/plot_rpc_tune.py benchmarks/raw/2026-11-24-h100-s8/rpc_tune.json benchmarks/rpc_tune_h100.png

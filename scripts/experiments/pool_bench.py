@@ -1,8 +1,7 @@
 """Experiment: NimblePool on a GPU: throughput of 1, 2, 4 replicas under 8 client threads, and 10,000
 pooled runs checked bit for bit.
 
-Findings: sixth H100 session (more replicas add little at batch 1; every pooled run bit-identical),
-benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-23-h100-s6/pool_googlenet.json,
+Findings: benchmarks/findings.md, 'NimblePool on one H100'. Raw outputs: benchmarks/raw/2026-11-23-h100-s6/pool_googlenet.json,
 pool_inception_v3.json and call10-session.log beside them.
 
     bash scripts/gpu_session.sh "experiment pool_bench 210 --models tv:googlenet,tv:inception_v3 --seconds 3"

@@ -3,7 +3,7 @@ tracker and one `tvm-nimble rpc-server` on the loopback; each model built twice 
 max_streams='auto' (once timing on this GPU, once through the tracker), then both artifacts checked
 against each other and replayed side by side here.
 
-Findings: eighth H100 session, benchmarks/findings.md. Raw outputs:
+Findings: benchmarks/findings.md, '`kernels="best"` through an RPC tracker'. Raw outputs:
 benchmarks/raw/2026-11-24-h100-s8/remote_best.json and session_call2.log beside it.
 
     bash scripts/gpu_session.sh "experiment remote_best 300 --models zoo:incept6,tv:googlenet"

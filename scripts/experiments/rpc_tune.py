@@ -2,7 +2,7 @@
 here (local runner) and through a tracker with 1 and 2 RPC servers on the loopback, same model, same
 trial count, fresh databases.
 
-Findings: eighth H100 session (the seventh's run failed), benchmarks/findings.md; figure
+Findings: benchmarks/findings.md, 'Tuning throughput through the tracker'; figure
 benchmarks/rpc_tune_h100.png (plot_rpc_tune.py). Raw outputs: benchmarks/raw/2026-11-24-h100-s8/rpc_tune.json
 (forked sessions), rpc_tune_spawned_sessions.json, rpc_tune_forkserver_failed.json and the session logs.
 

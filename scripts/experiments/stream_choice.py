@@ -2,8 +2,8 @@
 and least slack first), then critical-path stream priorities, measured on this GPU with one compiled
 library per model and batch.
 
-Findings: seventh H100 session (priorities), eighth (caps at batch 32), ninth (cost-aware caps),
-benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-24-h100-s7/stream_choice.json,
+Findings: benchmarks/findings.md, 'Stream priorities', 'Stream cap at batch 32' and 'Cost-aware caps'.
+Raw outputs: benchmarks/raw/2026-11-24-h100-s7/stream_choice.json,
 benchmarks/raw/2026-11-24-h100-s8/stream_choice.json,
 benchmarks/raw/2026-11-24-h100-s9/stream_choice_nasnetalarge_b8.json and the session logs beside them.
 

@@ -1,7 +1,7 @@
 """Experiment: where a TF32 build's error comes from, beside PyTorch's own TF32 error (#31).
 
-Twenty-third session: nasnetalarge's TF32 build was 4.35e-2 from PyTorch's fp32 output against PyTorch's own
-3.46e-2 (1.26x, over #31's 1.2x), on the bench's one seeded input, with two different kernel mixes. This
+Why: nasnetalarge's TF32 build was further from PyTorch's fp32 output than PyTorch's own TF32 (over #31's 1.2x),
+on the bench's one seeded input, with two different kernel mixes. This
 measures it on several inputs and takes the build apart: for each --models net (tv: / timm:, built as the
 bench builds it), the relative L2 error against PyTorch fp32 (TF32 off) on inputs of seeds 0..SEEDS-1, of
 - PyTorch: TF32 in cuDNN and cuBLAS (the bench's peer), TF32 in cuDNN only, channels-last with both;
@@ -9,7 +9,8 @@ bench builds it), the relative L2 error against PyTorch fp32 (TF32 off) on input
   calls only (no graph-API engines, no cuBLASLt), and fp32 (TF32 off: the build's own distance from PyTorch).
 
 GPU only (PyTorch with CUDA): `experiment tf32_error 560 --models timm:nasnetalarge` (about 500 s on a fresh
-machine). Findings: twenty-third session in benchmarks/findings.md; raw: benchmarks/raw/2026-11-27-h100-s23/call06-*.
+machine). Findings: benchmarks/findings.md, 'Where nasnetalarge's TF32 error comes from'; raw:
+benchmarks/raw/2026-11-27-h100-s23/call06-*.
 Writes DIR/tf32_error.json; prints one line per system: each seed's error and its mean ratio to PyTorch TF32's.
 """
 from __future__ import annotations

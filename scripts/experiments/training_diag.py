@@ -1,10 +1,9 @@
 """Experiment (diagnosis): one training step of a training-benchmark model on every GPU system against
 the CPU build: which outputs (loss, new parameters, optimizer state) differ, and on which systems.
 
-Findings: run on an H100 on 2026-11-24, between the sixth and the seventh session's committed logs, it
-found the wrong CUDA training step at batch 1 (DLight's Fallback folded the momentum update into a
-weight gradient's reduction twice; fixed in relay_passes/tvm_compat.py, commit 14eba05). Raw outputs:
-that run's log was not kept; the seventh session's training check after the fix is
+Findings: it found the wrong CUDA training step at batch 1 (DLight's Fallback folded the momentum update into
+a weight gradient's reduction twice; fixed in relay_passes/tvm_compat.py, commit 14eba05). Raw outputs: that
+run's log was not kept; the training check after the fix (benchmarks/findings.md, 'Training steps') is
 benchmarks/raw/2026-11-24-h100-s7/training_losses.json (and benchmarks/training.csv).
 
     bash scripts/gpu_session.sh "experiment training_diag 200 --model cifar_inception --batch 1 --steps 5"

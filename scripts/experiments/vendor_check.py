@@ -10,7 +10,7 @@ TVM runtime (tvm_ffi; ``tvm.relax`` is not needed). Steps, all on cuda:0:
 2. correctness: every conv configuration x activation x dtype, conv2d_add, matmul (transpose_b 0/1,
    identity/relu/relu6/gelu, every algorithm candidate with and without the bias epilogue, batched,
    misaligned, a classifier head), the convolution gradients (conv2d_bwd_data / _bwd_filter against
-   PyTorch's float64 autograd; run since s15) against a float64 PyTorch
+   PyTorch's float64 autograd) against a float64 PyTorch
    reference: relative L2 error, fp32 (TF32 off) tolerance 1e-5, fp16 1e-2; forced algorithms;
    the argument checks on real CUDA tensors (one-line errors);
 3. a CUDA graph: calls on two streams (each with its own workspace) captured in relaxed mode, the
@@ -21,8 +21,7 @@ TVM runtime (tvm_ffi; ``tvm.relax`` is not needed). Steps, all on cuda:0:
 Writes ``vendor_check.json`` into ``--out`` and prints a short table last; exits 1 when a check
 fails, 2 when the environment is not usable. Rerun it after changing the extension.
 
-Findings: fifth H100 session (134 checks passed; cuDNN through the extension 0.62x-1.32x PyTorch's
-conv time), benchmarks/findings.md. Raw outputs: benchmarks/raw/2026-11-23-h100-s5/vendor_check.json
+Findings: benchmarks/findings.md, 'The vendor extension'. Raw outputs: benchmarks/raw/2026-11-23-h100-s5/vendor_check.json
 and call2-session.log beside it.
 
     bash scripts/gpu_session.sh "experiment vendor_check 150"

@@ -43,7 +43,8 @@ PROFILE_REPS = 15
 MIN_MIX_GAIN = 0.01
 
 #: how :func:`measure_kernels` times a provider's chains (part of the timing cache's key): each GEMM with its
-#: measured-fastest algorithm (the heuristic's first before the twenty-second session)
+#: measured-fastest algorithm (older entries timed the heuristic's first; see benchmarks/findings.md, 'cuBLASLt at its
+#: best in the kernel choice')
 CHAIN_TIMING = "fastest-gemm-algorithm"
 
 #: a mix that loses the model check by this factor or more is profiled, and its slowest launches noted: the chains'

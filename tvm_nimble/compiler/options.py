@@ -167,9 +167,9 @@ class BuildOptions:
     @property
     def data_layout(self) -> str:
         """``nchw`` or ``nhwc``: ``layout``, where ``auto`` means NHWC for tensor-core builds (tf32, fp16, bf16) whose
-        convolutions may go to cuDNN, NCHW otherwise. Measured on an H100 at batch 1 (eighteenth session): NHWC took
-        resnet50 from 1.165 to 0.443 ms in TF32 and from 0.882 to 0.345 ms in fp16, inception_v3 from 0.929 to 0.530
-        ms in fp16; in exact fp32 (FMA kernels) it was slower (resnet50 2.68 against 1.90 ms)."""
+        convolutions may go to cuDNN, NCHW otherwise: cuDNN's tensor-core convolutions read channels-last data, while
+        exact fp32 (FMA kernels) is slower in NHWC (see benchmarks/findings.md, 'Channels-last builds: every
+        tensor-core precision')."""
         if self.layout != "auto":
             return self.layout
         tensor_cores = self.precision != "fp32"

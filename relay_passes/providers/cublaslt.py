@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
 
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
-from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, epilogue, gelu_of,
-                     ints, known_shape, operator_of, other_operand)
+from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue,
+                     gelu_of, ints, known_shape, operator_of)
 from .registry import Provider, register
 
 MATMUL = vendor_abi.CUBLAS_MATMUL
@@ -47,20 +48,32 @@ class Linear:
     dtype: str
 
 
+def _linear_pattern():
+    """``matmul(x, W)``, W a constant matrix [K, N] or the transpose of one [N, K]: (pattern, W, W of the transpose,
+    the transpose)."""
+    weight, transposed = Const(), Const()
+    permute = is_op("relax.permute_dims")(transposed.pattern)
+    return is_op("relax.matmul")(wildcard(), weight.pattern | permute), weight, transposed, permute
+
+
+_LINEAR = _linear_pattern()
+
+
 def linear_of(chains, var, call) -> Linear | None:
     """The Linear that ``call`` (a matmul) starts, None when its weights are not a constant matrix (or the
     transpose of one)."""
-    x, w = call.args
-    out_shape, dtype = known_shape(call), dtype_of(call)
-    transpose_b = 0
-    weight = chains.const(w)
-    if weight is None and isinstance(w, relax.Var) and operator_of(chains.value.get(w)) == "relax.permute_dims":
-        inner = chains.value[w]
-        axes = inner.attrs.axes
-        if (axes is None or ints(axes) == [1, 0]) and chains.const(inner.args[0]) is not None:
-            weight, transpose_b = chains.const(inner.args[0]), 1
+    pattern, weight_of, transposed_of, permute = _LINEAR
+    m = chains.match(pattern, call)
+    if m is None:
+        return None
+    if permute in m:
+        axes = m[permute].attrs.axes
+        weight, transpose_b = (transposed_of.array(m), 1) if axes is None or ints(axes) == [1, 0] else (None, 0)
+    else:
+        weight, transpose_b = weight_of.array(m), 0
     if weight is None or weight.ndim != 2:
         return None
+    out_shape, dtype = known_shape(call), dtype_of(call)
     n = out_shape[-1]
     removed, last, bias, act = [], var, None, ACT_NONE
     nxt, val = chains.follow(last)
@@ -74,11 +87,14 @@ def linear_of(chains, var, call) -> Linear | None:
         removed = removed + folded
     elif val is not None and activation(val) == ACT_RELU:
         act, removed, last = ACT_RELU, removed + [last], nxt
-    residual = _residual_of(val, last, out_shape, dtype) if act == ACT_NONE and val is not None else None
-    if residual is not None:  # x + Linear(...): added in the GEMM's epilogue, no add kernel
+    # x + Linear(...): added in the GEMM's epilogue, no add kernel (any var of the output's shape, as cuBLASLt adds C)
+    residual = chains.residual_of(val, last, out_shape, dtype, computed=False) if act == ACT_NONE and val is not None \
+        else None
+    if residual is not None:
         removed, last = removed + [last], nxt
-    return Linear(x, weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act, residual, removed,
-                  last, tuple(out_shape), dtype)
+    return Linear(x=call.args[0], weight=weight, transpose_b=transpose_b,
+                  bias=np.zeros(n, dtype=dtype) if bias is None else bias, act=act, residual=residual, removed=removed,
+                  last=last, out_shape=tuple(out_shape), dtype=dtype)
 
 
 def static_matmul(ctx, call, dtypes) -> bool:
@@ -106,17 +122,6 @@ def matmul_chain(ctx, chains, var, call):
                                                 GEMM_WORKSPACE_BYTES), None)
     return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.dtype, GEMM_WORKSPACE_BYTES),
                                    None)
-
-
-def _residual_of(add, produced, out_shape, dtype):
-    """The other operand of ``add(produced, other)`` when it is a computed tensor of the output's own shape
-    and dtype (a residual connection), else None."""
-    if operator_of(add) != "relax.add":
-        return None
-    other = other_operand(add, produced)
-    if not isinstance(other, relax.Var) or known_shape(other) != tuple(out_shape) or dtype_of(other) != dtype:
-        return None
-    return other
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

@@ -156,8 +156,8 @@ class Chains:
         return pattern.extract_matched_expr(expr, self.var2val)
 
     def pin(self, var) -> DFPattern:
-        """A pattern of ``var``'s value and no other: the chain's operand of a step, so that a commutative add of
-        two chains (a residual connection) pairs this chain with its own operand."""
+        """A pattern of ``var``'s value and no other: the chain's operand of a step, so that the pattern's other
+        operand is checked on the step's other input (DPL tries a commutative add's operands in both orders)."""
         return is_expr(self.value.get(var, var))
 
     def const(self, expr) -> np.ndarray | None:

@@ -191,8 +191,8 @@ class Chains:
 
     def residual_of(self, add, produced, out_shape, dtype: str, computed: bool = True):
         """The other operand of ``add(produced, other)`` when it is a var of the output's own shape and dtype (a
-        residual connection), else None; ``computed``: only a tensor the model computes (no constant), that no chain
-        replaced already read."""
+        residual connection), else None. ``computed``: only a tensor the model computes (no constant) and that is
+        no chain's already replaced (the convolution epilogues); else any such var (cuBLASLt adds it as its C)."""
         other = ~Const().pattern if computed else wildcard()
         if self.match(is_op("relax.add")(self.pin(produced), other), add) is None:
             return None

@@ -48,29 +48,23 @@ class Linear:
     dtype: str
 
 
-def _linear_pattern():
-    """``matmul(x, W)``, W a constant matrix [K, N] or the transpose of one [N, K]: (pattern, W, W of the transpose,
-    the transpose)."""
-    weight, transposed = Const(), Const()
-    permute = is_op("relax.permute_dims")(transposed.pattern)
-    return is_op("relax.matmul")(wildcard(), weight.pattern | permute), weight, transposed, permute
-
-
-_LINEAR = _linear_pattern()
+_WEIGHT, _TRANSPOSED = Const(), Const()
+_PERMUTE = is_op("relax.permute_dims")(_TRANSPOSED.pattern)
+#: a Linear's matmul: x times a constant matrix W [K, N], or the transpose of one [N, K] (axes checked beside it)
+_LINEAR = is_op("relax.matmul")(wildcard(), _WEIGHT.pattern | _PERMUTE)
 
 
 def linear_of(chains, var, call) -> Linear | None:
     """The Linear that ``call`` (a matmul) starts, None when its weights are not a constant matrix (or the
     transpose of one)."""
-    pattern, weight_of, transposed_of, permute = _LINEAR
-    m = chains.match(pattern, call)
+    m = chains.match(_LINEAR, call)
     if m is None:
         return None
-    if permute in m:
-        axes = m[permute].attrs.axes
-        weight, transpose_b = (transposed_of.array(m), 1) if axes is None or ints(axes) == [1, 0] else (None, 0)
+    if _PERMUTE in m:
+        axes = m[_PERMUTE].attrs.axes
+        weight, transpose_b = (_TRANSPOSED.array(m), 1) if axes is None or ints(axes) == [1, 0] else (None, 0)
     else:
-        weight, transpose_b = weight_of.array(m), 0
+        weight, transpose_b = _WEIGHT.array(m), 0
     if weight is None or weight.ndim != 2:
         return None
     out_shape, dtype = known_shape(call), dtype_of(call)
@@ -92,9 +86,8 @@ def linear_of(chains, var, call) -> Linear | None:
         else None
     if residual is not None:
         removed, last = removed + [last], nxt
-    return Linear(x=call.args[0], weight=weight, transpose_b=transpose_b,
-                  bias=np.zeros(n, dtype=dtype) if bias is None else bias, act=act, residual=residual, removed=removed,
-                  last=last, out_shape=tuple(out_shape), dtype=dtype)
+    return Linear(call.args[0], weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act, residual,
+                  removed, last, tuple(out_shape), dtype)
 
 
 def static_matmul(ctx, call, dtypes) -> bool:

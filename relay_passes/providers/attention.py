@@ -17,6 +17,12 @@ around the softmax (reduced-precision builds compute it in fp32; decoders' expor
 back to the values' dtype) are part of the chain. A bias (an attention mask) must broadcast to [B, H, Sq, Sk] from the right; any other
 form (``where`` masks, a scale after the bias, a head dimension over 128) stays on the other
 providers' and TVM's kernels, with the reason in the offload report.
+
+Matched by walking the bindings, not by one dataflow pattern (``tvm.relax.dpl``) as the other chains' steps are: the
+chain runs forward from Q·Kᵀ through the softmax to ·V, and from there q, kᵀ and v are each traced back through a
+sequence of views of any length and order (reshapes, transposes, split items, repeat_kv), whose composition as
+strides is the match's result; a pattern would need one alternative per sequence and still leave the strides to
+this walk. Its constants (scales, take indices) are read through :meth:`.chains.Chains.const`, a pattern.
 """
 from __future__ import annotations
 

@@ -4,6 +4,13 @@ A matcher gets the anchor binding (``var = call``) and returns ``(removed, last,
 scale))`` -- the vars it folds into the call, the var the call's result replaces, and a constant
 the result is multiplied with (or None) -- or None when the chain is not its to take (after
 adding the reason to the report's ``kept`` list).
+
+The operators of a chain's steps are TVM's dataflow patterns (``tvm.relax.dpl``), matched at a binding's value
+through the block's bindings (a constant bound to a var, or reshaped, is still a constant). What a pattern cannot
+say stays in Python beside it: shapes and dtypes, scalar constants within a tolerance, and that every intermediate
+value is read only inside the chain and by no chain replaced already. A chain is matched from its anchor forward,
+one step at a time (:meth:`Chains.follow` finds the step's binding): DPL matches an expression back through its
+operands, never from a value to its users, so that walk to the next binding stays a walk.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
+from tvm.relax.dpl import DFPattern, is_const, is_expr, is_op, wildcard
 
 ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU = 0, 1, 2, 3  # the vendor calls' activation codes
 #: scratch memory per vendor call; cuDNN/cuBLASLt pick the fastest algorithm that fits
@@ -107,11 +115,30 @@ def const_value(bound: dict, expr, depth: int = 0):
     return None if any(a is None for a in args) else np.asarray(fns[op](*args))
 
 
+class Const:
+    """A constant operand as the models spell it: a constant, or a reshape of one (the ONNX importer's biases and
+    scalars), inline or bound to a var. A new one for each place in a pattern: DPL matches a node to one expression."""
+
+    def __init__(self):
+        self.data = is_const()
+        self.pattern = self.data | is_op("relax.reshape")(self.data, wildcard())
+
+    def array(self, matches) -> np.ndarray | None:
+        """The matched constant, in the reshape's shape where it is reshaped (None where that shape is not static)."""
+        data, operand = matches[self.data].value.numpy(), matches[self.pattern]
+        if isinstance(operand, Constant):
+            return data
+        shape = known_shape(operand)
+        return data.reshape(shape) if shape is not None else None
+
+
 class Chains:
     """The bindings of one dataflow block, and how often each var is used in the whole function."""
 
     def __init__(self, block, uses):
         self.value = {b.var: b.value for b in block.bindings}
+        self.var_of = {b.value: b.var for b in block.bindings}  # a matched value -> the var bound to it
+        self.var2val = tvm.runtime.convert(self.value)  # what a pattern sees through (once per block, not per match)
         self.uses = uses
         self.claimed: set = set()  # vars of chains already replaced
         self.consumers: dict = {}  # var -> the bindings of this block that take it as an argument, in order
@@ -119,20 +146,24 @@ class Chains:
             for a in operands(b.value):
                 if isinstance(a, relax.Var):
                     self.consumers.setdefault(a, []).append(b.var)
+        self._const = Const()
 
     def single_use(self, var) -> bool:
         return self.uses.get(var, 0) == 1
 
+    def match(self, pattern: DFPattern, expr):
+        """The expressions ``pattern``'s nodes matched at ``expr``, seeing through this block's bindings; else None."""
+        return pattern.extract_matched_expr(expr, self.var2val)
+
+    def pin(self, var) -> DFPattern:
+        """A pattern of ``var``'s value and no other: the chain's operand of a step, so that the pattern's other
+        operand is checked on the step's other input (DPL tries a commutative add's operands in both orders)."""
+        return is_expr(self.value.get(var, var))
+
     def const(self, expr) -> np.ndarray | None:
-        """The constant behind ``expr`` (through a reshape of a constant), else None."""
-        if isinstance(expr, relax.Var) and expr in self.value:
-            expr = self.value[expr]
-        if isinstance(expr, Constant):
-            return expr.value.numpy()
-        if operator_of(expr) == "relax.reshape" and isinstance(expr.args[0], Constant):
-            shape = known_shape(expr)
-            return expr.args[0].value.numpy().reshape(shape) if shape is not None else None
-        return None
+        """The constant behind ``expr`` (see :class:`Const`), else None."""
+        m = self.match(self._const.pattern, expr)
+        return self._const.array(m) if m is not None else None
 
     def follow(self, var):
         """The binding that consumes ``var``, when ``var`` is used exactly once inside this block and that
@@ -147,12 +178,9 @@ class Chains:
     def bias_of(self, add, produced, out_shape: tuple[int, ...], axis: int):
         """If ``add`` adds a constant to ``produced`` that varies along ``axis`` of ``out_shape`` only (a
         per-channel bias, as broadcasting aligns it from the right): that bias as a 1-D array, else None."""
-        if operator_of(add) != "relax.add":
-            return None
-        other = other_operand(add, produced)
-        if other is None:
-            return None
-        c = self.const(other)
+        bias = Const()
+        m = self.match(is_op("relax.add")(self.pin(produced), bias.pattern), add)
+        c = bias.array(m) if m is not None else None
         if c is None or c.ndim > len(out_shape):
             return None
         aligned = (1,) * (len(out_shape) - c.ndim) + tuple(int(d) for d in c.shape)
@@ -161,12 +189,28 @@ class Chains:
             return None
         return c.reshape(channels)
 
+    def residual_of(self, add, produced, out_shape, dtype: str, computed: bool = True):
+        """The other operand of ``add(produced, other)`` when it is a var of the output's own shape and dtype (a
+        residual connection), else None. ``computed``: only a tensor the model computes (no constant) and that is
+        no chain's already replaced (the convolution epilogues); else any such var (cuBLASLt adds it as its C)."""
+        other = ~Const().pattern if computed else wildcard()
+        if self.match(is_op("relax.add")(self.pin(produced), other), add) is None:
+            return None
+        other = other_operand(add, produced)
+        if not isinstance(other, relax.Var) or known_shape(other) != tuple(out_shape) or dtype_of(other) != dtype:
+            return None
+        return None if computed and other in self.claimed else other
+
+
+_RELU = is_op("relax.nn.relu")(wildcard())
+_CLIP = is_op("relax.clip")(wildcard(), wildcard(), wildcard())
+
 
 def activation(expr) -> int | None:
-    op = operator_of(expr)
-    if op == "relax.nn.relu":
+    """The activation code of ``expr``: a ReLU, or a clip to [0, 6] (ReLU6); else None."""
+    if _RELU.match(expr):
         return ACT_RELU
-    if op == "relax.clip":
+    if _CLIP.match(expr):
         lo, hi = (float(getattr(a, "value", 0)) for a in expr.args[1:3])
         if lo == 0 and hi == 6:
             return ACT_RELU6
@@ -185,64 +229,53 @@ def epilogue(chains, var, out_shape, dtype: str, channel_axis: int, with_bias: b
     if b is not None:
         bias, removed, last = b, [last], nxt
         nxt, val = chains.follow(last)
-    if val is not None and operator_of(val) == "relax.add" and (bias is not None or not residual_needs_bias):
-        other = other_operand(val, last)
-        if (other is not None and known_shape(other) == tuple(out_shape) and dtype_of(other) == dtype
-                and chains.const(other) is None and other not in chains.claimed):
-            residual, removed, last = other, removed + [last], nxt
+    if val is not None and (bias is not None or not residual_needs_bias):
+        residual = chains.residual_of(val, last, out_shape, dtype)
+        if residual is not None:
+            removed, last = removed + [last], nxt
             nxt, val = chains.follow(last)
     if val is not None and activation(val) is not None:
         act, removed, last = activation(val), removed + [last], nxt
     return removed, last, bias, residual, act
 
 
-def _scalar(chains, expr) -> float | None:
-    c = chains.const(expr)
-    return float(c) if c is not None and c.size == 1 else None
-
-
-def _near(value, target: float) -> bool:
-    return value is not None and abs(value - target) <= 1e-6 * abs(target)
+def _gelu(x: DFPattern):
+    """The exact (erf) GELU of ``x``: ``relax.nn.gelu``, or the five operators ONNX exports spell it with,
+    ``x * (1 + erf(x / sqrt(2))) * 0.5`` (torch.onnx, timm) or ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (Hugging Face).
+    Returns (pattern, its steps before the result, its scalar constants with the values they must have)."""
+    root2, one, half = Const(), Const(), Const()
+    div = is_op("relax.divide")(x, root2.pattern)
+    erf = is_op("relax.erf")(div)
+    plus_one = is_op("relax.add")(erf, one.pattern)
+    times_x, half_x = is_op("relax.multiply")(x, plus_one), is_op("relax.multiply")(x, half.pattern)
+    pattern = (is_op("relax.nn.gelu")(x) | is_op("relax.multiply")(times_x, half.pattern)
+               | is_op("relax.multiply")(half_x, plus_one))
+    return pattern, (div, erf, plus_one, times_x, half_x), {root2: 2 ** 0.5, one: 1.0, half: 0.5}
 
 
 def gelu_of(chains, x):
-    """``(removed, last)`` when every use of ``x`` is the exact (erf) GELU of it, else None: ``relax.nn.gelu``
-    or the five operators ONNX exports spell it with, ``x * (1 + erf(x / sqrt(2))) * 0.5`` (torch.onnx,
-    timm) or ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (Hugging Face). ``removed`` are the vars before the GELU's result, ``last`` the var holding it."""
+    """``(removed, last)`` when every use of ``x`` is the exact GELU of it (:func:`_gelu`), else None: ``removed``
+    are the vars before the GELU's result, ``last`` the var holding it. Each intermediate is read only by the
+    GELU, and no var of it is in a chain replaced already. The result is a user of ``x`` (``relax.nn.gelu``) or the
+    consumer of one (the multiply after ``x * ...``), found by that step forward."""
     users = [v for v in chains.consumers.get(x, []) if v not in chains.claimed]
-    if chains.uses.get(x, 0) != len(users):
+    if not users or chains.uses.get(x, 0) != len(users):
         return None
-    if len(users) == 1 and operator_of(chains.value[users[0]]) == "relax.nn.gelu":
-        return [x], users[0]
-    if len(users) != 2:
-        return None
-    by_op = {operator_of(chains.value[v]): v for v in users}
-    if set(by_op) != {"relax.divide", "relax.multiply"}:
-        return None
-    div, half_or_prod = by_op["relax.divide"], by_op["relax.multiply"]
-    if not _near(_scalar(chains, chains.value[div].args[1]), 2 ** 0.5):
-        return None
-    erf, erf_val = chains.follow(div)
-    if operator_of(erf_val) != "relax.erf":
-        return None
-    one, one_val = chains.follow(erf)
-    if operator_of(one_val) != "relax.add" or not _near(_scalar(chains, other_operand(one_val, erf)), 1.0):
-        return None
-    first = chains.value[half_or_prod]  # x * (1 + erf) or x * 0.5
-    other = other_operand(first, x)
-    second_var, second = chains.follow(half_or_prod)
-    if operator_of(second) != "relax.multiply":
-        return None
-    if other is not None and other.same_as(one):  # (x * (1 + erf)) * 0.5
-        if not chains.single_use(one) or not _near(_scalar(chains, other_operand(second, half_or_prod)), 0.5):
-            return None
-    elif _near(_scalar(chains, other), 0.5):  # (x * 0.5) * (1 + erf)
-        if not chains.single_use(one) or other_operand(second, half_or_prod) is None \
-                or not other_operand(second, half_or_prod).same_as(one):
-            return None
-    else:
-        return None
-    return [x, div, erf, one, half_or_prod], second_var
+    pattern, steps, scalars = _gelu(chains.pin(x))
+    for root in users + [chains.follow(u)[0] for u in users]:
+        m = chains.match(pattern, chains.value[root]) if root is not None else None
+        if m is None or not all(_near(c.array(m), target) for c, target in scalars.items() if c.data in m):
+            continue
+        removed = [x] + [chains.var_of.get(m[step]) for step in steps if step in m]
+        if (None not in removed and set(users) <= set(removed[1:]) | {root}
+                and all(chains.single_use(v) for v in removed[1:])
+                and not any(v in chains.claimed for v in removed + [root])):
+            return removed, root
+    return None
+
+
+def _near(value, target: float) -> bool:
+    return value is not None and value.size == 1 and abs(float(value.reshape(())) - target) <= 1e-6 * abs(target)
 
 
 @dataclass

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
 
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
-from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, activation, dtype_of, epilogue, gelu_of,
-                     ints, known_shape, operator_of, other_operand)
+from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue,
+                     gelu_of, ints, known_shape, operator_of)
 from .registry import Provider, register
 
 MATMUL = vendor_abi.CUBLAS_MATMUL
@@ -47,20 +48,26 @@ class Linear:
     dtype: str
 
 
+_WEIGHT, _TRANSPOSED = Const(), Const()
+_PERMUTE = is_op("relax.permute_dims")(_TRANSPOSED.pattern)
+#: a Linear's matmul: x times a constant matrix W [K, N], or the transpose of one [N, K] (axes checked beside it)
+_LINEAR = is_op("relax.matmul")(wildcard(), _WEIGHT.pattern | _PERMUTE)
+
+
 def linear_of(chains, var, call) -> Linear | None:
     """The Linear that ``call`` (a matmul) starts, None when its weights are not a constant matrix (or the
     transpose of one)."""
-    x, w = call.args
-    out_shape, dtype = known_shape(call), dtype_of(call)
-    transpose_b = 0
-    weight = chains.const(w)
-    if weight is None and isinstance(w, relax.Var) and operator_of(chains.value.get(w)) == "relax.permute_dims":
-        inner = chains.value[w]
-        axes = inner.attrs.axes
-        if (axes is None or ints(axes) == [1, 0]) and chains.const(inner.args[0]) is not None:
-            weight, transpose_b = chains.const(inner.args[0]), 1
+    m = chains.match(_LINEAR, call)
+    if m is None:
+        return None
+    if _PERMUTE in m:
+        axes = m[_PERMUTE].attrs.axes
+        weight, transpose_b = (_TRANSPOSED.array(m), 1) if axes is None or ints(axes) == [1, 0] else (None, 0)
+    else:
+        weight, transpose_b = _WEIGHT.array(m), 0
     if weight is None or weight.ndim != 2:
         return None
+    out_shape, dtype = known_shape(call), dtype_of(call)
     n = out_shape[-1]
     removed, last, bias, act = [], var, None, ACT_NONE
     nxt, val = chains.follow(last)
@@ -74,11 +81,13 @@ def linear_of(chains, var, call) -> Linear | None:
         removed = removed + folded
     elif val is not None and activation(val) == ACT_RELU:
         act, removed, last = ACT_RELU, removed + [last], nxt
-    residual = _residual_of(val, last, out_shape, dtype) if act == ACT_NONE and val is not None else None
-    if residual is not None:  # x + Linear(...): added in the GEMM's epilogue, no add kernel
+    # x + Linear(...): added in the GEMM's epilogue, no add kernel (any var of the output's shape, as cuBLASLt adds C)
+    residual = chains.residual_of(val, last, out_shape, dtype, computed=False) if act == ACT_NONE and val is not None \
+        else None
+    if residual is not None:
         removed, last = removed + [last], nxt
-    return Linear(x, weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act, residual, removed,
-                  last, tuple(out_shape), dtype)
+    return Linear(call.args[0], weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act, residual,
+                  removed, last, tuple(out_shape), dtype)
 
 
 def static_matmul(ctx, call, dtypes) -> bool:
@@ -106,17 +115,6 @@ def matmul_chain(ctx, chains, var, call):
                                                 GEMM_WORKSPACE_BYTES), None)
     return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.dtype, GEMM_WORKSPACE_BYTES),
                                    None)
-
-
-def _residual_of(add, produced, out_shape, dtype):
-    """The other operand of ``add(produced, other)`` when it is a computed tensor of the output's own shape
-    and dtype (a residual connection), else None."""
-    if operator_of(add) != "relax.add":
-        return None
-    other = other_operand(add, produced)
-    if not isinstance(other, relax.Var) or known_shape(other) != tuple(out_shape) or dtype_of(other) != dtype:
-        return None
-    return other
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

@@ -22,7 +22,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import DTYPES, compute_dtype
-from .chains import dtype_of, epilogue, ints, known_shape, operator_of
+from .chains import ACT_RELU, activation, dtype_of, epilogue, ints, known_shape, operator_of
 from .registry import Provider, register
 
 CONV2D = vendor_abi.DEPTHWISE_CONV2D
@@ -37,7 +37,7 @@ _LAYOUTS = {"NCHW": 0, "NHWC": 1}
 def _relu_input(chains, x):
     """(the tensor a ReLU reads, 1) when ``x`` is that ReLU's result and nothing else reads it, else (x, 0)."""
     value = chains.value.get(x) if isinstance(x, relax.Var) else None
-    if operator_of(value) == "relax.nn.relu" and chains.single_use(x) and x not in chains.claimed:
+    if value is not None and activation(value) == ACT_RELU and chains.single_use(x) and x not in chains.claimed:
         return value.args[0], 1
     return x, 0
 

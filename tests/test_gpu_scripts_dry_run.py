@@ -72,14 +72,15 @@ def test_pool_bench_on_cpu(tmp_path):
 
 
 def test_rpc_tune_script_on_cpu(tmp_path):
-    """The rpc_tune experiment, dry-run on llvm: local, 1 and 2 loopback servers, trials counted."""
+    """The rpc_tune experiment, dry-run on llvm: local and 2 loopback servers, trials counted."""
     import pytest
 
     pytest.importorskip("tornado")
-    out = script("experiments/rpc_tune.py", "--model", "zoo:incept6", "--target", "llvm", "--trials", "4",
+    out = script("experiments/rpc_tune.py", "--model", "zoo:incept6", "--small", "--cheap-search", "--servers", "0,2",
+                 "--target", "llvm", "--trials", "4",
                  "--out", str(tmp_path / "rpc"), cwd=tmp_path)
     rows = json.load(open(tmp_path / "rpc" / "rpc_tune.json"))["rows"]
-    assert [r["servers"] for r in rows] == [0, 1, 2]
+    assert [r["servers"] for r in rows] == [0, 2]
     assert all(r["trials"] == 4 and r["failed"] == 0 and r["trials_per_min"] > 0 for r in rows)
     assert "2 RPC server(s)" in out
 
@@ -87,7 +88,7 @@ def test_rpc_tune_script_on_cpu(tmp_path):
 def test_stream_choice_script_on_cpu(tmp_path):
     """The stream_choice experiment through the session runner's experiment step, dry-run on llvm: builds,
     chooses (nothing measured without a GPU: the widest schedule, said so), writes its JSON."""
-    out, work = session("experiment stream_choice 600 --models zoo:inception --target llvm --kernels tvm",
+    out, work = session("experiment stream_choice 600 --models zoo:inception --small --target llvm --kernels tvm",
                         tmp_path=tmp_path)
     assert "scripts/experiments/stream_choice.py" in out and "== rc=0 " in out, out[-3000:]
     row, = json.load(open(work / "stream_choice" / "stream_choice.json"))
@@ -99,7 +100,7 @@ def test_stream_choice_script_on_cpu(tmp_path):
 def test_max_connections_script_on_cpu(tmp_path):
     """The max_connections experiment, dry-run on llvm: one build, both artifacts exported and timed in a
     fresh process per setting (the setting means nothing on a CPU; the plumbing is what is checked)."""
-    out = script("experiments/max_connections.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+    out = script("experiments/max_connections.py", "--models", "zoo:inception", "--small", "--target", "llvm", "--kernels", "tvm",
                  "--connections", "8,32", "--out", str(tmp_path / "maxconn"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "maxconn" / "max_connections.json"))
     assert row["model"] == "incept6" and row["streams"] > 1 and set(row["by_connections"]) == {"8", "32"}
@@ -110,11 +111,14 @@ def test_max_connections_script_on_cpu(tmp_path):
 
 def test_concat_in_place_script_on_cpu(tmp_path):
     """The concat_in_place experiment, dry-run on llvm: both builds, outputs checked against each other."""
-    out = script("experiments/concat_in_place.py", "--models", "zoo:inception", "--target", "llvm",
+    out = script("experiments/concat_in_place.py", "--models", "zoo:inception", "--small", "--target", "llvm",
                  "--out", str(tmp_path / "concat"), cwd=tmp_path)
+    from tvm_nimble import zoo
+
     row, = json.load(open(tmp_path / "concat" / "concat_in_place.json"))
-    assert row["model"] == "incept6" and row["concats_in_place"] == 6
-    assert row["launches"]["in-place"] == row["launches"]["concat-kernels"] - 6
+    concats = sum(n.op_type == "Concat" for n in zoo.get_bench_model("inception", small=True)[1].graph.node)
+    assert row["model"] == "incept6" and row["concats_in_place"] == concats > 1  # every Concat of the blocks
+    assert row["launches"]["in-place"] == row["launches"]["concat-kernels"] - concats
     assert max(row["rel_err"].values()) < 1e-5 and row["ms"] == {}
     assert "no GPU to time on" in out
 
@@ -123,7 +127,7 @@ def test_remote_best_script_on_cpu(tmp_path):
     """The remote_best experiment, dry-run on llvm: a loopback tracker, the model built here and
     through it, the two outputs compared, both replayed (no kernel choice without a GPU)."""
     pytest.importorskip("tornado")
-    out = script("experiments/remote_best.py", "--models", "zoo:inception", "--target", "llvm",
+    out = script("experiments/remote_best.py", "--models", "zoo:inception", "--small", "--target", "llvm",
                  "--out", str(tmp_path / "rb"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "rb" / "remote_best.json"))
     assert row["model"] == "incept6" and row["chains"] == 0 and row["rel_err"] < 1e-6
@@ -133,7 +137,7 @@ def test_remote_best_script_on_cpu(tmp_path):
 def test_merge_choice_script_on_cpu(tmp_path):
     """The merge_choice experiment (#32), dry-run on llvm: auto (nothing to measure on: kept separate),
     then merge off and on built to the end; the merged build has fewer launches."""
-    out = script("experiments/merge_choice.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+    out = script("experiments/merge_choice.py", "--models", "zoo:inception", "--small", "--target", "llvm", "--kernels", "tvm",
                  "--out", str(tmp_path / "merge"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "merge" / "merge_choice.json"))
     assert row["model"] == "incept6" and row["on_launches"] < row["off_launches"]
@@ -144,7 +148,7 @@ def test_build_times_script_on_cpu(tmp_path):
     """The build_times experiment (#36), dry-run on llvm: a cold and a warm build, each in a fresh process with
     its own cache directory, in the precision asked for, the same plan both times, the phases recorded; nothing
     left behind."""
-    script("experiments/build_times.py", "--models", "zoo:inception", "--target", "llvm", "--kernels", "tvm",
+    script("experiments/build_times.py", "--models", "zoo:inception", "--small", "--target", "llvm", "--kernels", "tvm",
            "--precision", "fp16", "--out", str(tmp_path / "bt"), cwd=tmp_path)
     row, = json.load(open(tmp_path / "bt" / "build_times.json"))
     assert row["model"] == "incept6" and row["precision"] == "fp16" and row["same_plan"] is True
@@ -168,7 +172,7 @@ def test_training_profile_script_on_cpu(tmp_path):
 def test_artifact_reload_script_on_cpu(tmp_path):
     """The artifact_reload experiment (#54), dry-run on llvm: bf16 and fp16 artifacts exported, loaded in a fresh
     process and run give exactly the building process's output."""
-    script("experiments/artifact_reload.py", "--models", "zoo:inception", "--target", "llvm", "--precisions",
+    script("experiments/artifact_reload.py", "--models", "zoo:inception", "--small", "--target", "llvm", "--precisions",
            "bf16,fp16", "--out", str(tmp_path / "ar"), cwd=tmp_path)
     rows = json.load(open(tmp_path / "ar" / "artifact_reload.json"))
     assert [r["precision"] for r in rows] == ["bf16", "fp16"]

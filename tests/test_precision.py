@@ -325,7 +325,7 @@ def _padded_cell(seed: int = 0):
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_an_opaque_te_call_keeps_the_dtypes_its_function_was_made_for(precision):
     """TVM's ONNX importer writes Pad as a TE call whose PrimFunc takes float32; cast to the reduced dtype, its input
-    made FuseTIR fail on nasnetalarge in half precision (eighteenth session). Its input stays float32 now."""
+    made FuseTIR fail on nasnetalarge in half precision. Its input stays float32 now."""
     model = _padded_cell()
     half = to_precision(import_model(model), {"fp16": "float16", "bf16": "bfloat16"}[precision])
     te_inputs = [f for block in half["main"].body.blocks for b in block.bindings

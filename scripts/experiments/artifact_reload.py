@@ -51,6 +51,7 @@ def main(argv=None):
     ap.add_argument("--precisions", default="fp16,bf16")
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--small", action="store_true", help="zoo: models at the zoo's own small size (a CPU dry run)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import tvm_nimble
@@ -58,7 +59,7 @@ def main(argv=None):
 
     rows = []
     for spec in args.models.split(","):
-        name, model = load_model(spec)
+        name, model = load_model(spec, small=args.small)
         shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
         x = np.random.default_rng(0).standard_normal(shape).astype("float32")
         x_path = os.path.join(args.out, f"{name}-x.npy")

@@ -88,7 +88,7 @@ def main(argv=None):
         build_vendor_library(str(target.attrs["arch"]))  # once, before any timed build
     rows = []
     for spec in args.models.split(","):
-        name, model = load_model(spec, batch=int(args.batch.split(",")[0]))
+        name, model = load_model(spec, batch=int(args.batch.split(",")[0]), small=args.small)
         onnx_path = os.path.join(args.out, f"{name}.onnx")
         import onnx
 

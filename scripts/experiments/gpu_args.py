@@ -22,11 +22,18 @@ def parse(doc: str, argv, models: str, batches_and_kernels: bool = False, precis
         ap.add_argument("--precision", default="fp32", choices=list(PRECISIONS))
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--out", required=True)
+    add_small(ap)
     args = ap.parse_args(argv)
     from tvm_nimble.compiler.target import resolve_target
 
     os.makedirs(args.out, exist_ok=True)
     return args, resolve_target(args.target)
+
+
+def add_small(ap: argparse.ArgumentParser) -> None:
+    """--small: zoo: nets at the zoo's own size, not the benchmark's (a CPU dry run checks the plumbing)."""
+    ap.add_argument("--small", action="store_true",
+                    help="zoo: models at the zoo's own small size (for a CPU dry run, which checks the plumbing)")
 
 
 def models_and_batches(args):
@@ -36,7 +43,7 @@ def models_and_batches(args):
 
     for spec in args.models.split(","):
         for batch in [int(b) for b in args.batch.split(",")]:
-            yield (spec, batch, *load_model(spec, batch=batch))
+            yield (spec, batch, *load_model(spec, batch=batch, small=args.small))
 
 
 def parse_kernel_bench(doc: str, argv, out: str):

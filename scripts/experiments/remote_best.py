@@ -39,7 +39,7 @@ def main(argv=None):
     rows = []
     with loopback_fleet(1, KEY, args.out) as (tracker, _):
         for spec in args.models.split(","):
-            name, model = load_model(spec)
+            name, model = load_model(spec, small=args.small)
             built, seconds = {}, {}
             for where, rpc in (("here", {}), ("tracker", {"rpc_tracker": tracker, "rpc_key": KEY})):
                 t0 = time.time()

@@ -29,6 +29,11 @@ def main(argv=None):
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--trials", type=int, default=64, help="trials of each run, all tasks together")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--servers", default="0,1,2", help="the runs: how many loopback RPC servers each measures on")
+    ap.add_argument("--small", action="store_true", help="a zoo: model at the zoo's own small size (a CPU dry run)")
+    ap.add_argument("--cheap-search", action="store_true",
+                    help="MetaSchedule's replay-trace search with a random cost model instead of the evolutionary "
+                         "search and XGBoost (a CPU dry run: the plumbing, not the tuning, is checked)")
     args = ap.parse_args(argv)
     import logging
 
@@ -41,10 +46,10 @@ def main(argv=None):
     from tvm_nimble.compiler.tuning.tune import tune
 
     os.makedirs(args.out, exist_ok=True)
-    _, model = load_model(args.model)
+    _, model = load_model(args.model, small=args.small)
     target = target_dict(resolve_target(args.target))
     rows = []
-    for servers in (0, 1, 2):
+    for servers in (int(n) for n in args.servers.split(",")):
         logs = os.path.join(args.out, f"servers{servers}")
         os.makedirs(logs, exist_ok=True)
         with loopback_fleet(servers, KEY, logs) if servers else contextlib.nullcontext((None, [])) as (tracker, _):
@@ -52,6 +57,7 @@ def main(argv=None):
             print(f"rpctune: {servers} server(s), start", flush=True)
             report = tune(model, target, os.path.join(args.out, f"db{servers}"), trials_per_task=args.trials,
                           total_trials=args.trials, trials_per_iter=16, progress=False,
+                          **({"strategy": "replay-trace", "cost_model": "random"} if args.cheap_search else {}),
                           rpc_tracker=tracker, rpc_key=KEY if servers else None)
             secs = time.time() - t0
         rows.append({"servers": servers, "trials": report.trials_this_run, "failed": report.failed_trials,

@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 
 
-def load_model(model_arg: str, batch: int = 1):
+def load_model(model_arg: str, batch: int = 1, small: bool = False):
     """(name, ONNX model) of ``zoo:NAME`` / ``tv:NAME`` / ``timm:NAME`` / ``hf:NAME`` at ``batch`` (a file keeps
-    its own)."""
+    its own); ``small``: a zoo net at the zoo's own size instead of the benchmark size (a CPU dry run)."""
     if model_arg.startswith("zoo:"):
         from tvm_nimble import zoo
 
-        return zoo.get_bench_model(model_arg[4:], batch=batch)  # benchmark size, as `tvm-nimble bench` builds it
+        # benchmark size, as `tvm-nimble bench` builds it, unless small
+        return zoo.get_bench_model(model_arg[4:], batch=batch, small=small)
     if model_arg.startswith(("tv:", "timm:")):  # built from code with a fixed seed, exactly as `bench` builds it
         from tvm_nimble.cli.bench import model_builders
 

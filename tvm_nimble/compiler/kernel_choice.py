@@ -242,8 +242,8 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
     (``kernels="vendor"``), none (``"tvm"``), or each on the fastest measured on the session's GPU (``"best"``;
     TVM's tuned kernels when the options have a tuning database). With ``best``, a mix of providers and
     TVM kernels is kept only if the whole model, built one-stream both ways, confirms it is faster than
-    the providers' kernels everywhere (see :class:`ModelCheck`). The vendor extension is built for the
-    target's arch and loaded in this process."""
+    the providers' kernels everywhere (see :class:`ModelCheck`). To measure, the vendor extension is built for
+    the target's arch and loaded in this process."""
     options = session.options
     kernels = resolve_kernels(session)
     if kernels == "tvm":
@@ -253,7 +253,6 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
                           f"{options.target.kind.name}")
     if kernels == "best":
         check_measurable(session)  # before building anything for a GPU that is not there
-    stages.vendor_library(options.target, stages.provider_kernels(options))
     report = OffloadReport()
     providers = options.offload_providers()
     # what every provider takes, first come first served: the all-vendor module's chains, found once
@@ -262,6 +261,7 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
     not_taken = not_taken_by_providers(report)
     if kernels == "vendor":
         return Selection(all_vendor, kernels, not_taken=not_taken)
+    stages.vendor_library(options.target, stages.provider_kernels(options))  # measuring runs the providers' calls
     # each provider's chains, found once: the probes, the choice and the plan's counts all read them
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
     measured: dict = {}

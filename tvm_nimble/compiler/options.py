@@ -51,7 +51,8 @@ class BuildOptions:
       (``concurrent`` is the only safe one for several streams).
     - ``merge``: see :data:`MERGE_CHOICES` (``relay_passes.merge_siblings``).
     - ``tuning_db``: a MetaSchedule database directory. ``concat_in_place``: branch kernels write into
-      their slice of a concatenation. ``compile_kernels``: False stops before code generation.
+      their slice of a concatenation. ``compile_kernels``: False stops before code generation (the vendor
+      extension is not built either).
     - ``rpc_tracker`` / ``rpc_key``: measure on a GPU behind TVM's RPC tracker instead of this machine's.
     - ``timing_cache``: the directory where what ``best`` and ``auto`` measure is kept for later builds on
       the same GPU (see :mod:`.timing_cache`; default under the user's cache directory), None or ``"off"``

@@ -238,7 +238,9 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: b
         options, int(attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0,
         int(attrs.get(ATTR_SPLITS_AS_VIEWS, 0)) if options.merge != "off" else None,
         kernel_cache=None if cache is None else "hit" if hit else "stored" if stored else "miss")
-    uses_vendor = options.is_cuda and plan.uses_vendor_kernels
+    # the extension is compiled code too: a build that stops before code generation (explain's) neither waits on
+    # nvcc for it nor needs its toolchain
+    uses_vendor = options.is_cuda and plan.uses_vendor_kernels and options.compile_kernels
     return BuildResult(plan, library, consts, annotated,
                        vendor_library(t, provider_kernels(options, plan)) if uses_vendor else None, report=report,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options,

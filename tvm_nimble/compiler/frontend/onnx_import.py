@@ -447,6 +447,7 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
 
     from tvm_nimble.relay_passes.clip_ops import ClipAsOperators
     from tvm_nimble.relay_passes.static_shapes import FoldStaticShapeOf
+    from tvm_nimble.relay_passes.take_indices import clip_take_indices
 
     printed = io.StringIO()
     try:
@@ -464,4 +465,4 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"TVM could not prepare {label} for inference (DecomposeOpsForInference): "
                          f"{one_line(e)}: simplify or re-export the model") from e
-    return ClipAsOperators(mod)
+    return clip_take_indices(ClipAsOperators(mod))

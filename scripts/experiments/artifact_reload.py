@@ -18,6 +18,8 @@ import sys
 
 import numpy as np
 
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
+
 _RUN = """
 import sys, numpy as np, tvm_nimble
 ex = tvm_nimble.NimbleExecutor(sys.argv[1])
@@ -51,7 +53,7 @@ def main(argv=None):
     ap.add_argument("--precisions", default="fp16,bf16")
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--small", action="store_true", help="zoo: models at the zoo's own small size (a CPU dry run)")
+    gpu_args.add_small(ap)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import tvm_nimble

@@ -20,6 +20,8 @@ import json
 import os
 import time
 
+import gpu_args  # the shared command line, beside this script in scripts/experiments/
+
 KEY = "nimble-local"
 
 
@@ -30,7 +32,7 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=64, help="trials of each run, all tasks together")
     ap.add_argument("--out", required=True)
     ap.add_argument("--servers", default="0,1,2", help="the runs: how many loopback RPC servers each measures on")
-    ap.add_argument("--small", action="store_true", help="a zoo: model at the zoo's own small size (a CPU dry run)")
+    gpu_args.add_small(ap)
     ap.add_argument("--cheap-search", action="store_true",
                     help="MetaSchedule's replay-trace search with a random cost model instead of the evolutionary "
                          "search and XGBoost (a CPU dry run: the plumbing, not the tuning, is checked)")

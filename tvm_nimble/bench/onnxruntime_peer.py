@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from tvm_nimble.bench.system import System
+from tvm_nimble.errors import NimbleError
 
 
 def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str = "fp32",
@@ -33,8 +34,8 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
     if precision == "fp16":
         try:
             onnx_model = fp16_model(onnx_model)
-        except ImportError:
-            return [], ["onnxconverter-common not installed (pip install onnxconverter-common): no fp16 ORT rows"]
+        except MissingConverter as err:
+            return [], [f"{err}: no fp16 ORT rows"]
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -56,11 +57,19 @@ def onnxruntime_systems(onnx_model, feeds: dict[str, np.ndarray], precision: str
     return systems, []
 
 
+class MissingConverter(NimbleError):
+    """The fp16 conversion of an ONNX model needs onnxconverter-common, which is not installed."""
+
+
 def fp16_model(onnx_model, keep_io_types: bool = True):
     """The fp16 copy of ``onnx_model`` ORT's fp16 rows run: onnxconverter-common's converter with float32 inputs and
     outputs (``keep_io_types``), as ORT's own docs suggest; without it, float inputs and outputs in fp16 too (ORT
-    GenAI's cache). Raises ImportError without onnxconverter-common."""
-    from onnxconverter_common import float16
+    GenAI's cache). Without onnxconverter-common: :class:`MissingConverter`, one line saying how to install it."""
+    try:
+        from onnxconverter_common import float16
+    except ImportError as err:
+        raise MissingConverter(f"onnxconverter-common not installed ({err}): pip install onnxconverter-common") \
+            from None
 
     from tvm_nimble.compiler.frontend.fold_shapes import fold_static_shapes
 

@@ -14,6 +14,10 @@
 #   bench SECONDS ARGS...            tvm-nimble bench ARGS --out $WORK/bench (--tuning-db @NAME: $WORK/tuning/NAME)
 #   experiment NAME SECONDS ARGS...  scripts/experiments/NAME.py ARGS --out $WORK/NAME (the experiments and
 #                                    their arguments: scripts/experiments/README.md)
+#   vendor SECONDS                   build the whole vendor extension for sm_90 and print its wall time (a fresh
+#                                    machine's first build waits this long; nothing to do when it is cached)
+#   generate SECONDS ARGS...         tvm-nimble bench --generate ARGS --out $WORK/generate (time to first token and
+#                                    ms per token against HF eager, HF static cache + torch.compile, ORT GenAI)
 # With no steps (or --list) it prints this and exits.
 # State lives in $WORK (default /tmp/nimble-work), so a later call on the same machine continues it.
 # $OUT gets session.tgz (all of $WORK but tuning logs and libraries) and session.log.
@@ -100,6 +104,15 @@ for art in sorted(glob.glob(d + '/*.nimble')):
             else
                 step "${a[2]}" "$PYTHON" "scripts/experiments/$name.py" "${a[@]:3}" --out "$WORK/$name"
             fi ;;
+        vendor)
+            step "${a[1]}" "$PYTHON" -c "import time
+from tvm_nimble.codegen.vendor_build import build_vendor_library
+t = time.perf_counter()
+path = build_vendor_library('sm_90')
+print(f'vendor extension: {time.perf_counter() - t:.1f} s wall ({path})')" ;;
+        generate)
+            step "${a[1]}" "$PYTHON" -m tvm_nimble.cli bench --generate --target "$TARGET" "${a[@]:2}" \
+                --out "$WORK/generate" ;;
         *) echo "unknown step: $spec (bash scripts/gpu_session.sh --list)" | tee -a "$LOG" ;;
     esac
 done
@@ -118,4 +131,4 @@ find "$VENDOR_CACHE" -name libnimble_vendor.so -newer "$WORK/.session-start" 2>/
 done
 tar czf "$OUT/session.tgz" -C "$WORK" --exclude='*/logs' --exclude='*.so' --exclude='*.tar' . 2>>"$LOG"
 ls -la "$OUT" | tee -a "$LOG"
-grep -E "^concat |^streams |^remote-best |^diag |queues |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80
+grep -E "^vendor extension|^model  |^hf|^    .* us |^  hf:.*device time|^concat |^streams |^remote-best |^diag |queues |^\[train\]|^rpctune |^profile on|^critical-path bound|^planned |^pool |^\[bench\] .*: |tasks tuned|^== |FAIL|Error|^vendor|^artifact|passed|failed|^  |batch .* kernels" "$LOG" | tail -80

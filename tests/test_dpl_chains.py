@@ -193,3 +193,118 @@ def test_a_constant_is_seen_through_its_binding_and_a_reshape():
     np.testing.assert_array_equal(chains.const(c), B.reshape(1, C))
     np.testing.assert_array_equal(chains.const(relax.const(B)), B)
     assert chains.const(y) is None and chains.const(f.params[0]) is None
+
+
+def _function(params, body):
+    """A one-block function of ``params`` ((name, shape, dtype), ...) whose bindings ``body(emit, *params)`` emits
+    (the BlockBuilder: TVMScript does not take a dtype from a variable)."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in params]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb.emit, *args))
+        bb.emit_func_output(out)
+    return bb.finalize()["main"]
+
+
+def _linear_gelu_tanh(dtype: str = "float32", cube: str = "mul", order: str = "hf", k: float = 0.044715):
+    """x [6, 8] -> matmul -> + bias -> GELU's tanh approximation, its scalars in ``dtype`` (an fp16 export's are
+    rounded: 0.044715 is 0.0447082...), the cube spelled ``x * x * x`` or ``pow(x, 3)``; "op": relax.nn.gelu_tanh."""
+    op = relax.op
+
+    def c(v):
+        return relax.const(np.array(v, dtype=dtype))
+
+    def body(emit, x):
+        a = emit(op.add(emit(op.matmul(x, relax.const(LW.astype(dtype)))), relax.const(LB.astype(dtype))))
+        if order == "op":
+            return op.nn.gelu_tanh(a)
+        scale = float(np.sqrt(2 / np.pi))
+        if cube == "mul":
+            cu = emit(op.multiply(emit(op.multiply(a, a)), a))
+            inner = emit(op.add(a, emit(op.multiply(cu, c(k)))))
+            t = emit(op.tanh(emit(op.multiply(inner, c(scale)))))
+            half_x = emit(op.multiply(a, c(0.5)))
+            return op.multiply(half_x, emit(op.add(t, c(1.0))))
+        cu = emit(op.power(a, c(3.0)))
+        inner = emit(op.add(emit(op.multiply(c(k), cu)), a))
+        t = emit(op.tanh(emit(op.multiply(c(scale), inner))))
+        return op.multiply(emit(op.multiply(a, emit(op.add(c(1.0), t)))), c(0.5))
+
+    return _function([("x", (6, 8), dtype)], body)
+
+
+def _same_as_stock(func, inputs, tol):
+    """The offloaded module's outputs (dtypes, shapes, values) equal stock TVM's on the original function."""
+    mod = tvm.IRModule({"main": func})
+    target = resolve_target("llvm")
+    want = StockVM(build_stock_vm(mod, target), tvm.cpu(), inputs).outputs()
+    got = StockVM(build_stock_vm(OffloadToVendor()(mod), target), tvm.cpu(), inputs).outputs()
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g.astype("float32"), w.astype("float32"), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("cube, order", [("mul", "hf"), ("pow", "torch"), ("mul", "op")])
+def test_every_spelling_of_the_tanh_gelu_is_the_linears_gelu_epilogue(dtype, cube, order, vendor_reference):
+    """GPT-2's gelu_new, its scalars rounded to the compute dtype, is activation 4 (cuBLASLt's GELU epilogue)."""
+    func = _linear_gelu_tanh(dtype, cube, order)
+    (found,) = find_offloads(func, providers=[cublaslt.PROVIDER])
+    assert found.signature.split(" -> ")[1].endswith(", [0,4,0])")
+    assert len(found.bindings) == (3 if order == "op" else 11 if cube == "mul" else 10)
+    _same_as_stock(func, [RNG.standard_normal((6, 8)).astype(dtype)], 1e-4 if dtype == "float32" else 2e-2)
+
+
+@pytest.mark.parametrize("k", [0.05, 0.044715 * (1 + 2e-3)])
+def test_a_tanh_gelu_with_another_constant_is_not_folded(k):
+    """The scalars may be off by their rounding to fp16 (2^-11), not more."""
+    (found,) = find_offloads(_linear_gelu_tanh("float16", k=k), providers=[cublaslt.PROVIDER])
+    assert found.signature.split(" -> ")[0] == "matmul+add"
+
+
+def _conv1d_block(dtype: str, tail: str):
+    """GPT-2's Conv1D as exported: x [1, 3, 8] reshaped to [3, 8], matmul, + bias, reshaped back to [1, 3, 12], then
+    ``tail``: "residual32" (cast up and added to a float32 residual stream, as a 16-bit build leaves it),
+    "residual" (added in the compute dtype), "gelu" (the tanh GELU) or "split" (a reshape to heads, read by a
+    split: nothing to fold)."""
+    op = relax.op
+    r_dtype = "float32" if tail == "residual32" else dtype
+
+    def body(emit, x, r):
+        x2 = emit(op.reshape(x, (3, 8)))
+        a = emit(op.add(emit(op.matmul(x2, relax.const(LW.astype(dtype)))), relax.const(LB.astype(dtype))))
+        if tail == "split":
+            return op.split(emit(op.reshape(a, (1, 3, 4, 3))), 3, axis=2)
+        a3 = emit(op.reshape(a, (1, 3, 12)))
+        if tail == "gelu":
+            return op.nn.gelu_tanh(a3)
+        if tail == "residual":
+            return op.add(r, a3)
+        return op.add(emit(op.astype(a3, "float32")), r)
+
+    return _function([("x", (1, 3, 8), dtype), ("r", (1, 3, 12), r_dtype)], body)
+
+
+@pytest.mark.parametrize("dtype, tail, ops, act", [
+    ("float16", "residual32", "matmul+add+reshape+astype+add", 0),
+    ("bfloat16", "residual32", "matmul+add+reshape+astype+add", 0),
+    ("float32", "residual", "matmul+add+reshape+add", 0),
+    ("float16", "gelu", "matmul+add+reshape+gelu_tanh", 4),
+    ("float16", "split", "matmul+add", 0)])
+def test_the_linears_epilogue_is_read_through_a_reshape_of_the_rows(dtype, tail, ops, act, vendor_reference):
+    """What follows the GEMM through a reshape of its rows is folded in (the call writes the reshaped shape), and a
+    16-bit GEMM adds a float32 residual in fp32 (it writes float32, the residual stream's dtype: no cast or add
+    kernel is left); a reshape that is not the rows' stays outside the call."""
+    func = _conv1d_block(dtype, tail)
+    (found,) = find_offloads(func, providers=[cublaslt.PROVIDER])
+    assert found.signature.split(" -> ")[0] == ops
+    assert found.signature.endswith(f", [0,{act},0])")
+    assert (cublaslt.MATMUL_ADD in found.signature) == tail.startswith("residual")
+    out_ty = found.value[0].ty_args[0].fields[0]  # the call's result (the workspace is field 1)
+    assert [int(d) for d in out_ty.shape] == ([3, 12] if tail == "split" else [1, 3, 12])
+    assert str(out_ty.dtype) == ("float32" if tail == "residual32" else dtype)
+    if dtype != "bfloat16":  # (numpy gives the VM no bfloat16 input: the float16 case runs the same chain)
+        ins = [RNG.standard_normal((1, 3, 8)).astype(dtype), RNG.standard_normal((1, 3, 12)).astype(
+            "float32" if tail == "residual32" else dtype)]
+        _same_as_stock(func, ins, 1e-4 if dtype == "float32" else 2e-2)

@@ -16,11 +16,15 @@ from test_generate_peers import NEW_TOKENS, PROMPT, lively  # noqa: E402
 
 from tvm_nimble.bench.generate_peers import GenerationTiming, hf_eager  # noqa: E402
 from tvm_nimble.bench.hf_models import past_onnx_model  # noqa: E402
-from tvm_nimble.bench.ort_genai import genai_model_dir, ort_genai  # noqa: E402
+from tvm_nimble.bench.ort_genai import builder_model_dir, genai_model_dir, ort_genai  # noqa: E402
 from tvm_nimble.errors import NimbleError  # noqa: E402
 
 needs_genai = pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None,
                                  reason="ONNX Runtime GenAI not installed (pip install onnxruntime-genai)")
+#: ORT GenAI's model builder also needs onnx_ir
+needs_builder = pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None
+                                   or importlib.util.find_spec("onnx_ir") is None,
+                                   reason="ORT GenAI's model builder needs onnxruntime-genai and onnx-ir")
 has_converter = importlib.util.find_spec("onnxconverter_common") is not None
 
 
@@ -98,3 +102,29 @@ def test_without_onnxruntime_genai_the_peer_says_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # what `import` then raises: ImportError
     with pytest.raises(NimbleError, match="not installed"):
         ort_genai(tiny_gpt2_onnx(), tiny_torch("hf:gpt2-tiny"), PROMPT, NEW_TOKENS, "cpu", "fp32", repeats=1)
+
+
+@needs_builder
+def test_the_builders_folder_for_the_cuda_provider(tmp_path):
+    """A Llama-family decoder goes through ORT GenAI's own builder as its users run it on a GPU: GroupQueryAttention,
+    past and present in one shared buffer, the CUDA graph on; the logits get the never-picked stop id's column
+    (eos = pad = the vocabulary's size). Written without a GPU (the builder only writes the model)."""
+    import onnx
+
+    genai = builder_model_dir(tiny_torch("hf:llama-tiny"), str(tmp_path), "fp16", "cuda")
+    assert genai.built_by_genai and genai.shared_buffers and genai.cuda_graph and "own builder" in genai.note
+    config = json.loads((tmp_path / "model" / "genai_config.json").read_text())
+    assert config["model"]["vocab_size"] == 257 and config["model"]["eos_token_id"] == genai.stop_token == 256
+    assert config["model"]["pad_token_id"] == 256
+    graph = onnx.load(str(tmp_path / "model" / "model.onnx"), load_external_data=False).graph
+    assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == 2  # one a layer
+    (logits,) = [o for o in graph.output if o.name == "logits"]
+    assert logits.type.tensor_type.shape.dim[2].dim_value == 257
+
+
+@needs_builder
+def test_the_builder_takes_only_the_llama_family(tmp_path):
+    with pytest.raises(NimbleError, match="genai_model_dir"):
+        builder_model_dir(tiny_torch("hf:gpt2-tiny"), str(tmp_path), "fp16", "cuda")
+    with pytest.raises(NimbleError, match="int4"):
+        builder_model_dir(tiny_torch("hf:llama-tiny"), str(tmp_path), "int4", "cuda")

@@ -18,6 +18,8 @@ from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2
 
 
 def _act(y, act):
+    if act == 4:  # GELU's tanh approximation
+        return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
     if act == 3:  # the exact GELU, x * Phi(x)
         from scipy.special import erf
 
@@ -146,20 +148,24 @@ def reference_functions():
     def conv_bwd_filter(x, dy, attrs, dw, ws):
         dw.copyfrom(np_conv2d_bwd_filter(x.numpy(), dy.numpy(), dw.shape, list(attrs)).astype(dw.dtype))
 
-    def linear(a, w, bias, attrs):  # a @ op(w) + bias; attrs[2:] (allow_tf32, the algorithm) change no value
-        return a.numpy() @ (w.numpy().T if int(attrs[0]) else w.numpy()) + bias.numpy()
+    def linear(a, w, bias, attrs, y):  # a @ op(w) + bias in fp32, in y's shape (its rows may be reshaped);
+        # attrs[2:] (allow_tf32, the algorithm) change no value
+        wv = w.numpy().astype(np.float32)
+        out = a.numpy().astype(np.float32) @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(np.float32)
+        return out.reshape(y.shape)
 
     def matmul(a, w, bias, attrs, y, ws):
-        y.copyfrom(_act(linear(a, w, bias, attrs), int(attrs[1])).astype(y.dtype))
+        y.copyfrom(_act(linear(a, w, bias, attrs, y), int(attrs[1])).astype(y.dtype))
 
     def matmul_add(a, w, bias, z, attrs, y, ws):
-        y.copyfrom(_act(linear(a, w, bias, attrs) + z.numpy(), int(attrs[1])).astype(y.dtype))
+        y.copyfrom(_act(linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
     def simt_matmul(a, w, bias, attrs, y, ws):  # w [K, N]; attrs = [activation(, candidate)]
-        y.copyfrom(_act(a.numpy() @ w.numpy() + bias.numpy(), int(attrs[0])).astype(y.dtype))
+        y.copyfrom(_act((a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape), int(attrs[0])).astype(y.dtype))
 
     def simt_matmul_add(a, w, bias, z, attrs, y, ws):
-        y.copyfrom(_act(a.numpy() @ w.numpy() + bias.numpy() + z.numpy(), int(attrs[0])).astype(y.dtype))
+        out = (a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape) + z.numpy()
+        y.copyfrom(_act(out, int(attrs[0])).astype(y.dtype))
 
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()

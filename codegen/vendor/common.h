@@ -200,11 +200,13 @@ __device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// The epilogue activations every kernel here shares: 0 identity, 1 relu, 2 relu6, 3 GELU (the erf form, not tanh).
+// The epilogue activations every kernel here shares: 0 identity, 1 relu, 2 relu6, 3 GELU (the erf form), 4 GELU (the
+// tanh approximation, as cuBLASLt's GELU epilogue and GPT-2's gelu_new compute it).
 __device__ __forceinline__ float Activate(float v, int act) {
   if (act == 1) return fmaxf(v, 0.0f);
   if (act == 2) return fminf(fmaxf(v, 0.0f), 6.0f);
   if (act == 3) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  if (act == 4) return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
   return v;
 }
 

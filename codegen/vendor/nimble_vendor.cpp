@@ -14,9 +14,12 @@
 //       and right): that is what cuDNN's convolution descriptor can express.
 //   nimble.cublas.matmul(a, b, bias, attrs, y, workspace)
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
-//       [K, N], bias [N], y [..., M, N]; attrs = [transpose_b, activation, allow_tf32(, algo)];
-//       activation: 0 identity, 1 relu, 2 relu6, 3 gelu (erf); algo: an index into the candidates
-//       (cuBLASLt's heuristic list with the bias epilogue, then without it; 0, the first, if left out).
+//       [K, N], bias [N], y of M * N elements, its last dimension N (any leading dimensions: a reshape
+//       of the rows is free); attrs = [transpose_b, activation, allow_tf32(, algo)];
+//       activation: 0 identity, 1 relu, 2 relu6, 3 gelu (erf), 4 gelu (tanh approximation: cuBLASLt's
+//       GELU epilogue); algo: an index into the candidates (cuBLASLt's heuristic list with the bias
+//       epilogue, then without it; 0, the first, if left out). y (and bias, and matmul_add's z) may be
+//       float32 where a and b are 16-bit: the sum is rounded once, to y's dtype (a float32 residual stream).
 //   nimble.cublas.matmul_add(a, b, bias, z, attrs, y, workspace)
 //       y = act(a @ op(b) + bias + z), z shaped like y (a residual: cuBLASLt's C with beta = 1); attrs
 //       as matmul's.
@@ -606,7 +609,7 @@ struct MatmulPlan {
   }
 };
 
-using MatmulKey = std::array<int64_t, 15>;  // ..., batch (0: the bias GEMM, >= 1: batched, no bias), algo index
+using MatmulKey = std::array<int64_t, 16>;  // ..., batch (0: the bias GEMM, >= 1: batched, no bias), algo index, y dtype
 
 std::mutex& MatmulMutex() {
   static std::mutex* mu = new std::mutex();
@@ -631,7 +634,9 @@ cublasLtMatmulDesc_t MakeMatmulDesc(const char* op, int dtype, bool tb, int act,
   CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tn, sizeof(tn)), op,
               "cublasLtMatmulDescSetAttribute(TRANSB)");
   if (epilogue_bias) {
-    cublasLtEpilogue_t epi = act == 1 ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    cublasLtEpilogue_t epi = act == 1   ? CUBLASLT_EPILOGUE_RELU_BIAS
+                             : act == 4 ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                        : CUBLASLT_EPILOGUE_BIAS;
     CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), op,
                 "cublasLtMatmulDescSetAttribute(EPILOGUE)");
     CheckCublas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), op,
@@ -721,10 +726,13 @@ bool AddCandidates(const char* op, cublasLtHandle_t lt, MatmulPlan* p, cublasLtM
 
 // The layouts and the candidates of one GEMM (y = a @ op(b) over `batch` strided matrices); a bias GEMM
 // (bias != nullptr) lists the epilogue's candidates, then those without; false when there are none.
-bool MakeMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype, int64_t M, int64_t N, int64_t K,
-                    bool tb, int act, bool tf32, size_t ws_bytes, const std::array<uint32_t, 4>& align,
+cudaDataType_t CudaType(int dtype) { return dtype == kF16 ? CUDA_R_16F : dtype == kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// (out_dtype: y's, and C's and the bias's with it; fp32 accumulation either way)
+bool MakeMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtype, int out_dtype, int64_t M, int64_t N,
+                    int64_t K, bool tb, int act, bool tf32, size_t ws_bytes, const std::array<uint32_t, 4>& align,
                     const void* bias, int64_t batch) {
-  cudaDataType_t dt = dtype == kF16 ? CUDA_R_16F : dtype == kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  cudaDataType_t dt = CudaType(dtype);
   // cuBLASLt "A" = our b: op(A) is [N, K]; stored column-major as [K, N] (ld K) if transpose_b else [N, K] (ld N)
   if (tb) {
     CheckCublas(cublasLtMatrixLayoutCreate(&p->la, dt, uint64_t(K), uint64_t(N), K), op, "cublasLtMatrixLayoutCreate(A)");
@@ -732,7 +740,8 @@ bool MakeMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtyp
     CheckCublas(cublasLtMatrixLayoutCreate(&p->la, dt, uint64_t(N), uint64_t(K), N), op, "cublasLtMatrixLayoutCreate(A)");
   }
   CheckCublas(cublasLtMatrixLayoutCreate(&p->lb, dt, uint64_t(K), uint64_t(M), K), op, "cublasLtMatrixLayoutCreate(B)");
-  CheckCublas(cublasLtMatrixLayoutCreate(&p->ld, dt, uint64_t(N), uint64_t(M), N), op, "cublasLtMatrixLayoutCreate(D)");
+  CheckCublas(cublasLtMatrixLayoutCreate(&p->ld, CudaType(out_dtype), uint64_t(N), uint64_t(M), N), op,
+              "cublasLtMatrixLayoutCreate(D)");
   if (batch > 1) {  // strided batches: matrix i starts i * rows * cols elements after matrix 0
     int32_t count = int32_t(batch);
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{p->la, N * K}, {p->lb, K * M}, {p->ld, N * M}};
@@ -756,7 +765,7 @@ bool MakeMatmulPlan(const char* op, cublasLtHandle_t lt, MatmulPlan* p, int dtyp
 // One GEMM call's operands, checked: y = act(a @ op(b) [+ bias]) over `batch` strided matrices.
 struct GemmCall {
   const char* op;
-  int dev = 0, dtype = 0;
+  int dev = 0, dtype = 0, out_dtype = 0;  // out_dtype: y's (and the bias's and z's): dtype, or fp32
   bool batched = false;                    // false: the bias GEMM (a's rows flattened)
   int64_t M = 0, N = 0, K = 0, batch = 1;  // batch: the number of strided matrices when batched
   int64_t tb = 0, act = 0, tf32 = 0, algo = 0;
@@ -784,10 +793,10 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
                       ShapeStr(attrs.data(), int(attrs.size())));
   }
   g.tb = attrs[0], g.act = attrs[1], g.tf32 = attrs[2], g.algo = attrs.size() == 4 ? attrs[3] : 0;
-  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > 3 || (g.tf32 != 0 && g.tf32 != 1)) {
+  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > 4 || (g.tf32 != 0 && g.tf32 != 1)) {
     FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) +
-                      ": transpose_b and allow_tf32 must be 0 or 1, activation 0 (identity), 1 (relu), 2 (relu6) or "
-                      "3 (gelu)");
+                      ": transpose_b and allow_tf32 must be 0 or 1, activation 0 (identity), 1 (relu), 2 (relu6), "
+                      "3 (gelu) or 4 (gelu, tanh approximation)");
   }
   CheckAlgoIndex(op, g.algo, attrs);
   if (a.device().device_type != kDLCUDA) {
@@ -801,8 +810,10 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
   CheckCudaTensor(op, "bias", bias, g.dev);
   CheckCudaTensor(op, "y", y, g.dev);
   CheckDType(op, "b", b, g.dtype);
-  CheckDType(op, "bias", bias, g.dtype);
-  CheckDType(op, "y", y, g.dtype);
+  // a 16-bit GEMM may write float32 (a residual stream kept in fp32); the bias is y's dtype (cuBLASLt's rule)
+  g.out_dtype = TensorDType(y) == kF32 ? kF32 : g.dtype;
+  CheckDType(op, "y", y, g.out_dtype);
+  CheckDType(op, "bias", bias, g.out_dtype);
   if (a.ndim() < 2) FailValue(op, "a must be at least 2-D [..., M, K], got " + ShapeStr(a));
   CheckNdim(op, "b", b, 2);
   CheckNdim(op, "bias", bias, 1);
@@ -816,10 +827,10 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
                       (g.tb ? " ([N, K], transpose_b=1)" : " ([K, N], transpose_b=0)") + " disagree on K");
   }
   if (bias.shape()[0] != g.N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(g.N));
-  bool y_ok = y.ndim() == a.ndim() && y.shape()[y.ndim() - 1] == g.N;
-  for (int i = 0; y_ok && i + 1 < a.ndim(); ++i) y_ok = y.shape()[i] == a.shape()[i];
-  if (!y_ok) FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and N = " + std::to_string(g.N) +
-                               " give [..., " + std::to_string(g.N) + "] with a's leading dimensions");
+  if (y.ndim() < 1 || y.shape()[y.ndim() - 1] != g.N || y.numel() != g.M * g.N) {
+    FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and N = " + std::to_string(g.N) +
+                      " give " + std::to_string(g.M) + " rows of " + std::to_string(g.N));
+  }
   if (g.M != 0 && g.N != 0 && g.K == 0) FailValue(op, "K = 0 is not supported");
   if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(b)) FailValue(op, "y must not alias a or b");
   g.a = DataPtr(a), g.b = DataPtr(b), g.bias = DataPtr(bias), g.y = DataPtr(y);
@@ -850,6 +861,7 @@ GemmCall CheckBatchedMatmul(TensorView a, TensorView b, const Shape& attrs, Tens
   CheckCudaTensor(op, "y", y, g.dev);
   CheckDType(op, "b", b, g.dtype);
   CheckDType(op, "y", y, g.dtype);
+  g.out_dtype = g.dtype;
   int nd = a.ndim();
   if (nd < 3 || b.ndim() != nd || y.ndim() != nd) {
     FailValue(op, "a, b and y must have the same rank >= 3 [..., rows, cols], got a " + ShapeStr(a) + ", b " + ShapeStr(b) +
@@ -889,23 +901,26 @@ uint32_t CAlign(const GemmCall& g) { return g.z ? std::min(PtrAlign(g.y), PtrAli
 std::unique_ptr<MatmulPlan> MakeGemmPlan(const GemmCall& g, cublasLtHandle_t lt) {
   std::array<uint32_t, 4> align{PtrAlign(g.b), PtrAlign(g.a), CAlign(g), g.bias ? PtrAlign(g.bias) : 0};
   auto plan = std::make_unique<MatmulPlan>();
-  bool ok = g.batched ? MakeMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, 0, g.tf32, g.ws.bytes, align,
-                                       nullptr, g.batch)
-                      : MakeMatmulPlan(g.op, lt, plan.get(), g.dtype, g.M, g.N, g.K, g.tb, int(g.act), g.tf32,
-                                       g.ws.bytes, align, g.bias, 1);
+  bool ok = g.batched ? MakeMatmulPlan(g.op, lt, plan.get(), g.dtype, g.out_dtype, g.M, g.N, g.K, g.tb, 0, g.tf32,
+                                       g.ws.bytes, align, nullptr, g.batch)
+                      : MakeMatmulPlan(g.op, lt, plan.get(), g.dtype, g.out_dtype, g.M, g.N, g.K, g.tb, int(g.act),
+                                       g.tf32, g.ws.bytes, align, g.bias, 1);
   if (!ok) {
     TVM_FFI_THROW(RuntimeError) << g.op << ": cublasLtMatmulAlgoGetHeuristic found no algorithm for "
                                 << (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) << "M=" << g.M
-                                << " N=" << g.N << " K=" << g.K << " " << DTypeName(g.dtype) << " within " << g.ws.bytes
+                                << " N=" << g.N << " K=" << g.K << " " << DTypeName(g.dtype) << " -> "
+                                << DTypeName(g.out_dtype) << " within " << g.ws.bytes
                                 << " workspace bytes";
   }
   plan->Select(int(g.algo));
   std::ostringstream os;
-  os << g.op << " cuda:" << g.dev << " " << DTypeName(g.dtype) << (g.batched ? " batch=" + std::to_string(g.batch) : "")
+  os << g.op << " cuda:" << g.dev << " " << DTypeName(g.dtype)
+     << (g.out_dtype != g.dtype ? std::string(" -> ") + DTypeName(g.out_dtype) : std::string())
+     << (g.batched ? " batch=" + std::to_string(g.batch) : "")
      << " M=" << g.M << " N=" << g.N << " K=" << g.K << " attrs=" << g.attrs_str << " workspace=" << g.ws.bytes;
   if (!g.batched) {
-    os << " -> epilogue=" << (plan->epilogue_bias ? (g.act == 1 ? "relu_bias" : "bias") : "none")
-       << (g.act == 2 || !plan->epilogue_bias ? "+kernel" : "");
+    os << " -> epilogue=" << (plan->epilogue_bias ? (g.act == 1 ? "relu_bias" : g.act == 4 ? "gelu_bias" : "bias") : "none")
+       << (g.act == 2 || g.act == 3 || !plan->epilogue_bias ? "+kernel" : "");
   }
   os << " algo=" << plan->algo_index << "/" << plan->candidates.size() << " needs=" << plan->ws_need;
   plan->desc_str = os.str();
@@ -914,7 +929,8 @@ std::unique_ptr<MatmulPlan> MakeGemmPlan(const GemmCall& g, cublasLtHandle_t lt)
 
 MatmulKey GemmKey(const GemmCall& g) {
   return MatmulKey{g.dev, g.dtype, g.M, g.N, g.K, g.tb, g.act, g.tf32, int64_t(g.ws.bytes), PtrAlign(g.b), PtrAlign(g.a),
-                   CAlign(g), g.bias ? PtrAlign(g.bias) : 0, g.batched ? g.batch : (g.z ? -1 : 0), g.algo};
+                   CAlign(g), g.bias ? PtrAlign(g.bias) : 0, g.batched ? g.batch : (g.z ? -1 : 0), g.algo,
+                   g.out_dtype};
 }
 
 // Enqueues one GEMM with plan p (its mutex held) on `stream`.
@@ -931,9 +947,9 @@ void EnqueueGemm(const GemmCall& g, MatmulPlan* p, cublasLtHandle_t lt, cudaStre
               (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) + "M=" + std::to_string(g.M) +
                   " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K));
   if (!g.batched && !p->epilogue_bias) {
-    LaunchBiasAct(g.op, g.dtype, g.y, g.bias, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
-  } else if (!g.batched && g.act >= 2) {  // relu6, gelu: not in cuBLASLt's epilogues (its GELU is the tanh form)
-    LaunchBiasAct(g.op, g.dtype, g.y, nullptr, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
+    LaunchBiasAct(g.op, g.out_dtype, g.y, g.bias, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
+  } else if (!g.batched && (g.act == 2 || g.act == 3)) {  // relu6, erf gelu: not in cuBLASLt's epilogues
+    LaunchBiasAct(g.op, g.out_dtype, g.y, nullptr, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
   }
 }
 
@@ -962,7 +978,7 @@ GemmCall CheckMatmulAdd(TensorView a, TensorView b, TensorView bias, TensorView 
   GemmCall g = CheckMatmul(a, b, bias, attrs, y, workspace);
   g.op = kMatmulAdd;
   CheckCudaTensor(g.op, "z", z, g.dev);
-  CheckDType(g.op, "z", z, g.dtype);
+  CheckDType(g.op, "z", z, g.out_dtype);
   bool same = z.ndim() == y.ndim();
   for (int i = 0; same && i < y.ndim(); ++i) same = z.shape()[i] == y.shape()[i];
   if (!same) FailValue(g.op, "z has shape " + ShapeStr(z) + " but y has " + ShapeStr(y) + ": they must be equal");

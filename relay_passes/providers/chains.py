@@ -22,7 +22,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import DFPattern, is_const, is_expr, is_op, wildcard
 
-ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU = 0, 1, 2, 3  # the vendor calls' activation codes
+#: the vendor calls' activation codes (ACT_GELU_TANH: GELU's tanh approximation, GPT-2's ``gelu_new``)
+ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU, ACT_GELU_TANH = 0, 1, 2, 3, 4
 #: scratch memory per vendor call; cuDNN/cuBLASLt pick the fastest algorithm that fits
 DEFAULT_WORKSPACE_BYTES = 8 << 20
 #: a GEMM's: split-K at batch 1 keeps M x N partial sums per split (ViT-B's [197, 768] in 16 splits: 9.7 MB);
@@ -253,29 +254,56 @@ def _gelu(x: DFPattern):
     return pattern, (div, erf, plus_one, times_x, half_x), {root2: 2 ** 0.5, one: 1.0, half: 0.5}
 
 
+def _gelu_tanh(x: DFPattern):
+    """GELU's tanh approximation of ``x`` (GPT-2's ``gelu_new``, cuBLASLt's GELU epilogue): ``relax.nn.gelu_tanh``
+    (ONNX Gelu with approximate="tanh"), or ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` as
+    exporters spell it (the cube a ``Pow`` or ``x * x * x``). Returns what :func:`_gelu` does."""
+    three, k, scale, one, half = Const(), Const(), Const(), Const(), Const()
+    square = is_op("relax.multiply")(x, x)
+    cube = is_op("relax.power")(x, three.pattern) | is_op("relax.multiply")(square, x)
+    k_cube = is_op("relax.multiply")(cube, k.pattern)
+    inner = is_op("relax.add")(x, k_cube)
+    scaled = is_op("relax.multiply")(inner, scale.pattern)
+    tanh = is_op("relax.tanh")(scaled)
+    plus_one = is_op("relax.add")(tanh, one.pattern)
+    times_x, half_x = is_op("relax.multiply")(x, plus_one), is_op("relax.multiply")(x, half.pattern)
+    pattern = (is_op("relax.nn.gelu_tanh")(x) | is_op("relax.multiply")(times_x, half.pattern)
+               | is_op("relax.multiply")(half_x, plus_one))
+    return (pattern, (square, cube, k_cube, inner, scaled, tanh, plus_one, times_x, half_x),
+            {three: 3.0, k: 0.044715, scale: (2 / np.pi) ** 0.5, one: 1.0, half: 0.5})
+
+
+#: how far a scalar of the tanh GELU may be from its value: the exporters' constants rounded to the compute dtype
+#: (fp16's 0.044715 is 0.0447082...); the erf form's are matched exactly, as the erf GELU always was
+_ROUNDED = {"float32": 1e-6, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
 def gelu_of(chains, x):
-    """``(removed, last)`` when every use of ``x`` is the exact GELU of it (:func:`_gelu`), else None: ``removed``
-    are the vars before the GELU's result, ``last`` the var holding it. Each intermediate is read only by the
-    GELU, and no var of it is in a chain replaced already. The result is a user of ``x`` (``relax.nn.gelu``) or the
-    consumer of one (the multiply after ``x * ...``), found by that step forward."""
+    """``(removed, last, act)`` when every use of ``x`` is one GELU of it, exact (:func:`_gelu`, ``ACT_GELU``) or
+    the tanh approximation (:func:`_gelu_tanh`, ``ACT_GELU_TANH``), else None: ``removed`` are the vars before the
+    GELU's result, ``last`` the var holding it. Each intermediate is read only by the GELU, and no var of it is in a
+    chain replaced already. The result is a user of ``x`` (``relax.nn.gelu``) or the consumer of one (the multiply
+    after ``x * ...``), found by that step forward."""
     users = [v for v in chains.consumers.get(x, []) if v not in chains.claimed]
     if not users or chains.uses.get(x, 0) != len(users):
         return None
-    pattern, steps, scalars = _gelu(chains.pin(x))
+    forms = ((_gelu(chains.pin(x)), ACT_GELU, 1e-6),
+             (_gelu_tanh(chains.pin(x)), ACT_GELU_TANH, _ROUNDED.get(dtype_of(x), 1e-6)))
     for root in users + [chains.follow(u)[0] for u in users]:
-        m = chains.match(pattern, chains.value[root]) if root is not None else None
-        if m is None or not all(_near(c.array(m), target) for c, target in scalars.items() if c.data in m):
-            continue
-        removed = [x] + [chains.var_of.get(m[step]) for step in steps if step in m]
-        if (None not in removed and set(users) <= set(removed[1:]) | {root}
-                and all(chains.single_use(v) for v in removed[1:])
-                and not any(v in chains.claimed for v in removed + [root])):
-            return removed, root
+        for (pattern, steps, scalars), act, rel in forms:
+            m = chains.match(pattern, chains.value[root]) if root is not None else None
+            if m is None or not all(_near(c.array(m), target, rel) for c, target in scalars.items() if c.data in m):
+                continue
+            removed = [x] + list(dict.fromkeys(chains.var_of.get(m[step]) for step in steps if step in m))
+            if (None not in removed and set(users) <= set(removed[1:]) | {root}
+                    and all(chains.single_use(v) for v in removed[1:])
+                    and not any(v in chains.claimed for v in removed + [root])):
+                return removed, root, act
     return None
 
 
-def _near(value, target: float) -> bool:
-    return value is not None and value.size == 1 and abs(float(value.reshape(())) - target) <= 1e-6 * abs(target)
+def _near(value, target: float, rel: float) -> bool:
+    return value is not None and value.size == 1 and abs(float(value.reshape(())) - target) <= rel * abs(target)
 
 
 @dataclass

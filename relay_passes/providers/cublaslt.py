@@ -1,8 +1,14 @@
 """cuBLASLt: GEMMs with constant weights (bias and ReLU fused), and batched GEMMs of two tensors.
 
     matmul(x, permute_dims(W)) [+ bias] [-> relu|gelu] (x: [..., M, K]; W constant [N, K] or [K, N];
-                                                        gelu: the exact erf form, in our bias kernel)
-    matmul(x, permute_dims(W)) [+ bias] + residual     (residual: a tensor of the output's shape)
+                                                        gelu: the exact erf form in our bias kernel, the tanh
+                                                        approximation in cuBLASLt's GELU epilogue)
+    matmul(x, permute_dims(W)) [+ bias] + residual     (residual: a tensor of the output's shape; in a 16-bit
+                                                        build also a float32 one added to the result cast up:
+                                                        the call then writes float32, as the residual stream is)
+
+Either form may reach what follows through a reshape of the rows (the last dimension kept): the call writes the
+reshaped shape, as GPT-2's Conv1D exports reshape [B * S, N] back to [B, S, N] before the activation or the add.
     matmul(a, [permute_dims](b))                       (a: [..., M, K]; b: [..., K, N] or, transposed
                                                         by the permute, [..., N, K]; same batch dims)
     conv2d(x, W) [+ bias] [+ residual] [-> relu|relu6] (1x1, stride 1, unpadded, channels-last: x [N, H, W, C]
@@ -23,8 +29,8 @@ from tvm.relax.dpl import is_op, wildcard
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
-from .chains import (ACT_GELU, ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue,
-                     gelu_of, ints, known_shape, operator_of)
+from .chains import (ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue, gelu_of, ints,
+                     known_shape, operator_of)
 from .registry import Provider, register
 
 MATMUL = vendor_abi.CUBLAS_MATMUL
@@ -44,8 +50,9 @@ class Linear:
     residual: relax.Var | None
     removed: list  # the bindings the call replaces, besides the matmul's
     last: relax.Var  # the binding whose value the call computes
-    out_shape: tuple
-    dtype: str
+    out_shape: tuple  # the rows may be reshaped (any leading dimensions; the last is N)
+    dtype: str  # the compute dtype (x's, W's)
+    out_dtype: str  # the call's result (and bias and residual): ``dtype``, or float32 (a residual stream in fp32)
 
 
 _WEIGHT, _TRANSPOSED = Const(), Const()
@@ -54,9 +61,53 @@ _PERMUTE = is_op("relax.permute_dims")(_TRANSPOSED.pattern)
 _LINEAR = is_op("relax.matmul")(wildcard(), _WEIGHT.pattern | _PERMUTE)
 
 
+@dataclass(frozen=True)
+class _Epilogue:
+    """What follows a GEMM (+ bias) that the call folds in: the vars it replaces, the var it computes, and how."""
+
+    removed: list
+    last: relax.Var
+    act: int = ACT_NONE
+    residual: relax.Var | None = None
+    out_dtype: str | None = None  # None: the GEMM's dtype
+
+
+def _epilogue(chains, var, shape, dtype) -> _Epilogue | None:
+    """A GELU (exact or tanh: :func:`gelu_of`) or ReLU of ``var``, or a tensor added to it (cuBLASLt adds any var
+    of the output's shape as C): where the residual stream is float32 and the GEMM computes in 16 bits, through
+    the cast up (the call writes float32, rounding the sum once). None when nothing follows that the call takes."""
+    gelu = gelu_of(chains, var)
+    if gelu is not None:
+        folded, last, act = gelu
+        return _Epilogue(folded, last, act)
+    nxt, val = chains.follow(var)
+    if val is None:
+        return None
+    if activation(val) == ACT_RELU:
+        return _Epilogue([var], nxt, ACT_RELU)
+    residual = chains.residual_of(val, var, shape, dtype, computed=False)
+    if residual is not None:
+        return _Epilogue([var], nxt, residual=residual)
+    if dtype in REDUCED_DTYPES and operator_of(val) == "relax.astype" and str(val.attrs.dtype) == "float32":
+        up, add = chains.follow(nxt)
+        residual = chains.residual_of(add, nxt, shape, "float32", computed=False) if add is not None else None
+        if residual is not None:
+            return _Epilogue([var, nxt], up, residual=residual, out_dtype="float32")
+    return None
+
+
+def _rows_reshaped(chains, var, n: int):
+    """``(reshaped var, its shape)`` when ``var``'s one use reshapes it keeping the last dimension ``n`` (GPT-2's
+    Conv1D exports flatten x to [B * S, K] around the GEMM and reshape the result back to [B, S, N]); else None."""
+    nxt, val = chains.follow(var)
+    shape = known_shape(nxt) if operator_of(val) == "relax.reshape" else None
+    return (nxt, shape) if shape and shape[-1] == n else None
+
+
 def linear_of(chains, var, call) -> Linear | None:
     """The Linear that ``call`` (a matmul) starts, None when its weights are not a constant matrix (or the
-    transpose of one)."""
+    transpose of one). What follows the GEMM and its bias may be read through a reshape of the rows, which the
+    call then writes."""
     m = chains.match(_LINEAR, call)
     if m is None:
         return None
@@ -69,25 +120,23 @@ def linear_of(chains, var, call) -> Linear | None:
         return None
     out_shape, dtype = known_shape(call), dtype_of(call)
     n = out_shape[-1]
-    removed, last, bias, act = [], var, None, ACT_NONE
+    removed, last, bias = [], var, None
     nxt, val = chains.follow(last)
     b = chains.bias_of(val, last, out_shape, axis=-1) if val is not None else None
     if b is not None:
         bias, removed, last = b, [last], nxt
-        nxt, val = chains.follow(last)
-    gelu = gelu_of(chains, last)
-    if gelu is not None:  # in our bias kernel: cuBLASLt's GELU epilogue is the tanh approximation
-        (folded, last), act, val = gelu, ACT_GELU, None
-        removed = removed + folded
-    elif val is not None and activation(val) == ACT_RELU:
-        act, removed, last = ACT_RELU, removed + [last], nxt
-    # x + Linear(...): added in the GEMM's epilogue, no add kernel (any var of the output's shape, as cuBLASLt adds C)
-    residual = chains.residual_of(val, last, out_shape, dtype, computed=False) if act == ACT_NONE and val is not None \
-        else None
-    if residual is not None:
-        removed, last = removed + [last], nxt
-    return Linear(call.args[0], weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act, residual,
-                  removed, last, tuple(out_shape), dtype)
+    after = _epilogue(chains, last, out_shape, dtype)
+    reshaped = _rows_reshaped(chains, last, n) if after is None else None
+    if reshaped is not None:
+        after = _epilogue(chains, reshaped[0], reshaped[1], dtype)
+        if after is not None:
+            removed, out_shape = removed + [last], reshaped[1]
+    if after is not None:
+        removed, last = removed + after.removed, after.last
+    act = after.act if after is not None else ACT_NONE
+    return Linear(call.args[0], weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act,
+                  after.residual if after is not None else None, removed, last, tuple(out_shape), dtype,
+                  (after.out_dtype if after is not None else None) or dtype)
 
 
 def static_matmul(ctx, call, dtypes) -> bool:
@@ -108,13 +157,14 @@ def matmul_chain(ctx, chains, var, call):
             return batched_chain(ctx, chains, var, call)
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
-    args = [lin.x, relax.const(lin.weight.astype(lin.dtype)), relax.const(lin.bias.astype(lin.dtype))]
+    # the bias in the result's dtype: cuBLASLt's epilogue reads it so
+    args = [lin.x, relax.const(lin.weight.astype(lin.dtype)), relax.const(lin.bias.astype(lin.out_dtype))]
     attrs = relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32])
     if lin.residual is not None:  # cuBLASLt adds it as C (beta = 1)
-        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape, lin.dtype,
-                                                GEMM_WORKSPACE_BYTES), None)
-    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.dtype, GEMM_WORKSPACE_BYTES),
-                                   None)
+        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape,
+                                                lin.out_dtype, GEMM_WORKSPACE_BYTES), None)
+    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.out_dtype,
+                                            GEMM_WORKSPACE_BYTES), None)
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

@@ -2,8 +2,11 @@
 loop (``og.Generator``: the prompt appended, then one ``generate_next_token`` per token, greedy on the device)
 over the same with-past ONNX export Nimble builds (:func:`tvm_nimble.bench.hf_models.past_onnx_model`).
 
-Two layers: :func:`genai_model_dir` writes the model folder ORT GenAI loads (``model.onnx`` and
-``genai_config.json``), :func:`ort_genai` times greedy generation from it as a
+Two layers: a model folder ORT GenAI loads (``model.onnx`` and ``genai_config.json``), written by
+:func:`builder_model_dir` for the decoders ORT GenAI's own model builder takes (:data:`BUILDER_ARCHITECTURES`: the
+Llama family, as its users deploy them: GroupQueryAttention over one max-length cache shared by past and present,
+the decode step a CUDA graph on the CUDA provider) and by :func:`genai_model_dir` from the with-past export for the
+others (GPT-2); :func:`ort_genai` times greedy generation from it as a
 :class:`~tvm_nimble.bench.generate_peers.GenerationTiming`.
 
 The export's names are ORT GenAI's own (``input_ids``, ``attention_mask``, ``position_ids``,
@@ -29,6 +32,10 @@ PROVIDERS = ("cpu", "cuda")
 GENAI_PRECISIONS = ("fp32", "fp16")
 #: protobuf's limit on one serialized model: a larger one is written with its weights as external data
 _PROTOBUF_LIMIT = 2**31 - 1
+#: the transformers architectures this peer hands to ORT GenAI's model builder (which takes them and many more)
+BUILDER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+#: the precisions the builder writes a model in (it converts the weights itself)
+BUILDER_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,16 @@ class GenAiModel:
     stop_token: int
     shared_buffers: bool = False
     cuda_graph: bool = False
+    built_by_genai: bool = False  # the folder is ORT GenAI's model builder's (builder_model_dir)
 
     @property
     def note(self) -> str:
+        if self.built_by_genai:
+            return (f"ONNX Runtime GenAI og.Generator, greedy, {self.provider} provider, the model written by its "
+                    f"own builder (onnxruntime_genai.models.builder -p {self.precision}: GroupQueryAttention, past "
+                    f"and present {'sharing one buffer' if self.shared_buffers else 'separate'}, CUDA graph "
+                    f"{'on' if self.cuda_graph else 'off'}), logits padded by one -inf column (its id the "
+                    "end-of-sequence and padding id)")
         return (f"ONNX Runtime GenAI og.Generator, greedy, {self.provider} provider, the with-past export in "
                 f"{self.precision}, logits padded by one -inf column (its id the end-of-sequence and padding id "
                 "ORT GenAI requires); past/present buffers not shared and no CUDA graph: the export's attention "
@@ -128,6 +142,62 @@ def genai_model_dir(onnx_model, torch_model_or_config, out_dir: str, precision: 
     return genai
 
 
+def builder_model_dir(torch_model, out_dir: str, precision: str = "fp32", provider: str = "cpu") -> GenAiModel:
+    """Write ``out_dir`` with ORT GenAI's own model builder from the transformers decoder ``torch_model`` (the
+    bench's wrapper of one, or the module), as a user of ORT GenAI would: the checkpoint saved with a word-level
+    tokenizer over its vocabulary (the builder saves one; the ids are all that is generated), then
+    ``python -m onnxruntime_genai.models.builder`` in ``precision`` for ``provider`` (CUDA graphs on for CUDA),
+    then the logits padded by the never-picked stop id (see :class:`GenAiModel`)."""
+    import subprocess
+    import sys
+
+    import onnx
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    if provider not in PROVIDERS:
+        raise NimbleError(f"ORT GenAI provider {provider!r}: use one of {', '.join(PROVIDERS)}")
+    if precision not in BUILDER_PRECISIONS:
+        raise NimbleError(f"ORT GenAI's model builder in {precision}: use one of {', '.join(BUILDER_PRECISIONS)}")
+    module = next((m for m in (torch_model, getattr(torch_model, "model", None))
+                   if isinstance(m, transformers.PreTrainedModel)), None)
+    if module is None or type(module).__name__ not in BUILDER_ARCHITECTURES:
+        raise NimbleError(f"ORT GenAI's model builder is used here for {', '.join(BUILDER_ARCHITECTURES)}; "
+                          f"got {type(torch_model).__name__}: use genai_model_dir with the with-past export")
+    checkpoint, onnx_dir = os.path.join(out_dir, "checkpoint"), os.path.join(out_dir, "model")
+    module.save_pretrained(checkpoint)
+    vocab = module.config.vocab_size
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0").save_pretrained(checkpoint)
+    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", checkpoint, "-o", onnx_dir,
+               "-p", precision, "-e", provider, "-c", os.path.join(out_dir, "cache")]
+    if provider == "cuda":
+        command += ["--extra_options", "enable_cuda_graph=1"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise NimbleError(f"ORT GenAI's model builder failed: {last[0][:300]}")
+    path = os.path.join(onnx_dir, "model.onnx")
+    model = onnx.load(path)
+    vocab_size = _pad_logits(model)
+    for f in os.listdir(onnx_dir):
+        if f.startswith("model.onnx"):
+            os.remove(os.path.join(onnx_dir, f))
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data")
+    config_path = os.path.join(onnx_dir, "genai_config.json")
+    with open(config_path) as f:
+        document = json.load(f)
+    document["model"].update(vocab_size=vocab_size + 1, eos_token_id=vocab_size, pad_token_id=vocab_size)
+    decoder = document["model"]["decoder"]
+    options = [o.get(provider, {}) for o in decoder.get("session_options", {}).get("provider_options", [])]
+    with open(config_path, "w") as f:
+        json.dump(document, f, indent=1)
+    return GenAiModel(onnx_dir, provider, precision, vocab_size, stop_token=vocab_size,
+                      shared_buffers=bool(document.get("search", {}).get("past_present_share_buffer")),
+                      cuda_graph=any(str(o.get("enable_cuda_graph")) == "1" for o in options), built_by_genai=True)
+
+
 def ort_genai(onnx_model, torch_model_or_config, prompt_ids: list[int], new_tokens: int, provider: str,
               precision: str, repeats: int) -> GenerationTiming:
     """ORT GenAI's greedy generation of exactly ``new_tokens`` tokens after ``prompt_ids`` (no stop, no id
@@ -136,13 +206,21 @@ def ort_genai(onnx_model, torch_model_or_config, prompt_ids: list[int], new_toke
     One request makes its ``og.Generator`` (the cache's allocation is per request), appends the prompt (the
     prefill) and generates the first token: that, up to the token on the host, is the time to the first token;
     the ``new_tokens - 1`` further ``generate_next_token`` calls, up to the sequence on the host, over
-    ``new_tokens - 1`` are the milliseconds per token. Medians of ``repeats`` requests after a warm-up."""
+    ``new_tokens - 1`` are the milliseconds per token. Medians of ``repeats`` requests after a warm-up.
+
+    The folder is ORT GenAI's model builder's (:func:`builder_model_dir`) for the architectures it takes
+    (:data:`BUILDER_ARCHITECTURES`), else written from the with-past export ``onnx_model``; also in fp16 on the CPU
+    provider, where the builder's model (no GroupQueryAttention there) fails in ONNX Runtime 1.31 ("Shape mismatch
+    attempting to re-use buffer" in a cast of its repeated KV heads)."""
     import numpy as np
 
     check_settings(prompt_ids, new_tokens, repeats)
     og = _import_genai()
     with tempfile.TemporaryDirectory(prefix="tvm-nimble-ort-genai-") as tmp:
-        genai = genai_model_dir(onnx_model, torch_model_or_config, tmp, precision, provider)
+        if _architecture(torch_model_or_config) in BUILDER_ARCHITECTURES and (provider, precision) != ("cpu", "fp16"):
+            genai = builder_model_dir(torch_model_or_config, tmp, precision, provider)
+        else:
+            genai = genai_model_dir(onnx_model, torch_model_or_config, tmp, precision, provider)
         model = og.Model(genai.directory)  # the session holds the weights: the folder can go
     prompt = np.asarray([prompt_ids], dtype=np.int32)
 
@@ -176,6 +254,15 @@ def _import_genai():
         raise NimbleError(f"ONNX Runtime GenAI not installed ({err}): pip install onnxruntime-genai "
                           "(onnxruntime-genai-cuda on a GPU)") from None
     return og
+
+
+def _architecture(torch_model_or_config) -> str | None:
+    """The transformers architecture (``LlamaForCausalLM``) of a decoder given as :func:`_hf_config` takes it."""
+    try:
+        config = _hf_config(torch_model_or_config)
+    except NimbleError:
+        return None
+    return (config.architectures or [type(getattr(torch_model_or_config, "model", torch_model_or_config)).__name__])[0]
 
 
 def _hf_config(torch_model_or_config):

@@ -30,7 +30,11 @@
 //   w, w + 8, ... (32 keys, one per lane) for all R rows, so a warp's tiles do not wait on each other and
 //   each lane works on R rows at once; the warps' partials (max, sum, weighted values) are combined
 //   through shared memory at the end. R (16, 8 or 4) is chosen from the grid's waves over the GPU's SMs
-//   (LaunchSplitRows). Larger heads take the row-per-warp kernel. It matches float64 as closely as ours, but
+//   (LaunchSplitRows). Where the grid has one block of rows per head (a decode step: one query row), the keys are
+//   split over the C blocks of a thread-block cluster too (Hopper; C up to 8, as many as fill the SMs), block c
+//   taking tiles c * warps + w, ..., and the partials of all the cluster's warps combined through distributed
+//   shared memory: a decode step's 12 heads over 384 keys ran on 12 SMs, one block each, 14 us a layer on an H200.
+//   Larger heads take the row-per-warp kernel. It matches float64 as closely as ours, but
 //   is faster only for ViT-S-sized and long sequences (see benchmarks/findings.md, 'Attention kernels, build
 //   times, serving googlenet, PyTorch's half precision by layout'); its provider (attention_split) is one of the
 //   candidates the kernel choice measures against ours per operator (ViT-S fp32 takes it).
@@ -38,6 +42,8 @@
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
 //   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
 //   attention_cluster.cu; a call it does not take runs the tile kernel.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -223,10 +229,33 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict
 constexpr int kSplitWarps = 8;
 constexpr int kSplitValueRows = 8;  // value rows of a tile loaded at once in P·V
 
+// `a` (shared memory) of block c of this block's cluster: this block's own where C = 1 (no cluster)
+__device__ __forceinline__ float* OfBlock(float* a, int c, int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) return cooperative_groups::this_cluster().map_shared_rank(a, c);
+#endif
+  return a;
+}
+
+// A barrier over the block's cluster (C > 1; the host launches clusters only on sm_90 and later), else the block.
+__device__ __forceinline__ void ClusterSync(int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) {
+    cooperative_groups::this_cluster().sync();
+    return;
+  }
+#else
+  if (C > 1) __trap();
+#endif
+  __syncthreads();
+}
+
+// C: the blocks of a thread-block cluster that share a block of rows, each taking every C-th group of key tiles
+// (1: no cluster); blockIdx.x = row block * C + the block's rank in its cluster.
 template <typename T, typename M, int DC, int R>  // DC: columns per lane (1 or 2); R: query rows per block
 __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                    const T* __restrict__ v, const M* __restrict__ m,
-                                                                   T* __restrict__ o, SdpaParams p, bool vec_k) {
+                                                                   T* __restrict__ o, SdpaParams p, bool vec_k, int C) {
   constexpr int W = 32 * DC;  // padded head width
   static_assert(R % 4 == 0, "the probabilities are read four rows at a time");
   __shared__ __align__(16) float Qs[R][W];
@@ -236,7 +265,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
   constexpr int PS = R + 4, SCRATCH = 32 * PS > R * W ? 32 * PS : R * W;
   __shared__ __align__(16) float Scratch[kSplitWarps][SCRATCH];
   __shared__ float Ms[kSplitWarps][R], Ls[kSplitWarps][R];
-  const int64_t b = blockIdx.z, h = blockIdx.y, row0 = int64_t(blockIdx.x) * R;
+  const int rank = int(blockIdx.x) % C;
+  const int64_t b = blockIdx.z, h = blockIdx.y, row0 = int64_t(blockIdx.x / C) * R;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int D = int(p.D), Dv = int(p.Dv);
   const T* qb = q + p.q_off + b * p.q_sb + h * p.q_sh;
@@ -259,7 +289,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
   }
   float* P = Scratch[warp];
   const int64_t tiles = (p.Sk + 31) / 32;
-  for (int64_t t = warp; t < tiles; t += warps) {
+  for (int64_t t = int64_t(rank) * warps + warp; t < tiles; t += int64_t(warps) * C) {
     const int64_t key = t * 32 + lane;
     const bool valid = key < p.Sk;
     const T* kr = kb + (valid ? key : 0) * p.k_ss;
@@ -333,26 +363,38 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
 #pragma unroll
     for (int c = 0; c < DC; ++c) P[r * W + lane + 32 * c] = acc[r][c];
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < R * Dv; i += blockDim.x) {  // combine the warps' partials
+  // combine the partials of every warp of every block of the cluster (a block's own shared memory when C = 1),
+  // each block a share of the outputs, in a fixed order (deterministic)
+  ClusterSync(C);
+  for (int i = rank * blockDim.x + threadIdx.x; i < R * Dv; i += C * blockDim.x) {
     const int r = i / Dv, d = i % Dv;
     const int64_t s = row0 + r;
     if (s >= p.Sq) continue;
     float M = -INFINITY;
-    for (int w = 0; w < warps; ++w) M = fmaxf(M, Ms[w][r]);
+    for (int c = 0; c < C; ++c) {
+      const float* ms = OfBlock(&Ms[0][0], c, C);
+      for (int w = 0; w < warps; ++w) M = fmaxf(M, ms[w * R + r]);
+    }
     float L = 0.0f, O = 0.0f;
-    for (int w = 0; w < warps; ++w) {
-      const float wt = Ms[w][r] == -INFINITY ? 0.0f : expf(Ms[w][r] - M);
-      L += wt * Ls[w][r];
-      O += wt * Scratch[w][r * W + d];
+    for (int c = 0; c < C; ++c) {
+      const float *ms = OfBlock(&Ms[0][0], c, C), *ls = OfBlock(&Ls[0][0], c, C);
+      const float* sc = OfBlock(&Scratch[0][0], c, C);
+      for (int w = 0; w < warps; ++w) {
+        const float wt = ms[w * R + r] == -INFINITY ? 0.0f : expf(ms[w * R + r] - M);
+        L += wt * ls[w * R + r];
+        O += wt * sc[w * SCRATCH + r * W + d];
+      }
     }
     o[b * p.o_sb + h * p.o_sh + s * p.o_ss + d] = FromF<T>(Normalised(O, L));
   }
+  if (C > 1) ClusterSync(C);  // no block leaves while another still reads its shared memory
 }
 
 template <typename T, typename M, int DC, int R>
 struct SplitLaunch {  // one instantiation of the split-key kernel: its grid and how many of its blocks an SM holds
-  static int Warps(const SdpaParams& p) { return int(std::min<int64_t>(kSplitWarps, (p.Sk + 31) / 32)); }
+  static int Warps(const SdpaParams& p, int C = 1) {  // no more warps than a block has key tiles
+    return int(std::max<int64_t>(1, std::min<int64_t>(kSplitWarps, ((p.Sk + 31) / 32 + C - 1) / C)));
+  }
   static int64_t Blocks(const SdpaParams& p) { return (p.Sq + R - 1) / R * p.H * p.B; }
   static int PerSm(const SdpaParams& p) {  // asked once per block size (an occupancy query costs microseconds)
     static std::atomic<int> known[kSplitWarps + 1] = {};
@@ -365,14 +407,37 @@ struct SplitLaunch {  // one instantiation of the split-key kernel: its grid and
     }
     return n;
   }
-  static void Launch(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
-    dim3 grid(unsigned((p.Sq + R - 1) / R), unsigned(p.H), unsigned(p.B));
+  // C: the blocks of a cluster that split a row block's keys (1: none)
+  static void Launch(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream,
+                     int C = 1) {
     const size_t align = sizeof(T) == 4 ? 16 : 8;  // a row's 4-element vector loads
     const bool vec_k = reinterpret_cast<uintptr_t>(k + p.k_off) % align == 0 && p.k_sb % 4 == 0 && p.k_sh % 4 == 0 &&
                        p.k_ss % 4 == 0;
-    SdpaSplitKernel<T, M, DC, R><<<grid, Warps(p) * 32, 0, stream>>>(q, k, v, m, y, p, vec_k);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned((p.Sq + R - 1) / R * C), unsigned(p.H), unsigned(p.B));
+    cfg.blockDim = dim3(unsigned(Warps(p, C) * 32));
+    cfg.stream = stream;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = unsigned(C), cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = 1;
+    cfg.attrs = cluster;
+    cfg.numAttrs = C > 1 ? 1 : 0;
+    CheckCuda(cudaLaunchKernelEx(&cfg, SdpaSplitKernel<T, M, DC, R>, q, k, v, m, y, p, vec_k, C), kSplit,
+              "cudaLaunchKernelEx");
   }
 };
+
+// The blocks of a cluster that split the keys of a call whose rows fit one block of R (a decode step): the most of
+// 8, 4, 2 whose grid still fits the SMs once, each block keeping a key tile; 1 (no cluster) for more rows, and on
+// GPUs without thread-block clusters.
+int DecodeSplits(const SdpaParams& p, int R, int64_t sms) {
+  if (p.Sq > R || DeviceAttribute<cudaDevAttrClusterLaunch>(0) <= 0) return 1;
+  const int64_t blocks = p.H * p.B, tiles = (p.Sk + 31) / 32;
+  for (int c : {8, 4, 2}) {
+    if (blocks * c <= sms && tiles >= c) return c;
+  }
+  return 1;
+}
 
 // R: the fewest waves of blocks over the SMs first (a second, partial wave costs a whole block's time),
 // then a grid that has a block for every SM, then no block mostly padding (a decode step's one query row in a
@@ -391,7 +456,7 @@ void LaunchSplitRows(const SdpaParams& p, const T* q, const T* k, const T* v, co
   const auto s4 = score(SplitLaunch<T, M, DC, 4>::Blocks(p), SplitLaunch<T, M, DC, 4>::PerSm(p), 4);
   if (s16 <= s8 && s16 <= s4) SplitLaunch<T, M, DC, 16>::Launch(p, q, k, v, m, y, stream);
   else if (s8 <= s4) SplitLaunch<T, M, DC, 8>::Launch(p, q, k, v, m, y, stream);
-  else SplitLaunch<T, M, DC, 4>::Launch(p, q, k, v, m, y, stream);
+  else SplitLaunch<T, M, DC, 4>::Launch(p, q, k, v, m, y, stream, DecodeSplits(p, 4, sms));
 }
 
 // ---- the row-per-warp kernel's launch (D or Dv > 64) ----

@@ -14,6 +14,7 @@ from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.providers import cudnn_graph, depthwise, simt_gemm
+from tvm_nimble.relay_passes.providers import gemv as gemv_provider
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
 
@@ -167,6 +168,11 @@ def reference_functions():
         out = (a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape) + z.numpy()
         y.copyfrom(_act(out, int(attrs[0])).astype(y.dtype))
 
+    def gemv(a, w, bias, attrs, y, ws, z=None):  # w [N, K]; attrs = [activation]
+        out = (a.numpy().astype(np.float32) @ w.numpy().astype(np.float32).T
+               + bias.numpy().astype(np.float32)).reshape(y.shape)
+        y.copyfrom(_act(out + (0 if z is None else z.numpy()), int(attrs[0])).astype(y.dtype))
+
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
         y.copyfrom((a.numpy() @ bm).astype(y.dtype))
@@ -202,7 +208,9 @@ def reference_functions():
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
              LAYER_NORM: layer_norm,
-             simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, cudnn_graph.CONV2D: conv,
+             simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, gemv_provider.MATMUL: gemv,
+             gemv_provider.MATMUL_ADD: lambda a, w, bias, z, attrs, y, ws: gemv(a, w, bias, attrs, y, ws, z),
+             cudnn_graph.CONV2D: conv,
              cudnn_graph.CONV2D_ADD: conv_add}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}
     for name, fn in names.items():

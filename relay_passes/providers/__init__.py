@@ -8,6 +8,7 @@ from . import cudnn  # noqa: E402,F401
 from . import cudnn_grad  # noqa: E402,F401
 from . import cudnn_graph  # noqa: E402,F401
 from . import depthwise  # noqa: E402,F401
+from . import gemv  # noqa: E402,F401
 from . import norm  # noqa: E402,F401
 from . import simt_gemm  # noqa: E402,F401
 from . import tvm_kernels  # noqa: E402,F401

@@ -40,6 +40,7 @@ PRIORITY = (
     "attention_cluster",
     "cublaslt",  # GEMMs
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
+    "gemv",  # our 16-bit GEMV for a decode step's few rows (after cuBLASLt: "vendor" keeps cuBLASLt)
     "layer_norm",  # LayerNorm
 )
 

@@ -76,6 +76,11 @@ GEMM_CANDIDATES = "nimble.gemm.candidates"
 GEMM = VendorLibrary("gemm", kernels=(GEMM_MATMUL, GEMM_MATMUL_ADD),
                      utilities=(GEMM_MATMUL_TIMINGS, GEMM_MATMUL_ADD_TIMINGS, GEMM_CANDIDATES))
 
+# ---- our GEMV for a decode step's few rows (codegen/vendor/gemv.cu) ---------------------------------------
+GEMV_MATMUL = "nimble.gemv.matmul"
+GEMV_MATMUL_ADD = "nimble.gemv.matmul_add"
+GEMV = VendorLibrary("gemv", kernels=(GEMV_MATMUL, GEMV_MATMUL_ADD))
+
 # ---- fused attention (codegen/vendor/attention*.cu, cudnn_attention.cpp) ----------------------------------
 ATTENTION_SDPA = "nimble.attention.sdpa"
 ATTENTION_SDPA_BIAS = "nimble.attention.sdpa_bias"
@@ -108,7 +113,7 @@ VENDOR_PLANS = "nimble.vendor.plans"
 VENDOR = VendorLibrary("vendor", utilities=(VENDOR_VERSIONS, VENDOR_PLANS))
 
 #: Every library of the extension.
-LIBRARIES = (CUDNN, CUDNN_GRAPH, CUBLAS, GEMM, ATTENTION, NORM, DEPTHWISE, VENDOR)
+LIBRARIES = (CUDNN, CUDNN_GRAPH, CUBLAS, GEMM, GEMV, ATTENTION, NORM, DEPTHWISE, VENDOR)
 #: Every global function the extension registers (the runtime checks each one after loading it).
 FUNCTIONS = tuple(f for lib in LIBRARIES for f in lib.functions)
 #: Every function a plan may launch.

@@ -1,0 +1,77 @@
+"""Our GEMV provider (relay_passes/providers/gemv.py, codegen/vendor/gemv.cu) on the CPU: which Linear chains it
+takes (16-bit, at most four rows, K a multiple of 8), that it stores the weights [N, K] whatever the model's layout,
+that its epilogue is cuBLASLt's (bias, tanh GELU, a float32 residual), and that the offloaded module computes what
+stock TVM computes for the chains it replaces (the call runs as its numpy contract, tests/vendor_reference.py).
+``kernels="vendor"`` keeps cuBLASLt: the GEMV is measured against it by ``kernels="best"`` only."""
+import numpy as np
+import pytest
+from tvm import relax
+
+from test_dpl_chains import _function, _same_as_stock
+from tvm_nimble.relay_passes.providers import cublaslt, gemv, registered
+from tvm_nimble.relay_passes.vendor_offload import find_offloads
+
+RNG = np.random.default_rng(5)
+K, N = 16, 24
+W_KN = RNG.standard_normal((K, N)).astype("float32")  # as GPT-2's Conv1D stores it
+BIAS = RNG.standard_normal(N).astype("float32")
+
+
+def _decode_linear(dtype: str, rows: int = 1, tail: str = "residual32", k: int = K, transposed: bool = False):
+    """x [1, rows, k] -> reshape [rows, k] -> matmul with W (or a permute of W^T) -> + bias -> reshape [1, rows, N] ->
+    ``tail``: "residual32" (cast up, + a float32 residual), "gelu" (tanh GELU) or "none"."""
+    op = relax.op
+    w = W_KN[:k] if k <= K else np.tile(W_KN, (k // K + 1, 1))[:k]
+
+    def body(emit, x, r):
+        x2 = emit(op.reshape(x, (rows, k)))
+        weight = (op.permute_dims(relax.const(np.ascontiguousarray(w.T).astype(dtype)), [1, 0]) if transposed
+                  else relax.const(w.astype(dtype)))
+        a = emit(op.add(emit(op.matmul(x2, emit(weight) if transposed else weight)),
+                        relax.const(BIAS.astype(dtype))))
+        a3 = emit(op.reshape(a, (1, rows, N)))
+        if tail == "gelu":
+            return op.nn.gelu_tanh(a3)
+        if tail == "none":
+            return op.multiply(a3, a3)
+        return op.add(emit(op.astype(a3, "float32")), r)
+
+    return _function([("x", (1, rows, k), dtype), ("r", (1, rows, N), "float32")], body)
+
+
+def _inputs(dtype, rows=1, k=K):
+    return [RNG.standard_normal((1, rows, k)).astype(dtype), RNG.standard_normal((1, rows, N)).astype("float32")]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_decode_linear_with_its_float32_residual_is_one_gemv(rows, transposed, vendor_reference):
+    func = _decode_linear("float16", rows, transposed=transposed)
+    (found,) = find_offloads(func, providers=[gemv.PROVIDER])
+    assert found.signature.split(" -> ")[1].startswith(gemv.MATMUL_ADD)
+    call = found.value[0]
+    weight = call.args[1].fields[1].value.numpy()  # call_dps_packed(func, (x, W, bias, z, attrs))
+    np.testing.assert_array_equal(weight, W_KN.T.astype("float16"))  # [N, K], each column one contiguous row
+    assert str(call.ty_args[0].fields[0].dtype) == "float32"
+    _same_as_stock(func, _inputs("float16", rows), 2e-2)
+
+
+def test_the_tanh_gelu_is_the_gemvs_activation(vendor_reference):
+    func = _decode_linear("float16", tail="gelu")
+    (found,) = find_offloads(func, providers=[gemv.PROVIDER])
+    assert found.signature.endswith(", [4])")
+    _same_as_stock(func, _inputs("float16"), 2e-2)
+
+
+@pytest.mark.parametrize("dtype, rows, k, reason", [
+    ("float16", 5, K, "at most 4 rows"), ("float16", 1, 12, "multiple of 8"), ("float32", 1, K, None)])
+def test_what_the_gemv_leaves_to_others(dtype, rows, k, reason):
+    """More than four rows, K not a multiple of 8, and float32 (cuBLASLt's or our SIMT GEMM's) are not its."""
+    assert find_offloads(_decode_linear(dtype, rows, tail="none", k=k), providers=[gemv.PROVIDER]) == []
+
+
+def test_kernels_vendor_keeps_cublaslt_for_the_gemvs_chains():
+    names = [p.name for p in registered()]
+    assert names.index("cublaslt") < names.index("gemv")
+    (found,) = find_offloads(_decode_linear("float16"), providers=[cublaslt.PROVIDER, gemv.PROVIDER])
+    assert found.provider == "cublaslt"

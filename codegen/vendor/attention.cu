@@ -33,7 +33,7 @@
 //   (LaunchSplitRows). Where the grid has one block of rows per head (a decode step: one query row), the keys are
 //   split over the C blocks of a thread-block cluster too (Hopper; C up to 8, as many as fill the SMs), block c
 //   taking tiles c * warps + w, ..., and the partials of all the cluster's warps combined through distributed
-//   shared memory: a decode step's 12 heads over 384 keys ran on 12 SMs, one block each, 14 us a layer on an H200.
+//   shared memory (one block a head left most SMs idle: benchmarks/findings.md, 'Decode steps on the H200').
 //   Larger heads take the row-per-warp kernel. It matches float64 as closely as ours, but
 //   is faster only for ViT-S-sized and long sequences (see benchmarks/findings.md, 'Attention kernels, build
 //   times, serving googlenet, PyTorch's half precision by layout'); its provider (attention_split) is one of the

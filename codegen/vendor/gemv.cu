@@ -8,8 +8,8 @@
 //       1 relu, 2 relu6, 3 gelu, 4 gelu's tanh approximation). fp32 accumulation, rounded once.
 //
 // Why: at M = 1 a Linear is a matrix-vector product whose time is reading W. cuBLASLt's kernels for it (64x8
-// tiles, split-K with a second reduction kernel) ran GPT-2's decode GEMMs at about a third of the H200's memory
-// bandwidth (benchmarks/findings.md, 'Decode steps on the H200'). Here each output column is a row of W read by
+// tiles, split-K with a second reduction kernel) ran GPT-2's decode GEMMs well under the memory's bandwidth
+// (benchmarks/findings.md, 'Decode steps on the H200'). Here each output column is a row of W read by
 // S warps (S = 1, 2, 4 or 8, as many as the grid needs to fill the GPU: a short, wide W is split along K), each
 // lane 16 bytes a load, four loads in flight; the S partial sums meet in shared memory, and the column's epilogue
 // is one thread's. K must be a multiple of 8 and every tensor 16-byte aligned (the provider and the checks here

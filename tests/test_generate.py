@@ -167,3 +167,21 @@ def test_a_batch_longer_than_the_generator_is_one_line():
         with pytest.raises(NimbleError) as err:
             gen.generate_batch([[1, 2]] * 4, 3)
     assert "1 to 3 prompts" in str(err.value)
+
+
+def test_a_generator_runs_the_onnx_checker_once(monkeypatch):
+    """One export, imported once per step with other shapes, is checked once (the checker serializes the whole
+    model: for a 0.5B decoder, seconds a step), and TVM's importer does not check it again."""
+    import onnx
+
+    calls = []
+    real = onnx.checker.check_model
+
+    def counted(model, *args, **kwargs):  # the real checker, counted
+        calls.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", counted)
+    module = tvm_nimble.build_generator(tiny_gpt2_past_onnx(), "llvm", max_length=16, prefill_lengths=(4, 8),
+                                       compile_kernels=False)
+    assert len(module.steps) == 3 and len(calls) == 1

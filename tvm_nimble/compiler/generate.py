@@ -108,12 +108,12 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     vocab = vocab_size(onnx_model)
     memory = CacheMemory()
     steps = {}
-    for n in [DECODE, *lengths]:
+    for i, n in enumerate([DECODE, *lengths]):
         spec = KvCacheSpec("decode" if n == DECODE else "prefill", max_length, opts.compute_dtype, opts.is_cuda)
         shapes = step_shapes(onnx_model, batch, n, spec.past_length())
         with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
             warnings.filterwarnings("ignore", message="Renaming name")
-            mod = import_model(onnx_model, params, shapes)
+            mod = import_model(onnx_model, params, shapes, check=i == 0)  # one export: the ONNX checker once
         steps[n] = build_with(mod, opts.replace(kv_cache=spec), cache=memory)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,

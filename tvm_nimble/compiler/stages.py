@@ -65,13 +65,14 @@ def _info(result: BuildResult) -> dict:
 BuildResult.info = property(_info, doc=_info.__doc__)
 
 
-def import_model(model, params: dict | None = None, shape_dict: dict | None = None) -> tvm.IRModule:
+def import_model(model, params: dict | None = None, shape_dict: dict | None = None,
+                 check: bool = True) -> tvm.IRModule:
     """A Relax IRModule of ``model`` (an IRModule, an ONNX ModelProto or a path to a .onnx file), with
-    ``params`` bound as constants."""
+    ``params`` bound as constants; ``check=False``: an ONNX model checked already (see ``from_onnx``)."""
     if not isinstance(model, tvm.IRModule):
         from tvm_nimble.compiler.frontend import from_onnx
 
-        model = from_onnx(model, shape_dict=shape_dict)
+        model = from_onnx(model, shape_dict=shape_dict, check=check)
     if params:
         model = tvm.relax.transform.BindParams("main", params)(model)
     return model

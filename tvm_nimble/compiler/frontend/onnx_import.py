@@ -375,7 +375,8 @@ def _check_static_inputs(inputs: list[onnx.ValueInfoProto], shape_dict: dict) ->
 
 
 # ---- import -------------------------------------------------------------------------------
-def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = None, keep_params_in_input: bool = False):
+def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = None, keep_params_in_input: bool = False,
+              check: bool = True):
     """Import an ONNX model (file path, bytes or ModelProto) as a Relax ``tvm.IRModule``.
 
     ``shape_dict`` (``{"input": (1, 3, 224, 224)}``) fixes the shapes of inputs with dynamic
@@ -386,7 +387,8 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     importer failure), :class:`~tvm_nimble.errors.UnsupportedOperatorError` (naming every op
     type TVM cannot convert) or :class:`~tvm_nimble.errors.ShapeError` (dynamic input dims,
     bad ``shape_dict``). ``keep_params_in_input`` makes the weights parameters of ``main`` after the
-    model's inputs (their values in ``main.attrs["params"]``), as training needs.
+    model's inputs (their values in ``main.attrs["params"]``), as training needs. ``check=False`` leaves out
+    the ONNX checker, for a model checked already (a generator imports one export once per step, with other shapes).
     """
     path = None
     if isinstance(path_or_model, (str, os.PathLike)):
@@ -412,7 +414,8 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     if shapes:  # check and import the model with its inputs fixed (the checker insists on input shapes)
         model = _with_input_shapes(model, shapes)
         path = None
-    _check_model(model, label, path)
+    if check:
+        _check_model(model, label, path)
     folded = fold_powers(fold_pads(fold_static_shapes(model)))  # a Pad's amounts are often shape arithmetic: folded first
     _check_data_dependent_shapes(folded, label)
     _check_control_flow(folded, label)
@@ -440,10 +443,23 @@ def _with_input_shapes(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:
     return fixed
 
 
+def _tvm_import(model: onnx.ModelProto, shapes: dict, keep_params_in_input: bool):
+    """TVM's ONNX importer (``tvm.relax.frontend.onnx.from_onnx``) without the ONNX checker it runs first: the
+    model was checked here already (or, over protobuf's 2 GB, from its file), and the second check serialized the
+    whole model again -- a fifth of a GPT-2 generator's build on a 2-core machine -- or, over 2 GB, only warned
+    "Failed to serialize proto"."""
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    if model.ir_version < 3:
+        raise ValueError(f"model IR version {model.ir_version} is not supported: it must be 3 (ONNX 1.1.0) or later")
+    opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    importer = ONNXGraphImporter(shapes or None, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
+    return importer.from_onnx(model.graph, opset)
+
+
 def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_input: bool = False):
     import tvm
     from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
     from tvm_nimble.relay_passes.clip_ops import ClipAsOperators
     from tvm_nimble.relay_passes.static_shapes import FoldStaticShapeOf
@@ -454,7 +470,7 @@ def _import(model: onnx.ModelProto, shapes: dict, label: str, keep_params_in_inp
         # on a failure the importer prints "Error converting operator <op>, with inputs: <IR>"
         # to stdout: keep that out of the user's terminal, but use it to name the operator
         with contextlib.redirect_stdout(printed):
-            mod = tvm_from_onnx(model, shape_dict=shapes or None, keep_params_in_input=keep_params_in_input)
+            mod = _tvm_import(model, shapes, keep_params_in_input)
     except Exception as e:  # noqa: BLE001  (anything from deep inside the importer)
         m = re.search(r"Error converting operator (\S+?),", printed.getvalue())
         where = f" while converting a {m.group(1)} node" if m else ""

@@ -40,3 +40,24 @@ def test_other_exponents_stay_powers(exponent):
     x = np.linspace(0.1, 3, 16, dtype=np.float32).reshape(2, 8)
     np.testing.assert_allclose(ReferenceEvaluator(folded).run(None, {"x": x})[0],
                                ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape_dict", [None, {"x": (2, 8)}])
+def test_the_import_folds_its_own_copy_and_leaves_the_callers_model_alone(shape_dict):
+    """The folds change the copy the import made (in place: a copy of a large model is mostly its weights);
+    the model the caller passed is the same, byte for byte, after the import."""
+    from tvm_nimble.compiler.frontend import from_onnx
+
+    model = _pow_model(3.0)
+    before = model.SerializeToString()
+    assert "power" not in from_onnx(model, shape_dict=shape_dict).script()
+    assert model.SerializeToString() == before
+
+
+def test_in_place_the_fold_changes_the_model_it_is_given():
+    model = _pow_model(3.0)
+    folded = fold_powers(model, in_place=True)
+    assert folded is model and "Pow" not in [n.op_type for n in model.graph.node]
+    x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
+    np.testing.assert_allclose(ReferenceEvaluator(model).run(None, {"x": x})[0],
+                               ReferenceEvaluator(_pow_model(3.0)).run(None, {"x": x})[0], rtol=1e-6)

@@ -121,7 +121,7 @@ def test_same_pad_chain_fails_in_the_importer_without_folding(monkeypatch, sizes
     """The graphs above really are failing patterns: unfolded, TVM 0.27's importer rejects them
     ("constants" with nasnetalarge's exact error). If a newer TVM takes them, this test says so
     and the fold is merely an optimisation."""
-    monkeypatch.setattr(onnx_import, "fold_static_shapes", lambda m: m)
+    monkeypatch.setattr(onnx_import, "fold_static_shapes", lambda m, in_place=False: m)
     with pytest.raises(ModelError, match=error):
         from_onnx(same_pad_conv_model(sizes_from))
 

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .fold_shapes import small_constants
+from .fold_shapes import small_constants, with_nodes
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -74,9 +74,9 @@ def _folded_attrs(consumer: onnx.NodeProto, pads: list[int], value: float) -> di
     return None
 
 
-def fold_pads(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with each foldable Pad folded into its reader (see the module docstring); ``model`` itself when
-    none folds."""
+def fold_pads(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto:
+    """``model`` with each foldable Pad folded into its reader (see the module docstring): a copy (``in_place``:
+    ``model``, changed); ``model`` itself when none folds."""
     g = model.graph
     if not any(n.op_type == "Pad" for n in g.node):
         return model
@@ -102,9 +102,11 @@ def fold_pads(model: onnx.ModelProto) -> onnx.ModelProto:
             fold[id(n)] = (index[id(users[0])], attrs, n.input[0])
     if not fold:
         return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes = list(out.graph.node)
+    nodes = []
+    for n in g.node:  # copies, changed below
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        nodes.append(copy)
     for i, node in enumerate(model.graph.node):
         if id(node) not in fold:
             continue
@@ -115,6 +117,4 @@ def fold_pads(model: onnx.ModelProto) -> onnx.ModelProto:
         del target.attribute[:]
         target.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in attrs.items()])
     dropped = {i for i, n in enumerate(model.graph.node) if id(n) in fold}
-    del out.graph.node[:]
-    out.graph.node.extend(n for i, n in enumerate(nodes) if i not in dropped)
-    return out
+    return with_nodes(model, [n for i, n in enumerate(nodes) if i not in dropped], in_place)

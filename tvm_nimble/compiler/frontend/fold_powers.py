@@ -11,15 +11,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .fold_shapes import small_constants
+from .fold_shapes import small_constants, with_nodes
 
 #: exponents written as multiplications
 _EXPONENTS = (2.0, 3.0)
 
 
-def fold_powers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with each ``Pow(x, c)``, ``c`` a constant scalar 2 or 3, as ``Mul`` nodes; ``model`` itself when
-    there is none."""
+def fold_powers(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto:
+    """``model`` with each ``Pow(x, c)``, ``c`` a constant scalar 2 or 3, as ``Mul`` nodes: a copy (``in_place``:
+    ``model``, changed); ``model`` itself when there is none."""
     g = model.graph
     if not any(n.op_type == "Pow" for n in g.node):
         return model
@@ -33,10 +33,8 @@ def fold_powers(model: onnx.ModelProto) -> onnx.ModelProto:
 
     if not any(exponent(n) is not None for n in g.node):
         return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
     nodes = []
-    for n in out.graph.node:
+    for n in g.node:
         c = exponent(n)
         if c is None:
             nodes.append(n)
@@ -48,6 +46,4 @@ def fold_powers(model: onnx.ModelProto) -> onnx.ModelProto:
             square = f"{y}__square"
             nodes += [helper.make_node("Mul", [x, x], [square], name=f"{n.name}__square"),
                       helper.make_node("Mul", [square, x], [y], name=n.name)]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+    return with_nodes(model, nodes, in_place)

@@ -26,6 +26,29 @@ _NO_FOLD_OPS = frozenset({"Constant", "RandomNormal", "RandomNormalLike", "Rando
                           "RandomUniformLike", "Multinomial", "Bernoulli", "If", "Loop", "Scan"})
 
 
+def with_nodes(model: onnx.ModelProto, nodes, in_place: bool, dropped_value_info=frozenset()) -> onnx.ModelProto:
+    """``model`` with ``nodes`` (copied first: they may be ``model``'s own) as its graph's nodes, and the value_info
+    of ``dropped_value_info`` left out: a copy of ``model``, or with ``in_place`` ``model`` itself, changed. The
+    ONNX-level folds change a few nodes of a graph whose bytes are mostly initializers: a copy of a 0.5B-parameter
+    decoder's is 2 GB, seconds a fold, so the import folds its own copy in place."""
+    new = []
+    for n in nodes:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        new.append(copy)
+    out = model
+    if not in_place:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(new)
+    if dropped_value_info:
+        keep = [vi for vi in out.graph.value_info if vi.name not in dropped_value_info]
+        del out.graph.value_info[:]
+        out.graph.value_info.extend(keep)
+    return out
+
+
 def declared_dims(vi: onnx.ValueInfoProto):
     """Declared dims (int, or the dim_param string / None when dynamic); None for unknown rank."""
     tt = vi.type.tensor_type
@@ -74,29 +97,31 @@ def _subgraph_inputs(node: onnx.NodeProto):
             yield from (o.name for o in sub.output)
 
 
-def fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_static_shapes(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto:
     """``model`` with its static shape computations folded to Constant nodes (see above).
 
     Only top-level nodes of the default ONNX domain fold: ``Shape`` / ``Size`` of a tensor with
     a fully static (inferred) shape, and deterministic nodes whose inputs are all constants and
     at most ``_FOLD_MAX_ELEMENTS`` elements in and out, evaluated with ``onnx.reference``.
-    Returns ``model`` itself when nothing folds; a failure while folding leaves the model as it
-    was (the importer then reports what it makes of it).
+    Returns ``model`` itself when nothing folds, else a copy (``in_place``: ``model``, changed); a
+    failure while folding leaves the model as it was (the importer then reports what it makes of
+    it): every value is computed before the nodes are replaced.
     """
     try:
-        folded = model
+        folded, owned = model, in_place
         for _ in range(_FOLD_MAX_ROUNDS):  # a branch taken may hold more to fold, and decide more Ifs
-            folded = _fold_static_shapes(folded)
-            taken = _inline_decided_ifs(folded)
+            step = _fold_static_shapes(folded, owned)
+            owned, folded = owned or step is not folded, step
+            taken = _inline_decided_ifs(folded, owned)
             if taken is None:
                 break
-            folded = taken
+            owned, folded = owned or taken is not folded, taken
         return folded
     except Exception:  # noqa: BLE001  (best effort: never worse than importing the model as is)
         return model
 
 
-def _inline_decided_ifs(model: onnx.ModelProto) -> onnx.ModelProto | None:
+def _inline_decided_ifs(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto | None:
     """A copy of ``model`` whose top-level If nodes with a constant condition are replaced by the nodes of
     the branch taken (its initializers as Constant nodes, its outputs renamed through Identity nodes);
     None when there is none. A branch defining a name the graph defines too is left alone."""
@@ -123,11 +148,7 @@ def _inline_decided_ifs(model: onnx.ModelProto) -> onnx.ModelProto | None:
         changed = True
     if not changed:
         return None
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+    return with_nodes(model, nodes, in_place)
 
 
 def _numel(dims) -> int:
@@ -160,7 +181,7 @@ def small_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return known
 
 
-def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def _fold_static_shapes(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto:
     from onnx.reference import ReferenceEvaluator
 
     g = model.graph
@@ -232,12 +253,13 @@ def _fold_static_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             break
     if not folded:
         return model
-    return _replace_folded(model, folded, set(known))
+    return _replace_folded(model, folded, set(known), in_place)
 
 
-def _replace_folded(model: onnx.ModelProto, folded: Mapping[str, np.ndarray], known: set) -> onnx.ModelProto:
-    """A copy of ``model`` whose folded nodes are replaced by Constant nodes for the values
-    something still reads; the Constant and Identity nodes of known values that nothing reads
+def _replace_folded(model: onnx.ModelProto, folded: Mapping[str, np.ndarray], known: set,
+                    in_place: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` (``in_place``: ``model``, changed) whose folded nodes are replaced by Constant nodes for
+    the values something still reads; the Constant and Identity nodes of known values that nothing reads
     any more are dropped."""
     g = model.graph
     kept = [n for n in g.node if not any(o in folded for o in n.output)]
@@ -253,12 +275,5 @@ def _replace_folded(model: onnx.ModelProto, folded: Mapping[str, np.ndarray], kn
         kept = [n for n in kept if id(n) not in dead_ids]
     consts = [onnx.helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(value, name))
               for name, value in folded.items() if name in used]
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(consts + kept)
     # stale annotations of values that are now constants are dropped (the importer reads values)
-    keep_vi = [vi for vi in out.graph.value_info if vi.name not in folded]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(keep_vi)
-    return out
+    return with_nodes(model, consts + kept, in_place, dropped_value_info=frozenset(folded))

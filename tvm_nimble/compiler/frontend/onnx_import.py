@@ -416,7 +416,13 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
         path = None
     if check:
         _check_model(model, label, path)
-    folded = fold_powers(fold_pads(fold_static_shapes(model)))  # a Pad's amounts are often shape arithmetic: folded first
+    # a Pad's amounts are often shape arithmetic: folded first. Each fold copies the model where it changes one
+    # the caller gave (its initializers too), and changes the copy in place after that
+    owned = bool(shapes)  # _with_input_shapes made this copy
+    folded = model
+    for fold in (fold_static_shapes, fold_pads, fold_powers):
+        step = fold(folded, in_place=owned)
+        owned, folded = owned or step is not folded, step
     _check_data_dependent_shapes(folded, label)
     _check_control_flow(folded, label)
     return _import(folded, shapes, label, keep_params_in_input)

@@ -244,21 +244,29 @@ def _gelu(x: DFPattern):
     """The exact (erf) GELU of ``x``: ``relax.nn.gelu``, or the five operators ONNX exports spell it with,
     ``x * (1 + erf(x / sqrt(2))) * 0.5`` (torch.onnx, timm) or ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (Hugging Face).
     Returns (pattern, its steps before the result, its scalar constants with the values they must have)."""
-    root2, one, half = Const(), Const(), Const()
+    root2, one = Const(), Const()
     div = is_op("relax.divide")(x, root2.pattern)
     erf = is_op("relax.erf")(div)
     plus_one = is_op("relax.add")(erf, one.pattern)
+    pattern, products, half = _half_x_times(x, plus_one, "relax.nn.gelu")
+    return pattern, (div, erf, plus_one, *products), {root2: 2 ** 0.5, one: 1.0, half: 0.5}
+
+
+def _half_x_times(x: DFPattern, plus_one: DFPattern, op: str):
+    """A GELU's last step, ``x * (1 + f(x)) * 0.5`` in either order exporters write it, or the operator ``op`` of
+    ``x``: (pattern, its two products before the result, the 0.5 constant)."""
+    half = Const()
     times_x, half_x = is_op("relax.multiply")(x, plus_one), is_op("relax.multiply")(x, half.pattern)
-    pattern = (is_op("relax.nn.gelu")(x) | is_op("relax.multiply")(times_x, half.pattern)
+    pattern = (is_op(op)(x) | is_op("relax.multiply")(times_x, half.pattern)
                | is_op("relax.multiply")(half_x, plus_one))
-    return pattern, (div, erf, plus_one, times_x, half_x), {root2: 2 ** 0.5, one: 1.0, half: 0.5}
+    return pattern, (times_x, half_x), half
 
 
 def _gelu_tanh(x: DFPattern):
     """GELU's tanh approximation of ``x`` (GPT-2's ``gelu_new``, cuBLASLt's GELU epilogue): ``relax.nn.gelu_tanh``
     (ONNX Gelu with approximate="tanh"), or ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`` as
     exporters spell it (the cube a ``Pow`` or ``x * x * x``). Returns what :func:`_gelu` does."""
-    three, k, scale, one, half = Const(), Const(), Const(), Const(), Const()
+    three, k, scale, one = Const(), Const(), Const(), Const()
     square = is_op("relax.multiply")(x, x)
     cube = is_op("relax.power")(x, three.pattern) | is_op("relax.multiply")(square, x)
     k_cube = is_op("relax.multiply")(cube, k.pattern)
@@ -266,10 +274,8 @@ def _gelu_tanh(x: DFPattern):
     scaled = is_op("relax.multiply")(inner, scale.pattern)
     tanh = is_op("relax.tanh")(scaled)
     plus_one = is_op("relax.add")(tanh, one.pattern)
-    times_x, half_x = is_op("relax.multiply")(x, plus_one), is_op("relax.multiply")(x, half.pattern)
-    pattern = (is_op("relax.nn.gelu_tanh")(x) | is_op("relax.multiply")(times_x, half.pattern)
-               | is_op("relax.multiply")(half_x, plus_one))
-    return (pattern, (square, cube, k_cube, inner, scaled, tanh, plus_one, times_x, half_x),
+    pattern, products, half = _half_x_times(x, plus_one, "relax.nn.gelu_tanh")
+    return (pattern, (square, cube, k_cube, inner, scaled, tanh, plus_one, *products),
             {three: 3.0, k: 0.044715, scale: (2 / np.pi) ** 0.5, one: 1.0, half: 0.5})
 
 

@@ -148,6 +148,25 @@ def static_matmul(ctx, call, dtypes) -> bool:
     return True
 
 
+def small_linear(ctx, chains, var, call, dtypes) -> tuple[Linear, int] | None:
+    """(the Linear ``call`` starts, its rows: the input's leading dimensions folded) for a static matmul in one of
+    ``dtypes`` of constant weights; None otherwise (a batched GEMM of two tensors is not a Linear)."""
+    if not static_matmul(ctx, call, dtypes):
+        return None
+    lin = linear_of(chains, var, call)
+    return None if lin is None else (lin, int(np.prod(lin.out_shape[:-1])))
+
+
+def linear_call(ctx, lin: Linear, names: tuple[str, str], args: list, attrs, workspace_bytes: int):
+    """A matcher's answer for ``lin``: the call of ``names`` (matmul, matmul_add) on ``args`` and ``attrs``, the
+    residual added (as the last tensor) where there is one."""
+    if lin.residual is not None:
+        return lin.removed, lin.last, (ctx.call(names[1], args + [lin.residual, attrs], lin.out_shape, lin.out_dtype,
+                                                workspace_bytes), None)
+    return lin.removed, lin.last, (ctx.call(names[0], args + [attrs], lin.out_shape, lin.out_dtype, workspace_bytes),
+                                   None)
+
+
 def matmul_chain(ctx, chains, var, call):
     if not static_matmul(ctx, call, PROVIDER.dtypes):
         return None
@@ -157,14 +176,10 @@ def matmul_chain(ctx, chains, var, call):
             return batched_chain(ctx, chains, var, call)
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
-    # the bias in the result's dtype: cuBLASLt's epilogue reads it so
+    # the bias in the result's dtype: cuBLASLt's epilogue reads it so; a residual is cuBLASLt's C (beta = 1)
     args = [lin.x, relax.const(lin.weight.astype(lin.dtype)), relax.const(lin.bias.astype(lin.out_dtype))]
-    attrs = relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32])
-    if lin.residual is not None:  # cuBLASLt adds it as C (beta = 1)
-        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape,
-                                                lin.out_dtype, GEMM_WORKSPACE_BYTES), None)
-    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.out_dtype,
-                                            GEMM_WORKSPACE_BYTES), None)
+    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32]),
+                       GEMM_WORKSPACE_BYTES)
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

@@ -17,7 +17,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import REDUCED_DTYPES
-from .cublaslt import linear_of, static_matmul
+from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
 MATMUL = vendor_abi.GEMV_MATMUL
@@ -27,12 +27,10 @@ MAX_ROWS = 4
 
 
 def gemv_chain(ctx, chains, var, call):
-    if not static_matmul(ctx, call, PROVIDER.dtypes):
-        return None
-    lin = linear_of(chains, var, call)
-    if lin is None:
+    found = small_linear(ctx, chains, var, call, PROVIDER.dtypes)
+    if found is None:
         return None  # two computed operands: cuBLASLt's batched GEMM, or TVM
-    rows = int(np.prod(lin.out_shape[:-1]))
+    lin, rows = found
     if rows > MAX_ROWS:
         ctx.report.kept.append(("matmul", f"our GEMV takes at most {MAX_ROWS} rows"))
         return None
@@ -42,11 +40,7 @@ def gemv_chain(ctx, chains, var, call):
         return None
     args = [lin.x, relax.const(np.ascontiguousarray(weight).astype(lin.dtype)),
             relax.const(lin.bias.astype(lin.out_dtype))]
-    attrs = relax.ShapeExpr([lin.act])
-    if lin.residual is not None:
-        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape,
-                                                lin.out_dtype, 1), None)
-    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.out_dtype, 1), None)
+    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.act]), 1)
 
 
 PROVIDER = register(Provider(

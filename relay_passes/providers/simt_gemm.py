@@ -19,7 +19,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import compute_dtype
-from .cublaslt import linear_of, static_matmul
+from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
 MATMUL = vendor_abi.GEMM_MATMUL
@@ -33,12 +33,10 @@ MIN_ROWS = 16
 def simt_chain(ctx, chains, var, call):
     if ctx.allow_tf32 or compute_dtype(call) != "float32":
         return None  # no note: TF32 and half-precision GEMMs are cuBLASLt's, whose report says why where it declines
-    if not static_matmul(ctx, call, PROVIDER.dtypes):
-        return None
-    lin = linear_of(chains, var, call)
-    if lin is None:
+    found = small_linear(ctx, chains, var, call, PROVIDER.dtypes)
+    if found is None:
         return None  # two computed operands: cuBLASLt's batched GEMM, or TVM
-    rows = int(np.prod(lin.out_shape[:-1]))
+    lin, rows = found
     if rows < MIN_ROWS:
         ctx.report.kept.append(("matmul", f"our fp32 GEMM takes {MIN_ROWS} rows or more"))
         return None
@@ -48,11 +46,7 @@ def simt_chain(ctx, chains, var, call):
         return None
     args = [lin.x, relax.const(np.ascontiguousarray(weight, dtype="float32")),
             relax.const(lin.bias.astype("float32"))]
-    attrs = relax.ShapeExpr([lin.act])
-    if lin.residual is not None:
-        return lin.removed, lin.last, (ctx.call(MATMUL_ADD, args + [lin.residual, attrs], lin.out_shape, lin.dtype, 1),
-                                       None)
-    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], lin.out_shape, lin.dtype, 1), None)
+    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.act]), 1)
 
 
 PROVIDER = register(Provider(

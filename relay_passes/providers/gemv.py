@@ -16,7 +16,7 @@ from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
-from ..precision import REDUCED_DTYPES
+from ..precision import REDUCED_DTYPES, compute_dtype
 from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
@@ -27,6 +27,8 @@ MAX_ROWS = 4
 
 
 def gemv_chain(ctx, chains, var, call):
+    if compute_dtype(call) not in PROVIDER.dtypes:
+        return None  # no note: fp32 GEMMs are cuBLASLt's or our SIMT GEMM's, whose reports say why where they decline
     found = small_linear(ctx, chains, var, call, PROVIDER.dtypes)
     if found is None:
         return None  # two computed operands: cuBLASLt's batched GEMM, or TVM

@@ -129,6 +129,28 @@ void CheckNdim(const char* op, const char* name, const TensorView& t, int ndim) 
   }
 }
 
+// The GEMMs' epilogue activations (Activate, below), as attrs spell them.
+constexpr int kMaxActivation = 4;
+constexpr const char* kActivations = "0 (none), 1 (relu), 2 (relu6), 3 (gelu) or 4 (gelu, tanh approximation)";
+
+// A GEMM's result y of M rows of N: M * N elements, its last dimension N, any leading dimensions (a reshape of the
+// rows is free). `operands` names what gives M and N, for the message.
+void CheckRows(const char* op, const TensorView& y, int64_t M, int64_t N, const std::string& operands) {
+  if (y.ndim() < 1 || y.shape()[y.ndim() - 1] != N || y.numel() != M * N) {
+    FailValue(op, "y has shape " + ShapeStr(y) + " but " + operands + " give " + std::to_string(M) + " rows of " +
+                      std::to_string(N));
+  }
+}
+
+// The dtype a GEMM computing in `dtype` writes: y's, `dtype` or float32 (a 16-bit GEMM feeding a float32 residual
+// stream, rounded once); the bias is in y's dtype (cuBLASLt's rule, kept by our kernels).
+int GemmOutDType(const char* op, int dtype, const TensorView& y, const TensorView& bias) {
+  const int out = TensorDType(y) == kF32 ? kF32 : dtype;
+  CheckDType(op, "y", y, out);
+  CheckDType(op, "bias", bias, out);
+  return out;
+}
+
 struct Workspace {
   void* ptr = nullptr;
   size_t bytes = 0;

@@ -118,9 +118,8 @@ SimtCall CheckSimt(const char* op, TensorView a, TensorView b, TensorView bias, 
   }
   g.p.act = int(attrs[0]);
   g.index = attrs.size() == 2 ? attrs[1] : -1;
-  if (g.p.act < 0 || g.p.act > 4) {
-    FailValue(op, "activation must be 0 (none), 1 (relu), 2 (relu6), 3 (gelu) or 4 (gelu, tanh approximation), got " +
-                      std::to_string(attrs[0]));
+  if (g.p.act < 0 || g.p.act > kMaxActivation) {
+    FailValue(op, std::string("activation must be ") + kActivations + ", got " + std::to_string(attrs[0]));
   }
   if (g.index < -1) FailValue(op, "the candidate index must be >= 0, got " + std::to_string(g.index));
   if (a.device().device_type != kDLCUDA) {
@@ -141,11 +140,7 @@ SimtCall CheckSimt(const char* op, TensorView a, TensorView b, TensorView bias, 
   const int64_t K = a.shape()[a.ndim() - 1], M = a.numel() / std::max<int64_t>(K, 1), N = b.shape()[1];
   if (b.shape()[0] != K) FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) + " ([K, N]) disagree on K");
   if (bias.shape()[0] != N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(N));
-  // y: M rows of N in any leading dimensions (a reshape of the rows is free)
-  if (y.ndim() < 1 || y.shape()[y.ndim() - 1] != N || y.numel() != M * N) {
-    FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and b " + ShapeStr(b) + " give " +
-                      std::to_string(M) + " rows of " + std::to_string(N));
-  }
+  CheckRows(op, y, M, N, "a " + ShapeStr(a) + " and b " + ShapeStr(b));
   if (K % 4 || N % 4) FailValue(op, "K and N must be multiples of 4 (float4 rows), got K = " + std::to_string(K) +
                                         ", N = " + std::to_string(N));
   if (M > int64_t(65535) * 32 || K >= (int64_t(1) << 30) || N >= (int64_t(1) << 30)) {

@@ -152,9 +152,8 @@ void RunGemv(const char* op, TensorView a, TensorView w, TensorView bias, const 
              TensorView y, TensorView workspace) {
   if (attrs.size() != 1) FailValue(op, "attrs must be [activation], got " + ShapeStr(attrs.data(), int(attrs.size())));
   const int act = int(attrs[0]);
-  if (act < 0 || act > 4) {
-    FailValue(op, "activation must be 0 (none), 1 (relu), 2 (relu6), 3 (gelu) or 4 (gelu, tanh approximation), got " +
-                      std::to_string(attrs[0]));
+  if (act < 0 || act > kMaxActivation) {
+    FailValue(op, std::string("activation must be ") + kActivations + ", got " + std::to_string(attrs[0]));
   }
   if (a.device().device_type != kDLCUDA) FailValue(op, "a must be a CUDA tensor");
   const int dev = a.device().device_id;
@@ -169,9 +168,7 @@ void RunGemv(const char* op, TensorView a, TensorView w, TensorView bias, const 
   CheckCudaTensor(op, "y", y, dev);
   CheckWorkspace(op, workspace, dev);
   CheckDType(op, "w", w, dtype);
-  const int out_dtype = TensorDType(y) == kF32 ? kF32 : dtype;
-  CheckDType(op, "y", y, out_dtype);
-  CheckDType(op, "bias", bias, out_dtype);
+  const int out_dtype = GemmOutDType(op, dtype, y, bias);
   if (a.ndim() < 2) FailValue(op, "a must be [..., M, K], got " + ShapeStr(a));
   CheckNdim(op, "w", w, 2);
   CheckNdim(op, "bias", bias, 1);
@@ -182,10 +179,7 @@ void RunGemv(const char* op, TensorView a, TensorView w, TensorView bias, const 
   }
   if (K % 8) FailValue(op, "K = " + std::to_string(K) + " must be a multiple of 8 (16-byte loads)");
   if (bias.shape()[0] != N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(N));
-  if (y.ndim() < 1 || y.shape()[y.ndim() - 1] != N || y.numel() != M * N) {
-    FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and w " + ShapeStr(w) + " give " +
-                      std::to_string(M) + " rows of " + std::to_string(N));
-  }
+  CheckRows(op, y, M, N, "a " + ShapeStr(a) + " and w " + ShapeStr(w));
   if (N >= (int64_t(1) << 31) / kGemvWarps || K >= (int64_t(1) << 30)) FailValue(op, "N or K is too large");
   if (z) {
     CheckCudaTensor(op, "z", *z, dev);

@@ -793,10 +793,9 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
                       ShapeStr(attrs.data(), int(attrs.size())));
   }
   g.tb = attrs[0], g.act = attrs[1], g.tf32 = attrs[2], g.algo = attrs.size() == 4 ? attrs[3] : 0;
-  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > 4 || (g.tf32 != 0 && g.tf32 != 1)) {
+  if ((g.tb != 0 && g.tb != 1) || g.act < 0 || g.act > kMaxActivation || (g.tf32 != 0 && g.tf32 != 1)) {
     FailValue(op, "attrs " + ShapeStr(attrs.data(), int(attrs.size())) +
-                      ": transpose_b and allow_tf32 must be 0 or 1, activation 0 (identity), 1 (relu), 2 (relu6), "
-                      "3 (gelu) or 4 (gelu, tanh approximation)");
+                      ": transpose_b and allow_tf32 must be 0 or 1, activation " + kActivations);
   }
   CheckAlgoIndex(op, g.algo, attrs);
   if (a.device().device_type != kDLCUDA) {
@@ -810,10 +809,7 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
   CheckCudaTensor(op, "bias", bias, g.dev);
   CheckCudaTensor(op, "y", y, g.dev);
   CheckDType(op, "b", b, g.dtype);
-  // a 16-bit GEMM may write float32 (a residual stream kept in fp32); the bias is y's dtype (cuBLASLt's rule)
-  g.out_dtype = TensorDType(y) == kF32 ? kF32 : g.dtype;
-  CheckDType(op, "y", y, g.out_dtype);
-  CheckDType(op, "bias", bias, g.out_dtype);
+  g.out_dtype = GemmOutDType(op, g.dtype, y, bias);
   if (a.ndim() < 2) FailValue(op, "a must be at least 2-D [..., M, K], got " + ShapeStr(a));
   CheckNdim(op, "b", b, 2);
   CheckNdim(op, "bias", bias, 1);
@@ -827,10 +823,7 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
                       (g.tb ? " ([N, K], transpose_b=1)" : " ([K, N], transpose_b=0)") + " disagree on K");
   }
   if (bias.shape()[0] != g.N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(g.N));
-  if (y.ndim() < 1 || y.shape()[y.ndim() - 1] != g.N || y.numel() != g.M * g.N) {
-    FailValue(op, "y has shape " + ShapeStr(y) + " but a " + ShapeStr(a) + " and N = " + std::to_string(g.N) +
-                      " give " + std::to_string(g.M) + " rows of " + std::to_string(g.N));
-  }
+  CheckRows(op, y, g.M, g.N, "a " + ShapeStr(a) + " and N = " + std::to_string(g.N));
   if (g.M != 0 && g.N != 0 && g.K == 0) FailValue(op, "K = 0 is not supported");
   if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(b)) FailValue(op, "y must not alias a or b");
   g.a = DataPtr(a), g.b = DataPtr(b), g.bias = DataPtr(bias), g.y = DataPtr(y);

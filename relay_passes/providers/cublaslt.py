@@ -128,15 +128,13 @@ def linear_of(chains, var, call) -> Linear | None:
     after = _epilogue(chains, last, out_shape, dtype)
     reshaped = _rows_reshaped(chains, last, n) if after is None else None
     if reshaped is not None:
-        after = _epilogue(chains, reshaped[0], reshaped[1], dtype)
+        after = _epilogue(chains, *reshaped, dtype)
         if after is not None:
             removed, out_shape = removed + [last], reshaped[1]
-    if after is not None:
-        removed, last = removed + after.removed, after.last
-    act = after.act if after is not None else ACT_NONE
-    return Linear(call.args[0], weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, act,
-                  after.residual if after is not None else None, removed, last, tuple(out_shape), dtype,
-                  (after.out_dtype if after is not None else None) or dtype)
+    after = after or _Epilogue([], last)  # nothing follows that the call takes
+    return Linear(call.args[0], weight, transpose_b, np.zeros(n, dtype=dtype) if bias is None else bias, after.act,
+                  after.residual, removed + after.removed, after.last, tuple(out_shape), dtype,
+                  after.out_dtype or dtype)
 
 
 def static_matmul(ctx, call, dtypes) -> bool:

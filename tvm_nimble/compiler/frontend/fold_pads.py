@@ -86,9 +86,9 @@ def fold_pads(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto
         for i in n.input:
             readers.setdefault(i, []).append(n)
     outputs = {o.name for o in g.output}
-    fold = {}  # id(pad node) -> (its reader's index, new attributes, the pad's input)
+    fold = {}  # a Pad's index -> (its reader's index, new attributes, the pad's input)
     index = {id(n): i for i, n in enumerate(g.node)}
-    for n in g.node:
+    for at, n in enumerate(g.node):
         if n.op_type != "Pad" or n.domain not in ("", "ai.onnx") or n.output[0] in outputs:
             continue
         users = readers.get(n.output[0], [])
@@ -99,22 +99,16 @@ def fold_pads(model: onnx.ModelProto, in_place: bool = False) -> onnx.ModelProto
         spec = _spatial_pads(n, values)
         attrs = _folded_attrs(users[0], *spec) if spec else None
         if attrs is not None:
-            fold[id(n)] = (index[id(users[0])], attrs, n.input[0])
+            fold[at] = (index[id(users[0])], attrs, n.input[0])
     if not fold:
         return model
-    nodes = []
-    for n in g.node:  # copies, changed below
-        copy = onnx.NodeProto()
-        copy.CopyFrom(n)
-        nodes.append(copy)
-    for i, node in enumerate(model.graph.node):
-        if id(node) not in fold:
-            continue
-        reader, attrs, source = fold[id(node)]
-        target = nodes[reader]
+    moved = {}  # each folded Pad's reader, by index: a copy reading the Pad's input, the pads among its attributes
+    for reader, attrs, source in fold.values():
+        target = onnx.NodeProto()
+        target.CopyFrom(g.node[reader])
         target.input[0] = source
         kept = [a for a in target.attribute if a.name not in attrs]
         del target.attribute[:]
         target.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in attrs.items()])
-    dropped = {i for i, n in enumerate(model.graph.node) if id(n) in fold}
-    return with_nodes(model, [n for i, n in enumerate(nodes) if i not in dropped], in_place)
+        moved[reader] = target
+    return with_nodes(model, [moved.get(i, n) for i, n in enumerate(g.node) if i not in fold], in_place)

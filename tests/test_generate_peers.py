@@ -64,3 +64,22 @@ def test_bad_generation_settings_are_one_line(new_tokens, repeats, prompt, messa
         hf_eager(tiny_torch("hf:gpt2-tiny"), prompt, new_tokens, "cpu", torch.float32, repeats)
     with pytest.raises(NimbleError, match="causal LM"):
         hf_eager(torch.nn.Linear(2, 2), PROMPT, 4, "cpu", torch.float32, 1)
+
+
+def test_the_generation_bench_on_the_cpu_checks_and_times_every_system(tmp_path):
+    """``tvm-nimble bench --generate`` end to end on the CPU (TVM's kernels by default there): our generator's greedy
+    tokens equal transformers' generate, and each system's row has a TTFT and a time per token."""
+    import csv
+
+    from tvm_nimble.bench import generation
+
+    generation.main(["--models", "hf:gpt2-tiny", "--precision", "fp32", "--target", "llvm", "--prompt", "6",
+                     "--new-tokens", "5", "--repeats", "1", "--skip", "hf-static-compiled,ort-genai",
+                     "--out", str(tmp_path)])
+    rows = {r["system"]: r for r in csv.DictReader(open(tmp_path / "generation.csv"))}
+    assert set(rows) == {"nimble", "hf-eager"} and rows["nimble"]["kernels"] == "tvm"
+    assert rows["nimble"]["tokens_matched"] == rows["nimble"]["tokens_checked"] == "5"
+    assert all(float(r["ttft_ms"]) > 0 and float(r["ms_per_token"]) > 0 for r in rows.values())
+    with pytest.raises(NimbleError, match="--kernels tvm on the CPU"):
+        generation.main(["--models", "hf:gpt2-tiny", "--target", "llvm", "--kernels", "vendor",
+                         "--out", str(tmp_path)])

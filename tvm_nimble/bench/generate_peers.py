@@ -36,26 +36,53 @@ class GenerationTiming:
 
 
 def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype, repeats: int) -> GenerationTiming:
-    """transformers' ``generate``, greedy, SDPA attention. TTFT is the median time of ``generate`` for one token;
-    ms/token is (the median time for ``new_tokens`` minus TTFT) / (``new_tokens`` - 1)."""
+    """transformers' ``generate``, greedy, SDPA attention. Each timed request stamps the moment every new token is
+    chosen (a stopping criterion that waits for the device and never stops): TTFT is the first stamp, ms/token the
+    time from the first stamp to the last / (``new_tokens`` - 1), both medians over ``repeats`` requests."""
     import torch
+    import transformers
 
     check_settings(prompt_ids, new_tokens, repeats)
     model = _causal_lm(torch_model, device, dtype)
     ids = torch.tensor([prompt_ids], dtype=torch.int64, device=device)
-
-    def generate(n: int) -> list[int]:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 min_new_tokens=n, max_new_tokens=n)
-        return out[0, len(prompt_ids):].tolist()
-
-    tokens = generate(new_tokens)  # the warm-up gives the tokens
     sync = _synchronizer(device)
-    first = statistics.median(_elapsed_ms(lambda: generate(1), sync) for _ in range(repeats))
-    whole = statistics.median(_elapsed_ms(lambda: generate(new_tokens), sync) for _ in range(repeats))
-    return GenerationTiming("hf-eager", tokens, first, (whole - first) / (new_tokens - 1),
+
+    class Stamps(transformers.StoppingCriteria):
+        """Called once a step, after the step's token is chosen: the time it is on hand."""
+
+        def __init__(self):
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            sync()
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def generate(n: int) -> tuple[list[int], list[float]]:
+        """(new tokens, seconds from the call to each token) of one request for ``n`` tokens."""
+        stamps = Stamps()
+        with torch.no_grad():
+            sync()
+            start = time.perf_counter()
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 min_new_tokens=n, max_new_tokens=n,
+                                 stopping_criteria=transformers.StoppingCriteriaList([stamps]))
+        return out[0, len(prompt_ids):].tolist(), [t - start for t in stamps.times]
+
+    tokens = generate(new_tokens)[0]  # the warm-up gives the tokens
+    ttft, per_token = per_token_times([generate(new_tokens)[1] for _ in range(repeats)])
+    return GenerationTiming("hf-eager", tokens, ttft, per_token,
                             "transformers generate, greedy, SDPA attention, dynamic KV cache", generate)
+
+
+def per_token_times(requests: list[list[float]]) -> tuple[float, float]:
+    """(TTFT ms, ms per further token), medians over timed requests, each given as the seconds from its start to
+    each new token: the first token's time, and the time from the first token to the last over the tokens
+    between. Both are differences of one request's own clock readings, so neither can be negative."""
+    if not requests or any(len(r) < 2 for r in requests):
+        raise NimbleError("per-token times need requests of at least 2 new tokens each")
+    return (statistics.median(r[0] * 1e3 for r in requests),
+            statistics.median((r[-1] - r[0]) * 1e3 / (len(r) - 1) for r in requests))
 
 
 def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype,
@@ -151,12 +178,3 @@ def _synchronizer(device: str) -> Callable[[], None]:
     import torch
 
     return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-
-
-def _elapsed_ms(fn: Callable[[], object], sync: Callable[[], None]) -> float:
-    """Milliseconds of one ``fn()``, the device synchronized before and after."""
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return (time.perf_counter() - start) * 1e3

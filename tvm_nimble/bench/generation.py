@@ -21,8 +21,9 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import time
+
+from tvm_nimble.bench import generate_peers
 
 COLUMNS = ["date", "device", "model", "batch", "dtype", "kernels", "system", "prompt_tokens", "new_tokens",
            "ttft_ms", "ms_per_token", "tokens_checked", "tokens_matched", "build_s", "note"]
@@ -33,7 +34,8 @@ def _args(argv):
     ap.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--models", default="hf:gpt2", help="comma-separated hf:NAME decoders")
     ap.add_argument("--precision", default="fp16", help="comma-separated: fp32, fp16, bf16")
-    ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
+    ap.add_argument("--kernels", choices=["tvm", "vendor", "best"],
+                    help="default: vendor on a GPU, tvm on the CPU (vendor kernels are CUDA's)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default %(default)s)")
     ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per request (default %(default)s)")
     ap.add_argument("--check-tokens", type=int, default=32, help="greedy tokens compared with HF eager's")
@@ -47,23 +49,19 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def _timed(fn, repeats: int) -> float:
-    """Median milliseconds of ``fn`` (a generator's request, which waits for its last step)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def nimble_timing(gen, prompt: list[int], new_tokens: int, repeats: int):
-    """(tokens, TTFT ms, ms per token) of an open :class:`~tvm_nimble.Generator`: a request of 1 new token is the
-    TTFT; the rest of a request of ``new_tokens`` divided by ``new_tokens - 1`` is the time per token."""
+    """(tokens, TTFT ms, ms per token) of an open :class:`~tvm_nimble.Generator`: each timed request stamps every
+    new token as it streams out (a token reaches the host once its step is done); TTFT and the time per further
+    token are :func:`~tvm_nimble.bench.generate_peers.per_token_times` of ``repeats`` requests."""
     tokens = gen.generate(prompt, new_tokens)  # warm-up (and the tokens)
-    ttft = _timed(lambda: gen.generate(prompt, 1), repeats)
-    total = _timed(lambda: gen.generate(prompt, new_tokens), repeats)
-    return tokens, ttft, (total - ttft) / max(new_tokens - 1, 1)
+
+    def stamped() -> list[float]:
+        times: list[float] = []
+        start = time.perf_counter()
+        gen.generate(prompt, new_tokens, on_token=lambda token: times.append(time.perf_counter() - start))
+        return times
+
+    return (tokens, *generate_peers.per_token_times([stamped() for _ in range(repeats)]))
 
 
 def kernels_per_token(run, tokens: int) -> dict[str, float]:
@@ -120,7 +118,6 @@ def main(argv=None) -> int:
     import torch
 
     import tvm_nimble
-    from tvm_nimble.bench import generate_peers
     from tvm_nimble.bench.harness import device_name
     from tvm_nimble.bench.hf_models import hf_builders, past_onnx_model
     from tvm_nimble.bench.ort_genai import ort_genai
@@ -133,6 +130,11 @@ def main(argv=None) -> int:
     gpu = torch.cuda.is_available() if args.target is None else args.target == "cuda"
     target = "cuda" if gpu else "llvm"
     dev = "cuda" if gpu else "cpu"
+    if args.kernels is None:
+        args.kernels = "vendor" if gpu else "tvm"
+    elif args.kernels != "tvm" and not gpu:
+        raise NimbleError(f"--kernels {args.kernels} needs a CUDA target (cuDNN / cuBLAS and our kernels are CUDA's); "
+                          "use --kernels tvm on the CPU")
     skip = {s for s in args.skip.split(",") if s}
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "generation.csv")

@@ -259,3 +259,23 @@ def test_a_unit_that_needs_one_left_out_fails_the_link(tmp_path):
     _run_nvcc(tools.compile_command(unit, str(tmp_path / "caller.o")), tools.arch)
     with pytest.raises(VendorBuildError, match="DefinedElsewhere"):
         _run_nvcc(tools.link_command([str(tmp_path / "caller.o")], str(manifest), str(tmp_path / "lib.so")), tools.arch)
+
+
+def test_a_build_compiles_and_links_only_the_units_its_plan_calls():
+    """A CUDA build with kernels='vendor' (compiled here; it runs on the GPU): its vendor extension registers the
+    functions of the units the plan's vendor calls need and no other, so a convolution net's first build on a fresh
+    machine waits on no attention, GEMV or cuDNN-graph unit."""
+    ok, why = _available()
+    if not ok:
+        pytest.skip(f"cannot build the vendor extension here: {why}")
+    import tvm_nimble
+    from tvm_nimble import zoo
+    from tvm_nimble.codegen.vendor_build import units_for
+
+    module = tvm_nimble.build(zoo.get_model("inception", blocks=1), {"kind": "cuda", "arch": "sm_90"},
+                              kernels="vendor", max_streams=1)
+    calls = {l.kernel for l in module.plan.launches if l.kernel.startswith(vendor_abi.VENDOR_PREFIXES)}
+    assert vendor_abi.CUDNN_CONV2D in calls  # the net's convolutions (its pools and classifier too)
+    registered = set(vendor.library_functions(ctypes.CDLL(module.vendor_library)))
+    assert calls <= registered == {f for u in units_for(calls) for f in u.registers}
+    assert not registered & set(vendor_abi.ATTENTION.kernels + vendor_abi.GEMV.kernels + vendor_abi.CUDNN_GRAPH.kernels)

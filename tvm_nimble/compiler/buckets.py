@@ -285,7 +285,10 @@ class BucketRequest:
     def module(self, built: dict, note=None) -> BucketedModule:
         """The buckets put together, the padding checked (:func:`check_padding`; ``note`` is told when it cannot
         run here)."""
+        from .stages import one_vendor_library
+
         space = self.space(next(iter(built.values())).plan)
+        built = one_vendor_library(built, self.options.target)
         module = BucketedModule.of({k: built[k] for k in sorted(built)}, space)
         if not self.rows:
             module.info["padding_check"] = check_padding(module, self.check_options, note)

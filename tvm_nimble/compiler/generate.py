@@ -23,7 +23,7 @@ from tvm_nimble.runtime.generator import DECODE, Generator, GeneratorModule, Sam
 from .build import build_with
 from .options import BuildOptions
 from .session import CacheMemory
-from .stages import import_model
+from .stages import import_model, one_vendor_library
 
 #: the prompt buckets a generator is built with by default
 DEFAULT_PREFILL_LENGTHS = (16, 32, 64, 128)
@@ -115,6 +115,7 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
             warnings.filterwarnings("ignore", message="Renaming name")
             mod = import_model(onnx_model, params, shapes, check=i == 0)  # one export: the ONNX checker once
         steps[n] = build_with(mod, opts.replace(kv_cache=spec), cache=memory)
+    steps = one_vendor_library(steps, opts.target)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,
             "steps": {str(n): m.info for n, m in steps.items()}}

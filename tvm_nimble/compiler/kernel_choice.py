@@ -261,9 +261,11 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
     not_taken = not_taken_by_providers(report)
     if kernels == "vendor":
         return Selection(all_vendor, kernels, not_taken=not_taken)
-    stages.vendor_library(options.target, stages.provider_kernels(options))  # measuring runs the providers' calls
     # each provider's chains, found once: the probes, the choice and the plan's counts all read them
     found = {p.name: find_offloads(mod["main"], allow_tf32=options.allow_tf32, providers=[p]) for p in providers}
+    offering = {p.kernel_prefix for p in providers if found[p.name]}
+    if offering:  # measuring runs the calls of the providers that offer something here: only their units compile
+        stages.vendor_library(options.target, offering)
     measured: dict = {}
     tvm_times = TvmChainTimes(mod, {name: offloads for name, offloads in found.items() if offloads},
                               lambda module: _module_ms(module, session, PROFILE_REPS, measured))

@@ -77,8 +77,7 @@ def _with_kernels(mod: tvm.IRModule, session) -> tvm.IRModule:
 
     if resolve_kernels(session) == "tvm":
         return mod
-    stages.vendor_library(session.target, stages.provider_kernels(session.options))
-    return stages.offload(mod, session.options)
+    return stages.offload(mod, session.options)  # (the build that measures it loads the units its calls need)
 
 
 def measure(separate: tvm.IRModule, merged_mod: tvm.IRModule, session) -> tuple[list, list]:

@@ -10,6 +10,7 @@ the stages and the measured choices together.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -98,10 +99,19 @@ def vendor_library(target: tvm.target.Target, kernels=None) -> str:
     return _vendor_library(str(target.attrs["arch"]), None if kernels is None else frozenset(kernels))
 
 
-def provider_kernels(options: BuildOptions, plan=None) -> set[str]:
-    """What the build's vendor extension must define: its providers' kernels (by prefix) and the plan's calls."""
-    called = {l.kernel for l in plan.launches if l.kernel.startswith(VENDOR_PREFIXES)} if plan is not None else set()
-    return {p.kernel_prefix for p in options.offload_providers()} | called
+def plan_kernels(plan) -> set[str]:
+    """The vendor functions ``plan`` calls: what its vendor extension must define (only their units are compiled)."""
+    return {l.kernel for l in plan.launches if l.kernel.startswith(VENDOR_PREFIXES)}
+
+
+def one_vendor_library(modules: dict, target: tvm.target.Target) -> dict:
+    """``modules`` (key -> built module: a bucketed model's buckets, a generator's steps) with one vendor extension
+    between them, of the units any of their plans calls: an artifact holds one."""
+    kernels = set().union(*(plan_kernels(m.plan) for m in modules.values() if m.vendor_library))
+    if not kernels:
+        return modules
+    path = vendor_library(target, kernels)
+    return {k: dataclasses.replace(m, vendor_library=path) if m.vendor_library else m for k, m in modules.items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,7 +253,7 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: b
     # nvcc for it nor needs its toolchain
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels and options.compile_kernels
     return BuildResult(plan, library, consts, annotated,
-                       vendor_library(t, provider_kernels(options, plan)) if uses_vendor else None, report=report,
+                       vendor_library(t, plan_kernels(plan)) if uses_vendor else None, report=report,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options,
                        source_hash=source_hash)
 

@@ -26,6 +26,9 @@ def pytest_configure(config):
         return
     caches = RunCaches.create(config.getoption("--nimble-cache-dir"))
     os.environ.update(caches.environment())
+    # CPU kernels built without LLVM's optimizations: they compile about twice as fast, and the suite checks their
+    # results, not their speed (a developer can set another level; tvm_nimble/env.py)
+    os.environ.setdefault("TVM_NIMBLE_LLVM_OPT_LEVEL", "0")
     home = os.path.expanduser("~")
     # $OUT: where a GPU-machine run (scripts/gpu_session.sh) logs what the run is doing, beside the tests
     skip = [str(config.rootpath), tempfile.gettempdir(), caches.folder] + ([os.environ["OUT"]] if os.environ.get("OUT") else [])

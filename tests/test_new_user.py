@@ -110,6 +110,35 @@ def test_a_target_that_is_no_target_names_the_accepted_ones(tmp_path, target):
     assert "\n" not in msg and "'llvm'" in msg and "'cuda'" in msg and "'sm_90'" in msg, msg
 
 
+@pytest.mark.parametrize("level", ["0", "3"])
+def test_the_llvm_optimization_level_reaches_cpu_builds_and_their_cache_keys(monkeypatch, level):
+    """TVM_NIMBLE_LLVM_OPT_LEVEL (the test suite runs at 0): a CPU build's target carries it, the timing cache keeps
+    its builds apart, a target that names its own level keeps it, the outputs are the ONNX reference's; a level
+    that is none is one line."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_nimble import env
+    from tvm_nimble.compiler.target import resolve_target
+    from tvm_nimble.compiler.timing_cache import context_of
+
+    monkeypatch.setenv(env.LLVM_OPT_LEVEL, level)
+    assert int(resolve_target("llvm").attrs["opt-level"]) == int(level)
+    assert int(resolve_target({"kind": "llvm", "opt-level": 2}).attrs["opt-level"]) == 2
+    other = "3" if level == "0" else "0"
+    with monkeypatch.context() as m:
+        m.setenv(env.LLVM_OPT_LEVEL, other)
+        assert context_of(resolve_target("llvm")) != context_of(resolve_target(f"llvm -opt-level={level}"))
+    model = zoo.get_model("inception", blocks=1)
+    inputs = zoo.random_inputs(model, seed=0)
+    want = ReferenceEvaluator(model).run(None, inputs)[0]
+    got = tvm_nimble.NimbleExecutor(tvm_nimble.build(model, "llvm"))(**inputs)[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setenv(env.LLVM_OPT_LEVEL, "fast")
+    with pytest.raises(NimbleError, match="give an LLVM optimization level 0, 1, 2 or 3") as info:
+        tvm_nimble.build(model, "llvm")
+    assert "\n" not in str(info.value)
+
+
 # ---- 4: every data-dependent operator -----------------------------------------------------------
 def test_every_data_dependent_operator_is_named():
     model = model_of([helper.make_node("Unique", ["x"], ["u"], name="uniq"),

@@ -7,6 +7,9 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
                                    ``~/.cache/tvm-nimble``): timings, compiled kernels, the vendor extension
 ``XDG_CACHE_HOME``                 where the cache root goes without ``TVM_NIMBLE_CACHE_DIR``
 ``TVM_NIMBLE_JOBS``                compiler processes at once (nvcc), default this machine's cores
+``TVM_NIMBLE_LLVM_OPT_LEVEL``      LLVM's optimization level (0-3) for CPU (``llvm``) builds whose target names
+                                   none (default LLVM's 3); 0 compiles CPU kernels about twice as fast into
+                                   slower code (the test suite's setting: it checks results, not CPU speed)
 ``NIMBLE_VENDOR_LIB_DIRS``         directories (``os.pathsep``-separated) that replace the wheels' cuDNN /
                                    cuBLAS library directories when the vendor extension is loaded
 ``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
@@ -20,8 +23,11 @@ from __future__ import annotations
 
 import os
 
+from tvm_nimble.errors import NimbleError
+
 CACHE_DIR = "TVM_NIMBLE_CACHE_DIR"
 JOBS = "TVM_NIMBLE_JOBS"
+LLVM_OPT_LEVEL = "TVM_NIMBLE_LLVM_OPT_LEVEL"
 VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
 STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
@@ -45,6 +51,17 @@ def cache_root() -> str:
 def cache_dir(*parts: str) -> str:
     """A folder under :func:`cache_root` (not created)."""
     return os.path.join(cache_root(), *parts)
+
+
+def llvm_opt_level() -> int | None:
+    """``TVM_NIMBLE_LLVM_OPT_LEVEL`` as an int, None when unset; one line when it is not 0-3."""
+    value = os.environ.get(LLVM_OPT_LEVEL, "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1", "2", "3"):
+        raise NimbleError(f"{LLVM_OPT_LEVEL}={value!r}: give an LLVM optimization level 0, 1, 2 or 3 (or unset it "
+                          "for LLVM's default, 3)")
+    return int(value)
 
 
 def stock_reductions() -> bool:

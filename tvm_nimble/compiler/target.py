@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tvm
 
+from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 
 #: Limits MetaSchedule needs in a CUDA target; the same for every sm_50+ GPU.
@@ -44,7 +45,7 @@ def _as_dict(target) -> dict:
         spec = {"kind": kind}
         for opt in rest:
             key, _, val = opt.lstrip("-").partition("=")
-            spec[key] = val
+            spec[key] = int(val) if val.isdigit() else val  # "-opt-level=1": TVM's integer options take ints
         return spec
     if isinstance(target, dict) and "kind" in target:
         return dict(target)
@@ -65,6 +66,8 @@ def resolve_target(target, arch: str | None = None) -> tvm.target.Target:
             if not spec["arch"]:
                 raise NimbleError(_NEEDS_ARCH)
             spec = {**CUDA_LIMITS, **spec}
+        if spec.get("kind") == "llvm" and "opt-level" not in spec and env.llvm_opt_level() is not None:
+            spec["opt-level"] = env.llvm_opt_level()
         if spec.get("kind") not in ("cuda", "llvm"):
             raise NimbleError(f"target kind {spec.get('kind')!r} is not supported: give {ACCEPTED_TARGETS}")
         try:

@@ -26,7 +26,8 @@ def served(tmp_path_factory):
     """A small zoo net built with buckets, a table of rows and each row's output by the ONNX reference."""
     model = zoo.resnet_chain(blocks=1, hw=8)
     path = str(tmp_path_factory.mktemp("batcher") / "m.nimble")
-    tvm_nimble.build(model, "llvm", batch_sizes=SIZES).export(path)
+    # LLVM's optimizations on (the suite builds at level 0): the tests run it thousands of times
+    tvm_nimble.build(model, "llvm -opt-level=3", batch_sizes=SIZES).export(path)
     x = np.random.default_rng(11).standard_normal((TABLE, 3, 8, 8)).astype("float32")
     ref = ReferenceEvaluator(model)
     y = np.concatenate([ref.run(None, {"input": x[i:i + 1]})[0] for i in range(TABLE)])

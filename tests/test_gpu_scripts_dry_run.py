@@ -14,9 +14,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def script(name, *args, cwd):
+def script(name, *args, cwd, **environ):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True,
-                       text=True, cwd=cwd, env=dict(os.environ, PYTHONPATH=ROOT), timeout=900)
+                       text=True, cwd=cwd, env=dict(os.environ, PYTHONPATH=ROOT, **environ), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
@@ -44,7 +44,9 @@ def test_session_runner_lists_its_steps(tmp_path):
 
 def test_prepare_validate_record_on_cpu(tmp_path):
     art, res, bench = tmp_path / "art", tmp_path / "res", tmp_path / "bench"
-    script("gpu_prepare.py", "--out", str(art), "--arch", "cpu", "--small", "--models", "incept6,resnet", cwd=tmp_path)
+    # LLVM's optimizations on (the suite builds at level 0): validation runs each model thousands of times
+    script("gpu_prepare.py", "--out", str(art), "--arch", "cpu", "--small", "--models", "incept6,resnet", cwd=tmp_path,
+           TVM_NIMBLE_LLVM_OPT_LEVEL="3")
     out = script("gpu_validate.py", "--art", str(art), "--out", str(res), "--rounds", "1", "--iters", "5",
                  "--long-runs", "50", cwd=tmp_path)
     log = json.load(open(res / "gpu_validate.json"))

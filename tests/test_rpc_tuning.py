@@ -27,6 +27,13 @@ def fleet(tmp_path):
         yield tracker, servers
 
 
+@pytest.fixture(scope="module")
+def shared_fleet(tmp_path_factory):
+    """:func:`fleet` for the tests that leave both servers running (starting one takes seconds of imports)."""
+    with loopback_fleet(2, KEY, str(tmp_path_factory.mktemp("fleet"))) as (tracker, servers):
+        yield tracker, servers
+
+
 def _loads(log) -> int:
     return open(log, errors="replace").read().count("load_module")
 
@@ -37,8 +44,8 @@ def _tune(work_dir, tracker, model="inception", total=8, per_task=2):
                 rpc_tracker=tracker, rpc_key=KEY)
 
 
-def test_both_servers_measure_and_the_database_resumes(fleet, tmp_path):
-    tracker, servers = fleet
+def test_both_servers_measure_and_the_database_resumes(shared_fleet, tmp_path):
+    tracker, servers = shared_fleet
     first = _tune(tmp_path / "db", tracker)
     assert first.servers == 2 and first.trials_this_run == 8 and first.failed_trials == 0
     assert all(_loads(log) > 0 for _, log in servers)  # both servers measured candidates
@@ -69,8 +76,8 @@ def test_killing_a_server_mid_run_loses_only_its_trials(fleet, tmp_path):
     assert _loads(survivor_log) > killed_at[0]  # the other server kept measuring
 
 
-def test_wrong_tracker_or_key_is_one_line(fleet, tmp_path):
-    tracker, _ = fleet
+def test_wrong_tracker_or_key_is_one_line(shared_fleet, tmp_path):
+    tracker, _ = shared_fleet
     cli = [sys.executable, "-m", "tvm_nimble.cli", "tune", "zoo:incept6", "--target", "llvm", "--total-trials", "1",
            "--work-dir", str(tmp_path / "db")]
     for extra, message in ((["--rpc-tracker", f"127.0.0.1:{free_port()}", "--rpc-key", KEY], "cannot reach the RPC tracker"),

@@ -209,7 +209,9 @@ def narrowed(value: np.ndarray, to: str) -> np.ndarray:
     Any other value over the dtype's range is a real number the dtype cannot hold: it overflows to infinity, which
     the build's accuracy check reports, rather than becoming a wrong finite number."""
     dtype = _NUMPY[to]
-    if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize:
+    if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize and value.size \
+            and (np.fmax.reduce(value, axis=None) >= SENTINEL or np.fmin.reduce(value, axis=None) <= -SENTINEL):
+        # (two reads that skip NaN and copy nothing: a weight has no extreme value, and is only cast)
         info = ml_dtypes.finfo(dtype)
         extreme = np.isfinite(value) & (np.abs(value) >= SENTINEL)
         value = np.where(extreme, np.sign(value) * float(info.max), value)

@@ -417,3 +417,27 @@ def test_a_build_whose_outputs_overflow_where_float32s_are_finite_fails_in_one_l
     assert "\n" not in str(raised.value)
     # bf16 keeps float32's exponent: no overflow, and the build passes
     assert np.isfinite(build(model, "llvm", precision="bf16", timing_cache="off").report.accuracy.rel_l2)
+
+
+@pytest.mark.parametrize("to", ["float16", "bfloat16"])
+def test_a_constant_narrows_as_each_element_would(to):
+    """``narrowed`` against an element-by-element reference: float32's extremes (the exporters' mask values)
+    saturate to the dtype's largest finite value, NaN and infinities stay, other values round (overflowing to
+    infinity when over the range), whether or not the array also holds NaN."""
+    import ml_dtypes
+
+    from tvm_nimble.relay_passes.precision import SENTINEL, narrowed
+
+    dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[to]
+    top = float(ml_dtypes.finfo(dtype).max)
+    f32 = np.finfo(np.float32)
+    rng = np.random.default_rng(3)
+    for planted in ([], [np.nan], [f32.min], [f32.max, np.nan], [np.inf, -np.inf, 7e4, -3e38]):
+        value = rng.standard_normal(64).astype(np.float32)
+        value[rng.choice(64, len(planted), replace=False)] = planted
+        want = [np.sign(v) * top if np.isfinite(v) and abs(v) >= SENTINEL else v for v in value.tolist()]
+        with np.errstate(over="ignore"):
+            want = np.array(want, np.float32).astype(dtype)
+            got = narrowed(value, to)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))

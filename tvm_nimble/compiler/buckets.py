@@ -32,6 +32,8 @@ from tvm_nimble.errors import ModelError, NimbleError, ShapeError
 from tvm_nimble.runtime.buckets import BATCH, BucketDim, BucketSpace
 from tvm_nimble.runtime.module import BucketedModule
 
+from .stages import one_vendor_library
+
 
 def _batch_inputs(model, shape_dict) -> tuple[dict[str, list], int | None]:
     """(input name -> its dims after the batch, the model's static batch or None) of an ONNX model; one
@@ -285,8 +287,6 @@ class BucketRequest:
     def module(self, built: dict, note=None) -> BucketedModule:
         """The buckets put together, the padding checked (:func:`check_padding`; ``note`` is told when it cannot
         run here)."""
-        from .stages import one_vendor_library
-
         space = self.space(next(iter(built.values())).plan)
         built = one_vendor_library(built, self.options.target)
         module = BucketedModule.of({k: built[k] for k in sorted(built)}, space)

@@ -30,7 +30,6 @@ from tvm_nimble.relay_passes.rms_norm import fuse_rms_norm
 from tvm_nimble.relay_passes.stream_assignment import StreamAssignment
 from tvm_nimble.relay_passes.vendor_offload import OffloadReport, OffloadToVendor
 from tvm_nimble.runtime.module import NimbleModule
-from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 
 from .options import BuildOptions
 from .report import BuildReport
@@ -99,15 +98,10 @@ def vendor_library(target: tvm.target.Target, kernels=None) -> str:
     return _vendor_library(str(target.attrs["arch"]), None if kernels is None else frozenset(kernels))
 
 
-def plan_kernels(plan) -> set[str]:
-    """The vendor functions ``plan`` calls: what its vendor extension must define (only their units are compiled)."""
-    return {l.kernel for l in plan.launches if l.kernel.startswith(VENDOR_PREFIXES)}
-
-
 def one_vendor_library(modules: dict, target: tvm.target.Target) -> dict:
     """``modules`` (key -> built module: a bucketed model's buckets, a generator's steps) with one vendor extension
     between them, of the units any of their plans calls: an artifact holds one."""
-    kernels = set().union(*(plan_kernels(m.plan) for m in modules.values() if m.vendor_library))
+    kernels = set().union(*(m.plan.vendor_kernels for m in modules.values() if m.vendor_library))
     if not kernels:
         return modules
     path = vendor_library(target, kernels)
@@ -253,7 +247,7 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: b
     # nvcc for it nor needs its toolchain
     uses_vendor = options.is_cuda and plan.uses_vendor_kernels and options.compile_kernels
     return BuildResult(plan, library, consts, annotated,
-                       vendor_library(t, plan_kernels(plan)) if uses_vendor else None, report=report,
+                       vendor_library(t, plan.vendor_kernels) if uses_vendor else None, report=report,
                        lowered=lowered, program=program, assignment=assignment, tvm_target=t, options=options,
                        source_hash=source_hash)
 

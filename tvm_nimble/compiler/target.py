@@ -66,8 +66,9 @@ def resolve_target(target, arch: str | None = None) -> tvm.target.Target:
             if not spec["arch"]:
                 raise NimbleError(_NEEDS_ARCH)
             spec = {**CUDA_LIMITS, **spec}
-        if spec.get("kind") == "llvm" and "opt-level" not in spec and env.llvm_opt_level() is not None:
-            spec["opt-level"] = env.llvm_opt_level()
+        level = env.llvm_opt_level() if spec.get("kind") == "llvm" and "opt-level" not in spec else None
+        if level is not None:
+            spec["opt-level"] = level
         if spec.get("kind") not in ("cuda", "llvm"):
             raise NimbleError(f"target kind {spec.get('kind')!r} is not supported: give {ACCEPTED_TARGETS}")
         try:

@@ -118,8 +118,13 @@ class Plan:
         return [self.tensors[i].name for i in self.states]
 
     @property
+    def vendor_kernels(self) -> set[str]:
+        """The vendor functions the plan calls: what its vendor extension must define."""
+        return {l.kernel for l in self.launches if l.kernel.startswith(VENDOR_PREFIXES)}
+
+    @property
     def uses_vendor_kernels(self) -> bool:
-        return any(l.kernel.startswith(VENDOR_PREFIXES) for l in self.launches)
+        return bool(self.vendor_kernels)
 
     def stream_launches(self, stream: int) -> list[Launch]:
         return [l for l in self.launches if l.stream == stream]

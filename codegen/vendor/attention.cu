@@ -370,17 +370,17 @@ __global__ void __launch_bounds__(kSplitWarps * 32) SdpaSplitKernel(const T* __r
     const int r = i / Dv, d = i % Dv;
     const int64_t s = row0 + r;
     if (s >= p.Sq) continue;
-    float M = -INFINITY;
+    float mmax = -INFINITY;
     for (int c = 0; c < C; ++c) {
       const float* ms = OfBlock(&Ms[0][0], c, C);
-      for (int w = 0; w < warps; ++w) M = fmaxf(M, ms[w * R + r]);
+      for (int w = 0; w < warps; ++w) mmax = fmaxf(mmax, ms[w * R + r]);
     }
     float L = 0.0f, O = 0.0f;
     for (int c = 0; c < C; ++c) {
       const float *ms = OfBlock(&Ms[0][0], c, C), *ls = OfBlock(&Ls[0][0], c, C);
       const float* sc = OfBlock(&Scratch[0][0], c, C);
       for (int w = 0; w < warps; ++w) {
-        const float wt = ms[w * R + r] == -INFINITY ? 0.0f : expf(ms[w * R + r] - M);
+        const float wt = ms[w * R + r] == -INFINITY ? 0.0f : expf(ms[w * R + r] - mmax);
         L += wt * ls[w * R + r];
         O += wt * sc[w * SCRATCH + r * W + d];
       }

@@ -10,7 +10,7 @@ from tvm.script import relax as R
 from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 from tvm_nimble.compiler.target import resolve_target
 from tvm_nimble.relay_passes.providers import chains as chains_module
-from tvm_nimble.relay_passes.providers import cublaslt, cudnn
+from tvm_nimble.relay_passes.providers import cublaslt, cudnn, simt_gemm
 from tvm_nimble.relay_passes.vendor_offload import OffloadToVendor, find_offloads
 
 RNG = np.random.default_rng(11)
@@ -207,8 +207,9 @@ def _function(params, body):
     return bb.finalize()["main"]
 
 
-def _linear_gelu_tanh(dtype: str = "float32", cube: str = "mul", order: str = "hf", k: float = 0.044715):
-    """x [6, 8] -> matmul -> + bias -> GELU's tanh approximation, its scalars in ``dtype`` (an fp16 export's are
+def _linear_gelu_tanh(dtype: str = "float32", cube: str = "mul", order: str = "hf", k: float = 0.044715,
+                      rows: int = 6):
+    """x [rows, 8] -> matmul -> + bias -> GELU's tanh approximation, its scalars in ``dtype`` (an fp16 export's are
     rounded: 0.044715 is 0.0447082...), the cube spelled ``x * x * x`` or ``pow(x, 3)``; "op": relax.nn.gelu_tanh."""
     op = relax.op
 
@@ -231,15 +232,15 @@ def _linear_gelu_tanh(dtype: str = "float32", cube: str = "mul", order: str = "h
         t = emit(op.tanh(emit(op.multiply(c(scale), inner))))
         return op.multiply(emit(op.multiply(a, emit(op.add(c(1.0), t)))), c(0.5))
 
-    return _function([("x", (6, 8), dtype)], body)
+    return _function([("x", (rows, 8), dtype)], body)
 
 
-def _same_as_stock(func, inputs, tol):
+def _same_as_stock(func, inputs, tol, providers=None):
     """The offloaded module's outputs (dtypes, shapes, values) equal stock TVM's on the original function."""
     mod = tvm.IRModule({"main": func})
     target = resolve_target("llvm")
     want = StockVM(build_stock_vm(mod, target), tvm.cpu(), inputs).outputs()
-    got = StockVM(build_stock_vm(OffloadToVendor()(mod), target), tvm.cpu(), inputs).outputs()
+    got = StockVM(build_stock_vm(OffloadToVendor(providers=providers)(mod), target), tvm.cpu(), inputs).outputs()
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(g.astype("float32"), w.astype("float32"), rtol=tol, atol=tol)
@@ -254,6 +255,17 @@ def test_every_spelling_of_the_tanh_gelu_is_the_linears_gelu_epilogue(dtype, cub
     assert found.signature.split(" -> ")[1].endswith(", [0,4,0])")
     assert len(found.bindings) == (3 if order == "op" else 11 if cube == "mul" else 10)
     _same_as_stock(func, [RNG.standard_normal((6, 8)).astype(dtype)], 1e-4 if dtype == "float32" else 2e-2)
+
+
+def test_our_fp32_gemm_leaves_a_tanh_gelu_after_its_linear(vendor_reference):
+    """Our fp32 GEMM compiles no tanh GELU (gemm_simt_kernels.h, kSimtMaxActivation): it takes the Linear and
+    its bias, the GELU stays with TVM, and the module computes what stock TVM does; cuBLASLt folds the same GELU."""
+    func = _linear_gelu_tanh("float32", rows=32)
+    (found,) = find_offloads(func, providers=[simt_gemm.PROVIDER])
+    assert found.signature.split(" -> ")[0] == "matmul+add" and found.signature.endswith("[0])")
+    (lt,) = find_offloads(func, providers=[cublaslt.PROVIDER])
+    assert lt.signature.endswith(", [0,4,0])")
+    _same_as_stock(func, [RNG.standard_normal((32, 8)).astype("float32")], 1e-5, providers=[simt_gemm.PROVIDER])
 
 
 @pytest.mark.parametrize("k", [0.05, 0.044715 * (1 + 2e-3)])

@@ -161,12 +161,17 @@ def reference_functions():
     def matmul_add(a, w, bias, z, attrs, y, ws):
         y.copyfrom(_act(linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
+    def simt_act(attrs):  # the kernel's epilogue compiles no tanh GELU (gemm_simt.cu refuses it)
+        if int(attrs[0]) not in simt_gemm.ACTIVATIONS:
+            raise ValueError(f"nimble.gemm: activation {int(attrs[0])} is not one the kernel computes")
+        return int(attrs[0])
+
     def simt_matmul(a, w, bias, attrs, y, ws):  # w [K, N]; attrs = [activation(, candidate)]
-        y.copyfrom(_act((a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape), int(attrs[0])).astype(y.dtype))
+        y.copyfrom(_act((a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape), simt_act(attrs)).astype(y.dtype))
 
     def simt_matmul_add(a, w, bias, z, attrs, y, ws):
         out = (a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape) + z.numpy()
-        y.copyfrom(_act(out, int(attrs[0])).astype(y.dtype))
+        y.copyfrom(_act(out, simt_act(attrs)).astype(y.dtype))
 
     def gemv(a, w, bias, attrs, y, ws, z=None):  # w [N, K]; attrs = [activation]
         out = (a.numpy().astype(np.float32) @ w.numpy().astype(np.float32).T

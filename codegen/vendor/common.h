@@ -223,12 +223,17 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // The epilogue activations every kernel here shares: 0 identity, 1 relu, 2 relu6, 3 GELU (the erf form), 4 GELU (the
-// tanh approximation, as cuBLASLt's GELU epilogue and GPT-2's gelu_new compute it).
+// tanh approximation, as cuBLASLt's GELU epilogue and GPT-2's gelu_new compute it). A kernel whose main loop is
+// tight on registers compiles only the codes up to kMaxAct: the code of a branch it never takes still shapes its
+// register allocation (see the SIMT GEMM's kSimtMaxActivation).
+template <int kMaxAct = kMaxActivation>
 __device__ __forceinline__ float Activate(float v, int act) {
   if (act == 1) return fmaxf(v, 0.0f);
   if (act == 2) return fminf(fmaxf(v, 0.0f), 6.0f);
   if (act == 3) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-  if (act == 4) return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+  if constexpr (kMaxAct >= 4) {
+    if (act == 4) return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+  }
   return v;
 }
 

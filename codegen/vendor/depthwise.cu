@@ -35,6 +35,10 @@ constexpr int kThreads = 256;
 constexpr int kMinThreads = 64;  // the smallest block BlockThreads gives a small layer
 enum Mode : int { kDwConv = 0, kAvgValid = 1, kAvgAll = 2, kMax = 3 };
 
+// The epilogue's activation codes compiled in: the call takes 0-2 (checked below), and the kernels keep the code
+// they were measured with (0-3): a branch added to Activate, even one never taken, moved their register counts.
+constexpr int kStencilMaxActivation = 3;
+
 struct StencilParams {
   int n, h, w, c, oh, ow;
   int kh, kw, sh, sw, pt, pl, dh, dw;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) StencilNhwc(const T* __restrict__ x,
     float v = MODE == kDwConv ? acc[q] : acc[q] * scale;
     if (b != nullptr) v += ToF(bv.v[q]);
     if (z != nullptr) v += ToF(zv.v[q]);
-    yv.v[q] = FromF<T>(Activate(v, p.act));
+    yv.v[q] = FromF<T>(Activate<kStencilMaxActivation>(v, p.act));
   }
   *reinterpret_cast<Pack<T, V>*>(y + out) = yv;
 }
@@ -157,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) StencilNchw(const T* __restrict__ x,
   float v = MODE == kAvgValid ? acc / float(max(taps, 1)) : MODE == kAvgAll ? acc / float(kh * kw) : acc;
   if (b != nullptr) v += ToF(b[c]);
   if (z != nullptr) v += ToF(z[idx]);
-  y[idx] = FromF<T>(Activate(v, p.act));
+  y[idx] = FromF<T>(Activate<kStencilMaxActivation>(v, p.act));
 }
 
 // Threads per block: 256, unless that leaves SMs idle (a batch-1 layer of 11 x 11 x 672 is 40 such blocks); then

@@ -118,8 +118,9 @@ SimtCall CheckSimt(const char* op, TensorView a, TensorView b, TensorView bias, 
   }
   g.p.act = int(attrs[0]);
   g.index = attrs.size() == 2 ? attrs[1] : -1;
-  if (g.p.act < 0 || g.p.act > kMaxActivation) {
-    FailValue(op, std::string("activation must be ") + kActivations + ", got " + std::to_string(attrs[0]));
+  if (g.p.act < 0 || g.p.act > kSimtMaxActivation) {
+    FailValue(op, "activation must be 0 (none), 1 (relu), 2 (relu6) or 3 (gelu), got " + std::to_string(attrs[0]) +
+                      " (GELU's tanh form is cuBLASLt's epilogue, not this kernel's)");
   }
   if (g.index < -1) FailValue(op, "the candidate index must be >= 0, got " + std::to_string(g.index));
   if (a.device().device_type != kDLCUDA) {

@@ -16,6 +16,10 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kBK = 16;        // K columns per shared-memory stage
+// The activations the epilogue compiles: 0-3, not GELU's tanh form (4). Its branch, never taken by the fp32 GEMMs
+// here (GPT-2's tanh GELU is cuBLASLt's epilogue or the GEMV's), made every tile's main loop 2-7% slower on an H200
+// (benchmarks/findings.md, 'The SIMT GEMM without the tanh GELU').
+constexpr int kSimtMaxActivation = 3;
 
 struct SimtArgs {
   const float* a;     // [M, K]
@@ -37,7 +41,9 @@ __device__ __forceinline__ void Epilogue(const SimtArgs& p, int gm, int gn, floa
     const float4 zz = *reinterpret_cast<const float4*>(p.z + at);
     v.x += zz.x, v.y += zz.y, v.z += zz.z, v.w += zz.w;
   }
-  v = make_float4(Activate(v.x, p.act), Activate(v.y, p.act), Activate(v.z, p.act), Activate(v.w, p.act));
+  constexpr int kMax = kSimtMaxActivation;
+  v = make_float4(Activate<kMax>(v.x, p.act), Activate<kMax>(v.y, p.act), Activate<kMax>(v.z, p.act),
+                  Activate<kMax>(v.w, p.act));
   *reinterpret_cast<float4*>(p.y + at) = v;
 }
 

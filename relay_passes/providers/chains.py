@@ -24,6 +24,8 @@ from tvm.relax.dpl import DFPattern, is_const, is_expr, is_op, wildcard
 
 #: the vendor calls' activation codes (ACT_GELU_TANH: GELU's tanh approximation, GPT-2's ``gelu_new``)
 ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU, ACT_GELU_TANH = 0, 1, 2, 3, 4
+#: every activation code (a kernel's matcher passes the subset it computes)
+ACTS = frozenset({ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU, ACT_GELU_TANH})
 #: scratch memory per vendor call; cuDNN/cuBLASLt pick the fastest algorithm that fits
 DEFAULT_WORKSPACE_BYTES = 8 << 20
 #: a GEMM's: split-K at batch 1 keeps M x N partial sums per split (ViT-B's [197, 768] in 16 splits: 9.7 MB);

@@ -29,7 +29,7 @@ from tvm.relax.dpl import is_op, wildcard
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
-from .chains import (ACT_NONE, ACT_RELU, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue, gelu_of, ints,
+from .chains import (ACT_NONE, ACT_RELU, ACTS, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue, gelu_of, ints,
                      known_shape, operator_of)
 from .registry import Provider, register
 
@@ -72,14 +72,15 @@ class _Epilogue:
     out_dtype: str | None = None  # None: the GEMM's dtype
 
 
-def _epilogue(chains, var, shape, dtype) -> _Epilogue | None:
+def _epilogue(chains, var, shape, dtype, acts: frozenset = ACTS) -> _Epilogue | None:
     """A GELU (exact or tanh: :func:`gelu_of`) or ReLU of ``var``, or a tensor added to it (cuBLASLt adds any var
     of the output's shape as C): where the residual stream is float32 and the GEMM computes in 16 bits, through
-    the cast up (the call writes float32, rounding the sum once). None when nothing follows that the call takes."""
+    the cast up (the call writes float32, rounding the sum once). None when nothing follows that the call takes
+    (``acts``: the activation codes the kernel computes)."""
     gelu = gelu_of(chains, var)
     if gelu is not None:
         folded, last, act = gelu
-        return _Epilogue(folded, last, act)
+        return _Epilogue(folded, last, act) if act in acts else None
     nxt, val = chains.follow(var)
     if val is None:
         return None
@@ -104,10 +105,10 @@ def _rows_reshaped(chains, var, n: int):
     return (nxt, shape) if shape and shape[-1] == n else None
 
 
-def linear_of(chains, var, call) -> Linear | None:
+def linear_of(chains, var, call, acts: frozenset = ACTS) -> Linear | None:
     """The Linear that ``call`` (a matmul) starts, None when its weights are not a constant matrix (or the
     transpose of one). What follows the GEMM and its bias may be read through a reshape of the rows, which the
-    call then writes."""
+    call then writes; an activation only if its code is in ``acts`` (else the Linear ends before it)."""
     m = chains.match(_LINEAR, call)
     if m is None:
         return None
@@ -125,10 +126,10 @@ def linear_of(chains, var, call) -> Linear | None:
     b = chains.bias_of(val, last, out_shape, axis=-1) if val is not None else None
     if b is not None:
         bias, removed, last = b, [last], nxt
-    after = _epilogue(chains, last, out_shape, dtype)
+    after = _epilogue(chains, last, out_shape, dtype, acts)
     reshaped = _rows_reshaped(chains, last, n) if after is None else None
     if reshaped is not None:
-        after = _epilogue(chains, *reshaped, dtype)
+        after = _epilogue(chains, *reshaped, dtype, acts)
         if after is not None:
             removed, out_shape = removed + [last], reshaped[1]
     after = after or _Epilogue([], last)  # nothing follows that the call takes
@@ -146,12 +147,13 @@ def static_matmul(ctx, call, dtypes) -> bool:
     return True
 
 
-def small_linear(ctx, chains, var, call, dtypes) -> tuple[Linear, int] | None:
+def small_linear(ctx, chains, var, call, dtypes, acts: frozenset = ACTS) -> tuple[Linear, int] | None:
     """(the Linear ``call`` starts, its rows: the input's leading dimensions folded) for a static matmul in one of
-    ``dtypes`` of constant weights; None otherwise (a batched GEMM of two tensors is not a Linear)."""
+    ``dtypes`` of constant weights, its epilogue's activation one of ``acts``; None otherwise (a batched GEMM of two
+    tensors is not a Linear)."""
     if not static_matmul(ctx, call, dtypes):
         return None
-    lin = linear_of(chains, var, call)
+    lin = linear_of(chains, var, call, acts)
     return None if lin is None else (lin, int(np.prod(lin.out_shape[:-1])))
 
 

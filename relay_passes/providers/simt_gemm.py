@@ -1,6 +1,6 @@
 """Our fp32 GEMM (codegen/vendor/gemm_simt.cu): a Linear of constant weights, exact fp32, for small M.
 
-    matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu] [+ residual]   (x: [..., M, K]; W constant)
+    matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu (erf)] [+ residual]   (x: [..., M, K]; W constant)
 
 the same chains as cuBLASLt's Linear (:func:`.cublaslt.linear_of`), with bias, activation and residual in
 the kernel's epilogue. Small tiles, and K split across a thread-block cluster, fill the SMs that
@@ -19,6 +19,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import compute_dtype
+from .chains import ACT_GELU_TANH, ACTS
 from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
@@ -28,12 +29,15 @@ MATMUL_ADD = vendor_abi.GEMM_MATMUL_ADD
 #: classifier's single row at batch 1 is cuBLASLt's (ViT-B's head on an H100: 9.8 us ours, 7.8 TVM's); and a
 #: convolutional net's only Linear then costs the kernel choice no probe build
 MIN_ROWS = 16
+#: the activations its epilogue computes: not GELU's tanh form (the kernel's kSimtMaxActivation: compiling that
+#: branch in slowed every tile's main loop), whose Linear ends before the GELU here
+ACTIVATIONS = ACTS - {ACT_GELU_TANH}
 
 
 def simt_chain(ctx, chains, var, call):
     if ctx.allow_tf32 or compute_dtype(call) != "float32":
         return None  # no note: TF32 and half-precision GEMMs are cuBLASLt's, whose report says why where it declines
-    found = small_linear(ctx, chains, var, call, PROVIDER.dtypes)
+    found = small_linear(ctx, chains, var, call, PROVIDER.dtypes, ACTIVATIONS)
     if found is None:
         return None  # two computed operands: cuBLASLt's batched GEMM, or TVM
     lin, rows = found

@@ -22,11 +22,15 @@ BAD = [
     ({"memory_budget": -5}, r"^memory_budget must be a positive number of bytes, got -5$"),
     ({"reuse": "always"}, r"^reuse must be one of \('concurrent', 'sequential', 'none'\), got 'always'$"),
     ({"rpc_key": "h100"}, r"^measuring through an RPC tracker needs both"),
+    ({"kernels": "vendor"}, r"^kernels='vendor' \(cuDNN / cuBLAS and our kernels\) need a CUDA target; use kernels='tvm' "
+                            r"for llvm$"),
+    ({"kernels": "best"}, r"^kernels='best' \(cuDNN / cuBLAS and our kernels\) need a CUDA target; use kernels='tvm' "
+                          r"for llvm$"),
     ({"max_stream": 2}, r"^unknown build option 'max_stream'; the options are allow_tf32, batch_sizes, buckets, compile_kernels, "),
 ]
 
 
-@pytest.mark.parametrize("options,message", BAD, ids=[next(iter(o)) for o, _ in BAD])
+@pytest.mark.parametrize("options,message", BAD, ids=[f"{k}={v}" for o, _ in BAD for k, v in list(o.items())[:1]])
 def test_a_bad_option_is_one_line_before_anything_is_built(options, message):
     with pytest.raises(NimbleError, match=message) as err:
         build(zoo.get_model("inception"), "llvm", **options)

@@ -123,6 +123,7 @@ def main(argv=None) -> int:
     from tvm_nimble.bench.ort_genai import ort_genai
     from tvm_nimble.bench.report import append_rows
     from tvm_nimble.compiler.generate import vocab_size
+    from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.errors import NimbleError
     from tvm_nimble.relay_passes.precision import PRECISIONS
 
@@ -132,9 +133,7 @@ def main(argv=None) -> int:
     dev = "cuda" if gpu else "cpu"
     if args.kernels is None:
         args.kernels = "vendor" if gpu else "tvm"
-    elif args.kernels != "tvm" and not gpu:
-        raise NimbleError(f"--kernels {args.kernels} needs a CUDA target (cuDNN / cuBLAS and our kernels are CUDA's); "
-                          "use --kernels tvm on the CPU")
+    BuildOptions.create(target, kernels=args.kernels)  # its one line (e.g. vendor kernels on the CPU) before any work
     skip = {s for s in args.skip.split(",") if s}
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "generation.csv")

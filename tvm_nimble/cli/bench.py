@@ -233,6 +233,10 @@ def main(argv=None):
     for precision in args.precision.split(","):
         precision_name(precision)  # a bad name fails now, in one line, not after the first model's timing
     skip = check_skip(args.skip.split(","))  # likewise
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.compiler.target import default_kind
+
+    BuildOptions.create(target or default_kind(), kernels=args.kernels)  # likewise (e.g. vendor kernels on the CPU)
     _make_out_dir(args.out)  # before any build: a bad --out fails at once, in one line
     rows, notes, baseline_cache = [], [], {}  # PyTorch/TensorRT systems are built once, timed in every run
     for db in ([None] if args.with_untuned else []) + [args.tuning_db]:

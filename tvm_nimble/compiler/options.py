@@ -107,6 +107,9 @@ class BuildOptions:
         if not isinstance(self.target, tvm.target.Target):
             object.__setattr__(self, "target", resolve_target(self.target))
         _check(self.kernels in KERNEL_CHOICES, "kernels", self.kernels, f"one of {KERNEL_CHOICES}")
+        if self.kernels in ("vendor", "best") and not self.is_cuda:
+            raise NimbleError(f"kernels={self.kernels!r} (cuDNN / cuBLAS and our kernels) need a CUDA target; use "
+                              f"kernels='tvm' for {self.target.kind.name}")
         _check(self.merge in MERGE_CHOICES, "merge", self.merge, f"one of {MERGE_CHOICES}")
         _check(self.layout in LAYOUTS, "layout", self.layout, f"one of {LAYOUTS}")
         if self.providers is not None:

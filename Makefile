@@ -68,3 +68,19 @@ ORT_PARTS = 8
 .device-extra: | $(VENV)/bin/python
 	$(PY) -m pip download -q --no-deps --only-binary :all: --python-version 3.12 -d $@ "tornado>=6" \
 		"onnxconverter-common>=1.14"
+
+# Ray Serve for the serving experiment (scripts/experiments/serve_load.py, #56): ray[serve] and its dependencies
+# as cp312 wheels (the GPU image's numpy kept), in one tar split into 4 parts of ~30 MB. On the GPU machine, one
+# run per part, back to back, each carrying its folder: bash scripts/stage_wheels.sh .device-ray/pK
+RAY_VERSION = 2.60.0
+RAY_PARTS = 4
+.device-ray: | $(VENV)/bin/python
+	rm -rf $@.tmp && $(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+		-d $@.tmp/wheels "ray[serve]==$(RAY_VERSION)"
+	rm -f $@.tmp/wheels/numpy-*
+	cd $@.tmp && tar -cf ray-wheels.tar wheels && split -n $(RAY_PARTS) -d ray-wheels.tar part && \
+		sum=$$(sha256sum ray-wheels.tar | cut -d' ' -f1) && for i in $$(seq 0 $$(($(RAY_PARTS) - 1))); do \
+		d=../$@/p$$((i + 1)); mkdir -p $$d; mv part0$$i $$d/; \
+		echo "$$sum ray-wheels.tar $(RAY_PARTS) ray[serve]==$(RAY_VERSION)" > $$d/wheels.info; done
+	rm -rf $@.tmp

@@ -71,9 +71,10 @@ def load_models(spec: str):
 
 class TorchBuckets:
     """A PyTorch model as the batcher's function: one static input, output and (on a GPU) CUDA graph per
-    bucket; ``n`` rows run on the smallest bucket that holds them (zero-padded), more are split."""
+    bucket; ``n`` rows run on the smallest bucket that holds them (zero-padded), more are split. ``dtype``: the
+    inputs' torch dtype (default float32; a half-precision model's torch.float16)."""
 
-    def __init__(self, model, row_shape, buckets, cuda: bool):
+    def __init__(self, model, row_shape, buckets, cuda: bool, dtype=None):
         import torch
 
         self.torch, self.cuda, self.buckets = torch, cuda, sorted(buckets)
@@ -82,7 +83,7 @@ class TorchBuckets:
         self.inp, self.out, self.graphs = {}, {}, {}
         with torch.no_grad():
             for b in self.buckets:
-                self.inp[b] = torch.zeros((b, *row_shape), device=dev)
+                self.inp[b] = torch.zeros((b, *row_shape), device=dev, dtype=dtype)
                 if not cuda:
                     continue
                 s = torch.cuda.Stream()

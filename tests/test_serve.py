@@ -302,3 +302,22 @@ def test_a_killed_replica_fails_no_request_and_comes_back(served):
         assert time.monotonic() < deadline, "no new replica answered within 60 s of the kill"
         time.sleep(0.5)
     assert victim not in served.replica_names() and len(served.replica_names()) == 2
+
+
+def test_the_serve_load_experiment_dry_runs_on_the_cpu(tmp_path):
+    """scripts/experiments/serve_load.py (#56's GPU measurement) on Ray's local cluster with CPU replicas: both
+    engines answer as the artifact does row by row (the script checks), and each has a capacity and a p99."""
+    pytest.importorskip("ray", reason="Ray Serve is not installed (pip install 'tvm-nimble[serve]')")
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=ROOT, RAY_AUTH_MODE="disabled")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "experiments", "serve_load.py"), "--models",
+                        "zoo:inception", "--target", "llvm", "--replicas", "1", "--buckets", "1,2", "--clients", "1",
+                        "--loads", "0.5", "--seconds", "0.3", "--capacity-requests", "16", "--port", str(_free_port()),
+                        "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (record,) = json.load(open(tmp_path / "serve_load.json"))
+    engines = {e["engine"]: e for e in record["engines"]}
+    assert set(engines) == {"nimble", "torch-cudagraph"}
+    for e in engines.values():
+        assert e["capacity"] > 0 and e["check_rel"] < 1e-3 and e["loads"][0]["p99_ms"] > 0

@@ -141,6 +141,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--capacity-requests", type=int, default=4000)
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--port", type=int, default=8000, help="Serve's HTTP port")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -188,7 +189,7 @@ def main(argv=None):
             for engine, tm in engines:
                 if engine == "nimble":
                     serve.start(serve.ServeOptions(artifact, name=APP, replicas=r, max_batch_size=buckets[-1],
-                                                   batch_wait_ms=args.wait_ms), port=8000)
+                                                   batch_wait_ms=args.wait_ms), port=args.port)
                 else:
                     cls = torch_deployment(ray_serve, tm, row_shape, buckets, cuda, half, args.wait_ms / 1000)
                     app = ray_serve.deployment(cls, name="TorchGraphs", num_replicas=r,

@@ -112,11 +112,16 @@ def load_generator(ray):
     return LoadGen
 
 
-def measure(ray, gens, capacity_requests: int, rates: list, seconds: float) -> dict:
-    """Closed-loop capacity and, at each rate, open-loop Poisson latency percentiles (the clients' shares)."""
+def capacity(ray, gens, requests: int) -> float:
+    """Requests per second in a closed loop: ``requests`` queued at once, shared among the clients."""
     k = len(gens)
-    elapsed = ray.get([g.closed_loop.remote(capacity_requests // k) for g in gens])
-    capacity = (capacity_requests // k) * k / max(elapsed)
+    elapsed = ray.get([g.closed_loop.remote(requests // k) for g in gens])
+    return (requests // k) * k / max(elapsed)
+
+
+def poisson_rows(ray, gens, rates: list, seconds: float) -> list:
+    """At each rate, open-loop Poisson arrivals (the clients' shares): latency percentiles and throughput."""
+    k = len(gens)
     rows = []
     for rate in rates:
         parts = ray.get([g.poisson.remote(rate / k, seconds, seed) for seed, g in enumerate(gens)])
@@ -124,7 +129,7 @@ def measure(ray, gens, capacity_requests: int, rates: list, seconds: float) -> d
         last = max(float(np.nanmax(d)) for _, d in parts)
         rows.append({"rate": rate, "requests": len(lat), "p50_ms": float(np.percentile(lat, 50)),
                      "p99_ms": float(np.percentile(lat, 99)), "throughput": len(lat) / last})
-    return {"capacity": capacity, "loads": rows}
+    return rows
 
 
 def main(argv=None):
@@ -201,10 +206,10 @@ def main(argv=None):
                 err = float(np.abs(got - alone).max() / max(np.abs(alone).max(), 1e-12))
                 assert err < (5e-2 if half else 1e-3), f"{name} {engine} x{r}: answers differ from each row alone by {err:.2e}"
                 ray.get([g.closed_loop.remote(8 * buckets[-1]) for g in gens])  # warm: every bucket used
+                m = {"capacity": capacity(ray, gens, args.capacity_requests)}
                 if base is None:  # the rates: fractions of one Nimble replica's capacity, times the replicas
-                    base = measure(ray, gens, args.capacity_requests, [], args.seconds)["capacity"]
-                rates = [float(f) * base * r for f in args.loads.split(",")]
-                m = measure(ray, gens, args.capacity_requests, rates, args.seconds)
+                    base = m["capacity"]
+                m["loads"] = poisson_rows(ray, gens, [float(f) * base * r for f in args.loads.split(",")], args.seconds)
                 record["engines"].append({"engine": engine, "replicas": r, "check_rel": err, **m})
                 print(f"{name} {engine} x{r}: capacity {m['capacity']:.0f}/s; " + "; ".join(
                     f"{row['rate']:.0f}/s p50 {row['p50_ms']:.2f} p99 {row['p99_ms']:.2f} ms" for row in m["loads"]),

@@ -69,53 +69,65 @@ def torch_deployment(serve, torch_model, row_shape, buckets, cuda: bool, half: b
 def load_generator(ray):
     @ray.remote(num_cpus=0)
     class LoadGen:
-        """One client process: requests of one row through the deployment handle, from a thread pool."""
+        """One client process (an async actor): requests of one row through the deployment handle, awaited on one
+        event loop (no thread per request), at most ``concurrency`` of them in flight."""
 
         def __init__(self, x, timeout_s: float):
-            from concurrent.futures import ThreadPoolExecutor
-
             from ray import serve
 
             self.handle, self.x, self.timeout_s = serve.get_app_handle(APP), x, timeout_s
-            self.pool = ThreadPoolExecutor(128)
 
-        def _one(self, i: int) -> np.ndarray:
-            return self.handle.infer.remote({"input": self.x[i % len(self.x)][None]}).result(timeout_s=self.timeout_s)[0]
+        async def _one(self, i: int) -> np.ndarray:
+            import asyncio
 
-        def answers(self, n: int) -> list:
-            return [self._one(i) for i in range(n)]
+            call = self.handle.infer.remote({"input": self.x[i % len(self.x)][None]})
+            return (await asyncio.wait_for(call, self.timeout_s))[0]
 
-        def closed_loop(self, requests: int) -> float:
+        async def answers(self, n: int) -> list:
+            return [await self._one(i) for i in range(n)]
+
+        async def closed_loop(self, requests: int, concurrency: int) -> float:
+            import asyncio
+
+            slots = asyncio.Semaphore(concurrency)
+
+            async def one(i):
+                async with slots:
+                    await self._one(i)
+
             t0 = time.perf_counter()
-            list(self.pool.map(self._one, range(requests)))
+            await asyncio.gather(*(one(i) for i in range(requests)))
             return time.perf_counter() - t0
 
-        def poisson(self, rate: float, seconds: float, seed: int):
+        async def poisson(self, rate: float, seconds: float, seed: int):
+            import asyncio
+
             arrivals = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, size=max(int(rate * seconds), 1)))
             done = np.full(len(arrivals), np.nan)
 
-            def one(i, t0):
-                self._one(i)
+            async def one(i, t0):
+                await self._one(i)
                 done[i] = time.perf_counter() - t0
 
             t0 = time.perf_counter()
-            futures = []
+            tasks = []
             for i, a in enumerate(arrivals):
                 wait = t0 + a - time.perf_counter()
                 if wait > 0:
-                    time.sleep(wait)
-                futures.append(self.pool.submit(one, i, t0))
-            for f in futures:
-                f.result()
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(one(i, t0)))
+            await asyncio.gather(*tasks)
             return arrivals, done
 
     return LoadGen
 
 
-def capacity(ray, gens, requests: int) -> float:
-    """Requests per second in a closed loop: ``requests`` queued at once, shared among the clients."""
+def capacity(ray, gens, requests: int, in_flight: int) -> float:
+    """Requests per second in a closed loop: ``requests`` shared among the clients, ``in_flight`` of them at once
+    in all (the deployments' ``max_ongoing_requests`` times the replicas: more would wait in Serve's router, whose
+    back-off when every replica is full, up to 1 s, is then what a capacity measures)."""
     k = len(gens)
-    elapsed = ray.get([g.closed_loop.remote(requests // k) for g in gens])
+    elapsed = ray.get([g.closed_loop.remote(requests // k, max(1, -(-in_flight // k))) for g in gens])
     return (requests // k) * k / max(elapsed)
 
 
@@ -147,6 +159,8 @@ def main(argv=None):
     ap.add_argument("--capacity-requests", type=int, default=4000)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--port", type=int, default=8000, help="Serve's HTTP port")
+    ap.add_argument("--artifact", help="serve this bucketed artifact of the (one) model instead of building it "
+                    "(e.g. one an earlier run wrote: OUT/NAME.nimble); its buckets are the artifact's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -175,20 +189,27 @@ def main(argv=None):
     results = []
     for spec in args.models.split(","):
         name, model, torch_model = load_models(spec)
-        t0 = time.perf_counter()
-        built = tvm_nimble.build(model, {"kind": args.target}, batch_sizes=buckets,
-                                 kernels=args.kernels if cuda else "tvm", precision=precision)
-        build_s = time.perf_counter() - t0
-        artifact = os.path.join(args.out, f"{name}.nimble")
-        built.export(artifact, overwrite=True)
-        row_shape = tuple(built.plan.tensors[built.plan.inputs[0]].shape[1:])
-        x = np.random.default_rng(0).standard_normal((64, *row_shape)).astype("float32")
-        with tvm_nimble.NimbleExecutor(built) as ex:
+        if args.artifact:
+            artifact, build_s = args.artifact, None
+            buckets = sorted(serve.ServeOptions(artifact).facts().batch_sizes or ())
+            if not buckets:
+                raise SystemExit(f"--artifact {artifact}: not a bucketed artifact; build one with --buckets")
+        else:
+            t0 = time.perf_counter()
+            built = tvm_nimble.build(model, {"kind": args.target}, batch_sizes=buckets,
+                                     kernels=args.kernels if cuda else "tvm", precision=precision)
+            build_s = time.perf_counter() - t0
+            artifact = os.path.join(args.out, f"{name}.nimble")
+            built.export(artifact, overwrite=True)
+            del built
+        with tvm_nimble.NimbleExecutor(artifact) as ex:
+            row_shape = tuple(ex.plan.tensors[ex.plan.inputs[0]].shape[1:])
+            x = np.random.default_rng(0).standard_normal((64, *row_shape)).astype("float32")
             alone = np.concatenate([ex(x[i:i + 1])[0].numpy() for i in range(11)]).astype("float32")
-        del built
         record = {"model": name, "precision": precision, "kernels": args.kernels if cuda else "tvm", "buckets": buckets,
                   "build_s": build_s, "engines": []}
         base = None
+        max_ongoing = serve.max_ongoing_requests(buckets[-1])  # a replica's: the Nimble deployment's, the peer's
         for r in replicas:
             engines = [("nimble", None)] + ([] if args.skip_torch else [("torch-cudagraph", torch_model)])
             for engine, tm in engines:
@@ -199,14 +220,15 @@ def main(argv=None):
                     cls = torch_deployment(ray_serve, tm, row_shape, buckets, cuda, half, args.wait_ms / 1000)
                     app = ray_serve.deployment(cls, name="TorchGraphs", num_replicas=r,
                                                ray_actor_options={"num_gpus": 1 if cuda else 0},
-                                               max_ongoing_requests=2 * buckets[-1]).bind()
+                                               max_ongoing_requests=max_ongoing).bind()
                     ray_serve.run(app, name=APP, route_prefix="/torch")
                 gens = [LoadGen.remote(x, 60.0) for _ in range(args.clients)]
                 got = np.concatenate(ray.get(gens[0].answers.remote(11))).astype("float32")
                 err = float(np.abs(got - alone).max() / max(np.abs(alone).max(), 1e-12))
                 assert err < (5e-2 if half else 1e-3), f"{name} {engine} x{r}: answers differ from each row alone by {err:.2e}"
-                ray.get([g.closed_loop.remote(8 * buckets[-1]) for g in gens])  # warm: every bucket used
-                m = {"capacity": capacity(ray, gens, args.capacity_requests)}
+                in_flight = r * max_ongoing
+                ray.get([g.closed_loop.remote(8 * buckets[-1], in_flight) for g in gens])  # warm: every bucket used
+                m = {"capacity": capacity(ray, gens, args.capacity_requests, in_flight)}
                 if base is None:  # the rates: fractions of one Nimble replica's capacity, times the replicas
                     base = m["capacity"]
                 m["loads"] = poisson_rows(ray, gens, [float(f) * base * r for f in args.loads.split(",")], args.seconds)

@@ -19,10 +19,10 @@ it. This package sits on the runtime and never imports the compiler.
 from __future__ import annotations
 
 from .client import NimbleClient, ServeError
-from .options import NEEDS_RAY, ServeOptions, require_ray
+from .options import NEEDS_RAY, ServeOptions, max_ongoing_requests, require_ray
 
 __all__ = ["ServeOptions", "NimbleClient", "ServeError", "application", "start", "shutdown", "require_ray",
-           "NEEDS_RAY"]
+           "NEEDS_RAY", "max_ongoing_requests"]
 
 
 def application(options: ServeOptions):

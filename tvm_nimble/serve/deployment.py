@@ -11,7 +11,7 @@ import json
 
 from tvm_nimble.errors import NimbleError
 
-from .options import ServeOptions, one_line, require_ray
+from .options import ServeOptions, max_ongoing_requests, one_line, require_ray
 from .replica import ReplicaModel, decode_json, encode_outputs
 
 ray, serve = require_ray()
@@ -75,5 +75,5 @@ def application(options: ServeOptions):
     deployment = serve.deployment(
         NimbleDeployment, name="NimbleDeployment", num_replicas=options.replicas,
         ray_actor_options={"num_gpus": options.gpus(facts), "num_cpus": options.num_cpus},
-        max_ongoing_requests=2 * batch)  # a batch running, the next one gathering
+        max_ongoing_requests=max_ongoing_requests(batch))
     return deployment.bind(facts.path, batch, options.batch_wait_ms / 1000)

@@ -36,6 +36,13 @@ def _number(name: str, value, minimum: float, integer: bool = False):
     return value
 
 
+def max_ongoing_requests(batch: int) -> int:
+    """A replica's ``max_ongoing_requests`` for batches of up to ``batch`` rows: a batch running, the next one
+    gathering. A client that keeps more than this times the replicas in flight makes the rest wait in Serve's
+    router (with its back-off), not in the replica's batch."""
+    return 2 * batch
+
+
 @dataclasses.dataclass(frozen=True)
 class ArtifactFacts:
     """What the driver reads from an artifact's manifest without loading its kernels (a CUDA artifact

@@ -287,12 +287,16 @@ class Toolchain:
 
     def flags(self, host_only: bool = False) -> list[str]:
         """nvcc's flags for a unit: a ``.cu`` unit's at -O3 for ``arch`` (SASS and PTX), a host-only unit's at -O1
-        without device code."""
+        without device code; ``$TVM_NIMBLE_VENDOR_OPT_LEVEL`` below those lowers both, the device compilers'
+        (cicc, ptxas) too."""
         import tvm_ffi.libinfo
 
         num = self.arch[3:]
+        level = env.vendor_opt_level()
         device = [] if host_only else ["-gencode", f"arch=compute_{num},code=[{self.arch},compute_{num}]"]
-        return [self.nvcc, "-O1" if host_only else "-O3", "-std=c++17",
+        if level < 3 and not host_only:
+            device += ["-Xcicc", f"-O{level}", "-Xptxas", f"-O{level}"]
+        return [self.nvcc, f"-O{min(level, 1)}" if host_only else f"-O{level}", "-std=c++17",
                 "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
                 *([] if host_only else ["-diag-suppress", "1444"]),  # cuDNN's legacy API is deprecated in cuDNN 9
                 # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from .cost_schedule import cost_capped, makespan, stream_index
 
@@ -188,6 +187,8 @@ def dense_matching(weights: np.ndarray) -> list[Edge]:
     """
     if weights.size == 0:
         return []
+    from scipy.optimize import linear_sum_assignment  # here, not at the top: a slow import only this needs
+
     rows, cols = linear_sum_assignment(weights, maximize=True)
     keep = weights[rows, cols] > 0
     return list(zip(rows[keep].tolist(), cols[keep].tolist()))

@@ -1,6 +1,8 @@
 """The run's sandbox (its caches in a folder of its own, nothing written under $HOME: ``run_sandbox``) and
 shared fixtures: zoo models built once per test session (CPU, llvm; once per worker under pytest-xdist)."""
 import os
+import shutil
+import subprocess
 import tempfile
 import time
 
@@ -29,11 +31,20 @@ def pytest_configure(config):
     # CPU kernels built without LLVM's optimizations: they compile about twice as fast, and the suite checks their
     # results, not their speed (a developer can set another level; tvm_nimble/env.py)
     os.environ.setdefault("TVM_NIMBLE_LLVM_OPT_LEVEL", "0")
+    # likewise the vendor extension's units where no GPU can run them (a third of the time to compile them), at
+    # full optimization where one is (tests/gpu runs its kernels)
+    if not _has_gpu():
+        os.environ.setdefault("TVM_NIMBLE_VENDOR_OPT_LEVEL", "0")
     home = os.path.expanduser("~")
     # $OUT: where a GPU-machine run (scripts/gpu_session.sh) logs what the run is doing, beside the tests
     skip = [str(config.rootpath), tempfile.gettempdir(), caches.folder] + ([os.environ["OUT"]] if os.environ.get("OUT") else [])
     config.stash[_RUN] = {"caches": caches, "skip": skip, "started": time.time(),
                           "home": HomeListing.take(home, skip), "wrote": []}
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
 
 
 @pytest.hookimpl(tryfirst=True)

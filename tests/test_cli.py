@@ -1,4 +1,5 @@
-"""Every `tvm-nimble` command, run as a user would (subprocess, real files)."""
+"""Every `tvm-nimble` command on real files: through ``tvm_nimble.cli.main`` in this process (tests/cli_runner.py),
+and as a user's shell runs it (a subprocess) where the entry point or a fresh process is what is checked."""
 import os
 import shutil
 import subprocess
@@ -8,12 +9,16 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
+from cli_runner import run_cli
 from tvm_nimble import zoo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cli(*args, cwd=None, timeout=600):
+cli = run_cli
+
+
+def cli_process(*args, cwd=None, timeout=600):
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=timeout)
@@ -32,10 +37,10 @@ def model_file(tmp_path_factory):
 def test_compile_then_run_gives_the_reference_output(model_file):
     path, model, x, d = model_file
     art = str(d / "incept.nimble")
-    r = cli("compile", path, "-o", art, "--target", "llvm")
+    r = cli_process("compile", path, "-o", art, "--target", "llvm")
     assert r.returncode == 0, r.stderr
     assert "stream(s)" in r.stdout
-    r = cli("run", art, "--input", f"input={d / 'x.npy'}", "--output-dir", str(d / "out"))
+    r = cli_process("run", art, "--input", f"input={d / 'x.npy'}", "--output-dir", str(d / "out"))
     assert r.returncode == 0, r.stderr
     out = np.load(d / "out" / "output0.npy")
     np.testing.assert_allclose(out, ReferenceEvaluator(model).run(None, {"input": x})[0], rtol=1e-4, atol=1e-4)
@@ -63,7 +68,7 @@ def test_demo_runs_on_cpu():
 
 def test_bench_writes_results(model_file, tmp_path):
     path, _, _, _ = model_file
-    r = cli("bench", "--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
+    r = cli_process("bench", "--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
             "--dtype", "float32,float16", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert {"results.csv", "RESULTS.md", "results.png"} <= set(os.listdir(tmp_path))
@@ -97,7 +102,7 @@ def test_bench_writes_results(model_file, tmp_path):
     if importlib.util.find_spec("tensorrt") is None:
         assert "TensorRT not installed" in md and "tensorrt" not in {row["system"] for row in rows}
     # regenerating the report from the CSV alone gives the same tables (the run's notes aside)
-    r = cli("bench", "--report-only", "--out", str(tmp_path))
+    r = cli_process("bench", "--report-only", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     tables = md[md.index("## All runs"):]
     assert open(tmp_path / "RESULTS.md").read().endswith(tables)

@@ -374,19 +374,15 @@ def test_auto_keeps_whichever_measured_faster_and_measures_it_once(vendor_ok, pe
 
 
 def test_the_cli_merges_on_compile_and_explain_shows_each_group(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     model = zoo.get_model("inception", blocks=1)
     path = zoo.save(model, str(tmp_path / "incept.onnx"))
     x = zoo.random_inputs(model)["input"]
     np.save(tmp_path / "x.npy", x)
 
+    from cli_runner import run_cli
+
     def cli(*args):
-        r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=root), timeout=600)
+        r = run_cli(*args)
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -398,6 +394,5 @@ def test_the_cli_merges_on_compile_and_explain_shows_each_group(tmp_path):
     cli("run", str(tmp_path / "art"), "--input", f"input={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"))
     np.testing.assert_allclose(np.load(tmp_path / "out" / "output0.npy"),
                                ReferenceEvaluator(model).run(None, {"input": x})[0], rtol=1e-4, atol=1e-4)
-    bad = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "explain", path, "--merge", "yes"],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root), timeout=600)
+    bad = run_cli("explain", path, "--merge", "yes")
     assert bad.returncode == 2 and "--merge" in bad.stderr

@@ -1,6 +1,7 @@
 """Commands do no damage (issue #33): they leave the repository's committed files alone, refuse to mix
 tuning databases or to overwrite an artifact silently, and a path they cannot write is one line naming it
-and the fix, never a traceback. Real runs (subprocesses, real files), on llvm."""
+and the fix, never a traceback. Real runs on real files, on llvm: the commands through ``tvm_nimble.cli.main`` in
+this process (tests/cli_runner.py), a benchmark run in a process of its own."""
 import hashlib
 import json
 import os
@@ -14,13 +15,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_nimble
+from cli_runner import run_cli
 from tvm_nimble.runtime.artifact import ArtifactError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED_DB = os.path.join(ROOT, "tuning", "sm_90", "incept6")  # a cuda sm_90 database of zoo:incept6
 
 
-def cli(*args, cwd=None, timeout=600):
+cli = run_cli
+
+
+def cli_process(*args, cwd=None, timeout=600):
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=timeout)
@@ -81,7 +86,7 @@ def built():
 def test_bench_without_out_writes_bench_results_in_the_cwd_not_the_repository(tiny, tmp_path):
     path, _, _ = tiny
     before = tree_hashes(os.path.join(ROOT, "benchmarks"))
-    r = cli("bench", "--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
+    r = cli_process("bench", "--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
             cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     assert {"results.csv", "RESULTS.md", "results.png", "machines.json"} <= set(os.listdir(tmp_path / "bench-results"))

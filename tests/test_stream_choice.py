@@ -6,9 +6,6 @@ schedule that fits the budget, which is what is checked here against schedules b
 (:func:`~tvm_nimble.compiler.stream_choice.decide`: the simplest schedule unless a more complex one is faster
 beyond the rounds' noise) is checked on hand-computed rounds, and through a build whose timer is the test's.
 """
-import subprocess
-import sys
-
 import pytest
 
 from tvm_nimble import zoo
@@ -53,8 +50,7 @@ def test_budgets_that_nothing_fits_are_one_clear_error():
 def test_cli_memory_budget_and_max_streams(tmp_path):
     path = zoo.save(zoo.get_model("inception"), tmp_path / "incept.onnx")
 
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True, timeout=600)
+    from cli_runner import run_cli as cli
 
     r = cli("explain", path, "--memory-budget", "1K")
     assert r.returncode == 1 and "no schedule's memory pool fits the budget of 1024 bytes" in r.stderr

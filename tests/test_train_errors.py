@@ -1,28 +1,23 @@
 """`tvm-nimble train` and build_training as a newcomer meets them (issue #33): a model TVM's gradient
 cannot differentiate, a learning rate that is not positive, a loss that diverges, the progress bar,
-and the mse loss (a mean, as PyTorch's). The CLI runs as a user runs it (subprocess, real files);
-references are numpy's closed-form gradients and PyTorch's mse_loss."""
-import os
+and the mse loss (a mean, as PyTorch's). The CLI runs on real files, through ``tvm_nimble.cli.main`` in this
+process (tests/cli_runner.py); references are numpy's closed-form gradients and PyTorch's mse_loss."""
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from cli_runner import run_cli
 from tvm_nimble import zoo
 from tvm_nimble.compiler.training import build_training, training_step
 from tvm_nimble.errors import ModelError, NimbleError, TrainingDivergedError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, DIM, OUT, IDS = 10, 4, 3, np.array([1, 2, 3, 1, 5, 6, 1, 8])  # ids repeat: their gradients add up
 
 
 def cli(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "train", *args, "--target", "llvm"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    return run_cli("train", *args, "--target", "llvm")
 
 
 def one_line_error(r, code=1):

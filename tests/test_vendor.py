@@ -64,6 +64,42 @@ def test_extension_builds_for_sm90_without_rpath(built_lib, tmp_path):
     assert open(out, "rb").read() == open(built_lib, "rb").read()
 
 
+def test_the_vendor_opt_level_reaches_every_unit_and_keeps_the_objects_apart(monkeypatch):
+    """TVM_NIMBLE_VENDOR_OPT_LEVEL (the suite runs at 0 without a GPU): each unit's nvcc command at that level, for
+    the host and, in a .cu unit, for cicc and ptxas; an object key for each distinct command; unset is 3, whose
+    commands (and cached objects) are the ones a build had before the switch; a level that is none is one line."""
+    ok, why = _available()
+    if not ok:
+        pytest.skip(f"no vendor toolchain here: {why}")
+    from tvm_nimble import env
+    from tvm_nimble.codegen.vendor_build import Toolchain, scan_units
+
+    tools, units = Toolchain.find("sm_90"), scan_units()
+    assert {u.host_only for u in units} == {True, False}
+    seen = {}
+    for level in ("0", "1", "2", "3", ""):
+        monkeypatch.setenv(env.VENDOR_OPT_LEVEL, level)
+        for u in units:
+            cmd = tools.compile_command(u, "x.o")
+            opts = [a for a in cmd if a.startswith("-O")]
+            n = int(level or 3)
+            if u.host_only:
+                assert opts == [f"-O{min(n, 1)}"] and "-Xcicc" not in cmd, cmd
+            else:
+                want = [f"-O{n}"] + ([f"-O{n}", f"-O{n}"] if n < 3 else [])
+                assert opts == want, cmd
+                if n < 3:
+                    assert cmd[cmd.index("-Xcicc") + 1] == cmd[cmd.index("-Xptxas") + 1] == f"-O{n}"
+            seen.setdefault(level, {})[u.path] = (tuple(cmd), tools.object_key(u))
+    assert seen[""] == seen["3"]
+    pairs = {pair for by_unit in seen.values() for pair in by_unit.values()}
+    assert len({cmd for cmd, _ in pairs}) == len({key for _, key in pairs}) == len(pairs)  # a key per command
+    monkeypatch.setenv(env.VENDOR_OPT_LEVEL, "fast")
+    with pytest.raises(NimbleError, match="give an optimization level 0, 1, 2 or 3") as info:
+        tools.compile_command(units[0], "x.o")
+    assert "\n" not in str(info.value)
+
+
 def test_build_errors_are_one_line(monkeypatch):
     from tvm_nimble.codegen import vendor_build
 

@@ -10,6 +10,9 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
 ``TVM_NIMBLE_LLVM_OPT_LEVEL``      LLVM's optimization level (0-3) for CPU (``llvm``) builds whose target names
                                    none (default LLVM's 3); 0 compiles CPU kernels about twice as fast into
                                    slower code (the test suite's setting: it checks results, not CPU speed)
+``TVM_NIMBLE_VENDOR_OPT_LEVEL``    the vendor extension's optimization level (0-3, default 3) for nvcc (host and device
+                                   code); 0 compiles its units about three times as fast into far slower kernels (the
+                                   test suite's setting on a machine without a GPU, where its kernels never run)
 ``NIMBLE_VENDOR_LIB_DIRS``         directories (``os.pathsep``-separated) that replace the wheels' cuDNN /
                                    cuBLAS library directories when the vendor extension is loaded
 ``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
@@ -28,6 +31,7 @@ from tvm_nimble.errors import NimbleError
 CACHE_DIR = "TVM_NIMBLE_CACHE_DIR"
 JOBS = "TVM_NIMBLE_JOBS"
 LLVM_OPT_LEVEL = "TVM_NIMBLE_LLVM_OPT_LEVEL"
+VENDOR_OPT_LEVEL = "TVM_NIMBLE_VENDOR_OPT_LEVEL"
 VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
 STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
@@ -61,6 +65,17 @@ def llvm_opt_level() -> int | None:
     if value not in ("0", "1", "2", "3"):
         raise NimbleError(f"{LLVM_OPT_LEVEL}={value!r}: give an LLVM optimization level 0, 1, 2 or 3 (or unset it "
                           "for LLVM's default, 3)")
+    return int(value)
+
+
+def vendor_opt_level() -> int:
+    """``TVM_NIMBLE_VENDOR_OPT_LEVEL`` as an int (3 when unset); one line when it is not 0-3."""
+    value = os.environ.get(VENDOR_OPT_LEVEL, "").strip()
+    if not value:
+        return 3
+    if value not in ("0", "1", "2", "3"):
+        raise NimbleError(f"{VENDOR_OPT_LEVEL}={value!r}: give an optimization level 0, 1, 2 or 3 for the vendor "
+                          "extension's nvcc (or unset it for 3)")
     return int(value)
 
 

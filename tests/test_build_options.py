@@ -1,7 +1,5 @@
 """BuildOptions: every option checked once with a one-line error, the same from Python and the command
 line; precision as a build option, checked against the ONNX reference evaluator."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -49,8 +47,9 @@ def test_options_are_frozen_and_replace_keeps_them_checked():
 def test_the_command_line_reports_a_bad_option_in_one_line(tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes(zoo.get_model("inception", blocks=1, hw=8).SerializeToString())
-    r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "explain", str(path), "--providers", "cutlass"],
-                       capture_output=True, text=True)
+    from cli_runner import run_cli
+
+    r = run_cli("explain", str(path), "--providers", "cutlass")
     assert r.returncode == 1
     from tvm_nimble.relay_passes import providers
 

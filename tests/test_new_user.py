@@ -16,6 +16,7 @@ from tvm_nimble import NimbleError, zoo
 from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.errors import ShapeError
 
+from cli_runner import run_cli
 from test_user_errors import ROOT, cli, one_error_line, relu_model
 
 FAST_TAKE_LOG = "Fast mode segfaults when there are out-of-bounds indices"
@@ -181,7 +182,7 @@ def test_a_given_dimension_of_zero_is_invalid(tmp_path):
     msg = str(pytest.raises(ShapeError, from_onnx, relu_of(["b", 2, 4]), shape_dict={"x": (1, 0, 4)}).value)
     assert "dim 1 = 0, which is not a valid size" in msg, msg
     path = zoo.save(relu_of(["b", 2, 4]), str(tmp_path / "m.onnx"))
-    line = usage_line(cli("compile", path, "-o", str(tmp_path / "out"), "--shape", "x=1,0,4"))
+    line = usage_line(run_cli("compile", path, "-o", str(tmp_path / "out"), "--shape", "x=1,0,4"))
     assert "--shape x=1,0,4" in line and "dimension 1 is 0, not a valid size" in line, line
     assert "shape_dict" not in line, line  # the command line's terms
 
@@ -192,7 +193,7 @@ def test_run_names_an_input_the_model_does_not_have(tmp_path):
     art = str(tmp_path / "m.nimble")
     tvm_nimble.build(model, "llvm").export(art)
     np.save(tmp_path / "t.npy", np.zeros((4, 3), np.float32))
-    line = usage_line(cli("run", art, "--input", f"data={tmp_path / 't.npy'}"))
+    line = usage_line(run_cli("run", art, "--input", f"data={tmp_path / 't.npy'}"))
     assert "'data' is not an input of the model" in line and "'table', 'ids'" in line, line
 
 
@@ -211,7 +212,7 @@ def test_the_fast_take_log_is_left_out_of_a_build(tmp_path, fresh_cache):
     path = zoo.save(gather_model(), str(tmp_path / "g.onnx"))
     stock = subprocess.run([sys.executable, "-c", _STOCK_GATHER, path], capture_output=True, text=True, timeout=600)
     assert stock.returncode == 0 and FAST_TAKE_LOG in stock.stderr, stock.stderr[-2000:]
-    r = cli("compile", path, "-o", str(tmp_path / "g.nimble"))
+    r = run_cli("compile", path, "-o", str(tmp_path / "g.nimble"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert FAST_TAKE_LOG not in r.stderr and "compiling g.onnx" in r.stderr, r.stderr
 
@@ -219,7 +220,7 @@ def test_the_fast_take_log_is_left_out_of_a_build(tmp_path, fresh_cache):
 def test_a_note_is_one_line(tmp_path, fresh_cache):
     """Python's warning display adds the file, line number and source line of the warnings.warn call."""
     path = zoo.save(relu_model(99), str(tmp_path / "m.onnx"))  # an opset newer than the importer knows: a note
-    r = cli("compile", path, "-o", str(tmp_path / "m.nimble"))
+    r = run_cli("compile", path, "-o", str(tmp_path / "m.nimble"))
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stderr.splitlines()
     (i,) = [i for i, line in enumerate(lines) if "opset 99" in line]
@@ -229,19 +230,19 @@ def test_a_note_is_one_line(tmp_path, fresh_cache):
 
 # ---- 8: the help ------------------------------------------------------------------------------
 def test_version_names_tvm_nimble_and_its_tvm():
-    r = cli("--version")
+    r = run_cli("--version")
     assert r.returncode == 0, r.stderr[-2000:]
     tvm_version = importlib.metadata.version("apache-tvm")
     assert r.stdout.strip() == f"tvm-nimble {tvm_nimble.__version__} (TVM {tvm_version})", r.stdout
 
 
 def test_run_help_shows_the_mode_default():
-    text = " ".join(cli("run", "--help").stdout.split())
+    text = " ".join(run_cli("run", "--help").stdout.split())
     assert "executor mode (default: cuda-graph for a CUDA artifact, sequential for an llvm one)" in text, text
 
 
 def test_help_names_tensorrt_only_as_not_available():
-    for text in (cli("--help").stdout, cli("bench", "--help").stdout):
+    for text in (run_cli("--help").stdout, run_cli("bench", "--help").stdout):
         assert "usage:" in text
         for sentence in re.split(r"(?<=[.;:)])\s", " ".join(text.split())):
             if "TensorRT" in sentence:

@@ -1,7 +1,5 @@
 """Adam and AdamW (tvm_nimble.compiler.optimizers): the update function against a NumPy Adam for five steps,
 and whole training steps against PyTorch's torch.optim on the same model, data and initial weights."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -106,10 +104,12 @@ def test_a_bad_weight_decay_is_one_clear_error(wd):
 
 
 def test_cli_train_takes_adamw_and_refuses_a_negative_weight_decay():
-    cmd = [sys.executable, "-m", "tvm_nimble.cli", "train", "zoo:inception", "--steps", "2", "--optimizer", "adamw"]
-    ok = subprocess.run(cmd + ["--weight-decay", "0.05"], capture_output=True, text=True, timeout=600)
+    from cli_runner import run_cli
+
+    cmd = ["train", "zoo:inception", "--steps", "2", "--optimizer", "adamw"]
+    ok = run_cli(*cmd, "--weight-decay", "0.05")
     assert ok.returncode == 0, ok.stderr[-800:]
-    bad = subprocess.run(cmd + ["--weight-decay", "-1"], capture_output=True, text=True, timeout=600)
+    bad = run_cli(*cmd, "--weight-decay", "-1")
     assert bad.returncode == 2 and "--weight-decay must be a number >= 0" in bad.stderr
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 

@@ -1,7 +1,5 @@
 """Precision as a build option: fp16 and bf16 builds on llvm against the ONNX reference evaluator and
 the fp32 build, the mixed-precision policy read from the built IR, the accuracy report and its guard."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -133,13 +131,13 @@ def test_a_cuda_build_without_its_gpu_says_the_error_was_not_measured():
 def test_the_command_line_takes_precision_names_and_refuses_others_in_one_line(tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes(zoo.get_model("inception", blocks=1, hw=8).SerializeToString())
-    r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "compile", str(path), "--target", "llvm",
-                        "--precision", "bf16", "--max-streams", "1", "-o", str(tmp_path / "m.tar")],
-                       capture_output=True, text=True)
+    from cli_runner import run_cli
+
+    r = run_cli("compile", str(path), "--target", "llvm", "--precision", "bf16", "--max-streams", "1", "-o",
+                str(tmp_path / "m.tar"))
     assert r.returncode == 0, r.stderr
     assert "accuracy (bf16): " in r.stdout and "relative L2 from float32" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "explain", str(path), "--target", "llvm",
-                        "--precision", "int8"], capture_output=True, text=True)
+    r = run_cli("explain", str(path), "--target", "llvm", "--precision", "int8")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "tvm-nimble: error: precision must be one of fp32, tf32, fp16, bf16, got 'int8'"]

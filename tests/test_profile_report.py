@@ -1,7 +1,6 @@
 """explain --profile on CPU: the one-line refusals (it needs a GPU of the target's arch) and the picture."""
-import subprocess
-import sys
 
+from cli_runner import run_cli
 from tvm_nimble import zoo
 from tvm_nimble.codegen.schedule_sim import H100, simulate
 from tvm_nimble.compiler.build import build
@@ -11,8 +10,7 @@ from tvm_nimble.compiler.profile_report import _draw
 def test_profile_without_the_gpu_is_one_line(tmp_path):
     path = zoo.save(zoo.get_model("inception"), tmp_path / "incept.onnx")
     for extra, message in (([], "use --target cuda"), (["--target", "cuda", "--arch", "sm_90"], "runs the model on a sm_90 GPU")):
-        r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "explain", path, "--profile", str(tmp_path / "p.png"),
-                            *extra], capture_output=True, text=True, timeout=600)
+        r = run_cli("explain", path, "--profile", str(tmp_path / "p.png"), *extra)
         assert r.returncode == 1 and message in r.stderr, r.stderr[-400:]
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "p.png").exists()

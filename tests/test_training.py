@@ -66,16 +66,14 @@ def test_bad_loss_or_optimizer_is_one_clear_error():
 
 
 def test_cli_train_runs_and_exports_the_trained_weights(tmp_path):
-    import subprocess
-    import sys
-
     import onnx
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
+    from cli_runner import run_cli
+
     out = tmp_path / "trained.onnx"
-    r = subprocess.run([sys.executable, "-m", "tvm_nimble.cli", "train", "zoo:inception", "--steps", "3",
-                        "--optimizer", "momentum", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    r = run_cli("train", "zoo:inception", "--steps", "3", "--optimizer", "momentum", "-o", str(out))
     assert r.returncode == 0, r.stderr[-800:]
     assert "training step:" in r.stdout and "wrote" in r.stdout and "loss" in r.stderr  # tqdm writes to stderr
     trained, original = onnx.load(out), zoo.get_model("inception")

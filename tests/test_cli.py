@@ -3,25 +3,16 @@ and as a user's shell runs it (a subprocess) where the entry point or a fresh pr
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from cli_runner import run_cli
+from cli_runner import run_cli, run_cli_process
 from tvm_nimble import zoo
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 cli = run_cli
-
-
-def cli_process(*args, cwd=None, timeout=600):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+cli_process = run_cli_process
 
 
 @pytest.fixture(scope="module")

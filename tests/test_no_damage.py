@@ -6,8 +6,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tvm_nimble
-from cli_runner import run_cli
+from cli_runner import run_cli, run_cli_process
 from tvm_nimble.runtime.artifact import ArtifactError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,12 +21,7 @@ COMMITTED_DB = os.path.join(ROOT, "tuning", "sm_90", "incept6")  # a cuda sm_90 
 
 
 cli = run_cli
-
-
-def cli_process(*args, cwd=None, timeout=600):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "tvm_nimble.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+cli_process = run_cli_process
 
 
 def one_line_error(r, code=1):

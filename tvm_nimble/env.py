@@ -57,26 +57,25 @@ def cache_dir(*parts: str) -> str:
     return os.path.join(cache_root(), *parts)
 
 
-def llvm_opt_level() -> int | None:
-    """``TVM_NIMBLE_LLVM_OPT_LEVEL`` as an int, None when unset; one line when it is not 0-3."""
-    value = os.environ.get(LLVM_OPT_LEVEL, "").strip()
+def _opt_level(name: str, give: str, unset: str) -> int | None:
+    """The variable ``name`` as an optimization level 0-3, None when unset; one line naming it when it is none."""
+    value = os.environ.get(name, "").strip()
     if not value:
         return None
     if value not in ("0", "1", "2", "3"):
-        raise NimbleError(f"{LLVM_OPT_LEVEL}={value!r}: give an LLVM optimization level 0, 1, 2 or 3 (or unset it "
-                          "for LLVM's default, 3)")
+        raise NimbleError(f"{name}={value!r}: give {give} 0, 1, 2 or 3 (or unset it for {unset})")
     return int(value)
+
+
+def llvm_opt_level() -> int | None:
+    """``TVM_NIMBLE_LLVM_OPT_LEVEL`` as an int, None when unset; one line when it is not 0-3."""
+    return _opt_level(LLVM_OPT_LEVEL, "an LLVM optimization level", "LLVM's default, 3")
 
 
 def vendor_opt_level() -> int:
     """``TVM_NIMBLE_VENDOR_OPT_LEVEL`` as an int (3 when unset); one line when it is not 0-3."""
-    value = os.environ.get(VENDOR_OPT_LEVEL, "").strip()
-    if not value:
-        return 3
-    if value not in ("0", "1", "2", "3"):
-        raise NimbleError(f"{VENDOR_OPT_LEVEL}={value!r}: give an optimization level 0, 1, 2 or 3 for the vendor "
-                          "extension's nvcc (or unset it for 3)")
-    return int(value)
+    level = _opt_level(VENDOR_OPT_LEVEL, "an optimization level", "3, the vendor extension's nvcc default")
+    return 3 if level is None else level
 
 
 def stock_reductions() -> bool:

@@ -38,6 +38,11 @@
 //   is faster only for ViT-S-sized and long sequences (see benchmarks/findings.md, 'Attention kernels, build
 //   times, serving googlenet, PyTorch's half precision by layout'); its provider (attention_split) is one of the
 //   candidates the kernel choice measures against ours per operator (ViT-S fp32 takes it).
+// - A call of one query row per head (a decode step) with D = Dv of 64 or 128 and 16-byte aligned rows runs the
+//   decode kernel instead, whichever of the two calls above it came through: each thread its own online softmax over
+//   its keys (no barrier per key tile, K and V loaded together, the next chunk's loads in flight), the keys split
+//   over the blocks of a thread-block cluster (SdpaDecodeKernel; GPT-2's decode attention 16.6 -> 4.9 us a layer:
+//   benchmarks/findings.md, 'The decode attention as a kernel of its own').
 // - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.cu.
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
 //   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
@@ -439,6 +444,158 @@ int DecodeSplits(const SdpaParams& p, int R, int64_t sms) {
   return 1;
 }
 
+// ---- the decode kernel: one query row per (batch, head), D = Dv in {64, 128} ----
+// A decode step's attention is a few hundred keys per head: latency, not work. Each thread keeps its own online
+// softmax (max, sum, E weighted value columns, E = 16 bytes of elements) over the keys it is given, so no barrier is
+// taken per key tile: a key is read by D / E lanes, each one 16-byte load of K and one of V, issued together (one
+// memory round trip per chunk of keys, the next chunk's loads in flight while the current one is computed), the
+// score reduced over those lanes by shuffles. The block's key groups, then the blocks of a thread-block cluster
+// (the keys split over up to 8 blocks), are merged at the end, in a fixed order (deterministic).
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeKeysPerThread = 2;  // keys a thread reads per chunk
+constexpr const char* kDecode = "nimble.attention (decode kernel)";
+
+template <typename T>
+__device__ __forceinline__ void Unpack16B(const uint4& raw, float* f) {  // the 16 / sizeof(T) elements of 16 bytes
+  const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(T)); ++i) f[i] = ToF(h[i]);
+}
+
+template <typename T, typename M, int D>
+__global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __restrict__ q, const T* __restrict__ k,
+                                                                  const T* __restrict__ v, const M* __restrict__ m,
+                                                                  T* __restrict__ o, SdpaParams p, int C) {
+  constexpr int E = 16 / sizeof(T);                            // elements of a 16-byte load
+  constexpr int L = D / E;                                     // lanes per key
+  constexpr int G = kDecodeThreads / L;                        // key groups of a block
+  constexpr int NK = kDecodeKeysPerThread;
+  constexpr int CHUNK = G * NK;                                // keys a block takes per step
+  __shared__ float Mg[G], Lg[G], Og[G][D], Mb[1], Lb[1], Ob[D];
+  const int rank = C > 1 ? int(blockIdx.x) : 0;
+  const int64_t b = blockIdx.z, h = blockIdx.y;
+  const int t = threadIdx.x, g = t / L, slot = t % L;          // this thread: key group g, columns E * slot ..
+  const T* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh + E * slot;
+  const T* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh + E * slot;
+  const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
+  float qf[E];
+  Unpack16B<T>(*reinterpret_cast<const uint4*>(q + p.q_off + b * p.q_sb + h * p.q_sh + E * slot), qf);
+  float mx = -INFINITY, l = 0.0f, acc[E];
+#pragma unroll
+  for (int i = 0; i < E; ++i) acc[i] = 0.0f;
+  const int64_t chunks = (p.Sk + CHUNK - 1) / CHUNK;
+  uint4 kr[NK], vr[NK];
+  auto load = [&](int64_t c) {  // this thread's keys of chunk c: c * CHUNK + n * G + g
+#pragma unroll
+    for (int n = 0; n < NK; ++n) {
+      const int64_t key = c * CHUNK + n * G + g;
+      const bool in = c < chunks && key < p.Sk;  // a key past Sk reads zeros (0 * garbage could be NaN)
+      kr[n] = in ? *reinterpret_cast<const uint4*>(kb + key * p.k_ss) : make_uint4(0, 0, 0, 0);
+      vr[n] = in ? *reinterpret_cast<const uint4*>(vb + key * p.v_ss) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load(rank);
+  for (int64_t c = rank; c < chunks; c += C) {
+    uint4 kc[NK], vc[NK];
+#pragma unroll
+    for (int n = 0; n < NK; ++n) kc[n] = kr[n], vc[n] = vr[n];
+    load(c + C);  // the next chunk's loads in flight during this one's arithmetic
+#pragma unroll
+    for (int n = 0; n < NK; ++n) {
+      const int64_t key = c * CHUNK + n * G + g;
+      const bool valid = key < p.Sk;
+      float kf[E], s = 0.0f;
+      Unpack16B<T>(kc[n], kf);
+#pragma unroll
+      for (int i = 0; i < E; ++i) s = fmaf(qf[i], kf[i], s);
+#pragma unroll
+      for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);  // the key's L lanes
+      s = valid ? s * p.scale + (mb ? ToF(mb[key * p.m_sk]) : 0.0f) : -INFINITY;
+      const float mnew = fmaxf(mx, s);
+      const bool none = mnew == -INFINITY;  // every score so far is -inf: nothing to weigh yet
+      const float e = none ? 0.0f : expf(s - mnew), corr = none ? 1.0f : expf(mx - mnew);
+      float vf[E];
+      Unpack16B<T>(vc[n], vf);
+      mx = mnew;
+      l = l * corr + e;
+#pragma unroll
+      for (int i = 0; i < E; ++i) acc[i] = fmaf(e, vf[i], acc[i] * corr);
+    }
+  }
+  // the block's key groups: every lane of group g holds the same max and sum
+  if (slot == 0) Mg[g] = mx, Lg[g] = l;
+#pragma unroll
+  for (int i = 0; i < E; ++i) Og[g][E * slot + i] = acc[i];
+  __syncthreads();
+  if (t < D) {
+    float mm = -INFINITY, ls = 0.0f, os = 0.0f;
+    for (int j = 0; j < G; ++j) mm = fmaxf(mm, Mg[j]);
+    for (int j = 0; j < G; ++j) {
+      const float w = Mg[j] == -INFINITY ? 0.0f : expf(Mg[j] - mm);
+      ls += w * Lg[j];
+      os += w * Og[j][t];
+    }
+    Ob[t] = os;
+    if (t == 0) Mb[0] = mm, Lb[0] = ls;
+  }
+  // the cluster's blocks: block r writes columns r, r + C, ...
+  ClusterSync(C);
+  for (int d = rank + C * t; d < D; d += C * kDecodeThreads) {
+    float mm = -INFINITY, ls = 0.0f, os = 0.0f;
+    for (int c = 0; c < C; ++c) mm = fmaxf(mm, OfBlock(Mb, c, C)[0]);
+    for (int c = 0; c < C; ++c) {
+      const float mc = OfBlock(Mb, c, C)[0];
+      const float w = mc == -INFINITY ? 0.0f : expf(mc - mm);
+      ls += w * OfBlock(Lb, c, C)[0];
+      os += w * OfBlock(Ob, c, C)[d];
+    }
+    o[b * p.o_sb + h * p.o_sh + d] = FromF<T>(Normalised(os, ls));
+  }
+  if (C > 1) ClusterSync(C);  // no block leaves while another still reads its shared memory
+}
+
+// The decode kernel takes a call of one query row per head, D = Dv of 64 or 128, every row 16-byte aligned; launches
+// it and returns true, else false (nothing launched).
+template <typename T, typename M>
+bool LaunchDecode(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
+  if (p.Sq != 1 || p.D != p.Dv || (p.D != 64 && p.D != 128)) return false;
+  auto aligned = [](const T* base, int64_t off, int64_t sb, int64_t sh, int64_t ss) {
+    constexpr int64_t e = 16 / sizeof(T);
+    return reinterpret_cast<uintptr_t>(base + off) % 16 == 0 && sb % e == 0 && sh % e == 0 && ss % e == 0;
+  };
+  if (!aligned(q, p.q_off, p.q_sb, p.q_sh, 0) || !aligned(k, p.k_off, p.k_sb, p.k_sh, p.k_ss) ||
+      !aligned(v, p.v_off, p.v_sb, p.v_sh, p.v_ss)) {
+    return false;
+  }
+  const int64_t chunk = kDecodeThreads / (p.D / int64_t(16 / sizeof(T))) * kDecodeKeysPerThread;
+  const int64_t chunks = (p.Sk + chunk - 1) / chunk, sms = SmCount();
+  int C = 1;  // the blocks of a cluster splitting a head's keys: as many as have a chunk, the grid within 2 waves
+  if (DeviceAttribute<cudaDevAttrClusterLaunch>(0) > 0) {
+    for (int c = 8; c > 1; --c) {
+      if (c <= chunks && p.B * p.H * c <= 2 * sms) {
+        C = c;
+        break;
+      }
+    }
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(C), unsigned(p.H), unsigned(p.B));
+  cfg.blockDim = dim3(kDecodeThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = unsigned(C), cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = 1;
+  cfg.attrs = cluster;
+  cfg.numAttrs = C > 1 ? 1 : 0;
+  if (p.D == 64) {
+    CheckCuda(cudaLaunchKernelEx(&cfg, SdpaDecodeKernel<T, M, 64>, q, k, v, m, y, p, C), kDecode, "cudaLaunchKernelEx");
+  } else {
+    CheckCuda(cudaLaunchKernelEx(&cfg, SdpaDecodeKernel<T, M, 128>, q, k, v, m, y, p, C), kDecode,
+              "cudaLaunchKernelEx");
+  }
+  return true;
+}
+
 // R: the fewest waves of blocks over the SMs first (a second, partial wave costs a whole block's time),
 // then a grid that has a block for every SM, then no block mostly padding (a decode step's one query row in a
 // block of 16 computed 16 score and output rows per key: where R >= 2 Sq, the fewest rows), then the most rows
@@ -476,6 +633,7 @@ void LaunchSdpa(const SdpaParams& p, const void* q, const void* k, const void* v
   const auto* vt = static_cast<const T*>(v);
   const auto* mt = static_cast<const M*>(m);
   auto* yt = static_cast<T*>(y);
+  if (LaunchDecode<T, M>(p, qt, kt, vt, mt, yt, stream)) return;  // one query row per head (a decode step)
   const bool split = kernel == Kernel::kSplitKey;
   const int dc = int((std::max(p.D, p.Dv) + 31) / 32);  // columns per lane of q, k and v
   if (split && dc == 1) LaunchSplitRows<T, M, 1>(p, qt, kt, vt, mt, yt, stream);

@@ -26,13 +26,18 @@ import struct
 
 import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
-# (name, B, H, S, D, packed QKV, mask[, Sk: keys, when not S])
+# (name, B, H, S, D, packed QKV, mask[, Sk: keys, when not S[, query heads per KV head]])
 CASES = [
     ("vit_s", 1, 6, 197, 64, True, False), ("vit_b", 1, 12, 197, 64, True, False),
     ("bert_base", 1, 12, 128, 64, False, True), ("odd", 2, 3, 37, 40, False, True),
     ("vit_s_b8", 8, 6, 197, 64, True, False), ("d128", 1, 4, 77, 128, False, False),
     ("one_block_1tile", 1, 1, 8, 64, False, False, 32), ("one_block_7tiles", 1, 1, 8, 64, False, False, 197),
     ("long_tiled", 1, 2, 1500, 64, False, True),  # keys past shared memory: the tiled kernel
+    # decode steps: one query row over a cache of Sk slots, its last quarter masked (16-bit: the decode kernel)
+    ("decode_gpt2", 1, 12, 1, 64, False, True, 384), ("decode_odd", 1, 12, 1, 64, False, True, 203),
+    ("decode_b4", 4, 12, 1, 64, False, True, 384), ("decode_long", 1, 12, 1, 64, False, True, 4000),
+    ("decode_d128", 1, 4, 1, 128, False, True, 300), ("decode_nomask", 1, 12, 1, 64, False, False, 190),
+    ("decode_gqa", 1, 14, 1, 64, False, True, 384, 7),  # Qwen2.5-0.5B's 14 query heads over 2 KV heads
 ]
 
 
@@ -82,6 +87,7 @@ def main(argv=None) -> int:
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for name, B, H, S, D, packed, masked, *rest in CASES:
             Sk = rest[0] if rest else S
+            group = rest[1] if len(rest) > 1 else 1
             scale = D ** -0.5
             if packed:
                 qkv = torch.randn(B, S, 3, H, D, device="cuda", generator=gen).to(dtype)
@@ -90,26 +96,31 @@ def main(argv=None) -> int:
                 offs = [0, H * D, 2 * H * D]
                 st = kst = [S * 3 * H * D, D, 3 * H * D]
             else:
-                tensors = [torch.randn(B, n, H, D, device="cuda", generator=gen).to(dtype) for n in (S, Sk, Sk)]
+                hkv = H // group
+                tensors = [torch.randn(B, n, h, D, device="cuda", generator=gen).to(dtype)
+                           for n, h in ((S, H), (Sk, hkv), (Sk, hkv))]
                 q4, k4, v4 = (x.permute(0, 2, 1, 3) for x in tensors)
+                k4, v4 = (x.repeat_interleave(group, dim=1) for x in (k4, v4))  # query head h reads KV head h // g
                 offs = [0, 0, 0]
                 st = [S * H * D, D, H * D]
-                kst = [Sk * H * D, D, H * D]
+                kst = [Sk * hkv * D, D, hkv * D]
             mask = None
             if masked:
-                keep = torch.ones(B, S, device="cuda")
-                keep[:, S - S // 4:] = 0  # the last quarter is padding
+                keep = torch.ones(B, Sk, device="cuda")
+                keep[:, Sk - Sk // 4:] = 0  # the last quarter is padding
                 if dtype == torch.float32:
-                    mask = ((1.0 - keep) * -10000.0).view(B, 1, 1, S)
+                    mask = ((1.0 - keep) * -10000.0).view(B, 1, 1, Sk)
                 else:  # a 16-bit model's mask stays fp32 (the precision policy), at finfo(fp32).min as in transformers
-                    mask = ((1.0 - keep) * torch.finfo(torch.float32).min).view(B, 1, 1, S)
+                    mask = ((1.0 - keep) * torch.finfo(torch.float32).min).view(B, 1, 1, Sk)
             y = torch.empty(B, S, H, D, device="cuda", dtype=dtype)
             attrs = [B, H, S, Sk, D, D]
             for off, strides in zip(offs, (st, kst, kst)):
                 attrs += [off, *strides]
             attrs += [S * H * D, D, H * D]
-            attrs += [S, 0, 0, 1] if masked else [0, 0, 0, 0]
+            attrs += [Sk, 0, 0, 1] if masked else [0, 0, 0, 0]
             attrs.append(struct.unpack("<I", struct.pack("<f", scale))[0])
+            if group > 1:
+                attrs.append(group)
             shape = tvm_ffi.Shape(attrs)
             targs = [t(x) for x in tensors]
             stream = torch.cuda.current_stream().cuda_stream

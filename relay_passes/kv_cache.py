@@ -101,29 +101,44 @@ def step_inputs(names) -> dict[str, tuple[int, str]]:
 KV_WRITE_THREADS = 256
 
 
-def kv_write(cache_shape, new_len: int, dtype: str, gpu: bool = False, heads_first: bool = True) -> tvm.tirx.PrimFunc:
+def kv_write(cache_shape, new_len: int, dtype: str, gpu: bool = False, heads_first=True) -> tvm.tirx.PrimFunc:
     """``cache[b, h, pos[b, s], :] = new[b, h, s, :]`` for every new position ``s``, in place (argument 0), a position
     outside the cache writing nothing (the kernel stays in bounds whatever its input holds: a measurement's random
     inputs, another step's leftovers in a shared buffer). ``heads_first=False``: ``new`` is [b, s, h, :], as the
     projection gives it before the exporter's transpose (which then costs no kernel). With ``gpu``, scheduled a
-    thread per element (DLight's rules do not take a write at a position read from memory)."""
+    thread per element (DLight's rules do not take a write at a position read from memory).
+
+    ``heads_first`` a tuple of n flags: n caches of the same shape written by one kernel (a layer's key and value:
+    one launch instead of two), arguments ``cache_0 .. cache_{n-1}, new_0 .. new_{n-1}, pos``, the caches in place."""
+    flags = (heads_first,) if isinstance(heads_first, bool) else tuple(bool(f) for f in heads_first)
+    n = len(flags)
     b, h, length, d = (int(x) for x in cache_shape)
-    new_dims = f"T.int64({b}), T.int64({h}), T.int64({new_len})" if heads_first else \
-        f"T.int64({b}), T.int64({new_len}), T.int64({h})"
-    at = "ib, ih, is_, id_" if heads_first else "ib, is_, ih, id_"
+    cache_type = f'T.Buffer((T.int64({b}), T.int64({h}), T.int64({length}), T.int64({d})), "{dtype}")'
+
+    def new_type(first: bool) -> str:
+        dims = f"T.int64({b}), T.int64({h}), T.int64({new_len})" if first else \
+            f"T.int64({b}), T.int64({new_len}), T.int64({h})"
+        return f'T.Buffer(({dims}, T.int64({d})), "{dtype}")'
+
+    def at(first: bool) -> str:
+        return "ib, ih, is_, id_" if first else "ib, is_, ih, id_"
+
+    params = [f"cache_{i}: {cache_type}" for i in range(n)] + [f"new_{i}: {new_type(f)}" for i, f in enumerate(flags)]
+    reads = ", ".join(f"new_{i}[{at(f)}]" for i, f in enumerate(flags))
+    writes = ", ".join(f"cache_{i}[ib, ih, T.int64(0):T.int64({length}), id_]" for i in range(n))
+    stores = "\n".join(f"                cache_{i}[ib, ih, pos[ib, is_], id_] = new_{i}[{at(f)}]"
+                       for i, f in enumerate(flags))
     text = f'''
 @T.prim_func(private=True, s_tir=True)
-def kv_write(cache: T.Buffer((T.int64({b}), T.int64({h}), T.int64({length}), T.int64({d})), "{dtype}"),
-             new: T.Buffer(({new_dims}, T.int64({d})), "{dtype}"),
-             pos: T.Buffer((T.int64({b}), T.int64({new_len})), "int64")):
-    T.func_attr({{"tirx.noalias": True, "{IN_PLACE_ATTR}": [0]}})
+def kv_write({", ".join(params)}, pos: T.Buffer((T.int64({b}), T.int64({new_len})), "int64")):
+    T.func_attr({{"tirx.noalias": True, "{IN_PLACE_ATTR}": {list(range(n))}}})
     for vb, vh, vs, vd in T.grid(T.int64({b}), T.int64({h}), T.int64({new_len}), T.int64({d})):
         with T.sblock("kv_write"):
             ib, ih, is_, id_ = T.axis.remap("SSSS", [vb, vh, vs, vd])
-            T.reads(new[{at}], pos[ib, is_])
-            T.writes(cache[ib, ih, T.int64(0):T.int64({length}), id_])
+            T.reads({reads}, pos[ib, is_])
+            T.writes({writes})
             if pos[ib, is_] >= T.int64(0) and pos[ib, is_] < T.int64({length}):
-                cache[ib, ih, pos[ib, is_], id_] = new[{at}]
+{stores}
 '''
     func = tvm.script.from_source(text)
     if not gpu:
@@ -231,25 +246,65 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
             states[name] = relax.Var(STATE_NAME.format(layer=layer, kind=kind), relax.TensorType(shape, dtype))
         return states[name]
 
-    def write(state: relax.Var, new: relax.Expr, dtype: str) -> relax.Var:
-        shape, _ = _tensor(state.ty)
-        new_len = _tensor(new.ty)[0][2]
-        # read the new keys/values where they were before the exporter's transpose to [B, H, S, D] and the precision
-        # pass's exact widening for the concatenation: those become dead, and cost no kernel
-        value = emitted.get(new)
+    def source(new: relax.Expr, dtype: str, values: dict) -> tuple[relax.Expr, bool]:
+        """What a cache write reads for ``new`` (the concatenation's new keys or values, bound in ``values``), and
+        whether it is [B, H, S, D]: the new keys/values where they were before the exporter's transpose to
+        [B, H, S, D] and the precision pass's exact widening for the concatenation (those become dead, and cost no
+        kernel)."""
+        value = values.get(new)
         if operator_of(value) == "relax.astype" and _tensor(value.args[0].ty)[1] == dtype:
-            new, value = value.args[0], emitted.get(value.args[0])
+            new, value = value.args[0], values.get(value.args[0])
         heads_first = not (operator_of(value) == "relax.permute_dims" and value.attrs.axes is not None
                            and [int(a) for a in value.attrs.axes] == [0, 2, 1, 3])
-        if not heads_first:
-            new = value.args[0]
-        if _tensor(new.ty)[1] != dtype:
-            new = bb.emit(relax.op.astype(new, dtype))
-        key = (tuple(shape), new_len, dtype, heads_first)
+        return (new if heads_first else value.args[0]), heads_first
+
+    def write(entries: list[tuple[relax.Var, relax.Expr, bool]], new_len: int, dtype: str) -> list[relax.Expr]:
+        """The caches of ``entries`` ((state, what to write, whether it is [B, H, S, D]): one, or a layer's key and
+        value, of one shape) written by one kernel; the written caches, in order."""
+        shape, _ = _tensor(entries[0][0].ty)
+        news = [new if _tensor(new.ty)[1] == dtype else bb.emit(relax.op.astype(new, dtype)) for _, new, _ in entries]
+        flags = tuple(first for _, _, first in entries)
+        key = (tuple(shape), new_len, dtype, flags)
         if key not in kernels:
-            kernels[key] = bb.add_func(kv_write(shape, new_len, dtype, spec.gpu, heads_first), "kv_write")
-        return bb.emit(relax.call_tir_inplace(kernels[key], [state, new, position_ids], [0],
-                                             relax.TensorType(shape, dtype)))
+            kernels[key] = bb.add_func(kv_write(shape, new_len, dtype, spec.gpu, flags), "kv_write")
+        out = relax.TensorType(shape, dtype)
+        args = [state for state, _, _ in entries] + news + [position_ids]
+        if len(entries) == 1:
+            return [bb.emit(relax.call_tir_inplace(kernels[key], args, [0], out))]
+        both = bb.emit(relax.call_tir_inplace(kernels[key], args, list(range(len(entries))), [out] * len(entries)))
+        return [bb.emit(relax.TupleGetItem(both, i)) for i in range(len(entries))]
+
+    def concat_of(binding) -> tuple[relax.Var, relax.Expr, str, str]:
+        """A past concatenation's past input, its new keys or values (as imported), the cache's and the concat's
+        dtype."""
+        past_var = _through_identity(binding.value.args[0].fields[0], bound)
+        concat_dtype = _tensor(binding.var.ty)[1]
+        return past_var, binding.value.args[0].fields[1], spec.dtype or concat_dtype, concat_dtype
+
+    # a layer's key and value concatenations, both caches written by one kernel where what the second writes is
+    # computed before the first concatenation (a fused QKV projection's split, merged projections): one launch less
+    index = {b.var: i for i, b in enumerate(block.bindings)}
+    concats = {}  # binding index -> (layer, kind)
+    for i, b in enumerate(block.bindings):
+        v = b.value
+        if operator_of(v) == "relax.concat" and len(v.args[0].fields) == 2:
+            past_var = _through_identity(v.args[0].fields[0], bound)
+            if isinstance(past_var, relax.Var) and past_var.name in past:
+                concats[i] = past[past_var.name]
+    by_layer: dict[int, list[int]] = {}
+    for i, (layer, _) in concats.items():
+        by_layer.setdefault(layer, []).append(i)
+    partner_of = {}  # the first concatenation's binding index -> (the second's, what it writes, [B, H, S, D]?)
+    for first, *rest in (sorted(v) for v in by_layer.values()):
+        if len(rest) != 1 or concats[first][1] == concats[rest[0]][1]:
+            continue
+        _, new_first, dtype_first, _ = concat_of(block.bindings[first])
+        _, new_second, dtype_second, _ = concat_of(block.bindings[rest[0]])
+        src, heads_first = source(new_second, dtype_second, bound)
+        if dtype_first == dtype_second and _tensor(new_first.ty)[0] == _tensor(new_second.ty)[0] and \
+                isinstance(src, relax.Var) and index.get(src, -1) < first:
+            partner_of[first] = (rest[0], src, heads_first)
+    paired: dict[int, relax.Expr] = {}  # the second concatenation's binding index -> its cache, written already
 
     new_params = [p for p in func.params if p.name not in past]
     with bb.function(func_name, new_params, attrs=dict(func.attrs) if func.attrs else None):
@@ -257,23 +312,31 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
             position_ids = params["position_ids"]
             if _tensor(position_ids.ty)[1] != "int64":
                 position_ids = bb.emit(relax.op.astype(position_ids, "int64"))
-            for binding in block.bindings:
+            for i, binding in enumerate(block.bindings):
                 value = _Substitute(var_map).visit_expr(binding.value) if var_map else binding.value
-                is_concat = operator_of(value) == "relax.concat" and len(value.args[0].fields) == 2
-                source = _through_identity(binding.value.args[0].fields[0], bound) if is_concat else None
-                if is_concat and isinstance(source, relax.Var) and source.name in past:
-                    concat_dtype = _tensor(binding.var.ty)[1]
+                if i in concats:
+                    past_var, _, dtype, concat_dtype = concat_of(binding)
                     new = value.args[0].fields[1]
-                    dtype = spec.dtype or concat_dtype
-                    state = state_for(source.name, _tensor(new.ty)[0], dtype)
+                    new_shape = _tensor(new.ty)[0]
+                    state = state_for(past_var.name, new_shape, dtype)
                     presents.add(binding.var)
+                    if i in paired:
+                        cache = paired.pop(i)
+                    else:
+                        entries = [(state, *source(new, dtype, emitted))]
+                        if i in partner_of:
+                            second, src, heads_first = partner_of[i]
+                            other = state_for(concat_of(block.bindings[second])[0].name, new_shape, dtype)
+                            entries.append((other, _Substitute(var_map).visit_expr(src), heads_first))
+                        cache, *others = write(entries, new_shape[2], dtype)
+                        if others:
+                            paired[partner_of[i][0]] = others[0]
                     if spec.role == "decode":
-                        cache = write(state, new, dtype)
                         if dtype != concat_dtype and not _moved_then_cast(binding.var, dtype, uses, outputs):
                             cache = bb.emit(relax.op.astype(cache, concat_dtype))
                         var_map[binding.var] = cache
                         continue
-                    writes.append(write(state, new, dtype))
+                    writes.append(cache)
                     # the prefill's past: one zero slot, masked by attention_mask[:, 0] = 0
                     zero_shape = _tensor(binding.value.args[0].fields[0].ty)[0]
                     zero = relax.const(np.zeros(zero_shape, concat_dtype), concat_dtype)

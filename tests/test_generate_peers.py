@@ -83,3 +83,24 @@ def test_the_generation_bench_on_the_cpu_checks_and_times_every_system(tmp_path)
     with pytest.raises(NimbleError, match="kernels='vendor' .* need a CUDA target; use kernels='tvm' for llvm"):
         generation.main(["--models", "hf:gpt2-tiny", "--target", "llvm", "--kernels", "vendor",
                          "--out", str(tmp_path)])
+
+
+def test_a_divergence_is_located_with_its_float32_margin_and_the_precision_error():
+    """bench --generate's note where a system's tokens leave the reference's: the first differing step, the float32
+    logits' margin between the two tokens there (a plain forward pass over the sequence so far is the reference),
+    and whether the compared precision's own logit error covers it."""
+    from tvm_nimble.bench.generate_peers import divergence
+
+    wrapped = lively("hf:llama-tiny")
+    want = reference_tokens(wrapped)
+    ids = torch.tensor([PROMPT + want[:3]])
+    with torch.no_grad():
+        logits = wrapped.model(input_ids=ids).logits[0, -1].double()
+    worst = int(logits.argmin())  # a token no rounding would pick
+    tokens = want[:3] + [worst] + want[4:]
+    got = divergence(wrapped, PROMPT, want, tokens, "cpu", torch.bfloat16)
+    assert (got.step, got.reference_token, got.token) == (3, want[3], worst)
+    assert got.margin == pytest.approx(float(logits[want[3]] - logits[worst]), rel=1e-5)
+    assert got.error > 0 and not got.tie
+    assert "diverges at token 3" in got.describe("bf16") and "not a tie" in got.describe("bf16")
+    assert divergence(wrapped, PROMPT, want, want, "cpu", torch.bfloat16) is None

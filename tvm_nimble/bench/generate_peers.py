@@ -153,6 +153,53 @@ def check_settings(prompt_ids: list[int], new_tokens: int, repeats: int) -> None
         raise NimbleError(f"generation timed {repeats} times: repeats must be at least 1")
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """Where a system's greedy tokens first leave the reference's, and whether that step is a tie: ``step`` (0-based)
+    with the reference's ``reference_token`` and the system's ``token``; on the sequence so far, the float32 model's
+    logit ``margin`` between the two, and ``error``, the largest difference between the model's logits in the
+    compared precision and in float32 at that step. Each of the two logits can be off by up to ``error`` in that
+    precision, so a margin of at most twice it is a tie: either token is the precision's argmax within its own
+    rounding."""
+
+    step: int
+    reference_token: int
+    token: int
+    margin: float
+    error: float
+
+    @property
+    def tie(self) -> bool:
+        return abs(self.margin) <= 2 * self.error
+
+    def describe(self, precision: str) -> str:
+        return (f"diverges at token {self.step} ({self.token} for {self.reference_token}): float32 margin "
+                f"{abs(self.margin):.3g} against the {precision} logits' error {self.error:.3g}: "
+                f"{'a tie' if self.tie else 'not a tie'}")
+
+
+def divergence(torch_model, prompt_ids: list[int], reference: list[int], tokens: list[int], device: str,
+               dtype) -> Divergence | None:
+    """The first step where ``tokens`` leave the greedy ``reference`` tokens (None where they agree over their common
+    length), with the margin of the decoder ``torch_model`` in float32 and its logits' error in ``dtype`` there (see
+    :class:`Divergence`), each from one forward pass over the prompt and the reference's tokens before that step."""
+    import torch
+
+    step = next((i for i, (a, b) in enumerate(zip(reference, tokens)) if a != b), None)
+    if step is None:
+        return None
+    ids = torch.tensor([list(prompt_ids) + list(reference[:step])], device=device)
+    logits = {}
+    for name, dt in (("float32", torch.float32), ("compared", dtype)):
+        model = _causal_lm(torch_model, device, dt)
+        with torch.no_grad():
+            logits[name] = model(input_ids=ids).logits[0, -1].double().cpu()
+        del model
+    exact = logits["float32"]
+    a, b = int(reference[step]), int(tokens[step])
+    return Divergence(step, a, b, float(exact[a] - exact[b]), float((logits["compared"] - exact).abs().max()))
+
+
 def _causal_lm(torch_model, device: str, dtype):
     """A copy of the transformers causal LM in ``torch_model`` (itself, or the bench's wrapper of it, see
     :func:`tvm_nimble.bench.hf_models.hf_builders`) on ``device`` in ``dtype``, SDPA attention, in eval mode, its

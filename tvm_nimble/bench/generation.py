@@ -184,6 +184,10 @@ def main(argv=None) -> int:
             systems = [("nimble", tokens, ttft, per_token, f"{build_s:.1f}", "")]
             systems += [(name, t.tokens, t.ttft_ms, t.ms_per_token, "", t.note) for name, t in peers.items()]
             for name, toks, t_ms, pt_ms, b_s, note in systems:
+                left = generate_peers.divergence(model, prompt, reference[:n], toks[:n], dev, dtype) \
+                    if reference else None
+                if left is not None:  # where the tokens part, whether that step is a tie in this precision
+                    note = "; ".join(x for x in (left.describe(precision), note) if x)
                 rows.append({"system": name, "ttft_ms": f"{t_ms:.3f}", "ms_per_token": f"{pt_ms:.4f}",
                              "tokens_checked": n if reference else "",
                              "tokens_matched": _matched(toks[:n], reference[:n]) if reference else "",

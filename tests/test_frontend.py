@@ -259,3 +259,15 @@ def test_shape_dict_bad_shapes(shape, what):
 
 def test_shape_dict_not_a_mapping():
     assert "shape_dict must map" in error_of(ShapeError, symbolic_model(), shape_dict=[(1, 3, 8, 8)])
+
+
+@pytest.mark.parametrize("limit", [1_000, 1_000_000])
+def test_the_in_memory_check_size_agrees_with_protobuf(limit):
+    """Whether a model is checked in memory: its weights' size from their shapes first (a 0.5B decoder's ByteSize
+    walked 2 GB of bytes for seconds, then raised), the serialized size otherwise; the same answer as protobuf's."""
+    from tvm_nimble.compiler.frontend.onnx_import import fits_in_memory_checks
+
+    inits = [numpy_helper.from_array(np.arange(300, dtype=np.float32).reshape(3, 100), "a"),
+             numpy_helper.from_array(np.ones((10, 30), np.float16), "b")]
+    model = helper.make_model(helper.make_graph([], "g", [], [], initializer=inits))
+    assert fits_in_memory_checks(model, limit) == (model.ByteSize() < limit)

@@ -233,10 +233,27 @@ def fits_in_memory_checks(model: onnx.ModelProto, limit: int = _IN_MEMORY_CHECK_
     session from bytes). Protobuf cannot size a message over its 2 GB limit: ``ByteSize`` itself raises then ("Failed
     to serialize proto": a 0.5B-parameter decoder in float32, its weights loaded from external data); such a model
     is checked from its file, or by the importer."""
+    if _initializer_bytes(model) >= limit:  # the weights alone, from their shapes (ByteSize walks the bytes: seconds)
+        return False
     try:
         return model.ByteSize() < limit
     except Exception:  # noqa: BLE001  (protobuf's EncodeError, by implementation)
         return False
+
+
+def _initializer_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of ``model``'s initializers as their dims and element types give them (no data is read)."""
+    total = 0
+    for t in model.graph.initializer:
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except (KeyError, TypeError, ValueError):  # a type numpy has no dtype for: sized at one byte an element
+            itemsize = 1
+        n = 1
+        for d in t.dims:
+            n *= int(d)
+        total += n * itemsize
+    return total
 
 
 def _check_model(model: onnx.ModelProto, label: str, path: str | None) -> None:

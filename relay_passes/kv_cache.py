@@ -274,32 +274,34 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
         both = bb.emit(relax.call_tir_inplace(kernels[key], args, list(range(len(entries))), [out] * len(entries)))
         return [bb.emit(relax.TupleGetItem(both, i)) for i in range(len(entries))]
 
-    def concat_of(binding) -> tuple[relax.Var, relax.Expr, str, str]:
-        """A past concatenation's past input, its new keys or values (as imported), the cache's and the concat's
-        dtype."""
-        past_var = _through_identity(binding.value.args[0].fields[0], bound)
-        concat_dtype = _tensor(binding.var.ty)[1]
-        return past_var, binding.value.args[0].fields[1], spec.dtype or concat_dtype, concat_dtype
-
-    # a layer's key and value concatenations, both caches written by one kernel where what the second writes is
-    # computed before the first concatenation (a fused QKV projection's split, merged projections): one launch less
-    index = {b.var: i for i, b in enumerate(block.bindings)}
-    concats = {}  # binding index -> (layer, kind)
+    # the concatenations of a past input with the new keys or values: binding index -> the past input's name
+    concats = {}
     for i, b in enumerate(block.bindings):
         v = b.value
         if operator_of(v) == "relax.concat" and len(v.args[0].fields) == 2:
             past_var = _through_identity(v.args[0].fields[0], bound)
             if isinstance(past_var, relax.Var) and past_var.name in past:
-                concats[i] = past[past_var.name]
+                concats[i] = past_var.name
+
+    def concat_of(i: int) -> tuple[str, relax.Expr, str, str]:
+        """Concatenation ``i``'s past input name, its new keys or values (as imported), the cache's and the concat's
+        dtype."""
+        binding = block.bindings[i]
+        concat_dtype = _tensor(binding.var.ty)[1]
+        return concats[i], binding.value.args[0].fields[1], spec.dtype or concat_dtype, concat_dtype
+
+    # a layer's key and value concatenations, both caches written by one kernel where what the second writes is
+    # computed before the first concatenation (a fused QKV projection's split, merged projections): one launch less
+    index = {b.var: i for i, b in enumerate(block.bindings)}
     by_layer: dict[int, list[int]] = {}
-    for i, (layer, _) in concats.items():
-        by_layer.setdefault(layer, []).append(i)
+    for i, name in concats.items():
+        by_layer.setdefault(past[name][0], []).append(i)
     partner_of = {}  # the first concatenation's binding index -> (the second's, what it writes, [B, H, S, D]?)
     for first, *rest in (sorted(v) for v in by_layer.values()):
-        if len(rest) != 1 or concats[first][1] == concats[rest[0]][1]:
+        if len(rest) != 1 or past[concats[first]][1] == past[concats[rest[0]]][1]:
             continue
-        _, new_first, dtype_first, _ = concat_of(block.bindings[first])
-        _, new_second, dtype_second, _ = concat_of(block.bindings[rest[0]])
+        _, new_first, dtype_first, _ = concat_of(first)
+        _, new_second, dtype_second, _ = concat_of(rest[0])
         src, heads_first = source(new_second, dtype_second, bound)
         if dtype_first == dtype_second and _tensor(new_first.ty)[0] == _tensor(new_second.ty)[0] and \
                 isinstance(src, relax.Var) and index.get(src, -1) < first:
@@ -315,10 +317,10 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
             for i, binding in enumerate(block.bindings):
                 value = _Substitute(var_map).visit_expr(binding.value) if var_map else binding.value
                 if i in concats:
-                    past_var, _, dtype, concat_dtype = concat_of(binding)
+                    name, _, dtype, concat_dtype = concat_of(i)
                     new = value.args[0].fields[1]
                     new_shape = _tensor(new.ty)[0]
-                    state = state_for(past_var.name, new_shape, dtype)
+                    state = state_for(name, new_shape, dtype)
                     presents.add(binding.var)
                     if i in paired:
                         cache = paired.pop(i)
@@ -326,7 +328,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                         entries = [(state, *source(new, dtype, emitted))]
                         if i in partner_of:
                             second, src, heads_first = partner_of[i]
-                            other = state_for(concat_of(block.bindings[second])[0].name, new_shape, dtype)
+                            other = state_for(concats[second], new_shape, dtype)
                             entries.append((other, _Substitute(var_map).visit_expr(src), heads_first))
                         cache, *others = write(entries, new_shape[2], dtype)
                         if others:

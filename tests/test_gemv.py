@@ -75,3 +75,65 @@ def test_kernels_vendor_keeps_cublaslt_for_the_gemvs_chains():
     assert names.index("cublaslt") < names.index("gemv")
     (found,) = find_offloads(_decode_linear("float16"), providers=[cublaslt.PROVIDER, gemv.PROVIDER])
     assert found.provider == "cublaslt"
+
+
+def _normed_linear(norm: str, dtype: str = "float16", src_dtype: str = "float32", rows: int = 1,
+                   residual: bool = True, shared: bool = False):
+    """A decoder layer's norm before its projection, as the precision policy leaves it: r [1, rows, K] (``src_dtype``)
+    -> float32 LayerNorm / RMSNorm over the last axis -> astype(dtype) -> reshape [rows, K] -> matmul -> + bias ->
+    reshape [1, rows, N] (-> astype float32 + r2 with ``residual``). ``shared``: the norm's output is read twice."""
+    op = relax.op
+    gamma = (1.0 + 0.1 * RNG.standard_normal(K)).astype("float32")
+    beta = (0.1 * RNG.standard_normal(K)).astype("float32")
+
+    def body(emit, r, r2):
+        x = emit(op.astype(r, "float32")) if src_dtype != "float32" else r
+        if norm == "layer":
+            normed = emit(op.nn.layer_norm(x, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=1e-5))
+        else:
+            normed = emit(op.nn.rms_norm(x, relax.const(gamma), axes=[-1], epsilon=1e-6))
+        half = emit(op.astype(normed, dtype))
+        x2 = emit(op.reshape(half, (rows, K)))
+        a = emit(op.add(emit(op.matmul(x2, relax.const(W_KN.astype(dtype)))), relax.const(BIAS.astype(dtype))))
+        a3 = emit(op.reshape(a, (1, rows, N)))
+        out = emit(op.add(emit(op.astype(a3, "float32")), r2)) if residual else a3
+        return relax.Tuple([out, normed]) if shared else out
+
+    return _function([("r", (1, rows, K), src_dtype), ("r2", (1, rows, N), "float32")], body)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("src_dtype, rows, residual", [("float32", 1, True), ("float16", 1, False)])
+def test_the_norm_before_a_decode_linear_is_the_gemvs_prologue(norm, src_dtype, rows, residual, vendor_reference):
+    """With ``gemv_norm`` named, GPT-2's LayerNorm and Llama's RMSNorm (float32, cast to the 16-bit dtype) go into the
+    GEMV's call: its x is the norm's input, its parameters float32, and the module computes what stock TVM
+    computes."""
+    func = _normed_linear(norm, src_dtype=src_dtype, rows=rows, residual=residual)
+    (found,) = find_offloads(func, providers=[gemv.NORM_PROVIDER])
+    name = found.signature.split(" -> ")[1]
+    assert name.startswith(gemv.NORM_MATMUL_ADD if residual else gemv.NORM_MATMUL + "(")
+    ops = [b.value.op.name.split(".")[-1] for b in found.bindings if isinstance(b.value, relax.Call)]
+    assert ("layer_norm" if norm == "layer" else "rms_norm") in ops
+    call = found.value[0]
+    x, gamma, beta = call.args[1].fields[:3]
+    assert str(x.ty.dtype) == src_dtype and str(gamma.ty.dtype) == "float32" == str(beta.ty.dtype)
+    inputs = [RNG.standard_normal((1, rows, K)).astype(src_dtype), RNG.standard_normal((1, rows, N)).astype("float32")]
+    _same_as_stock(func, inputs, 2e-2, providers=[gemv.NORM_PROVIDER])
+
+
+def test_the_norm_prologue_takes_one_row():
+    """Four rows (a batch of four decoding): the plain GEMV's, the norm stays TVM's."""
+    func = _normed_linear("rms", rows=4)
+    assert find_offloads(func, providers=[gemv.NORM_PROVIDER]) == []
+    (found,) = find_offloads(func, providers=[gemv.PROVIDER, gemv.NORM_PROVIDER])
+    assert found.provider == "gemv"
+
+
+def test_a_norm_read_elsewhere_stays_its_own_kernel(vendor_reference):
+    """A norm whose output is also returned is computed once, by TVM; the plain GEMV reads the cast."""
+    func = _normed_linear("layer", shared=True)
+    assert find_offloads(func, providers=[gemv.NORM_PROVIDER]) == []
+    (found,) = find_offloads(func, providers=[gemv.PROVIDER, gemv.NORM_PROVIDER])
+    assert found.signature.split(" -> ")[1].startswith(gemv.MATMUL_ADD + "(")
+    inputs = [RNG.standard_normal((1, 1, K)).astype("float32"), RNG.standard_normal((1, 1, N)).astype("float32")]
+    _same_as_stock(func, inputs, 2e-2, providers=[gemv.PROVIDER, gemv.NORM_PROVIDER])

@@ -1,6 +1,8 @@
 """The generation peers (tvm_nimble/bench/generate_peers.py) on the CPU: transformers' generate and the static-cache
 compiled decode loop give the greedy tokens of a plain loop without any cache (the whole sequence run again for
 each token, its last position's argmax appended), on the tiny GPT-2 and Llama decoders in float32."""
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -80,6 +82,8 @@ def test_the_generation_bench_on_the_cpu_checks_and_times_every_system(tmp_path)
     assert set(rows) == {"nimble", "hf-eager"} and rows["nimble"]["kernels"] == "tvm"
     assert rows["nimble"]["tokens_matched"] == rows["nimble"]["tokens_checked"] == "5"
     assert all(float(r["ttft_ms"]) > 0 and float(r["ms_per_token"]) > 0 for r in rows.values())
+    builds = json.load(open(tmp_path / "generation-builds.json"))  # each step's kernel choice: none on llvm
+    assert builds == {f"{rows['nimble']['model']}/fp32": {"1": {}, "6": {}}}
     with pytest.raises(NimbleError, match="kernels='vendor' .* need a CUDA target; use kernels='tvm' for llvm"):
         generation.main(["--models", "hf:gpt2-tiny", "--target", "llvm", "--kernels", "vendor",
                          "--out", str(tmp_path)])

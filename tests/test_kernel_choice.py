@@ -212,6 +212,31 @@ def test_the_predicted_gain_of_a_mix_is_summed_per_offered_operator():
     assert gain == pytest.approx((1.0 - 0.7) * 2 + 0 + (0.5 - 0.2))
 
 
+def test_a_chain_that_takes_in_the_kernel_before_it_is_weighed_over_the_same_work():
+    """A GEMV whose prologue computes the LayerNorm before it (gemv_norm) against cuBLASLt's GEMM alone, whose
+    LayerNorm stays a TVM kernel: all-vendor's time for the same work adds TVM's time for that LayerNorm (the
+    difference of TVM's times for the two chains). Measured in GPT-2's decode step on an H200 (us): cuBLASLt 7.94
+    (TVM 8.83), the GEMV with the norm 9.76 (TVM 12.48): the mix saves 1.83 a layer, which the plain comparison
+    (7.94 against 9.76) counted as a loss, and the choice then kept cuBLASLt everywhere."""
+    from tvm_nimble.compiler.kernel_choice import choose_providers, predicted_gain
+
+    t = [KernelTiming("gemm", 12, vendor_ms=7.94e-3, tvm_ms=8.83e-3, provider="cublaslt"),
+         KernelTiming("norm-gemv", 12, vendor_ms=9.76e-3, tvm_ms=12.48e-3, provider="gemv_norm")]
+    offers = {f"layer{i}": [("cublaslt", "gemm"), ("gemv_norm", "norm-gemv")] for i in range(12)}
+    chosen = choose_providers(None, t, [], False, offers)
+    assert chosen == {"norm-gemv": "gemv_norm"}
+    gain, base = predicted_gain(t, chosen, offers)
+    assert base == pytest.approx(12 * (7.94e-3 + 12.48e-3 - 8.83e-3))
+    assert gain == pytest.approx(12 * (7.94e-3 + 12.48e-3 - 8.83e-3 - 9.76e-3))
+    # the other way round: all-vendor's first chain is the larger one; the mix's smaller chain leaves TVM the rest
+    t2 = [KernelTiming("norm-gemv", 1, vendor_ms=9.76e-3, tvm_ms=12.48e-3, provider="gemv_norm"),
+          KernelTiming("gemm", 1, vendor_ms=5.0e-3, tvm_ms=8.83e-3, provider="cublaslt")]
+    offers2 = {"x": [("gemv_norm", "norm-gemv"), ("cublaslt", "gemm")]}
+    gain, base = predicted_gain(t2, {"gemm": "cublaslt"}, offers2)
+    assert base == pytest.approx(9.76e-3)
+    assert gain == pytest.approx(9.76e-3 - (5.0e-3 + 12.48e-3 - 8.83e-3))
+
+
 class _NearTieTimer(PlanCostTimer):
     """tests/test_timing_cache.py's PlanCostTimer with every TVM kernel at 0.999 (a vendor launch 1.0), except the
     ones whose name holds ``faster``, 0.5: a mix that saves 0.1% of the chains' time, or (``faster`` matching)

@@ -173,10 +173,19 @@ def reference_functions():
         out = (a.numpy() @ w.numpy() + bias.numpy()).reshape(y.shape) + z.numpy()
         y.copyfrom(_act(out, simt_act(attrs)).astype(y.dtype))
 
-    def gemv(a, w, bias, attrs, y, ws, z=None):  # w [N, K]; attrs = [activation]
-        out = (a.numpy().astype(np.float32) @ w.numpy().astype(np.float32).T
+    def gemv(a, w, bias, attrs, y, ws, z=None):  # w [N, K]; attrs = [activation]; a a tensor or an array
+        a = a if isinstance(a, np.ndarray) else a.numpy()
+        out = (a.astype(np.float32) @ w.numpy().astype(np.float32).T
                + bias.numpy().astype(np.float32)).reshape(y.shape)
         y.copyfrom(_act(out + (0 if z is None else z.numpy()), int(attrs[0])).astype(y.dtype))
+
+    def norm_gemv(x, gamma, beta, w, bias, attrs, y, ws, z=None):  # attrs = [activation, 1 layer / 2 RMS, eps bits]
+        eps = float(np.array([int(attrs[2])], np.uint32).view(np.float32)[0])
+        xv = x.numpy().astype(np.float64)
+        mean = xv.mean(-1, keepdims=True) if int(attrs[1]) == 1 else 0.0
+        var = ((xv - mean) ** 2).mean(-1, keepdims=True)
+        normed = (xv - mean) / np.sqrt(var + eps) * gamma.numpy() + (beta.numpy() if int(attrs[1]) == 1 else 0.0)
+        gemv(normed.astype(w.numpy().dtype), w, bias, attrs[:1], y, ws, z)  # rounded as the norm's cast rounds
 
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
@@ -215,6 +224,9 @@ def reference_functions():
              LAYER_NORM: layer_norm,
              simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, gemv_provider.MATMUL: gemv,
              gemv_provider.MATMUL_ADD: lambda a, w, bias, z, attrs, y, ws: gemv(a, w, bias, attrs, y, ws, z),
+             gemv_provider.NORM_MATMUL: norm_gemv,
+             gemv_provider.NORM_MATMUL_ADD: lambda x, g, b, w, bias, z, attrs, y, ws: norm_gemv(x, g, b, w, bias, attrs,
+                                                                                                y, ws, z),
              cudnn_graph.CONV2D: conv,
              cudnn_graph.CONV2D_ADD: conv_add}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}

@@ -418,17 +418,10 @@ struct SplitLaunch {  // one instantiation of the split-key kernel: its grid and
     const size_t align = sizeof(T) == 4 ? 16 : 8;  // a row's 4-element vector loads
     const bool vec_k = reinterpret_cast<uintptr_t>(k + p.k_off) % align == 0 && p.k_sb % 4 == 0 && p.k_sh % 4 == 0 &&
                        p.k_ss % 4 == 0;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned((p.Sq + R - 1) / R * C), unsigned(p.H), unsigned(p.B));
-    cfg.blockDim = dim3(unsigned(Warps(p, C) * 32));
-    cfg.stream = stream;
-    cudaLaunchAttribute cluster[1];
-    cluster[0].id = cudaLaunchAttributeClusterDimension;
-    cluster[0].val.clusterDim.x = unsigned(C), cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = 1;
-    cfg.attrs = cluster;
-    cfg.numAttrs = C > 1 ? 1 : 0;
-    CheckCuda(cudaLaunchKernelEx(&cfg, SdpaSplitKernel<T, M, DC, R>, q, k, v, m, y, p, vec_k, C), kSplit,
-              "cudaLaunchKernelEx");
+    const dim3 grid(unsigned((p.Sq + R - 1) / R * C), unsigned(p.H), unsigned(p.B));
+    CheckCuda(KernelLaunch(grid, dim3(unsigned(Warps(p, C) * 32)), stream)
+                  .Cluster(unsigned(C))(SdpaSplitKernel<T, M, DC, R>, q, k, v, m, y, p, vec_k, C),
+              kSplit, "cudaLaunchKernelEx");
   }
 };
 
@@ -455,13 +448,6 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeKeysPerThread = 2;  // keys a thread reads per chunk
 constexpr const char* kDecode = "nimble.attention (decode kernel)";
 
-template <typename T>
-__device__ __forceinline__ void Unpack16B(const uint4& raw, float* f) {  // the 16 / sizeof(T) elements of 16 bytes
-  const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < int(16 / sizeof(T)); ++i) f[i] = ToF(h[i]);
-}
-
 template <typename T, typename M, int D>
 __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                   const T* __restrict__ v, const M* __restrict__ m,
@@ -475,6 +461,8 @@ __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __re
   const int rank = C > 1 ? int(blockIdx.x) : 0;
   const int64_t b = blockIdx.z, h = blockIdx.y;
   const int t = threadIdx.x, g = t / L, slot = t % L;          // this thread: key group g, columns E * slot ..
+  GridLaunchDependents();  // launched with Pdl(): the next kernel (a GEMV) may load its weights meanwhile
+  GridDependencyWait();    // q and the caches are the kernels' before this one
   const T* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh + E * slot;
   const T* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh + E * slot;
   const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
@@ -578,21 +566,11 @@ bool LaunchDecode(const SdpaParams& p, const T* q, const T* k, const T* v, const
       }
     }
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(C), unsigned(p.H), unsigned(p.B));
-  cfg.blockDim = dim3(kDecodeThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = unsigned(C), cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = 1;
-  cfg.attrs = cluster;
-  cfg.numAttrs = C > 1 ? 1 : 0;
-  if (p.D == 64) {
-    CheckCuda(cudaLaunchKernelEx(&cfg, SdpaDecodeKernel<T, M, 64>, q, k, v, m, y, p, C), kDecode, "cudaLaunchKernelEx");
-  } else {
-    CheckCuda(cudaLaunchKernelEx(&cfg, SdpaDecodeKernel<T, M, 128>, q, k, v, m, y, p, C), kDecode,
-              "cudaLaunchKernelEx");
-  }
+  KernelLaunch launch(dim3(unsigned(C), unsigned(p.H), unsigned(p.B)), dim3(kDecodeThreads), stream);
+  launch.Cluster(unsigned(C)).Pdl();
+  CheckCuda(p.D == 64 ? launch(SdpaDecodeKernel<T, M, 64>, q, k, v, m, y, p, C)
+                      : launch(SdpaDecodeKernel<T, M, 128>, q, k, v, m, y, p, C),
+            kDecode, "cudaLaunchKernelEx");
   return true;
 }
 

@@ -278,23 +278,16 @@ bool LaunchClusterAttention(const char* op, const SdpaParams& p, int dtype, cons
             }),
             op, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const int kc = int((p.Sk + splits - 1) / splits);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((p.Sq + kClRows - 1) / kClRows * splits), unsigned(p.H), unsigned(p.B));
-  cfg.blockDim = dim3(kClThreads);
-  cfg.dynamicSmemBytes = kClSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = unsigned(splits), cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = 1;
-  cfg.attrs = cluster;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
+  KernelLaunch launch(dim3(unsigned((p.Sq + kClRows - 1) / kClRows * splits), unsigned(p.H), unsigned(p.B)),
+                      dim3(kClThreads), stream, kClSmemBytes);
+  launch.Cluster(unsigned(splits));
   const auto* qf = static_cast<const float*>(q);
   const auto* kf = static_cast<const float*>(k);
   const auto* vf = static_cast<const float*>(v);
   const auto* mf = static_cast<const float*>(m);
   auto* yf = static_cast<float*>(y);
-  const cudaError_t err = m ? cudaLaunchKernelEx(&cfg, SdpaClusterKernel<true>, qf, kf, vf, mf, yf, p, splits, kc)
-                            : cudaLaunchKernelEx(&cfg, SdpaClusterKernel<false>, qf, kf, vf, mf, yf, p, splits, kc);
+  const cudaError_t err = m ? launch(SdpaClusterKernel<true>, qf, kf, vf, mf, yf, p, splits, kc)
+                            : launch(SdpaClusterKernel<false>, qf, kf, vf, mf, yf, p, splits, kc);
   CheckCuda(err, op, "cudaLaunchKernelEx");
   return true;
 }

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -222,6 +223,14 @@ __device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) { return __
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// The 16 / sizeof(T) elements of 16 bytes as floats
+template <typename T>
+__device__ __forceinline__ void Unpack16B(const uint4& raw, float* f) {
+  const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(T)); ++i) f[i] = ToF(h[i]);
+}
+
 // The epilogue activations every kernel here shares: 0 identity, 1 relu, 2 relu6, 3 GELU (the erf form), 4 GELU (the
 // tanh approximation, as cuBLASLt's GELU epilogue and GPT-2's gelu_new compute it). A kernel whose main loop is
 // tight on registers compiles only the codes up to kMaxAct: the code of a branch it never takes still shapes its
@@ -235,6 +244,23 @@ __device__ __forceinline__ float Activate(float v, int act) {
     if (act == 4) return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
   }
   return v;
+}
+
+// Programmatic dependent launch (sm_90+). A kernel launched with KernelLaunch::Pdl() may start while the kernel
+// before it in the stream still runs. Before GridDependencyWait() it may read only what no kernel writes (a layer's
+// weights: a GEMV issues its first weight loads there); after it, the kernels before it in the stream have finished
+// and their writes are visible, so every read of an activation and every write comes after it. A kernel calls
+// GridLaunchDependents() once the next kernel may take its place beside it (its own blocks all resident). Both are
+// no-ops for a kernel launched without the attribute, and compile to nothing before sm_90.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 #endif  // __CUDACC__
@@ -271,6 +297,57 @@ cudaError_t OncePerDevice(std::atomic<uint64_t>& done, F&& set) {
   if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_relaxed);
   return err;
 }
+
+// Whether launches ask for programmatic dependent launch: on sm_90+ unless NIMBLE_PDL=0 (the A/B switch of the
+// decode benchmarks; read once a process)
+bool PdlEnabled() {
+  static const bool wanted = [] {
+    const char* env = std::getenv("NIMBLE_PDL");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return wanted && DeviceAttribute<cudaDevAttrComputeCapabilityMajor>(0) >= 9;
+}
+
+// One kernel launch through cudaLaunchKernelEx: grid, block, dynamic shared memory and stream, with the attributes
+// asked for -- a thread-block cluster of `x` x `y` x `z` blocks, programmatic dependent launch (see
+// GridDependencyWait; asked only where PdlEnabled()).
+//   KernelLaunch(grid, block, stream).Cluster(c).Pdl()(Kernel<...>, args...)
+class KernelLaunch {
+ public:
+  KernelLaunch(dim3 grid, dim3 block, cudaStream_t stream, size_t smem = 0) {
+    cfg_.gridDim = grid;
+    cfg_.blockDim = block;
+    cfg_.dynamicSmemBytes = smem;
+    cfg_.stream = stream;
+  }
+  KernelLaunch& Cluster(unsigned x, unsigned y = 1, unsigned z = 1) {
+    if (x * y * z > 1) {
+      cudaLaunchAttribute& a = attrs_[n_++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = x, a.val.clusterDim.y = y, a.val.clusterDim.z = z;
+    }
+    return *this;
+  }
+  KernelLaunch& Pdl() {
+    if (PdlEnabled()) {
+      cudaLaunchAttribute& a = attrs_[n_++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
+    return *this;
+  }
+  template <typename... Params, typename... Args>
+  cudaError_t operator()(void (*kernel)(Params...), Args&&... args) {
+    cfg_.attrs = attrs_;
+    cfg_.numAttrs = unsigned(n_);
+    return cudaLaunchKernelEx(&cfg_, kernel, std::forward<Args>(args)...);
+  }
+
+ private:
+  cudaLaunchConfig_t cfg_ = {};
+  cudaLaunchAttribute attrs_[2] = {};
+  int n_ = 0;
+};
 
 template <typename F>
 void Register(const char* name, F&& f) {

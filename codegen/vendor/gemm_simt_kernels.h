@@ -209,16 +209,9 @@ __global__ void __launch_bounds__(SimtTile<BM, BN, TM, TN>::kThreads) SimtGemmKe
 
 template <int BM, int BN, int TM, int TN>
 cudaError_t LaunchSimt(const SimtArgs& p, int splits, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));
-  cfg.blockDim = dim3(SimtTile<BM, BN, TM, TN>::kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = 1, cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = unsigned(splits);
-  cfg.attrs = cluster;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, SimtGemmKernel<BM, BN, TM, TN>, p);
+  const dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));
+  return KernelLaunch(grid, dim3(SimtTile<BM, BN, TM, TN>::kThreads), stream)
+      .Cluster(1, 1, unsigned(splits))(SimtGemmKernel<BM, BN, TM, TN>, p);
 }
 
 // ---- the pipelined kernel: cp.async copies into a ring of ST shared-memory stages of BK columns of K ----
@@ -329,17 +322,9 @@ cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) 
     });
     if (err != cudaSuccess) return err;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));
-  cfg.blockDim = dim3(T::kThreads);
-  cfg.dynamicSmemBytes = kBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = 1, cluster[0].val.clusterDim.y = 1, cluster[0].val.clusterDim.z = unsigned(splits);
-  cfg.attrs = cluster;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>, p);
+  const dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));
+  return KernelLaunch(grid, dim3(T::kThreads), stream, kBytes)
+      .Cluster(1, 1, unsigned(splits))(SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>, p);
 }
 
 }  // namespace

@@ -6,6 +6,14 @@
 //       w [N, K] (the provider stores every Linear's weights so), a and w fp16 or bf16; bias, z and y in a's dtype or
 //       float32 (a residual stream kept in fp32); y any shape of M rows of N; attrs = [activation] (0 identity,
 //       1 relu, 2 relu6, 3 gelu, 4 gelu's tanh approximation). fp32 accumulation, rounded once.
+//   nimble.gemv.norm_matmul(x, gamma, beta, w, bias, attrs, y, workspace)
+//   nimble.gemv.norm_matmul_add(x, gamma, beta, w, bias, z, attrs, y, workspace)
+//       the same of a = norm(x) rounded to w's dtype, the norm over the last axis in float32: LayerNorm
+//       ((x - mean) / sqrt(var + eps) * gamma + beta) or RMSNorm (x / sqrt(mean(x^2) + eps) * gamma, beta unused);
+//       x [..., 1, K] (one row) float32 or w's dtype, K <= 4096; gamma and beta [K] float32; attrs = [activation,
+//       norm (1 layer, 2 RMS), eps (float32 bits)]. A decoder layer's norm before its projection, in the GEMV's
+//       prologue: each block normalizes the row itself (x is a few KB, read from L2) into shared memory -- one kernel
+//       fewer a norm.
 //
 // Why: at M = 1 a Linear is a matrix-vector product whose time is reading W. cuBLASLt's kernels for it (64x8
 // tiles, split-K with a second reduction kernel) ran GPT-2's decode GEMMs well under the memory's bandwidth
@@ -14,10 +22,15 @@
 // lane 16 bytes a load, four loads in flight; the S partial sums meet in shared memory, and the column's epilogue
 // is one thread's. K must be a multiple of 8 and every tensor 16-byte aligned (the provider and the checks here
 // say so in one line otherwise). The workspace is unused (the vendor calling convention).
+//
+// Launched with programmatic dependent launch (common.h): a lane's first weight loads are issued before the kernel
+// waits for the one before it, so a decode step's weight reads overlap the kernels that produce its activations.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "common.h"
 
@@ -26,57 +39,123 @@ namespace {
 
 constexpr const char* kGemv = "nimble.gemv.matmul";
 constexpr const char* kGemvAdd = "nimble.gemv.matmul_add";
-constexpr int kGemvWarps = 8, kGemvMaxRows = 4, kGemvUnroll = 4;
+constexpr const char* kNormGemv = "nimble.gemv.norm_matmul";
+constexpr const char* kNormGemvAdd = "nimble.gemv.norm_matmul_add";
+constexpr int kGemvWarps = 8, kGemvThreads = kGemvWarps * 32, kGemvMaxRows = 4, kGemvUnroll = 4;
+constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // the normalized rows: shared memory
+enum NormKind : int { kNoNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
 
-// 8 consecutive 16-bit values as floats
-template <typename T>
-__device__ __forceinline__ void Unpack8(const uint4& raw, float* f) {
-  const T* h = reinterpret_cast<const T*>(&raw);
+// The norm of the prologue (norm_matmul): x float32 (x_f32) or w's dtype; gamma and beta float32
+struct GemvNorm {
+  const void* x = nullptr;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  int kind = kNoNorm, x_f32 = 0;
+  float eps = 0.0f;
+};
+
+struct GemvArgs {
+  const void* a;  // null with a norm: the prologue's rows are a
+  const void* w;
+  const void* bias;
+  const void* z;  // null: no residual
+  void* y;
+  int N, K, act;
+  GemvNorm norm;
+};
+
+// The sum of `v` over the block; `red` holds kGemvWarps floats (each call its own, or a barrier between)
+__device__ __forceinline__ float BlockSum(float v, float* red) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = ToF(h[i]);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGemvWarps; ++i) total += red[i];
+  return total;
+}
+
+// Rows m of x normalized into xs[m * K ..] (rounded to T, as the unfused norm's output is), M rows
+template <typename T, int M>
+__device__ __forceinline__ void NormRows(const GemvNorm& n, int K, T* xs) {
+  __shared__ float red[2][kGemvWarps];
+  for (int m = 0; m < M; ++m) {
+    float v[kNormPerThread], sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      const int c = threadIdx.x + i * kGemvThreads;
+      const int64_t at = int64_t(m) * K + c;
+      v[i] = c >= K ? 0.0f : n.x_f32 ? static_cast<const float*>(n.x)[at] : ToF(static_cast<const T*>(n.x)[at]);
+      sum += v[i];
+    }
+    // LayerNorm: the centred sum of squares, as PyTorch's kernel computes it (no cancellation); RMSNorm: mean 0
+    const float mean = n.kind == kLayerNorm ? BlockSum(sum, red[0]) / float(K) : 0.0f;
+    float sq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      const float d = threadIdx.x + i * kGemvThreads < K ? v[i] - mean : 0.0f;
+      sq += d * d;
+    }
+    const float rstd = rsqrtf(BlockSum(sq, red[1]) / float(K) + n.eps);
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i) {
+      const int c = threadIdx.x + i * kGemvThreads;
+      if (c < K) {
+        const float b = n.kind == kLayerNorm ? n.beta[c] : 0.0f;
+        xs[m * K + c] = FromF<T>((v[i] - mean) * rstd * n.gamma[c] + b);
+      }
+    }
+  }
+  __syncthreads();
 }
 
 // grid.x: column groups of kGemvWarps / S columns; S warps of a block share a column, each a K slice.
-template <typename T, typename O, int M, int S>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const T* __restrict__ a, const T* __restrict__ w,
-                                                             const O* __restrict__ bias, const O* z, O* y, int N,
-                                                             int K, int act) {
+template <typename T, typename O, int M, int S, bool kNorm>
+__global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
   constexpr int kCols = kGemvWarps / S;
   __shared__ float partial[kGemvWarps][M];
+  __shared__ __align__(16) T xs[kNorm ? M * kNormMaxK : 8];
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const int N = p.N, K = p.K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = blockIdx.x * kCols + warp / S, slice = warp % S;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  if (col < N) {
-    const int vecs = K / 8;  // 16-byte vectors in a row
-    const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(col) * K);
-    const int first = slice * 32 + lane, step = S * 32;
-    int v = first;
-    for (; v + (kGemvUnroll - 1) * step < vecs; v += kGemvUnroll * step) {  // kGemvUnroll loads in flight
-      uint4 wv[kGemvUnroll];
+  const int vecs = col < N ? K / 8 : 0;  // 16-byte vectors in the column's row of w
+  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(col < N ? col : 0) * K);
+  const int first = slice * 32 + lane, step = S * 32;
+  // The lane's first kGemvUnroll weight vectors (at a decode step's sizes, all it reads) are loaded before the wait:
+  // weights are constants, so under programmatic dependent launch their reads overlap the kernel before this one.
+  uint4 wv[kGemvUnroll];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) wv[u] = __ldg(wr + v + u * step);
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    const int at = first + u * step;
+    wv[u] = at < vecs ? __ldg(wr + at) : make_uint4(0, 0, 0, 0);
+  }
+  GridLaunchDependents();
+  GridDependencyWait();  // a, x and z are the kernels' before this one; y may be a buffer they still read
+  if constexpr (kNorm) NormRows<T, M>(p.norm, K, xs);
+  const uint4* a = reinterpret_cast<const uint4*>(kNorm ? static_cast<const void*>(xs) : p.a);
+  for (int v = first; v < vecs; v += kGemvUnroll * step) {
+    uint4 cur[kGemvUnroll];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
-        float wf[8];
-        Unpack8<T>(wv[u], wf);
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float af[8];
-          Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(a + int64_t(m) * K) + v + u * step), af);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[m] = fmaf(af[i], wf[i], acc[m]);
-        }
-      }
+    for (int u = 0; u < kGemvUnroll; ++u) {  // the next kGemvUnroll vectors' loads in flight during this arithmetic
+      const int next = v + (kGemvUnroll + u) * step;
+      cur[u] = wv[u];
+      wv[u] = next < vecs ? __ldg(wr + next) : make_uint4(0, 0, 0, 0);
     }
-    for (; v < vecs; v += step) {
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int at = v + u * step;
+      if (at >= vecs) break;
       float wf[8];
-      Unpack8<T>(__ldg(wr + v), wf);
+      Unpack16B<T>(cur[u], wf);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float af[8];
-        Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(a + int64_t(m) * K) + v), af);
+        Unpack16B<T>(kNorm ? a[m * (K / 8) + at] : __ldg(a + m * (K / 8) + at), af);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[m] = fmaf(af[i], wf[i], acc[m]);
       }
@@ -107,8 +186,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const T* __restric
       }
     }
     const int64_t at = int64_t(lane) * N + col;
-    const float before = sum + ToF(bias[col]) + (z != nullptr ? ToF(z[at]) : 0.0f);
-    y[at] = FromF<O>(Activate(before, act));
+    const O* z = static_cast<const O*>(p.z);
+    const float before = sum + ToF(static_cast<const O*>(p.bias)[col]) + (z != nullptr ? ToF(z[at]) : 0.0f);
+    static_cast<O*>(p.y)[at] = FromF<O>(Activate(before, p.act));
   }
 }
 
@@ -122,105 +202,151 @@ int GemvSplits(int64_t N, int64_t K, int64_t sms) {
 }
 
 template <typename T, typename O, int M, int S>
-void LaunchGemvS(const void* a, const void* w, const void* bias, const void* z, void* y, int N, int K, int act,
-                 cudaStream_t stream) {
+cudaError_t LaunchGemvS(const GemvArgs& p, cudaStream_t stream) {
   constexpr int cols = kGemvWarps / S;
-  GemvKernel<T, O, M, S><<<unsigned((N + cols - 1) / cols), kGemvWarps * 32, 0, stream>>>(
-      static_cast<const T*>(a), static_cast<const T*>(w), static_cast<const O*>(bias), static_cast<const O*>(z),
-      static_cast<O*>(y), N, K, act);
+  KernelLaunch launch(dim3(unsigned((p.N + cols - 1) / cols)), dim3(kGemvThreads), stream);
+  launch.Pdl();
+  if constexpr (M == 1) {  // the norm's prologue: one row (RunGemv refuses more)
+    if (p.norm.kind != kNoNorm) return launch(GemvKernel<T, O, 1, S, true>, p);
+  }
+  return launch(GemvKernel<T, O, M, S, false>, p);
 }
 
 template <typename T, typename O, int M>
-void LaunchGemvM(int s, const void* a, const void* w, const void* bias, const void* z, void* y, int N, int K, int act,
-                 cudaStream_t stream) {
-  if (s == 1) LaunchGemvS<T, O, M, 1>(a, w, bias, z, y, N, K, act, stream);
-  else if (s == 2) LaunchGemvS<T, O, M, 2>(a, w, bias, z, y, N, K, act, stream);
-  else if (s == 4) LaunchGemvS<T, O, M, 4>(a, w, bias, z, y, N, K, act, stream);
-  else LaunchGemvS<T, O, M, 8>(a, w, bias, z, y, N, K, act, stream);
+cudaError_t LaunchGemvM(int s, const GemvArgs& p, cudaStream_t stream) {
+  if (s == 1) return LaunchGemvS<T, O, M, 1>(p, stream);
+  if (s == 2) return LaunchGemvS<T, O, M, 2>(p, stream);
+  if (s == 4) return LaunchGemvS<T, O, M, 4>(p, stream);
+  return LaunchGemvS<T, O, M, 8>(p, stream);
 }
 
 template <typename T, typename O>
-void LaunchGemv(int M, int s, const void* a, const void* w, const void* bias, const void* z, void* y, int N, int K,
-                int act, cudaStream_t stream) {
-  if (M == 1) LaunchGemvM<T, O, 1>(s, a, w, bias, z, y, N, K, act, stream);
-  else if (M == 2) LaunchGemvM<T, O, 2>(s, a, w, bias, z, y, N, K, act, stream);
-  else if (M == 3) LaunchGemvM<T, O, 3>(s, a, w, bias, z, y, N, K, act, stream);
-  else LaunchGemvM<T, O, 4>(s, a, w, bias, z, y, N, K, act, stream);
+cudaError_t LaunchGemv(int M, int s, const GemvArgs& p, cudaStream_t stream) {
+  if (M == 1) return LaunchGemvM<T, O, 1>(s, p, stream);
+  if (M == 2) return LaunchGemvM<T, O, 2>(s, p, stream);
+  if (M == 3) return LaunchGemvM<T, O, 3>(s, p, stream);
+  return LaunchGemvM<T, O, 4>(s, p, stream);
 }
 
-void RunGemv(const char* op, TensorView a, TensorView w, TensorView bias, const TensorView* z, const Shape& attrs,
-             TensorView y, TensorView workspace) {
-  if (attrs.size() != 1) FailValue(op, "attrs must be [activation], got " + ShapeStr(attrs.data(), int(attrs.size())));
+// a: the GEMV's input rows, or (with `norm`) x, whose rows the kernel normalizes first
+void RunGemv(const char* op, TensorView a, const TensorView* gamma, const TensorView* beta, TensorView w,
+             TensorView bias, const TensorView* z, const Shape& attrs, TensorView y, TensorView workspace) {
+  const bool norm = gamma != nullptr;
+  const size_t nattrs = norm ? 3 : 1;
+  if (attrs.size() != nattrs) {
+    FailValue(op, std::string("attrs must be ") + (norm ? "[activation, norm, eps (float32 bits)]" : "[activation]") +
+                      ", got " + ShapeStr(attrs.data(), int(attrs.size())));
+  }
   const int act = int(attrs[0]);
   if (act < 0 || act > kMaxActivation) {
     FailValue(op, std::string("activation must be ") + kActivations + ", got " + std::to_string(attrs[0]));
   }
-  if (a.device().device_type != kDLCUDA) FailValue(op, "a must be a CUDA tensor");
+  const char* name = norm ? "x" : "a";
+  if (a.device().device_type != kDLCUDA) FailValue(op, std::string(name) + " must be a CUDA tensor");
   const int dev = a.device().device_id;
-  const int dtype = TensorDType(a);
+  const int dtype = TensorDType(w);
   if (dtype != kF16 && dtype != kBF16) {
-    FailValue(op, "a has dtype " + DLTypeStr(a.dtype()) + ": this kernel takes float16 or bfloat16 (fp32 GEMMs are "
+    FailValue(op, "w has dtype " + DLTypeStr(w.dtype()) + ": this kernel takes float16 or bfloat16 (fp32 GEMMs are "
                   "cuBLASLt's or nimble.gemm's)");
   }
-  CheckCudaTensor(op, "a", a, dev);
+  CheckCudaTensor(op, name, a, dev);
   CheckCudaTensor(op, "w", w, dev);
   CheckCudaTensor(op, "bias", bias, dev);
   CheckCudaTensor(op, "y", y, dev);
   CheckWorkspace(op, workspace, dev);
-  CheckDType(op, "w", w, dtype);
+  const int a_dtype = TensorDType(a);
+  if (a_dtype != dtype && !(norm && a_dtype == kF32)) {
+    FailValue(op, std::string(name) + " has dtype " + DLTypeStr(a.dtype()) + " but w has " + DTypeName(dtype) +
+                      (norm ? ": x must be float32 or w's dtype" : ""));
+  }
   const int out_dtype = GemmOutDType(op, dtype, y, bias);
-  if (a.ndim() < 2) FailValue(op, "a must be [..., M, K], got " + ShapeStr(a));
+  if (a.ndim() < 2) FailValue(op, std::string(name) + " must be [..., M, K], got " + ShapeStr(a));
   CheckNdim(op, "w", w, 2);
   CheckNdim(op, "bias", bias, 1);
   const int64_t K = a.shape()[a.ndim() - 1], M = a.numel() / std::max<int64_t>(K, 1), N = w.shape()[0];
-  if (w.shape()[1] != K) FailValue(op, "a " + ShapeStr(a) + " and w " + ShapeStr(w) + " ([N, K]) disagree on K");
+  if (w.shape()[1] != K) {
+    FailValue(op, std::string(name) + " " + ShapeStr(a) + " and w " + ShapeStr(w) + " ([N, K]) disagree on K");
+  }
   if (M < 1 || M > kGemvMaxRows) {
-    FailValue(op, "a has " + std::to_string(M) + " rows: this kernel takes 1 to " + std::to_string(kGemvMaxRows));
+    FailValue(op, std::string(name) + " has " + std::to_string(M) + " rows: this kernel takes 1 to " +
+                      std::to_string(kGemvMaxRows));
   }
   if (K % 8) FailValue(op, "K = " + std::to_string(K) + " must be a multiple of 8 (16-byte loads)");
   if (bias.shape()[0] != N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(N));
-  CheckRows(op, y, M, N, "a " + ShapeStr(a) + " and w " + ShapeStr(w));
+  CheckRows(op, y, M, N, std::string(name) + " " + ShapeStr(a) + " and w " + ShapeStr(w));
   if (N >= (int64_t(1) << 31) / kGemvWarps || K >= (int64_t(1) << 30)) FailValue(op, "N or K is too large");
   if (z) {
     CheckCudaTensor(op, "z", *z, dev);
     CheckDType(op, "z", *z, out_dtype);
     if (z->numel() != y.numel()) FailValue(op, "z has shape " + ShapeStr(*z) + " but y has " + ShapeStr(y));
   }
-  if (PtrAlign(DataPtr(a)) < 16 || PtrAlign(DataPtr(w)) < 16) FailValue(op, "a and w must start 16-byte aligned");
-  if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(w)) FailValue(op, "y must not alias a or w");
+  GemvArgs p{DataPtr(a), DataPtr(w), DataPtr(bias), z ? DataPtr(*z) : nullptr, DataPtr(y), int(N), int(K), act, {}};
+  if (norm) {
+    const int kind = int(attrs[1]);
+    if (kind != kLayerNorm && kind != kRmsNorm) {
+      FailValue(op, "norm must be 1 (LayerNorm) or 2 (RMSNorm), got " + std::to_string(attrs[1]));
+    }
+    if (M != 1) FailValue(op, "x has " + std::to_string(M) + " rows: the norm's prologue takes one");
+    if (K > kNormMaxK) {
+      FailValue(op, "the normalized axis has " + std::to_string(K) + " elements; at most " +
+                        std::to_string(kNormMaxK) + " are supported");
+    }
+    for (const auto& [pname, t] : {std::pair<const char*, const TensorView*>{"gamma", gamma}, {"beta", beta}}) {
+      CheckCudaTensor(op, pname, *t, dev);
+      CheckDType(op, pname, *t, kF32);
+      CheckNdim(op, pname, *t, 1);
+      if (t->shape()[0] != K) FailValue(op, std::string(pname) + " has shape " + ShapeStr(*t) + " but K = " +
+                                                std::to_string(K));
+    }
+    const uint32_t bits = uint32_t(attrs[2]);
+    float eps;
+    std::memcpy(&eps, &bits, sizeof(eps));
+    if (!(eps >= 0.0f) || !std::isfinite(eps)) FailValue(op, "eps must be a finite float32 >= 0, got " + std::to_string(eps));
+    p.a = nullptr;
+    p.norm = GemvNorm{DataPtr(a), static_cast<const float*>(DataPtr(*gamma)), static_cast<const float*>(DataPtr(*beta)),
+                      kind, a_dtype == kF32 ? 1 : 0, eps};
+    if (DataPtr(y) == DataPtr(a)) FailValue(op, "y must not alias x");
+  } else if (PtrAlign(DataPtr(a)) < 16 || DataPtr(y) == DataPtr(a)) {
+    FailValue(op, "a must start 16-byte aligned and y must not alias it");
+  }
+  if (PtrAlign(DataPtr(w)) < 16) FailValue(op, "w must start 16-byte aligned");
+  if (DataPtr(y) == DataPtr(w)) FailValue(op, "y must not alias w");
   DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
   const int s = GemvSplits(N, K, SmCount());
-  const void* zp = z ? DataPtr(*z) : nullptr;
-  if (dtype == kF16 && out_dtype == kF32) {
-    LaunchGemv<__half, float>(int(M), s, DataPtr(a), DataPtr(w), DataPtr(bias), zp, DataPtr(y), int(N), int(K), act,
-                              stream);
-  } else if (dtype == kF16) {
-    LaunchGemv<__half, __half>(int(M), s, DataPtr(a), DataPtr(w), DataPtr(bias), zp, DataPtr(y), int(N), int(K), act,
-                               stream);
-  } else if (out_dtype == kF32) {
-    LaunchGemv<__nv_bfloat16, float>(int(M), s, DataPtr(a), DataPtr(w), DataPtr(bias), zp, DataPtr(y), int(N),
-                                     int(K), act, stream);
-  } else {
-    LaunchGemv<__nv_bfloat16, __nv_bfloat16>(int(M), s, DataPtr(a), DataPtr(w), DataPtr(bias), zp, DataPtr(y),
-                                             int(N), int(K), act, stream);
-  }
-  CheckCuda(cudaGetLastError(), op, "GEMV kernel launch");
+  cudaError_t err;
+  if (dtype == kF16 && out_dtype == kF32) err = LaunchGemv<__half, float>(int(M), s, p, stream);
+  else if (dtype == kF16) err = LaunchGemv<__half, __half>(int(M), s, p, stream);
+  else if (out_dtype == kF32) err = LaunchGemv<__nv_bfloat16, float>(int(M), s, p, stream);
+  else err = LaunchGemv<__nv_bfloat16, __nv_bfloat16>(int(M), s, p, stream);
+  CheckCuda(err, op, "cudaLaunchKernelEx");
 }
 
 void Gemv(TensorView a, TensorView w, TensorView bias, Shape attrs, TensorView y, TensorView workspace) {
-  RunGemv(kGemv, a, w, bias, nullptr, attrs, y, workspace);
+  RunGemv(kGemv, a, nullptr, nullptr, w, bias, nullptr, attrs, y, workspace);
 }
 
 void GemvAdd(TensorView a, TensorView w, TensorView bias, TensorView z, Shape attrs, TensorView y,
              TensorView workspace) {
-  RunGemv(kGemvAdd, a, w, bias, &z, attrs, y, workspace);
+  RunGemv(kGemvAdd, a, nullptr, nullptr, w, bias, &z, attrs, y, workspace);
+}
+
+void NormGemv(TensorView x, TensorView gamma, TensorView beta, TensorView w, TensorView bias, Shape attrs, TensorView y,
+              TensorView workspace) {
+  RunGemv(kNormGemv, x, &gamma, &beta, w, bias, nullptr, attrs, y, workspace);
+}
+
+void NormGemvAdd(TensorView x, TensorView gamma, TensorView beta, TensorView w, TensorView bias, TensorView z,
+                 Shape attrs, TensorView y, TensorView workspace) {
+  RunGemv(kNormGemvAdd, x, &gamma, &beta, w, bias, &z, attrs, y, workspace);
 }
 
 __attribute__((constructor)) void RegisterGemv() {
   try {
     Register(kGemv, Gemv);
     Register(kGemvAdd, GemvAdd);
+    Register(kNormGemv, NormGemv);
+    Register(kNormGemvAdd, NormGemvAdd);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -4,12 +4,17 @@ speed -- a decode step's projections, MLP and LM head at batch 1.
     matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu] [+ residual]   (x: [..., M, K], M <= 4; W constant)
 
 the chains of cuBLASLt's Linear (:func:`.cublaslt.linear_of`: the residual may be a float32 stream the call then
-writes), with bias, activation and residual in the kernel's epilogue. The weights are stored [N, K] (transposed
+writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` (only when named) takes
+the same chain with the norm before it -- a float32 LayerNorm or RMSNorm over the last axis cast to the 16-bit dtype,
+what the precision policy makes of a decoder layer's norm before its projections -- into the kernel's prologue
+(``norm_matmul``: one kernel fewer a norm). The weights are stored [N, K] (transposed
 here, once, when the model has them [K, N]), so that each output column is one contiguous row. fp16 and bf16 only
 (at M = 1 a 16-bit GEMM is its weight read); K a multiple of 8 (16-byte loads). Registered after cuBLASLt, so
 ``kernels="vendor"`` keeps cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt and TVM.
 """
 from __future__ import annotations
+
+import struct
 
 import numpy as np
 from tvm import relax
@@ -17,16 +22,73 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import REDUCED_DTYPES, compute_dtype
+from .chains import dtype_of, ints, known_shape, operator_of
 from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
 MATMUL = vendor_abi.GEMV_MATMUL
 MATMUL_ADD = vendor_abi.GEMV_MATMUL_ADD
+NORM_MATMUL = vendor_abi.GEMV_NORM_MATMUL
+NORM_MATMUL_ADD = vendor_abi.GEMV_NORM_MATMUL_ADD
 #: the most rows (the input's leading dimensions folded) it takes: codegen/vendor/gemv.cu's kGemvMaxRows
 MAX_ROWS = 4
+#: the widest row its prologue normalizes: gemv.cu's kNormMaxK
+MAX_NORM_K = 4096
+#: the prologue's norm codes (gemv.cu's NormKind)
+NORMS = {"relax.nn.layer_norm": 1, "relax.nn.rms_norm": 2}
 
 
-def gemv_chain(ctx, chains, var, call):
+def _norm_before(chains, x, dtype: str, k: int):
+    """``(removed vars, the norm's input, gamma, beta, norm code, eps)`` when the Linear's input ``x`` is
+    ``[reshape of rows](astype(dtype)(norm(src)))``, the norm a float32 LayerNorm (scale and centre) or RMSNorm over the
+    last axis with constant parameters and ``src`` float32 or ``dtype`` (or a float32 cast of a ``dtype`` tensor, whose
+    cast the call then takes too), every step read only on the way here; else
+    None. A walk back through the bindings, not a DPL pattern: the offload removes the steps' vars, which a pattern's
+    match (the values behind them) does not name."""
+    removed = []
+
+    def step(var, op):
+        value = chains.value.get(var) if isinstance(var, relax.Var) else None
+        if (operator_of(value) not in op or not chains.single_use(var) or var in chains.claimed):
+            return None
+        removed.append(var)
+        return value
+
+    value = chains.value.get(x) if isinstance(x, relax.Var) else None
+    if operator_of(value) == "relax.reshape":
+        src_shape = known_shape(value.args[0])
+        if src_shape is None or src_shape[-1] != k or step(x, {"relax.reshape"}) is None:
+            return None
+        x = value.args[0]
+    cast = step(x, {"relax.astype"})
+    if cast is None or dtype_of(x) != dtype:
+        return None
+    normed = cast.args[0]
+    norm = step(normed, NORMS)
+    if norm is None or dtype_of(normed) != "float32":
+        return None
+    src, shape, attrs = norm.args[0], known_shape(norm), norm.attrs
+    axes = ints(attrs.axes)
+    if shape is None or shape[-1] != k or k > MAX_NORM_K or len(axes) != 1 or axes[0] % len(shape) != len(shape) - 1:
+        return None
+    if dtype_of(src) not in ("float32", dtype):
+        return None
+    widen = chains.value.get(src) if isinstance(src, relax.Var) else None
+    if operator_of(widen) == "relax.astype" and dtype_of(widen.args[0]) == dtype and step(src, {"relax.astype"}) is not None:
+        src = widen.args[0]  # a 16-bit stream widened for the norm alone: the kernel reads it as it is
+    code = NORMS[operator_of(norm)]
+    gamma = chains.const(norm.args[1])
+    beta = chains.const(norm.args[2]) if code == 1 else np.zeros(k, "float32")
+    if code == 1 and not (attrs.center and attrs.scale):
+        return None
+    if gamma is None or beta is None or gamma.shape != (k,) or beta.shape != (k,):
+        return None
+    eps = struct.unpack("<I", struct.pack("<f", float(attrs.epsilon)))[0]
+    return removed, src, gamma.astype("float32"), beta.astype("float32"), code, eps
+
+
+def _linear(ctx, chains, var, call):
+    """(the Linear ``call`` starts, its weights [N, K]) when the GEMV takes it, else None (after a note)."""
     if compute_dtype(call) not in PROVIDER.dtypes:
         return None  # no note: fp32 GEMMs are cuBLASLt's or our SIMT GEMM's, whose reports say why where they decline
     found = small_linear(ctx, chains, var, call, PROVIDER.dtypes)
@@ -40,11 +102,45 @@ def gemv_chain(ctx, chains, var, call):
     if weight.shape[1] % 8:
         ctx.report.kept.append(("matmul", "our GEMV needs K to be a multiple of 8"))
         return None
-    args = [lin.x, relax.const(np.ascontiguousarray(weight).astype(lin.dtype)),
-            relax.const(lin.bias.astype(lin.out_dtype))]
-    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.act]), 1)
+    return lin, weight
+
+
+def _constants(lin, weight) -> list:
+    return [relax.const(np.ascontiguousarray(weight).astype(lin.dtype)), relax.const(lin.bias.astype(lin.out_dtype))]
+
+
+def gemv_chain(ctx, chains, var, call):
+    found = _linear(ctx, chains, var, call)
+    if found is None:
+        return None
+    lin, weight = found
+    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), [lin.x] + _constants(lin, weight), relax.ShapeExpr([lin.act]),
+                       1)
+
+
+def gemv_norm_chain(ctx, chains, var, call):
+    """The GEMV's chain of one row with the norm before it (:func:`_norm_before`); None where there is no such norm
+    (or more rows: a decode step at batch 1 is what the prologue is for, and its kernels are compiled for one)."""
+    found = _linear(ctx, chains, var, call)
+    one_row = found is not None and int(np.prod(found[0].out_shape[:-1])) == 1  # gemv.cu's prologue: one row
+    norm = one_row and _norm_before(chains, found[0].x, found[0].dtype, found[1].shape[1])
+    if not norm:
+        return None
+    lin, weight = found
+    before, src, gamma, beta, code, eps = norm
+    removed, last, value = linear_call(ctx, lin, (NORM_MATMUL, NORM_MATMUL_ADD),
+                                       [src, relax.const(gamma), relax.const(beta)] + _constants(lin, weight),
+                                       relax.ShapeExpr([lin.act, code, eps]), 1)
+    return before + removed, last, value
 
 
 PROVIDER = register(Provider(
     name="gemv", title="GEMV (ours: a decode step's few rows)", kernel_prefix=vendor_abi.GEMV.prefix,
     matchers={"relax.matmul": gemv_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))
+
+#: Not used unless named (``providers=(..., "gemv_norm")``): inside GPT-2's decode step on the H200 the prologue cost
+#: more than the LayerNorm kernel it saves (benchmarks/findings.md, 'A decode step's norms in the GEMV').
+NORM_PROVIDER = register(Provider(
+    name="gemv_norm", title="GEMV with its LayerNorm/RMSNorm prologue (ours)",
+    kernel_prefix=vendor_abi.family(NORM_MATMUL, NORM_MATMUL_ADD),
+    matchers={"relax.matmul": gemv_norm_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",), by_default=False))

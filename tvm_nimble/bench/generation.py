@@ -14,6 +14,10 @@ otherwise; where ``onnxruntime_genai`` does not import, its row says so. vLLM is
 ``--profile`` adds where a token's time goes on the GPU: each system generates 1 and then 1 + N tokens under
 ``torch.profiler`` (CUPTI: every kernel and copy as the device ran it, CUDA-graph replays included), and the
 difference over N is the device time per token by kernel name (``generation-kernels.json``, top kernels printed).
+
+What each of Nimble's builds chose goes to ``generation-builds.json``: per model and precision, each step's (the
+decode step's, ``"1"``, and the prompt's) kernel choice as its build report has it -- every chain a provider offered,
+its time and TVM's, who took it, and the whole-model check.
 """
 from __future__ import annotations
 
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     csv_path = os.path.join(args.out, "generation.csv")
     date = datetime.date.today().isoformat()
     device = device_name(gpu)
-    table, profiles = [], {}
+    table, profiles, builds = [], {}, {}
     for spec in [m for m in args.models.split(",") if m]:
         label, _, torch_builder = hf_builders(spec)
         onnx_model = past_onnx_model(spec)
@@ -170,6 +174,9 @@ def main(argv=None) -> int:
                                                 max_length=args.prompt + args.new_tokens,
                                                 prefill_lengths=(args.prompt,))
             build_s = time.perf_counter() - start
+            builds[f"{label}/{precision}"] = {
+                step: {k: v for k, v in info.items() if k.startswith("kernel_choice")}
+                for step, info in module.info.get("steps", {}).items()}
             with tvm_nimble.Generator(module) as gen:
                 tokens, ttft, per_token = nimble_timing(gen, prompt, args.new_tokens, args.repeats)
                 if args.profile and gpu:
@@ -205,6 +212,8 @@ def main(argv=None) -> int:
         match = f"{r.get('tokens_matched', '')}/{r.get('tokens_checked', '')}" if r.get("tokens_checked") else ""
         print(f"{r['model']:<14} {r['dtype']:<5} {r['system']:<20} {r.get('ttft_ms', ''):>9} "
               f"{r.get('ms_per_token', ''):>9} {match:>6}  {r.get('note', '')}")
+    with open(os.path.join(args.out, "generation-builds.json"), "w") as f:
+        json.dump(builds, f, indent=1, default=str)
     if profiles:
         with open(os.path.join(args.out, "generation-kernels.json"), "w") as f:
             json.dump(profiles, f, indent=1)

@@ -303,7 +303,12 @@ def _mark_kernels(timings: list[KernelTiming], assignment: dict[str, str]) -> No
 def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: dict) -> tuple[float, float]:
     """(ms the chosen mix saves over all-vendor, ms of all-vendor), summed over the operators the providers offer,
     from each chain's own measured times: all-vendor runs an operator on the first provider that offers it, the mix
-    on the provider ``chosen`` for one of its chains, or on TVM's kernel for the first provider's chain."""
+    on the provider ``chosen`` for one of its chains, or on TVM's kernel for the first provider's chain.
+
+    Both sides are timed over the same work: where the chosen chain takes more of the model than the first
+    provider's (a GEMV whose prologue computes the LayerNorm before it), all-vendor runs that part on TVM's kernels,
+    whose time is the difference of TVM's times for the two chains; and the other way round. This is the
+    comparison :func:`choose_providers` makes (each chain's saving against TVM's kernels for the same chain)."""
     by_chain = {(t.provider, t.signature): t for t in timings}
     gain = base = 0.0
     for offered in offers.values():
@@ -311,9 +316,12 @@ def predicted_gain(timings: list[KernelTiming], chosen: dict[str, str], offers: 
         if first is None:
             continue
         taken = [by_chain[o] for o in offered if o in by_chain and chosen.get(o[1]) == o[0]]
-        mix_ms = taken[0].vendor_ms if taken else first.tvm_ms
-        gain += first.vendor_ms - mix_ms
-        base += first.vendor_ms
+        mix = taken[0] if taken else None
+        work = max(first.tvm_ms, mix.tvm_ms) if mix else first.tvm_ms  # TVM's time for the larger chain
+        vendor_ms = first.vendor_ms + work - first.tvm_ms
+        mix_ms = mix.vendor_ms + work - mix.tvm_ms if mix else first.tvm_ms
+        gain += vendor_ms - mix_ms
+        base += vendor_ms
     return gain, base
 
 

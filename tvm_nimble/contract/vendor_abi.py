@@ -79,7 +79,10 @@ GEMM = VendorLibrary("gemm", kernels=(GEMM_MATMUL, GEMM_MATMUL_ADD),
 # ---- our GEMV for a decode step's few rows (codegen/vendor/gemv.cu) ---------------------------------------
 GEMV_MATMUL = "nimble.gemv.matmul"
 GEMV_MATMUL_ADD = "nimble.gemv.matmul_add"
-GEMV = VendorLibrary("gemv", kernels=(GEMV_MATMUL, GEMV_MATMUL_ADD))
+GEMV_NORM_MATMUL = "nimble.gemv.norm_matmul"
+GEMV_NORM_MATMUL_ADD = "nimble.gemv.norm_matmul_add"
+GEMV = VendorLibrary("gemv", kernels=(GEMV_MATMUL, GEMV_MATMUL_ADD, GEMV_NORM_MATMUL,
+                                     GEMV_NORM_MATMUL_ADD))
 
 # ---- fused attention (codegen/vendor/attention*.cu, cudnn_attention.cpp) ----------------------------------
 ATTENTION_SDPA = "nimble.attention.sdpa"

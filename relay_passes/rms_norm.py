@@ -12,7 +12,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, wildcard
+
+from .light_rewrite import rewrite_call_light
 
 
 def _either(op: str, a, b):
@@ -68,7 +70,7 @@ class FuseRmsNorm:
         self.pattern, self.rewrite = pattern, _rewriter(parts)
 
     def transform_function(self, func, _mod, _ctx):
-        new = rewrite_call(self.pattern, self.rewrite, func)
+        new = rewrite_call_light(self.pattern, self.rewrite, func)
         return func if new.same_as(func) else relax.analysis.remove_all_unused(new)
 
 

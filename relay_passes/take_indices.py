@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from .light_rewrite import rewrite_call_light
 
 _TAKE = is_op("relax.take")(wildcard(), wildcard())
 
@@ -28,7 +30,7 @@ class ClipTakeIndices:
     """Each fast-mode take of every Relax function as a clipping one."""
 
     def transform_function(self, func, _mod, _ctx):
-        return rewrite_call(_TAKE, _clipped, func)
+        return rewrite_call_light(_TAKE, _clipped, func)
 
 
 def clip_take_indices(mod: tvm.IRModule) -> tvm.IRModule:

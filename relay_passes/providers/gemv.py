@@ -7,10 +7,10 @@ the chains of cuBLASLt's Linear (:func:`.cublaslt.linear_of`: the residual may b
 writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` (only when named) takes
 the same chain with the norm before it -- a float32 LayerNorm or RMSNorm over the last axis cast to the 16-bit dtype,
 what the precision policy makes of a decoder layer's norm before its projections -- into the kernel's prologue
-(``norm_matmul``: one kernel fewer a norm). The weights are stored [N, K] (transposed
-here, once, when the model has them [K, N]), so that each output column is one contiguous row. fp16 and bf16 only
-(at M = 1 a 16-bit GEMM is its weight read); K a multiple of 8 (16-byte loads). Registered after cuBLASLt, so
-``kernels="vendor"`` keeps cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt and TVM.
+(``norm_matmul``: one kernel fewer a norm; one row). The weights are stored [N, K] (transposed here, once, when the
+model has them [K, N]), so that each output column is one contiguous row. fp16 and bf16 only (at M = 1 a 16-bit GEMM
+is its weight read); K a multiple of 8 (16-byte loads). Registered after cuBLASLt, so ``kernels="vendor"`` keeps
+cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt and TVM.
 """
 from __future__ import annotations
 
@@ -42,14 +42,14 @@ def _norm_before(chains, x, dtype: str, k: int):
     """``(removed vars, the norm's input, gamma, beta, norm code, eps)`` when the Linear's input ``x`` is
     ``[reshape of rows](astype(dtype)(norm(src)))``, the norm a float32 LayerNorm (scale and centre) or RMSNorm over the
     last axis with constant parameters and ``src`` float32 or ``dtype`` (or a float32 cast of a ``dtype`` tensor, whose
-    cast the call then takes too), every step read only on the way here; else
-    None. A walk back through the bindings, not a DPL pattern: the offload removes the steps' vars, which a pattern's
-    match (the values behind them) does not name."""
+    cast the call then takes too), every step read only on the way here; else None. A walk back through the bindings,
+    not a DPL pattern: the offload removes the steps' vars, which a pattern's match (the values behind them) does not
+    name."""
     removed = []
 
     def step(var, op):
         value = chains.value.get(var) if isinstance(var, relax.Var) else None
-        if (operator_of(value) not in op or not chains.single_use(var) or var in chains.claimed):
+        if operator_of(value) not in op or not chains.single_use(var) or var in chains.claimed:
             return None
         removed.append(var)
         return value

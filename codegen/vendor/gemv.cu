@@ -42,7 +42,7 @@ constexpr const char* kGemvAdd = "nimble.gemv.matmul_add";
 constexpr const char* kNormGemv = "nimble.gemv.norm_matmul";
 constexpr const char* kNormGemvAdd = "nimble.gemv.norm_matmul_add";
 constexpr int kGemvWarps = 8, kGemvThreads = kGemvWarps * 32, kGemvMaxRows = 4, kGemvUnroll = 4;
-constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // the normalized rows: shared memory
+constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // the normalized row: shared memory
 enum NormKind : int { kNoNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
 
 // The norm of the prologue (norm_matmul): x float32 (x_f32) or w's dtype; gamma and beta float32
@@ -76,35 +76,32 @@ __device__ __forceinline__ float BlockSum(float v, float* red) {
   return total;
 }
 
-// Rows m of x normalized into xs[m * K ..] (rounded to T, as the unfused norm's output is), M rows
-template <typename T, int M>
-__device__ __forceinline__ void NormRows(const GemvNorm& n, int K, T* xs) {
+// x's one row normalized into xs[0 .. K) (rounded to T, as the unfused norm's output is)
+template <typename T>
+__device__ __forceinline__ void NormRow(const GemvNorm& n, int K, T* xs) {
   __shared__ float red[2][kGemvWarps];
-  for (int m = 0; m < M; ++m) {
-    float v[kNormPerThread], sum = 0.0f;
+  float v[kNormPerThread], sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i) {
-      const int c = threadIdx.x + i * kGemvThreads;
-      const int64_t at = int64_t(m) * K + c;
-      v[i] = c >= K ? 0.0f : n.x_f32 ? static_cast<const float*>(n.x)[at] : ToF(static_cast<const T*>(n.x)[at]);
-      sum += v[i];
-    }
-    // LayerNorm: the centred sum of squares, as PyTorch's kernel computes it (no cancellation); RMSNorm: mean 0
-    const float mean = n.kind == kLayerNorm ? BlockSum(sum, red[0]) / float(K) : 0.0f;
-    float sq = 0.0f;
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int c = threadIdx.x + i * kGemvThreads;
+    v[i] = c >= K ? 0.0f : n.x_f32 ? static_cast<const float*>(n.x)[c] : ToF(static_cast<const T*>(n.x)[c]);
+    sum += v[i];
+  }
+  // LayerNorm: the centred sum of squares, as PyTorch's kernel computes it (no cancellation); RMSNorm: mean 0
+  const float mean = n.kind == kLayerNorm ? BlockSum(sum, red[0]) / float(K) : 0.0f;
+  float sq = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i) {
-      const float d = threadIdx.x + i * kGemvThreads < K ? v[i] - mean : 0.0f;
-      sq += d * d;
-    }
-    const float rstd = rsqrtf(BlockSum(sq, red[1]) / float(K) + n.eps);
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const float d = threadIdx.x + i * kGemvThreads < K ? v[i] - mean : 0.0f;
+    sq += d * d;
+  }
+  const float rstd = rsqrtf(BlockSum(sq, red[1]) / float(K) + n.eps);
 #pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i) {
-      const int c = threadIdx.x + i * kGemvThreads;
-      if (c < K) {
-        const float b = n.kind == kLayerNorm ? n.beta[c] : 0.0f;
-        xs[m * K + c] = FromF<T>((v[i] - mean) * rstd * n.gamma[c] + b);
-      }
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int c = threadIdx.x + i * kGemvThreads;
+    if (c < K) {
+      const float b = n.kind == kLayerNorm ? n.beta[c] : 0.0f;
+      xs[c] = FromF<T>((v[i] - mean) * rstd * n.gamma[c] + b);
     }
   }
   __syncthreads();
@@ -115,7 +112,8 @@ template <typename T, typename O, int M, int S, bool kNorm>
 __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
   constexpr int kCols = kGemvWarps / S;
   __shared__ float partial[kGemvWarps][M];
-  __shared__ __align__(16) T xs[kNorm ? M * kNormMaxK : 8];
+  static_assert(!kNorm || M == 1, "the norm's prologue takes one row");
+  __shared__ __align__(16) T xs[kNorm ? kNormMaxK : 8];
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const int N = p.N, K = p.K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -136,7 +134,7 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
   }
   GridLaunchDependents();
   GridDependencyWait();  // a, x and z are the kernels' before this one; y may be a buffer they still read
-  if constexpr (kNorm) NormRows<T, M>(p.norm, K, xs);
+  if constexpr (kNorm) NormRow<T>(p.norm, K, xs);
   const uint4* a = reinterpret_cast<const uint4*>(kNorm ? static_cast<const void*>(xs) : p.a);
   for (int v = first; v < vecs; v += kGemvUnroll * step) {
     uint4 cur[kGemvUnroll];

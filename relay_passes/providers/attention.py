@@ -27,7 +27,6 @@ this walk. Its constants (scales, take indices) are read through :meth:`.chains.
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +34,7 @@ from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
-from .chains import const_value, dtype_of, ints, known_shape, operator_of, other_operand
+from .chains import const_value, dtype_of, float32_bits, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
 SDPA = vendor_abi.ATTENTION_SDPA
@@ -434,7 +433,7 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
             raise _NotTaken(f"a mask of shape {list(ms)} does not broadcast to {[B, H, Sq, Sk]}")
         m_strides = [s if m != 1 else 0 for m, s in zip(aligned, _contiguous(aligned))]
         args.append(bias)
-    scale_bits = struct.unpack("<I", struct.pack("<f", scale))[0]
+    scale_bits = float32_bits(scale)
     # the KV head of query head h is h // group, written only where it is over 1 (codegen/vendor/sdpa_args.h: 26
     # attrs, or 27 with the group; plans without it stay as they were)
     attrs = [B, H, Sq, Sk, D, Dv, qo, qst[0], qst[1], qst[2], ko, kst[0], kst[1], kst[2],

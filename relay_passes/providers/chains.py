@@ -14,6 +14,7 @@ operands, never from a value to its users, so that walk to the next binding stay
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +71,11 @@ def other_operand(call, produced):
     """The operand of the binary ``call`` that is not ``produced`` (None when neither is)."""
     a, b = call.args
     return b if a.same_as(produced) else a if b.same_as(produced) else None
+
+
+def float32_bits(value: float) -> int:
+    """``value`` as a float32's bits (an int attribute: a vendor call's ``attrs`` hold integers only)."""
+    return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
 def ints(arr) -> list[int]:

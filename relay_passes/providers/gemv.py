@@ -14,15 +14,13 @@ cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt 
 """
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import REDUCED_DTYPES, compute_dtype
-from .chains import dtype_of, ints, known_shape, operator_of
+from .chains import dtype_of, float32_bits, ints, known_shape, operator_of
 from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
@@ -83,7 +81,7 @@ def _norm_before(chains, x, dtype: str, k: int):
         return None
     if gamma is None or beta is None or gamma.shape != (k,) or beta.shape != (k,):
         return None
-    eps = struct.unpack("<I", struct.pack("<f", float(attrs.epsilon)))[0]
+    eps = float32_bits(float(attrs.epsilon))
     return removed, src, gamma.astype("float32"), beta.astype("float32"), code, eps
 
 
@@ -139,7 +137,8 @@ PROVIDER = register(Provider(
     matchers={"relax.matmul": gemv_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))
 
 #: Not used unless named (``providers=(..., "gemv_norm")``): inside GPT-2's decode step on the H200 the prologue cost
-#: more than the LayerNorm kernel it saves (benchmarks/findings.md, 'A decode step's norms in the GEMV').
+#: more than the LayerNorm kernel it saves where its grid is several waves (benchmarks/findings.md, 'Programmatic
+#: dependent launch for our decode kernels; a decode step's norm in the GEMV's prologue').
 NORM_PROVIDER = register(Provider(
     name="gemv_norm", title="GEMV with its LayerNorm/RMSNorm prologue (ours)",
     kernel_prefix=vendor_abi.family(NORM_MATMUL, NORM_MATMUL_ADD),

@@ -14,14 +14,12 @@ unmeasured by ``kernels="vendor"``.
 """
 from __future__ import annotations
 
-import struct
-
 from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import DTYPES, REDUCED_DTYPES
-from .chains import dtype_of, ints, known_shape, operator_of
+from .chains import dtype_of, float32_bits, ints, known_shape, operator_of
 from .registry import Provider, register
 
 LAYER_NORM = vendor_abi.NORM_LAYER_NORM
@@ -61,7 +59,7 @@ def layer_norm_chain(ctx, chains, var, call):
     if src is not None and operator_of(val) == "relax.astype" and dtype_of(nxt) == dtype_of(src):
         # the policy's float32 LayerNorm of a 16-bit tensor: 16-bit in and out, float32 inside the kernel
         removed, last, x, out_dtype = [data, var], nxt, src, dtype_of(src)
-    eps = struct.unpack("<I", struct.pack("<f", float(attrs.epsilon)))[0]
+    eps = float32_bits(float(attrs.epsilon))
     args = [x, relax.const(g.astype(dtype)), relax.const(b.astype(dtype)), relax.ShapeExpr([eps])]
     return removed, last, (ctx.call(LAYER_NORM, args, shape, out_dtype, workspace_bytes=1), None)
 

@@ -7,6 +7,7 @@ import tvm
 from tvm import relax
 
 from .cuda_compile import fatbin_compilation
+from .dependent_launch import tvm_kernels_wait
 
 
 def kernel_module(mod: tvm.IRModule) -> tvm.IRModule:
@@ -16,7 +17,8 @@ def kernel_module(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def build_kernels(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
-    """Build every PrimFunc; on CUDA the device code is a fatbin for the target's arch."""
-    ctx = fatbin_compilation(target) if target.kind.name == "cuda" else contextlib.nullcontext()
-    with ctx:
+    """Build every PrimFunc; on CUDA the device code is a fatbin for the target's arch, and on sm_90+ every kernel
+    begins by waiting for the kernels it depends on (``dependent_launch``: the plan's ``dependent_launch``)."""
+    cuda = target.kind.name == "cuda"
+    with fatbin_compilation(target) if cuda else contextlib.nullcontext(), tvm_kernels_wait(target):
         return tvm.tirx.build(kernel_module(mod), target=target)

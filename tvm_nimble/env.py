@@ -18,6 +18,9 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
 ``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
 ``NIMBLE_STOCK_REDUCTION_SCHEDULES``  ``1``: TVM's own reduction schedules instead of ours (an experiment;
                                    measured apart in the timing cache)
+``NIMBLE_PDL``                     ``0``: no programmatic dependent launch on sm_90+ (neither our vendor kernels' launch
+                                   attribute nor the CUDA graph's programmatic edges into TVM's kernels); the A/B
+                                   switch of the decode benchmarks
 ``CUDNN_FRONTEND_INCLUDE``         a directory holding ``cudnn_frontend.h``, looked in first
 ``CUDA_HOME`` / ``CUDA_PATH``      where nvcc is looked for after ``$PATH``
 =================================  =====================================================================
@@ -35,6 +38,7 @@ VENDOR_OPT_LEVEL = "TVM_NIMBLE_VENDOR_OPT_LEVEL"
 VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
 STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
+PDL = "NIMBLE_PDL"
 CUDNN_FRONTEND_INCLUDE = "CUDNN_FRONTEND_INCLUDE"
 
 
@@ -81,6 +85,12 @@ def vendor_opt_level() -> int:
 def stock_reductions() -> bool:
     """Whether the experiment switch for TVM's own reduction schedules is on."""
     return bool(os.environ.get(STOCK_REDUCTIONS))
+
+
+def dependent_launch() -> bool:
+    """Whether programmatic dependent launch is wanted (``NIMBLE_PDL`` is not ``0``; the vendor extension reads the
+    same variable)."""
+    return os.environ.get(PDL, "1") != "0"
 
 
 def cuda_homes() -> list[str]:

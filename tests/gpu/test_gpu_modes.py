@@ -153,3 +153,30 @@ def test_a_reduced_precision_build_on_the_gpu_reports_its_error(gpu_arch, precis
     ref = ReferenceEvaluator(model).run(None, inputs)[0]
     out = NimbleExecutor(result)(**inputs)[0].numpy()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < bound
+
+
+def test_tvm_kernels_are_programmatic_dependents_in_the_graph(gpu_arch, monkeypatch):
+    """On sm_90+ the graph's edges into TVM's kernels are programmatic (the kernels begin with the wait), on several
+    streams too, and the outputs stay the ONNX reference's replay after replay; NIMBLE_PDL=0 leaves every edge a
+    full dependency with the same outputs."""
+    if int(gpu_arch[3:5]) < 90:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    from tvm_nimble import NimbleExecutor, build, zoo
+    from tvm_nimble.runtime.cuda_graph import programmatic_edges
+
+    model = zoo.get_model("inception")
+    inputs = zoo.random_inputs(model, seed=0)
+    reference = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, inputs)]
+    module = build(model, {"kind": "cuda", "arch": gpu_arch}, kernels="tvm", max_streams=None)
+    assert module.plan.dependent_launch and module.plan.num_streams > 1
+    edges = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv("NIMBLE_PDL", pdl)
+        with NimbleExecutor(module, mode="cuda-graph") as ex:
+            for k in range(3):
+                x = {n: (v * (1 + 0.5 * k)).astype(v.dtype) for n, v in inputs.items()}
+                want = [np.asarray(r) for r in ReferenceEvaluator(model).run(None, x)] if k else reference
+                for o, r in zip(ex(**x), want):
+                    np.testing.assert_allclose(o.numpy(), r, rtol=1e-3, atol=1e-3)
+            edges[pdl] = programmatic_edges(ex._graphs[0].graph)
+    assert edges["0"] == 0 < edges["1"]

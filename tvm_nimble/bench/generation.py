@@ -50,6 +50,9 @@ def _args(argv):
     ap.add_argument("--target", choices=["cuda", "llvm"], help="default: cuda when a GPU is present")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="GPU: also profile N more tokens per system, device time per token by kernel (default off)")
+    ap.add_argument("--providers", type=lambda text: tuple(n for n in text.split(",") if n), metavar="NAME,...",
+                    help="the kernel providers besides TVM the builds may use (default: the registry's; the names: "
+                         "tvm-nimble compile --help)")
     return ap.parse_args(argv)
 
 
@@ -137,7 +140,8 @@ def main(argv=None) -> int:
     dev = "cuda" if gpu else "cpu"
     if args.kernels is None:
         args.kernels = "vendor" if gpu else "tvm"
-    BuildOptions.create(target, kernels=args.kernels)  # its one line (e.g. vendor kernels on the CPU) before any work
+    named = {"providers": args.providers} if args.providers else {}
+    BuildOptions.create(target, kernels=args.kernels, **named)  # its one line (e.g. vendor kernels on the CPU) first
     skip = {s for s in args.skip.split(",") if s}
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "generation.csv")
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             module = tvm_nimble.build_generator(onnx_model, target, precision=precision, kernels=args.kernels,
                                                 max_length=args.prompt + args.new_tokens,
-                                                prefill_lengths=(args.prompt,))
+                                                prefill_lengths=(args.prompt,), **named)
             build_s = time.perf_counter() - start
             builds[f"{label}/{precision}"] = {
                 step: {k: v for k, v in info.items() if k.startswith("kernel_choice")}
@@ -188,7 +192,8 @@ def main(argv=None) -> int:
                         profiles[f"{label}/{precision}/{name}"] = kernels_per_token(t.run, args.profile)
             reference = peers["hf-eager"].tokens if "hf-eager" in peers else None
             n = min(args.check_tokens, args.new_tokens)
-            systems = [("nimble", tokens, ttft, per_token, f"{build_s:.1f}", "")]
+            providers = f"providers {','.join(args.providers)}" if args.providers else ""
+            systems = [("nimble", tokens, ttft, per_token, f"{build_s:.1f}", providers)]
             systems += [(name, t.tokens, t.ttft_ms, t.ms_per_token, "", t.note) for name, t in peers.items()]
             for name, toks, t_ms, pt_ms, b_s, note in systems:
                 left = generate_peers.divergence(model, prompt, reference[:n], toks[:n], dev, dtype) \

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 
+from tvm_nimble.codegen import dependent_launch
 from tvm_nimble.codegen.kernels import build_kernels
 from tvm_nimble.codegen.lower_plan import build_plan
 from tvm_nimble.relay_passes.annotate import annotate_function
@@ -238,6 +239,8 @@ def build_fixed(mod: tvm.IRModule, options: BuildOptions, session=None, final: b
         # the kernels do not depend on the schedule: the cached library is the one this module's would be
         library = hit.library if hit else generate_kernels(annotated, t) if options.compile_kernels else None
         stored = cache is not None and hit is None and library is not None and cache.store(key, lowered, library)
+    # its TVM kernels wait for the ones before them (generate_kernels: on sm_90+), so the graph may overlap them
+    plan.dependent_launch = library is not None and dependent_launch.supported(t)
     attrs = lowered["main"].attrs
     report = BuildReport.of_build(
         options, int(attrs.get(ATTR_CONCATS_IN_PLACE, 0)) if options.concat_in_place else 0,

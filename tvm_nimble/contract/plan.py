@@ -106,6 +106,10 @@ class Plan:
     stream_priority: list = field(default_factory=list)
     #: the state tensors (kind ``state``), in the order of the function's parameters
     states: list = field(default_factory=list)
+    #: whether the plan's TVM kernels (every launch but the vendor calls) begin by waiting for the kernels they
+    #: depend on (``griddepcontrol.wait``: built so for sm_90+, ``codegen.dependent_launch``): a CUDA graph of the
+    #: plan may then launch each of them as a programmatic dependent of the kernel before it
+    dependent_launch: bool = False
     version: int = PLAN_VERSION
 
     # ---- queries -----------------------------------------------------------------------
@@ -125,6 +129,14 @@ class Plan:
     @property
     def uses_vendor_kernels(self) -> bool:
         return bool(self.vendor_kernels)
+
+    @property
+    def dependent_launches(self) -> set[int]:
+        """The launches a CUDA graph may make programmatic dependents of the kernels before them: with
+        ``dependent_launch``, every TVM kernel (a vendor call launches its own kernels, ours with the attribute)."""
+        if not self.dependent_launch:
+            return set()
+        return {l.idx for l in self.launches if not l.kernel.startswith(VENDOR_PREFIXES)}
 
     def stream_launches(self, stream: int) -> list[Launch]:
         return [l for l in self.launches if l.stream == stream]
@@ -154,6 +166,8 @@ class Plan:
         d = asdict(self)
         if not self.states:  # a stateless plan's JSON is what it was before states existed
             del d["states"]
+        if not self.dependent_launch:  # likewise
+            del d["dependent_launch"]
         d["format"] = PLAN_FORMAT
         return d
 
@@ -191,6 +205,7 @@ class Plan:
                 index_bounds={str(k): _int(v) for k, v in data.get("index_bounds", {}).items()},
                 stream_priority=[_int(p) for p in data.get("stream_priority", [])],
                 states=[_int(i) for i in data.get("states", [])],
+                dependent_launch=bool(data.get("dependent_launch", False)),
             )
         except (KeyError, TypeError) as err:
             raise PlanError(f"plan JSON is missing or has a malformed field ({err}); rebuild the artifact") from None

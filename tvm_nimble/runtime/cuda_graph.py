@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+from tvm_nimble import env
 from tvm_nimble.errors import NimbleError
 
 
@@ -98,13 +99,16 @@ class CudaStreamOps:
     per launch) each launch is bracketed for profiling; ``in_capture`` says the sequence is being
     captured into a graph (timing records then become event-record nodes of the graph)."""
 
-    def __init__(self, device, streams: StreamSet, events, timing_events=None, in_capture: bool = False):
+    def __init__(self, device, streams: StreamSet, events, timing_events=None, in_capture: bool = False,
+                 dependent=()):
         import tvm_ffi
 
         rt = cuda_runtime()
         self._wait, self._record, self._use_stream = rt.cudaStreamWaitEvent, rt.cudaEventRecord, tvm_ffi.use_raw_stream
         self.device, self.streams, self.events = device, streams, events
         self.timing_events, self.in_capture = timing_events, in_capture
+        #: launches captured as programmatic dependents (``Plan.dependent_launches``), unless NIMBLE_PDL=0
+        self.dependent = frozenset(dependent) if env.dependent_launch() else frozenset()
 
     def wait(self, stream: int, event: int, what: str) -> None:
         check(self._wait(self.streams.streams[stream], self.events[event], 0), what)
@@ -117,10 +121,32 @@ class CudaStreamOps:
         cuda_stream = self.streams.streams[stream]
         if self.timing_events is not None:
             record_timing(self.timing_events[index][0], cuda_stream, self.in_capture)
+        elif self.in_capture and index in self.dependent:
+            programmatic_dependencies(cuda_stream)
         with self._use_stream(self.device, self.streams.handle(stream)):
             func(*args)
         if self.timing_events is not None:
             record_timing(self.timing_events[index][1], cuda_stream, self.in_capture)
+
+
+def programmatic_dependencies(stream) -> None:
+    """Make the edge into the next node captured on ``stream`` programmatic where it has one dependency and that is a
+    kernel node: that kernel (one that begins with ``griddepcontrol.wait``) may then start while the one before it
+    runs, as soon as it lets it (``griddepcontrol.launch_dependents``, or its end). A join of several dependencies
+    and an edge from a copy or memset stay full dependencies."""
+    rt = cuda_runtime()
+    status, _id, _graph, deps, _data, count = check(rt.cudaStreamGetCaptureInfo(stream), "cudaStreamGetCaptureInfo")
+    if status != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive or count != 1:
+        return
+    node = deps[0]
+    if check(rt.cudaGraphNodeGetType(node), "cudaGraphNodeGetType") != rt.cudaGraphNodeType.cudaGraphNodeTypeKernel:
+        return
+    edge = rt.cudaGraphEdgeData()
+    edge.from_port = rt.cudaGraphKernelNodePortProgrammatic
+    edge.type = rt.cudaGraphDependencyType.cudaGraphDependencyTypeProgrammatic
+    check(rt.cudaStreamUpdateCaptureDependencies(stream, [node], [edge], 1,
+                                                 rt.cudaStreamUpdateCaptureDependenciesFlags.cudaStreamSetCaptureDependencies),
+          "cudaStreamUpdateCaptureDependencies")
 
 
 def issue(ops, funcs, args, stream_ops) -> None:
@@ -182,3 +208,14 @@ def synchronize(streams: StreamSet) -> None:
 
 def elapsed_ms(start, end) -> float:
     return check(cuda_runtime().cudaEventElapsedTime(start, end), "cudaEventElapsedTime")
+
+
+def programmatic_edges(graph) -> int:
+    """How many of ``graph``'s edges are programmatic dependencies (see :func:`programmatic_dependencies`)."""
+    rt = cuda_runtime()
+    *_, count = check(rt.cudaGraphGetEdges(graph, 0), "cudaGraphGetEdges")
+    if not count:
+        return 0
+    _from, _to, data, count = check(rt.cudaGraphGetEdges(graph, count), "cudaGraphGetEdges")
+    programmatic = int(rt.cudaGraphDependencyType.cudaGraphDependencyTypeProgrammatic)
+    return sum(1 for e in data[:count] if int(e.type) == programmatic)

@@ -128,7 +128,7 @@ class Executor(ChecksInputs):
         self._issue()
         cg.synchronize(self._streams)
         if self.mode != "streams":
-            self._graphs = [cg.CapturedGraph(lambda p=p: self._issue(parity=p), self._streams)
+            self._graphs = [cg.CapturedGraph(lambda p=p: self._issue(parity=p, in_capture=True), self._streams)
                             for p in range(len(self._arg_sets))]
             if len(self._graphs) == 1:  # (not with carried state: a launch would advance it)
                 # launched once now: a graph's first launch uploads it to the device (milliseconds for a
@@ -140,8 +140,11 @@ class Executor(ChecksInputs):
         from . import cuda_graph as cg
 
         args = self._arg_sets[self._parity if parity is None else parity]
-        stream_ops = self._stream_ops if timing_events is None else cg.CudaStreamOps(
-            self.device, self._streams, self._events, timing_events, in_capture)
+        if timing_events is None and not in_capture:
+            stream_ops = self._stream_ops
+        else:  # a capture's TVM kernels are made programmatic dependents where the plan allows it
+            stream_ops = cg.CudaStreamOps(self.device, self._streams, self._events, timing_events, in_capture,
+                                          dependent=self.plan.dependent_launches)
         cg.issue(self._ops, self._funcs, args, stream_ops)
 
     # ---- graph-executor API ------------------------------------------------------------------

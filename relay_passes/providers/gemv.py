@@ -136,10 +136,10 @@ PROVIDER = register(Provider(
     name="gemv", title="GEMV (ours: a decode step's few rows)", kernel_prefix=vendor_abi.GEMV.prefix,
     matchers={"relax.matmul": gemv_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))
 
-#: Not used unless named (``providers=(..., "gemv_norm")``): inside GPT-2's decode step on the H200 the prologue cost
-#: more than the LayerNorm kernel it saves where its grid is several waves (benchmarks/findings.md, 'Programmatic
-#: dependent launch for our decode kernels; a decode step's norm in the GEMV's prologue').
+#: A candidate of the kernel choice like every provider: where its grid is several waves (an LM head, Qwen's gate/up)
+#: the prologue costs more than the norm kernel it saves, and the choice measures that and keeps the plain GEMV there
+#: (benchmarks/findings.md, 'The norm in the GEMV's prologue by default').
 NORM_PROVIDER = register(Provider(
     name="gemv_norm", title="GEMV with its LayerNorm/RMSNorm prologue (ours)",
     kernel_prefix=vendor_abi.family(NORM_MATMUL, NORM_MATMUL_ADD),
-    matchers={"relax.matmul": gemv_norm_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",), by_default=False))
+    matchers={"relax.matmul": gemv_norm_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))

@@ -41,7 +41,7 @@ PRIORITY = (
     "cublaslt",  # GEMMs
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
     "gemv",  # our 16-bit GEMV for a decode step's few rows (after cuBLASLt: "vendor" keeps cuBLASLt)
-    "gemv_norm",  # the same with the LayerNorm/RMSNorm before it in its prologue (only when named)
+    "gemv_norm",  # the same with the LayerNorm/RMSNorm before it in its prologue (one row)
     "layer_norm",  # LayerNorm
 )
 

@@ -9,6 +9,9 @@ difference is the edges into TVM's kernels alone. The two runs' tokens must be e
 
 Writes ``pdl_edges.json`` into ``--out`` and prints a short table last; exits 1 when the tokens differ.
 
+Findings: benchmarks/findings.md, 'The norm in the GEMV's prologue by default; programmatic edges into TVM's kernels
+measured neutral'. Raw outputs: benchmarks/raw/2026-11-29-h200-s35/ (call17-f-*).
+
     bash scripts/gpu_session.sh "experiment pdl_edges 300 --models hf:gpt2 --precision fp16 --kernels best"
 """
 from __future__ import annotations

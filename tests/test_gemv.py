@@ -137,3 +137,66 @@ def test_a_norm_read_elsewhere_stays_its_own_kernel(vendor_reference):
     assert found.signature.split(" -> ")[1].startswith(gemv.MATMUL_ADD + "(")
     inputs = [RNG.standard_normal((1, 1, K)).astype("float32"), RNG.standard_normal((1, 1, N)).astype("float32")]
     _same_as_stock(func, inputs, 2e-2, providers=[gemv.PROVIDER, gemv.NORM_PROVIDER])
+
+
+I = N // 2  # the gated MLP's width: W_GU's N columns are gate (first half) then up
+W_GU = (0.25 * W_KN).astype("float32")  # small enough that the 16-bit products keep a few units' magnitude
+
+
+def _gated_mlp(dtype: str = "float16", norm: bool = True, rows: int = 1, order: str = "gate-first",
+               gate_read_elsewhere: bool = False):
+    """Llama's / Qwen's MLP up to its down projection as a merged build leaves it (tests/test_merge_siblings): r [1, rows,
+    K] float32 -> [RMSNorm -> astype] -> matmul with the merged gate/up W [K, 2I] -> split in two halves -> g *
+    sigmoid(g) * u (``order``: which operand comes first in each product) -> matmul with the down projection."""
+    op = relax.op
+    gamma = (1.0 + 0.1 * RNG.standard_normal(K)).astype("float32")
+    down = (0.25 * RNG.standard_normal((I, K))).astype(dtype)
+
+    def body(emit, r, r2):
+        x = emit(op.astype(emit(op.nn.rms_norm(r, relax.const(gamma), axes=[-1], epsilon=1e-6)), dtype)) if norm \
+            else emit(op.astype(r, dtype))
+        merged = emit(op.matmul(x, relax.const(W_GU.astype(dtype))))
+        halves = emit(op.split(merged, [I], axis=-1))
+        g, u = emit(relax.TupleGetItem(halves, 0)), emit(relax.TupleGetItem(halves, 1))
+        s = emit(op.sigmoid(g))
+        silu = emit(op.multiply(g, s) if order == "gate-first" else op.multiply(s, g))
+        h = emit(op.multiply(silu, u) if order == "gate-first" else op.multiply(u, silu))
+        out = emit(op.matmul(h, relax.const(down)))
+        return relax.Tuple([out, g]) if gate_read_elsewhere else out
+
+    return _function([("r", (1, rows, K), "float32"), ("r2", (1, rows, K), "float32")], body)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("order", ["gate-first", "gate-last"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_gated_mlps_projection_and_gate_are_one_gemv(norm, order, dtype, vendor_reference):
+    """``gemv_glu`` (named): the merged gate/up projection, its split and silu(gate) * up become one call of the gated
+    width (with the RMSNorm before it in the prologue), its weights' rows interleaved gate/up; the module computes
+    what stock TVM computes."""
+    func = _gated_mlp(dtype, norm=norm, order=order)
+    (found,) = find_offloads(func, providers=[gemv.GLU_PROVIDER])
+    name = found.signature.split(" -> ")[1]
+    assert name.startswith((gemv.NORM_GLU_MATMUL if norm else gemv.GLU_MATMUL) + "(")
+    ops = {b.value.op.name.split(".")[-1] for b in found.bindings if isinstance(b.value, relax.Call)}
+    assert {"matmul", "split", "sigmoid", "multiply"} <= ops and (("rms_norm" in ops) == norm)
+    call = found.value[0]
+    assert tuple(int(d) for d in call.ty_args[0].fields[0].shape) == (1, 1, I)
+    weight = call.args[1].fields[3 if norm else 1].value.numpy()
+    want = np.empty((N, K), dtype)
+    want[0::2], want[1::2] = W_GU.T[:I].astype(dtype), W_GU.T[I:].astype(dtype)  # row 2j gate j, row 2j + 1 up j
+    np.testing.assert_array_equal(weight, want)
+    inputs = [RNG.standard_normal((1, 1, K)).astype("float32"), RNG.standard_normal((1, 1, K)).astype("float32")]
+    _same_as_stock(func, inputs, 2e-2, providers=[gemv.GLU_PROVIDER])
+
+
+@pytest.mark.parametrize("case", ["gate read elsewhere", "two rows"])
+def test_what_the_gated_gemv_leaves_to_others(case):
+    """A gate the model also reads elsewhere, or more than one row (the kernel's gate takes one): not its chain."""
+    func = _gated_mlp(gate_read_elsewhere=case == "gate read elsewhere", rows=2 if case == "two rows" else 1)
+    assert find_offloads(func, providers=[gemv.GLU_PROVIDER]) == []
+
+
+def test_the_gated_gemv_is_used_only_when_named():
+    by_name = {p.name: p for p in registered()}
+    assert not by_name["gemv_glu"].by_default and by_name["gemv_norm"].by_default

@@ -179,13 +179,27 @@ def reference_functions():
                + bias.numpy().astype(np.float32)).reshape(y.shape)
         y.copyfrom(_act(out + (0 if z is None else z.numpy()), int(attrs[0])).astype(y.dtype))
 
-    def norm_gemv(x, gamma, beta, w, bias, attrs, y, ws, z=None):  # attrs = [activation, 1 layer / 2 RMS, eps bits]
+    def normed(x, gamma, beta, attrs, dtype):  # attrs[1:3] = [1 layer / 2 RMS, eps bits]; rounded as the norm's cast
         eps = float(np.array([int(attrs[2])], np.uint32).view(np.float32)[0])
         xv = x.numpy().astype(np.float64)
         mean = xv.mean(-1, keepdims=True) if int(attrs[1]) == 1 else 0.0
         var = ((xv - mean) ** 2).mean(-1, keepdims=True)
-        normed = (xv - mean) / np.sqrt(var + eps) * gamma.numpy() + (beta.numpy() if int(attrs[1]) == 1 else 0.0)
-        gemv(normed.astype(w.numpy().dtype), w, bias, attrs[:1], y, ws, z)  # rounded as the norm's cast rounds
+        return ((xv - mean) / np.sqrt(var + eps) * gamma.numpy() + (beta.numpy() if int(attrs[1]) == 1 else 0.0)
+                ).astype(dtype)
+
+    def norm_gemv(x, gamma, beta, w, bias, attrs, y, ws, z=None):  # attrs = [activation, 1 layer / 2 RMS, eps bits]
+        gemv(normed(x, gamma, beta, attrs, w.numpy().dtype), w, bias, attrs[:1], y, ws, z)
+
+    def glu_gemv(a, w, bias, attrs, y, ws):  # w [2I, K], rows (gate j, up j); y = silu(gate) * up, each op rounded
+        assert int(attrs[0]) == gemv_provider.GLU_SILU
+        a = a if isinstance(a, np.ndarray) else a.numpy()
+        h = (a.astype(np.float32) @ w.numpy().astype(np.float32).T + bias.numpy().astype(np.float32)).astype(y.dtype)
+        g, u = h[..., 0::2].astype(np.float32), h[..., 1::2].astype(np.float32)
+        sig = (1 / (1 + np.exp(-g))).astype(y.dtype).astype(np.float32)
+        y.copyfrom(((g * sig).astype(y.dtype).astype(np.float32) * u).astype(y.dtype).reshape(y.shape))
+
+    def norm_glu_gemv(x, gamma, beta, w, bias, attrs, y, ws):  # attrs = [glu, 1 layer / 2 RMS, eps bits]
+        glu_gemv(normed(x, gamma, beta, attrs, w.numpy().dtype), w, bias, attrs[:1], y, ws)
 
     def batched_matmul(a, b, attrs, y, ws):
         bm = np.swapaxes(b.numpy(), -1, -2) if int(attrs[0]) else b.numpy()
@@ -227,6 +241,7 @@ def reference_functions():
              gemv_provider.NORM_MATMUL: norm_gemv,
              gemv_provider.NORM_MATMUL_ADD: lambda x, g, b, w, bias, z, attrs, y, ws: norm_gemv(x, g, b, w, bias, attrs,
                                                                                                 y, ws, z),
+             gemv_provider.GLU_MATMUL: glu_gemv, gemv_provider.NORM_GLU_MATMUL: norm_glu_gemv,
              cudnn_graph.CONV2D: conv,
              cudnn_graph.CONV2D_ADD: conv_add}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}

@@ -14,6 +14,13 @@
 //       norm (1 layer, 2 RMS), eps (float32 bits)]. A decoder layer's norm before its projection, in the GEMV's
 //       prologue: each block normalizes the row itself (x is a few KB, read from L2) into shared memory -- one kernel
 //       fewer a norm.
+//   nimble.gemv.glu_matmul(a, w, bias, attrs, y, workspace)
+//   nimble.gemv.glu_norm_matmul(x, gamma, beta, w, bias, attrs, y, workspace)
+//       a gated MLP's merged gate/up projection and its gate in one (one row): w [2I, K] holds the gate's and the up
+//       projection's rows interleaved (row 2j gate j, row 2j + 1 up j; bias likewise), y [..., 1, I] in w's dtype,
+//       y[j] = silu(g_j) * u_j with g and u (and silu's sigmoid and product) rounded to the dtype as the unfused
+//       16-bit operators round them; attrs = [glu (1: SiLU)] or, with the norm prologue, [glu, norm, eps bits].
+//       Llama's and Qwen's MLP up to its down projection: one kernel instead of the projection and the gate's.
 //
 // Why: at M = 1 a Linear is a matrix-vector product whose time is reading W. cuBLASLt's kernels for it (64x8
 // tiles, split-K with a second reduction kernel) ran GPT-2's decode GEMMs well under the memory's bandwidth
@@ -31,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 
@@ -44,6 +52,9 @@ constexpr const char* kNormGemvAdd = "nimble.gemv.norm_matmul_add";
 constexpr int kGemvWarps = 8, kGemvThreads = kGemvWarps * 32, kGemvMaxRows = 4, kGemvUnroll = 4;
 constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // the normalized row: shared memory
 enum NormKind : int { kNoNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
+enum GluKind : int { kNoGlu = 0, kSiluGlu = 1 };
+constexpr const char* kGluMatmul = "nimble.gemv.glu_matmul";
+constexpr const char* kNormGluMatmul = "nimble.gemv.glu_norm_matmul";
 
 // The norm of the prologue (norm_matmul): x float32 (x_f32) or w's dtype; gamma and beta float32
 struct GemvNorm {
@@ -62,6 +73,7 @@ struct GemvArgs {
   void* y;
   int N, K, act;
   GemvNorm norm;
+  int glu = kNoGlu;  // y has N / 2 columns: the gate of each pair of w's rows (see the header)
 };
 
 // The sum of `v` over the block; `red` holds kGemvWarps floats (each call its own, or a barrier between)
@@ -107,12 +119,15 @@ __device__ __forceinline__ void NormRow(const GemvNorm& n, int K, T* xs) {
   __syncthreads();
 }
 
-// grid.x: column groups of kGemvWarps / S columns; S warps of a block share a column, each a K slice.
-template <typename T, typename O, int M, int S, bool kNorm>
+// grid.x: column groups of kGemvWarps / S columns; S warps of a block share a column, each a K slice. kGlu: the block's
+// columns pair up (gate, up) in its epilogue, which writes one gated column a pair.
+template <typename T, typename O, int M, int S, bool kNorm, bool kGlu = false>
 __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
   constexpr int kCols = kGemvWarps / S;
   __shared__ float partial[kGemvWarps][M];
+  __shared__ float gated[kGlu ? kCols : 1];
   static_assert(!kNorm || M == 1, "the norm's prologue takes one row");
+  static_assert(!kGlu || (M == 1 && kCols % 2 == 0), "the gate takes one row and pairs of a block's columns");
   __shared__ __align__(16) T xs[kNorm ? kNormMaxK : 8];
   const T* __restrict__ w = static_cast<const T*>(p.w);
   const int N = p.N, K = p.K;
@@ -186,16 +201,30 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
     const int64_t at = int64_t(lane) * N + col;
     const O* z = static_cast<const O*>(p.z);
     const float before = sum + ToF(static_cast<const O*>(p.bias)[col]) + (z != nullptr ? ToF(z[at]) : 0.0f);
-    static_cast<O*>(p.y)[at] = FromF<O>(Activate(before, p.act));
+    if constexpr (kGlu) {
+      gated[warp / S] = ToF(FromF<O>(before));  // the projection's output, rounded as the model's is
+    } else {
+      static_cast<O*>(p.y)[at] = FromF<O>(Activate(before, p.act));
+    }
+  }
+  if constexpr (kGlu) {  // thread j of the block: its pair j, y[col / 2] = silu(gate) * up, rounded as the ops round
+    __syncthreads();
+    const int pair = threadIdx.x, first = blockIdx.x * kCols + 2 * pair;
+    if (pair < kCols / 2 && first + 1 < N) {
+      const float g = gated[2 * pair], u = gated[2 * pair + 1];
+      const float sig = ToF(FromF<O>(1.0f / (1.0f + expf(-g))));
+      const float silu = ToF(FromF<O>(g * sig));
+      static_cast<O*>(p.y)[first / 2] = FromF<O>(silu * u);
+    }
   }
 }
 
 // S: warps a column, the fewest whose grid reaches four warps a core's slot (kGemvWarps x SMs x 4), keeping at
 // least one 16-byte vector a lane of each slice
-int GemvSplits(int64_t N, int64_t K, int64_t sms) {
+int GemvSplits(int64_t N, int64_t K, int64_t sms, int most = kGemvWarps) {
   const int64_t want = sms * kGemvWarps * 4, vecs = K / 8;
   int s = 1;
-  while (s < kGemvWarps && N * s < want && vecs >= int64_t(2 * s) * 32) s *= 2;
+  while (s < most && N * s < want && vecs >= int64_t(2 * s) * 32) s *= 2;
   return s;
 }
 
@@ -204,7 +233,13 @@ cudaError_t LaunchGemvS(const GemvArgs& p, cudaStream_t stream) {
   constexpr int cols = kGemvWarps / S;
   KernelLaunch launch(dim3(unsigned((p.N + cols - 1) / cols)), dim3(kGemvThreads), stream);
   launch.Pdl();
-  if constexpr (M == 1) {  // the norm's prologue: one row (RunGemv refuses more)
+  if constexpr (M == 1) {  // the norm's prologue and the gate: one row (RunGemv refuses more)
+    if constexpr (S < kGemvWarps && std::is_same_v<T, O>) {  // the gate: a block's columns in pairs, y in w's dtype
+      if (p.glu != kNoGlu) {
+        return p.norm.kind != kNoNorm ? launch(GemvKernel<T, O, 1, S, true, true>, p)
+                                      : launch(GemvKernel<T, O, 1, S, false, true>, p);
+      }
+    }
     if (p.norm.kind != kNoNorm) return launch(GemvKernel<T, O, 1, S, true>, p);
   }
   return launch(GemvKernel<T, O, M, S, false>, p);
@@ -228,14 +263,17 @@ cudaError_t LaunchGemv(int M, int s, const GemvArgs& p, cudaStream_t stream) {
 
 // a: the GEMV's input rows, or (with `norm`) x, whose rows the kernel normalizes first
 void RunGemv(const char* op, TensorView a, const TensorView* gamma, const TensorView* beta, TensorView w,
-             TensorView bias, const TensorView* z, const Shape& attrs, TensorView y, TensorView workspace) {
+             TensorView bias, const TensorView* z, const Shape& attrs, TensorView y, TensorView workspace,
+             bool glu = false) {
   const bool norm = gamma != nullptr;
   const size_t nattrs = norm ? 3 : 1;
+  const char* first_attr = glu ? "glu" : "activation";
   if (attrs.size() != nattrs) {
-    FailValue(op, std::string("attrs must be ") + (norm ? "[activation, norm, eps (float32 bits)]" : "[activation]") +
+    FailValue(op, std::string("attrs must be [") + first_attr + (norm ? ", norm, eps (float32 bits)]" : "]") +
                       ", got " + ShapeStr(attrs.data(), int(attrs.size())));
   }
-  const int act = int(attrs[0]);
+  const int act = glu ? 0 : int(attrs[0]);
+  if (glu && attrs[0] != kSiluGlu) FailValue(op, "glu must be 1 (SiLU), got " + std::to_string(attrs[0]));
   if (act < 0 || act > kMaxActivation) {
     FailValue(op, std::string("activation must be ") + kActivations + ", got " + std::to_string(attrs[0]));
   }
@@ -271,14 +309,20 @@ void RunGemv(const char* op, TensorView a, const TensorView* gamma, const Tensor
   }
   if (K % 8) FailValue(op, "K = " + std::to_string(K) + " must be a multiple of 8 (16-byte loads)");
   if (bias.shape()[0] != N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(N));
-  CheckRows(op, y, M, N, std::string(name) + " " + ShapeStr(a) + " and w " + ShapeStr(w));
+  if (glu) {
+    if (M != 1) FailValue(op, std::string(name) + " has " + std::to_string(M) + " rows: the gate takes one");
+    if (N % 2) FailValue(op, "w has " + std::to_string(N) + " rows: the gate takes pairs (gate, up)");
+    if (out_dtype != dtype) FailValue(op, std::string("y must have w's dtype ") + DTypeName(dtype));
+  }
+  CheckRows(op, y, M, glu ? N / 2 : N, std::string(name) + " " + ShapeStr(a) + " and w " + ShapeStr(w));
   if (N >= (int64_t(1) << 31) / kGemvWarps || K >= (int64_t(1) << 30)) FailValue(op, "N or K is too large");
   if (z) {
     CheckCudaTensor(op, "z", *z, dev);
     CheckDType(op, "z", *z, out_dtype);
     if (z->numel() != y.numel()) FailValue(op, "z has shape " + ShapeStr(*z) + " but y has " + ShapeStr(y));
   }
-  GemvArgs p{DataPtr(a), DataPtr(w), DataPtr(bias), z ? DataPtr(*z) : nullptr, DataPtr(y), int(N), int(K), act, {}};
+  GemvArgs p{DataPtr(a), DataPtr(w), DataPtr(bias), z ? DataPtr(*z) : nullptr, DataPtr(y), int(N), int(K), act, {},
+             glu ? int(attrs[0]) : int(kNoGlu)};
   if (norm) {
     const int kind = int(attrs[1]);
     if (kind != kLayerNorm && kind != kRmsNorm) {
@@ -311,7 +355,7 @@ void RunGemv(const char* op, TensorView a, const TensorView* gamma, const Tensor
   if (DataPtr(y) == DataPtr(w)) FailValue(op, "y must not alias w");
   DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
-  const int s = GemvSplits(N, K, SmCount());
+  const int s = GemvSplits(N, K, SmCount(), glu ? kGemvWarps / 2 : kGemvWarps);  // the gate: column pairs a block
   cudaError_t err;
   if (dtype == kF16 && out_dtype == kF32) err = LaunchGemv<__half, float>(int(M), s, p, stream);
   else if (dtype == kF16) err = LaunchGemv<__half, __half>(int(M), s, p, stream);
@@ -339,12 +383,23 @@ void NormGemvAdd(TensorView x, TensorView gamma, TensorView beta, TensorView w, 
   RunGemv(kNormGemvAdd, x, &gamma, &beta, w, bias, &z, attrs, y, workspace);
 }
 
+void GluGemv(TensorView a, TensorView w, TensorView bias, Shape attrs, TensorView y, TensorView workspace) {
+  RunGemv(kGluMatmul, a, nullptr, nullptr, w, bias, nullptr, attrs, y, workspace, true);
+}
+
+void NormGluGemv(TensorView x, TensorView gamma, TensorView beta, TensorView w, TensorView bias, Shape attrs,
+                 TensorView y, TensorView workspace) {
+  RunGemv(kNormGluMatmul, x, &gamma, &beta, w, bias, nullptr, attrs, y, workspace, true);
+}
+
 __attribute__((constructor)) void RegisterGemv() {
   try {
     Register(kGemv, Gemv);
     Register(kGemvAdd, GemvAdd);
     Register(kNormGemv, NormGemv);
     Register(kNormGemvAdd, NormGemvAdd);
+    Register(kGluMatmul, GluGemv);
+    Register(kNormGluMatmul, NormGluGemv);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -7,7 +7,10 @@ the chains of cuBLASLt's Linear (:func:`.cublaslt.linear_of`: the residual may b
 writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` (only when named) takes
 the same chain with the norm before it -- a float32 LayerNorm or RMSNorm over the last axis cast to the 16-bit dtype,
 what the precision policy makes of a decoder layer's norm before its projections -- into the kernel's prologue
-(``norm_matmul``: one kernel fewer a norm; one row). The weights are stored [N, K] (transposed here, once, when the
+(``norm_matmul``: one kernel fewer a norm; one row). Provider ``gemv_glu`` (only when named) takes a gated MLP's
+merged gate/up projection with what follows it up to the down projection, ``silu(gate) * up``, as one call
+(``glu_matmul``, with the norm before it ``glu_norm_matmul``; one row): its weights' rows interleaved gate/up, so
+that a block's columns pair up in the epilogue. The weights are stored [N, K] (transposed here, once, when the
 model has them [K, N]), so that each output column is one contiguous row. fp16 and bf16 only (at M = 1 a 16-bit GEMM
 is its weight read); K a multiple of 8 (16-byte loads). Registered after cuBLASLt, so ``kernels="vendor"`` keeps
 cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt and TVM.
@@ -20,7 +23,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import REDUCED_DTYPES, compute_dtype
-from .chains import dtype_of, float32_bits, ints, known_shape, operator_of
+from .chains import dtype_of, float32_bits, ints, known_shape, operator_of, other_operand
 from .cublaslt import linear_call, small_linear
 from .registry import Provider, register
 
@@ -143,3 +146,90 @@ NORM_PROVIDER = register(Provider(
     name="gemv_norm", title="GEMV with its LayerNorm/RMSNorm prologue (ours)",
     kernel_prefix=vendor_abi.family(NORM_MATMUL, NORM_MATMUL_ADD),
     matchers={"relax.matmul": gemv_norm_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))
+
+GLU_MATMUL = vendor_abi.GEMV_GLU_MATMUL
+NORM_GLU_MATMUL = vendor_abi.GEMV_NORM_GLU_MATMUL
+#: the gates the kernel computes (gemv.cu's GluKind)
+GLU_SILU = 1
+
+
+def _single(chains, var, op: str):
+    """(var, value) of the one binding reading ``var`` when that is ``op`` and nothing else reads ``var``."""
+    nxt, value = chains.follow(var)
+    return (nxt, value) if operator_of(value) == op else (None, None)
+
+
+def _glu_after(chains, lin):
+    """``(removed vars, the gated var)`` when the Linear's whole output is split in two halves along its last axis,
+    gate then up, that only ``silu(gate) * up`` reads (SiLU as ``g * sigmoid(g)``, as the exporters write it, each
+    product's operands in either order): a gated MLP's merged gate/up projection up to its down projection's input;
+    else None."""
+    shape = lin.out_shape
+    if lin.act or lin.residual is not None or lin.out_dtype != lin.dtype or shape[-1] % 2:
+        return None
+    split_var, split = _single(chains, lin.last, "relax.split")
+    if split is None or int(split.attrs.axis) % len(shape) != len(shape) - 1:
+        return None
+    sections = split.attrs.indices_or_sections
+    try:
+        halves = ints(sections) == [shape[-1] // 2]  # split at the middle
+    except TypeError:
+        halves = int(sections) == 2  # two equal sections
+    readers = chains.consumers.get(split_var, [])
+    items = {int(chains.value[v].index): v for v in readers if isinstance(chains.value[v], relax.TupleGetItem)}
+    if not halves or sorted(items) != [0, 1] or chains.uses.get(split_var, 0) != 2 or split_var in chains.claimed:
+        return None
+    gate, up = items[0], items[1]
+    gate_readers = [v for v in chains.consumers.get(gate, []) if v not in chains.claimed]
+    if chains.uses.get(gate, 0) != 2 or len(gate_readers) != 2 or not chains.single_use(up):
+        return None
+    sig = next((v for v in gate_readers if operator_of(chains.value[v]) == "relax.sigmoid"), None)
+    silu = next((v for v in gate_readers if operator_of(chains.value[v]) == "relax.multiply"), None)
+    if sig is None or silu is None or not chains.single_use(sig):
+        return None
+    gate_times = other_operand(chains.value[silu], gate)
+    if gate_times is None or not gate_times.same_as(sig):
+        return None
+    gated, product = _single(chains, silu, "relax.multiply")
+    if product is None or other_operand(product, silu) is None or not other_operand(product, silu).same_as(up):
+        return None
+    if any(dtype_of(v) != lin.dtype for v in (gate, up, sig, silu, gated)):
+        return None
+    return [lin.last, split_var, gate, up, sig, silu], gated
+
+
+def _interleaved(rows: np.ndarray) -> np.ndarray:
+    """``rows`` ([2I, ...], gate then up) as pairs: row 2j gate j, row 2j + 1 up j."""
+    half = rows.shape[0] // 2
+    return np.stack([rows[:half], rows[half:]], axis=1).reshape(rows.shape)
+
+
+def gemv_glu_chain(ctx, chains, var, call):
+    """A one-row gated MLP's gate/up projection and gate (:func:`_glu_after`), with the norm before it where there is
+    one (:func:`_norm_before`), as one ``glu_matmul`` / ``norm_glu_matmul`` call."""
+    found = _linear(ctx, chains, var, call)
+    if found is None or int(np.prod(found[0].out_shape[:-1])) != 1:
+        return None
+    lin, weight = found
+    glu = _glu_after(chains, lin)
+    if glu is None:
+        return None
+    removed, gated = glu
+    args = [np.ascontiguousarray(_interleaved(weight)).astype(lin.dtype), _interleaved(lin.bias).astype(lin.dtype)]
+    consts = [relax.const(a) for a in args]
+    norm = _norm_before(chains, lin.x, lin.dtype, weight.shape[1])
+    out_shape = lin.out_shape[:-1] + (lin.out_shape[-1] // 2,)
+    if norm:
+        before, src, gamma, beta, code, eps = norm
+        value = ctx.call(NORM_GLU_MATMUL, [src, relax.const(gamma), relax.const(beta)] + consts
+                         + [relax.ShapeExpr([GLU_SILU, code, eps])], out_shape, lin.dtype, 1)
+        return before + lin.removed + removed, gated, (value, None)
+    value = ctx.call(GLU_MATMUL, [lin.x] + consts + [relax.ShapeExpr([GLU_SILU])], out_shape, lin.dtype, 1)
+    return lin.removed + removed, gated, (value, None)
+
+
+#: Only when named until it is measured on a GPU: the gated MLP's projection and gate as one kernel.
+GLU_PROVIDER = register(Provider(
+    name="gemv_glu", title="GEMV of a gated MLP's gate/up projection with its SiLU gate (ours)",
+    kernel_prefix=vendor_abi.family(GLU_MATMUL, NORM_GLU_MATMUL),
+    matchers={"relax.matmul": gemv_glu_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",), by_default=False))

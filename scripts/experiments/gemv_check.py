@@ -3,7 +3,8 @@
 prologue included, inside a CUDA graph of dependent calls, and time a decode step's projections with and without
 programmatic dependent launch.
 
-1. correctness: ``nimble.gemv.matmul`` / ``matmul_add`` / ``norm_matmul`` / ``norm_matmul_add`` for fp16 and bf16,
+1. correctness: ``nimble.gemv.matmul`` / ``matmul_add`` / ``norm_matmul`` / ``norm_matmul_add`` for fp16 and bf16
+   (and ``glu_matmul`` / ``glu_norm_matmul``, the gated MLP's projection and SiLU gate, one row, each shape of even N),
    1 and 3 rows (the norm: 1), GPT-2's, Qwen2-0.5B's and a 4096-wide layer's shapes, float32 and 16-bit outputs, the tanh GELU,
    LayerNorm and RMSNorm of a float32 or 16-bit x; the reference normalizes in float64 and rounds to the 16-bit
    dtype as the unfused norm's cast does. Relative L2 error, tolerance 1e-2 (fp16) / 2e-2 (bf16).
@@ -105,6 +106,26 @@ class Gemv:
             r = 0.5 * r * (1 + torch.tanh(0.7978845608028654 * (r + 0.044715 * r ** 3)))
         return r
 
+    def call_glu(self, x, w, bias, y, norm=0, gamma=None, beta=None):
+        """y = silu(gate) * up of norm(x) @ w.T + bias, w's rows (gate j, up j) interleaved, through the extension."""
+        t = self.tvm_ffi.from_dlpack
+        if norm:
+            name, head = vendor_abi.GEMV_NORM_GLU_MATMUL, [t(x), t(gamma), t(beta), t(w), t(bias)]
+            attrs = self.tvm_ffi.Shape([1, norm, eps_bits(1e-5)])
+        else:
+            name, head, attrs = vendor_abi.GEMV_GLU_MATMUL, [t(x), t(w), t(bias)], self.tvm_ffi.Shape([1])
+        with self.tvm_ffi.use_raw_stream(self.dev, self.torch.cuda.current_stream().cuda_stream):
+            self.funcs[name](*head, attrs, t(y), t(self.ws))
+
+    def reference_glu(self, x, w, bias, norm=0, gamma=None, beta=None):
+        """The gate as the unfused 16-bit operators compute it: the projection, sigmoid, and both products each
+        rounded to w's dtype."""
+        dt = w.dtype
+        h = self.reference(x, w, bias, 0, norm, gamma, beta).to(dt).double()
+        g, u = h[..., 0::2], h[..., 1::2]
+        sig = self.torch.sigmoid(g).to(dt).double()
+        return ((g * sig).to(dt).double() * u).to(dt).double()
+
     @staticmethod
     def rel_l2(out, ref):
         d = (out.double().reshape(ref.shape) - ref).norm().item()
@@ -136,6 +157,21 @@ def check_cases(g: Gemv) -> list[dict]:
                         cases.append({"dtype": dname, "shape": name, "K": K, "N": N, "rows": rows,
                                       "norm": NORMS[norm], "x": str(x_dtype).split(".")[-1], "out": str(odt).split(".")[-1],
                                       "act": act, "rel_l2": rel, "ok": rel <= TOL[dname]})
+            if N % 2:
+                continue
+            for norm in (0, 2):  # the gated MLP's projection and gate (one row; Llama's RMSNorm in the prologue)
+                x = g.randn((1, 1, K), torch.float32 if norm else dtype, 2.0, 0.5)
+                w = g.randn((N, K), dtype, K ** -0.5)
+                bias = g.randn((N,), dtype, 0.1)
+                gamma = g.randn((K,), torch.float32, 0.1, 1.0) if norm else None
+                beta = torch.zeros((K,), dtype=torch.float32, device="cuda") if norm else None
+                y = torch.full((1, 1, N // 2), float("nan"), dtype=dtype, device="cuda")
+                g.call_glu(x, w, bias, y, norm, gamma, beta)
+                torch.cuda.synchronize()
+                rel = g.rel_l2(y, g.reference_glu(x, w, bias, norm, gamma, beta))
+                cases.append({"dtype": dname, "shape": name, "K": K, "N": N, "rows": 1, "norm": NORMS[norm],
+                              "x": str(x.dtype).split(".")[-1], "out": dname, "act": "silu-glu", "rel_l2": rel,
+                              "ok": rel <= TOL[dname]})
     return cases
 
 

@@ -162,10 +162,13 @@ def compute_dtype(call) -> str | None:
     return dtype
 
 
-def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None, fold: bool = True) -> tvm.IRModule:
+def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None, fold: bool = True,
+                 narrowed_weights: dict | None = None) -> tvm.IRModule:
     """``mod`` computing in ``dtype`` under ``policy`` (default :class:`Policy`); inputs and outputs keep
     their dtypes. The casts of float32 weights are folded into constants here, once, instead of by the
-    ``FoldConstant`` of every later build (seconds each); ``fold=False`` leaves them (what the folding gets)."""
+    ``FoldConstant`` of every later build (seconds each); ``fold=False`` leaves them (what the folding gets).
+    ``narrowed_weights``: a dict kept between calls whose modules bind the same weight tensors (a generator's
+    steps): each is narrowed once (see :func:`narrowed_constant`)."""
     if dtype not in DTYPES:
         raise ValueError(f"precision must be one of {DTYPES}, got {dtype!r}")
     if dtype == "float32":
@@ -174,7 +177,7 @@ def to_precision(mod: tvm.IRModule, dtype: str, policy: Policy | None = None, fo
     wide = f"{dtype}:{','.join(policy.elementwise)}" if dtype in policy.elementwise_fp32 else None
 
     def convert(f):
-        f = _MixedPrecision(mod, dtype, policy).visit_expr(f)
+        f = _MixedPrecision(mod, dtype, policy, narrowed_weights).visit_expr(f)
         return f.with_attr(ATTR_ELEMENTWISE_FP32, wide) if wide else f
 
     out = tvm.IRModule({gv: convert(f) if isinstance(f, relax.Function) else f for gv, f in mod.functions.items()},
@@ -218,6 +221,18 @@ def narrowed(value: np.ndarray, to: str) -> np.ndarray:
     return value.astype(dtype)
 
 
+def narrowed_constant(value, to: str, memo: dict | None = None):
+    """The tensor ``value`` (a constant's) :func:`narrowed` to ``to``, as a TVM tensor; with ``memo``, once per source
+    tensor (by its data, which the memo keeps alive so that the address is not reused) and dtype."""
+    key = (value.data_ptr(), tuple(value.shape), str(value.dtype), to)
+    if memo is not None and key in memo:
+        return memo[key][1]
+    out = tvm.runtime.tensor(narrowed(value.numpy(), to))
+    if memo is not None:
+        memo[key] = (value, out)
+    return out
+
+
 def _saturated_extremes(x: relax.Expr, have: str, to) -> relax.Expr:
     """``x`` with its values of magnitude ``SENTINEL`` and over replaced by ``to``'s largest finite value, sign kept
     (what :func:`narrowed` does to a constant; ``x`` is computed from constants, so FoldConstant evaluates this)."""
@@ -235,9 +250,9 @@ class _MixedPrecision(relax.PyExprMutator):
     """One forward walk: each call's float arguments are cast to the dtype its rule asks for (one cast
     per value and dtype, which TVM's fusion then folds into the consumer's kernel)."""
 
-    def __init__(self, mod, dtype, policy):
+    def __init__(self, mod, dtype, policy, narrowed_weights: dict | None = None):
         super().__init__(mod)
-        self.dtype, self.policy = dtype, policy
+        self.dtype, self.policy, self.narrowed_weights = dtype, policy, narrowed_weights
         self.casts: dict[tuple, relax.Expr] = {}
 
     def _cast(self, arg, to: str):
@@ -247,7 +262,7 @@ class _MixedPrecision(relax.PyExprMutator):
         if have is None or have == to:
             return arg
         if isinstance(arg, Constant):  # cast here: FoldConstant leaves scalar casts, which hide a scale
-            return relax.const(tvm.runtime.tensor(narrowed(arg.value.numpy(), to)))
+            return relax.const(narrowed_constant(arg.value, to, self.narrowed_weights))
         key = (arg, to)
         if key not in self.casts:
             source = arg

@@ -62,6 +62,10 @@ def test_the_built_kernels_wait_first_and_the_plan_says_so(arch):
         assert built.plan.dependent_launch
         assert built.plan.dependent_launches == {l.idx for l in built.plan.launches}  # no vendor call here
         assert Plan.from_json(built.plan.to_json()).dependent_launch
+        # another stream cap of the same kernels (the stream choice's candidates) keeps the promise
+        from tvm_nimble.compiler.stream_choice import rescheduled
+
+        assert rescheduled(built, 1).plan.dependent_launch
     else:
         assert WAIT not in source and not built.plan.dependent_launch and not built.plan.dependent_launches
         assert "dependent_launch" not in built.plan.to_dict()  # the JSON of a plan without it is as before

@@ -185,3 +185,27 @@ def test_a_generator_runs_the_onnx_checker_once(monkeypatch):
     module = tvm_nimble.build_generator(tiny_gpt2_past_onnx(), "llvm", max_length=16, prefill_lengths=(4, 8),
                                        compile_kernels=False)
     assert len(module.steps) == 3 and len(calls) == 1
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2_past_onnx, tiny_llama_past_onnx])
+def test_weights_parsed_once_import_the_same_step(make):
+    """A generator parses the export's weights once and binds them to every step's import (weights_as_inputs):
+    each step's module is structurally TVM's import of the export itself, constants included, and the steps share
+    the bound tensors."""
+    import tvm
+
+    from tvm_nimble.compiler.frontend.onnx_import import weights_as_inputs
+    from tvm_nimble.compiler.generate import _bound, step_shapes
+    from tvm_nimble.compiler.stages import import_model
+
+    model = make()
+    stripped, weights = weights_as_inputs(model, min_bytes=1)  # every float initializer, to cover them all
+    names = {n for n, _ in weights}
+    assert names and not names & {t.name for t in stripped.graph.initializer}
+    assert len(stripped.graph.input) == len([i for i in model.graph.input if i.name not in names]) + len(names)
+    tensors = [tvm.runtime.tensor(w) for _, w in weights]
+    for n, past in ((1, 15), (4, 1)):  # a decode and a prefill step's shapes
+        shapes = step_shapes(model, 1, n, past)
+        want = import_model(model, None, shapes)
+        got = _bound(import_model(stripped, None, shapes, check=False), tensors)
+        tvm.ir.assert_structural_equal(got, want, map_free_vars=True)

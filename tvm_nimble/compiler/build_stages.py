@@ -53,7 +53,7 @@ def _import(session, state: _State) -> None:
 
 def _precision(session, state: _State) -> None:
     with session.phases("precision"):
-        state.mod = stages.apply_precision(state.fp32_mod, session.options)
+        state.mod = stages.apply_precision(state.fp32_mod, session.options, session.memory.narrowed)
         if session.options.kv_cache is not None:  # a generation step: its cache as state, in the compute dtype
             state.mod = cache_step(state.mod, session.options.kv_cache)
 

@@ -5,7 +5,9 @@ The ONNX model is the with-past form optimum and ONNX Runtime GenAI use (``input
 ``position_ids``, ``past_key_values.N.key/value`` in; ``logits``, ``present.N.key/value`` out). Each step is a whole
 build (kernel choice, streams, precision) of that model imported at the step's shapes and rewritten by
 ``relay_passes.kv_cache.cache_step`` so that the cache is state updated in place: the decode step (one new token
-over ``max_length`` slots) and one prefill step per prompt bucket (``prefill_lengths``). The steps go into one
+over ``max_length`` slots) and one prefill step per prompt bucket (``prefill_lengths``). The weights are parsed once
+and bound to every step's import (``frontend.onnx_import.weights_as_inputs``), and narrowed to a reduced precision
+once (the steps' sessions share one :class:`~.session.CacheMemory`). The steps go into one
 :class:`~tvm_nimble.runtime.generator.GeneratorModule` (the weights once), which
 :class:`~tvm_nimble.runtime.generator.Generator` runs.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from tvm_nimble.errors import ModelError, NimbleError
 from tvm_nimble.contract.generation import STEP_INPUTS
@@ -21,6 +25,7 @@ from tvm_nimble.relay_passes.kv_cache import KvCacheError, KvCacheSpec, step_inp
 from tvm_nimble.runtime.generator import DECODE, Generator, GeneratorModule, Sampling
 
 from .build import build_with
+from .frontend.onnx_import import weights_as_inputs
 from .options import BuildOptions
 from .session import CacheMemory
 from .stages import import_model, one_vendor_library
@@ -106,15 +111,18 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     opts = BuildOptions.create(target, **options)
     onnx_model = _onnx(model)
     vocab = vocab_size(onnx_model)
-    memory = CacheMemory()
+    memory = CacheMemory()  # between the steps: what was measured, and the weights narrowed once
+    # the weights parsed once, and bound to every step's import (the steps' precision passes then narrow them once)
+    graph, weights = weights_as_inputs(onnx_model)
+    weights = [tvm.runtime.tensor(w) for _, w in weights]
     steps = {}
     for i, n in enumerate([DECODE, *lengths]):
         spec = KvCacheSpec("decode" if n == DECODE else "prefill", max_length, opts.compute_dtype, opts.is_cuda)
         shapes = step_shapes(onnx_model, batch, n, spec.past_length())
         with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
             warnings.filterwarnings("ignore", message="Renaming name")
-            mod = import_model(onnx_model, params, shapes, check=i == 0)  # one export: the ONNX checker once
-        steps[n] = build_with(mod, opts.replace(kv_cache=spec), cache=memory)
+            mod = import_model(graph, params, shapes, check=i == 0)  # one export: the ONNX checker once
+        steps[n] = build_with(_bound(mod, weights), opts.replace(kv_cache=spec), cache=memory)
     steps = one_vendor_library(steps, opts.target)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,
@@ -122,6 +130,22 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     module = GeneratorModule(steps, max_length, vocab, info, vendor)
     _check_finite(module, opts)
     return module
+
+
+def _bound(mod, weights: list):
+    """``mod`` with its ``main``'s last ``len(weights)`` parameters (the inputs :func:`weights_as_inputs` made, in
+    its order) bound to ``weights``."""
+    if not weights:
+        return mod
+    params = list(mod["main"].params)[-len(weights):]
+    for p, w in zip(params, weights):
+        if tuple(int(d) for d in p.ty.shape.values) != tuple(w.shape) or str(p.ty.dtype) != str(w.dtype):
+            raise NimbleError(f"internal: the imported step's parameter {p.name_hint} is not the weight bound to it")
+    mod = relax.transform.BindParams("main", dict(zip(params, weights)))(mod)
+    main = mod["main"]
+    if main.attrs is not None and "num_input" in main.attrs:  # the importer's count of the model's own inputs
+        mod["main"] = main.with_attr("num_input", len(main.params))
+    return mod
 
 
 def _check_finite(module: GeneratorModule, opts: BuildOptions) -> None:

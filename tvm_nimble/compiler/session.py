@@ -106,6 +106,9 @@ class CacheMemory:
     #: entries loaded ("hit"), builds that found none ("miss"), entries written ("stored"), entries ignored as
     #: unreadable or foreign ("rejected")
     kernels: dict = field(default_factory=lambda: {"hit": 0, "miss": 0, "stored": 0, "rejected": 0})
+    #: weights narrowed to a reduced precision, by source tensor (``relay_passes.precision.NarrowedWeights``): the
+    #: steps of a generator bind the same weights, and narrow them once
+    narrowed: dict = field(default_factory=dict)
 
 
 class Phases:

@@ -79,10 +79,11 @@ def import_model(model, params: dict | None = None, shape_dict: dict | None = No
     return model
 
 
-def apply_precision(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:
+def apply_precision(mod: tvm.IRModule, options: BuildOptions, narrowed_weights: dict | None = None) -> tvm.IRModule:
     """``mod`` computing in ``options.precision`` under its policy (inputs and outputs keep their dtypes), each
-    spelled-out RMSNorm then one operator in the dtype the policy gave it (``relay_passes.rms_norm``)."""
-    return fuse_rms_norm(to_precision(mod, options.compute_dtype, options.policy))
+    spelled-out RMSNorm then one operator in the dtype the policy gave it (``relay_passes.rms_norm``);
+    ``narrowed_weights``: see ``to_precision``."""
+    return fuse_rms_norm(to_precision(mod, options.compute_dtype, options.policy, narrowed_weights=narrowed_weights))
 
 
 def apply_layout(mod: tvm.IRModule, options: BuildOptions) -> tvm.IRModule:

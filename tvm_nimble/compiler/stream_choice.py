@@ -53,6 +53,7 @@ def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
                                                             max_streams=max_streams, reuse=reuse, costs=costs,
                                                             program=getattr(result, "program", None))
     plan.index_bounds = result.plan.index_bounds
+    plan.dependent_launch = result.plan.dependent_launch  # the same kernels: they wait first as they did
     report = result.report.replace(max_streams=max_streams, stream_order="slack" if costs else "program")
     return dataclasses.replace(result, plan=plan, params=consts, annotated_mod=annotated, program=program,
                                assignment=assignment, report=report)

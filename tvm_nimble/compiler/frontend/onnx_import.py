@@ -445,6 +445,31 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     return _import(folded, shapes, label, keep_params_in_input)
 
 
+def weights_as_inputs(model: onnx.ModelProto, min_bytes: int = 64 * 1024):
+    """``(model', weights)``: ``model`` with each float initializer of ``min_bytes`` or more made an input (after
+    the model's own inputs, in initializer order, its shape declared), and those initializers' values as
+    ``[(name, numpy array)]``. A model imported several times at other input shapes (a generator's steps) then
+    parses, checks and copies its weights once: each import binds the same arrays. The small initializers (shapes,
+    indices, norms' parameters, masks) stay, so that shape folding sees them."""
+    from onnx import helper, numpy_helper
+
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    graph, kept, lifted = model.graph, [], []
+    for init in graph.initializer:
+        size = int(np.prod(init.dims)) * helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        (lifted if init.data_type in floats and size >= min_bytes else kept).append(init)
+    if not lifted:
+        return model, []
+    names = {t.name for t in lifted}
+    inputs = [i for i in graph.input if i.name not in names]  # (an old export lists its initializers as inputs too)
+    inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in lifted]
+    stripped = helper.make_graph(list(graph.node), graph.name, inputs, list(graph.output), kept,
+                                 value_info=list(graph.value_info))
+    out = helper.make_model(stripped, opset_imports=list(model.opset_import), ir_version=model.ir_version,
+                            functions=list(model.functions))
+    return out, [(t.name, numpy_helper.to_array(t)) for t in lifted]
+
+
 def from_onnx_trainable(path_or_model, shape_dict=None):
     """(module whose ``main`` takes the inputs then the weights, the weights' initial values)."""
     mod = from_onnx(path_or_model, shape_dict, keep_params_in_input=True)

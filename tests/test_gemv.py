@@ -177,7 +177,7 @@ def test_a_gated_mlps_projection_and_gate_are_one_gemv(norm, order, dtype, vendo
     func = _gated_mlp(dtype, norm=norm, order=order)
     (found,) = find_offloads(func, providers=[gemv.GLU_PROVIDER])
     name = found.signature.split(" -> ")[1]
-    assert name.startswith((gemv.NORM_GLU_MATMUL if norm else gemv.GLU_MATMUL) + "(")
+    assert name.startswith((gemv.GLU_NORM_MATMUL if norm else gemv.GLU_MATMUL) + "(")
     ops = {b.value.op.name.split(".")[-1] for b in found.bindings if isinstance(b.value, relax.Call)}
     assert {"matmul", "split", "sigmoid", "multiply"} <= ops and (("rms_norm" in ops) == norm)
     call = found.value[0]

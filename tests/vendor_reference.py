@@ -198,7 +198,7 @@ def reference_functions():
         sig = (1 / (1 + np.exp(-g))).astype(y.dtype).astype(np.float32)
         y.copyfrom(((g * sig).astype(y.dtype).astype(np.float32) * u).astype(y.dtype).reshape(y.shape))
 
-    def norm_glu_gemv(x, gamma, beta, w, bias, attrs, y, ws):  # attrs = [glu, 1 layer / 2 RMS, eps bits]
+    def glu_norm_gemv(x, gamma, beta, w, bias, attrs, y, ws):  # attrs = [glu, 1 layer / 2 RMS, eps bits]
         glu_gemv(normed(x, gamma, beta, attrs, w.numpy().dtype), w, bias, attrs[:1], y, ws)
 
     def batched_matmul(a, b, attrs, y, ws):
@@ -241,7 +241,7 @@ def reference_functions():
              gemv_provider.NORM_MATMUL: norm_gemv,
              gemv_provider.NORM_MATMUL_ADD: lambda x, g, b, w, bias, z, attrs, y, ws: norm_gemv(x, g, b, w, bias, attrs,
                                                                                                 y, ws, z),
-             gemv_provider.GLU_MATMUL: glu_gemv, gemv_provider.NORM_GLU_MATMUL: norm_glu_gemv,
+             gemv_provider.GLU_MATMUL: glu_gemv, gemv_provider.GLU_NORM_MATMUL: glu_norm_gemv,
              cudnn_graph.CONV2D: conv,
              cudnn_graph.CONV2D_ADD: conv_add}
     before = {name: tvm_ffi.get_global_func(name, allow_missing=True) for name in names}

@@ -54,7 +54,7 @@ constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // t
 enum NormKind : int { kNoNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
 enum GluKind : int { kNoGlu = 0, kSiluGlu = 1 };
 constexpr const char* kGluMatmul = "nimble.gemv.glu_matmul";
-constexpr const char* kNormGluMatmul = "nimble.gemv.glu_norm_matmul";
+constexpr const char* kGluNormMatmul = "nimble.gemv.glu_norm_matmul";
 
 // The norm of the prologue (norm_matmul): x float32 (x_f32) or w's dtype; gamma and beta float32
 struct GemvNorm {
@@ -387,9 +387,9 @@ void GluGemv(TensorView a, TensorView w, TensorView bias, Shape attrs, TensorVie
   RunGemv(kGluMatmul, a, nullptr, nullptr, w, bias, nullptr, attrs, y, workspace, true);
 }
 
-void NormGluGemv(TensorView x, TensorView gamma, TensorView beta, TensorView w, TensorView bias, Shape attrs,
+void GluNormGemv(TensorView x, TensorView gamma, TensorView beta, TensorView w, TensorView bias, Shape attrs,
                  TensorView y, TensorView workspace) {
-  RunGemv(kNormGluMatmul, x, &gamma, &beta, w, bias, nullptr, attrs, y, workspace, true);
+  RunGemv(kGluNormMatmul, x, &gamma, &beta, w, bias, nullptr, attrs, y, workspace, true);
 }
 
 __attribute__((constructor)) void RegisterGemv() {
@@ -399,7 +399,7 @@ __attribute__((constructor)) void RegisterGemv() {
     Register(kNormGemv, NormGemv);
     Register(kNormGemvAdd, NormGemvAdd);
     Register(kGluMatmul, GluGemv);
-    Register(kNormGluMatmul, NormGluGemv);
+    Register(kGluNormMatmul, GluNormGemv);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -4,9 +4,9 @@ speed -- a decode step's projections, MLP and LM head at batch 1.
     matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu] [+ residual]   (x: [..., M, K], M <= 4; W constant)
 
 the chains of cuBLASLt's Linear (:func:`.cublaslt.linear_of`: the residual may be a float32 stream the call then
-writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` (only when named) takes
-the same chain with the norm before it -- a float32 LayerNorm or RMSNorm over the last axis cast to the 16-bit dtype,
-what the precision policy makes of a decoder layer's norm before its projections -- into the kernel's prologue
+writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` takes the same chain
+with the norm before it -- a float32 LayerNorm or RMSNorm over the last axis cast to the 16-bit dtype, what the
+precision policy makes of a decoder layer's norm before its projections -- into the kernel's prologue
 (``norm_matmul``: one kernel fewer a norm; one row). Provider ``gemv_glu`` (only when named) takes a gated MLP's
 merged gate/up projection with what follows it up to the down projection, ``silu(gate) * up``, as one call
 (``glu_matmul``, with the norm before it ``glu_norm_matmul``; one row): its weights' rows interleaved gate/up, so
@@ -106,8 +106,15 @@ def _linear(ctx, chains, var, call):
     return lin, weight
 
 
-def _constants(lin, weight) -> list:
-    return [relax.const(np.ascontiguousarray(weight).astype(lin.dtype)), relax.const(lin.bias.astype(lin.out_dtype))]
+def _constants(lin, weight, bias=None) -> list:
+    """The call's weights [N, K] and bias (default: the Linear's) as constants in the dtypes the kernel reads."""
+    bias = lin.bias if bias is None else bias
+    return [relax.const(np.ascontiguousarray(weight).astype(lin.dtype)), relax.const(bias.astype(lin.out_dtype))]
+
+
+def _one_row(lin) -> bool:
+    """Whether the Linear has one row (its output's leading dimensions folded): what the prologue and the gate take."""
+    return int(np.prod(lin.out_shape[:-1])) == 1
 
 
 def gemv_chain(ctx, chains, var, call):
@@ -123,8 +130,8 @@ def gemv_norm_chain(ctx, chains, var, call):
     """The GEMV's chain of one row with the norm before it (:func:`_norm_before`); None where there is no such norm
     (or more rows: a decode step at batch 1 is what the prologue is for, and its kernels are compiled for one)."""
     found = _linear(ctx, chains, var, call)
-    one_row = found is not None and int(np.prod(found[0].out_shape[:-1])) == 1  # gemv.cu's prologue: one row
-    norm = one_row and _norm_before(chains, found[0].x, found[0].dtype, found[1].shape[1])
+    norm = found is not None and _one_row(found[0]) and _norm_before(chains, found[0].x, found[0].dtype,
+                                                                     found[1].shape[1])
     if not norm:
         return None
     lin, weight = found
@@ -148,7 +155,7 @@ NORM_PROVIDER = register(Provider(
     matchers={"relax.matmul": gemv_norm_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))
 
 GLU_MATMUL = vendor_abi.GEMV_GLU_MATMUL
-NORM_GLU_MATMUL = vendor_abi.GEMV_NORM_GLU_MATMUL
+GLU_NORM_MATMUL = vendor_abi.GEMV_GLU_NORM_MATMUL
 #: the gates the kernel computes (gemv.cu's GluKind)
 GLU_SILU = 1
 
@@ -191,7 +198,8 @@ def _glu_after(chains, lin):
     if gate_times is None or not gate_times.same_as(sig):
         return None
     gated, product = _single(chains, silu, "relax.multiply")
-    if product is None or other_operand(product, silu) is None or not other_operand(product, silu).same_as(up):
+    times_up = other_operand(product, silu) if product is not None else None
+    if times_up is None or not times_up.same_as(up):
         return None
     if any(dtype_of(v) != lin.dtype for v in (gate, up, sig, silu, gated)):
         return None
@@ -206,22 +214,18 @@ def _interleaved(rows: np.ndarray) -> np.ndarray:
 
 def gemv_glu_chain(ctx, chains, var, call):
     """A one-row gated MLP's gate/up projection and gate (:func:`_glu_after`), with the norm before it where there is
-    one (:func:`_norm_before`), as one ``glu_matmul`` / ``norm_glu_matmul`` call."""
+    one (:func:`_norm_before`), as one ``glu_matmul`` / ``glu_norm_matmul`` call."""
     found = _linear(ctx, chains, var, call)
-    if found is None or int(np.prod(found[0].out_shape[:-1])) != 1:
+    glu = found is not None and _one_row(found[0]) and _glu_after(chains, found[0])
+    if not glu:
         return None
-    lin, weight = found
-    glu = _glu_after(chains, lin)
-    if glu is None:
-        return None
-    removed, gated = glu
-    args = [np.ascontiguousarray(_interleaved(weight)).astype(lin.dtype), _interleaved(lin.bias).astype(lin.dtype)]
-    consts = [relax.const(a) for a in args]
+    (lin, weight), (removed, gated) = found, glu
+    consts = _constants(lin, _interleaved(weight), _interleaved(lin.bias))  # (out_dtype is dtype: _glu_after)
     norm = _norm_before(chains, lin.x, lin.dtype, weight.shape[1])
     out_shape = lin.out_shape[:-1] + (lin.out_shape[-1] // 2,)
     if norm:
         before, src, gamma, beta, code, eps = norm
-        value = ctx.call(NORM_GLU_MATMUL, [src, relax.const(gamma), relax.const(beta)] + consts
+        value = ctx.call(GLU_NORM_MATMUL, [src, relax.const(gamma), relax.const(beta)] + consts
                          + [relax.ShapeExpr([GLU_SILU, code, eps])], out_shape, lin.dtype, 1)
         return before + lin.removed + removed, gated, (value, None)
     value = ctx.call(GLU_MATMUL, [lin.x] + consts + [relax.ShapeExpr([GLU_SILU])], out_shape, lin.dtype, 1)
@@ -231,5 +235,5 @@ def gemv_glu_chain(ctx, chains, var, call):
 #: Only when named until it is measured on a GPU: the gated MLP's projection and gate as one kernel.
 GLU_PROVIDER = register(Provider(
     name="gemv_glu", title="GEMV of a gated MLP's gate/up projection with its SiLU gate (ours)",
-    kernel_prefix=vendor_abi.family(GLU_MATMUL, NORM_GLU_MATMUL),
+    kernel_prefix=vendor_abi.family(GLU_MATMUL, GLU_NORM_MATMUL),
     matchers={"relax.matmul": gemv_glu_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",), by_default=False))

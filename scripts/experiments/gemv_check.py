@@ -110,7 +110,7 @@ class Gemv:
         """y = silu(gate) * up of norm(x) @ w.T + bias, w's rows (gate j, up j) interleaved, through the extension."""
         t = self.tvm_ffi.from_dlpack
         if norm:
-            name, head = vendor_abi.GEMV_NORM_GLU_MATMUL, [t(x), t(gamma), t(beta), t(w), t(bias)]
+            name, head = vendor_abi.GEMV_GLU_NORM_MATMUL, [t(x), t(gamma), t(beta), t(w), t(bias)]
             attrs = self.tvm_ffi.Shape([1, norm, eps_bits(1e-5)])
         else:
             name, head, attrs = vendor_abi.GEMV_GLU_MATMUL, [t(x), t(w), t(bias)], self.tvm_ffi.Shape([1])

@@ -113,16 +113,16 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     vocab = vocab_size(onnx_model)
     memory = CacheMemory()  # between the steps: what was measured, and the weights narrowed once
     # the weights parsed once, and bound to every step's import (the steps' precision passes then narrow them once)
-    graph, weights = weights_as_inputs(onnx_model)
-    weights = [tvm.runtime.tensor(w) for _, w in weights]
+    stripped, weights = weights_as_inputs(onnx_model)
+    tensors = [tvm.runtime.tensor(w) for _, w in weights]
     steps = {}
     for i, n in enumerate([DECODE, *lengths]):
         spec = KvCacheSpec("decode" if n == DECODE else "prefill", max_length, opts.compute_dtype, opts.is_cuda)
         shapes = step_shapes(onnx_model, batch, n, spec.past_length())
         with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
             warnings.filterwarnings("ignore", message="Renaming name")
-            mod = import_model(graph, params, shapes, check=i == 0)  # one export: the ONNX checker once
-        steps[n] = build_with(_bound(mod, weights), opts.replace(kv_cache=spec), cache=memory)
+            mod = import_model(stripped, params, shapes, check=i == 0)  # one export: the ONNX checker once
+        steps[n] = build_with(_bound(mod, tensors), opts.replace(kv_cache=spec), cache=memory)
     steps = one_vendor_library(steps, opts.target)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,

@@ -82,9 +82,9 @@ GEMV_MATMUL_ADD = "nimble.gemv.matmul_add"
 GEMV_NORM_MATMUL = "nimble.gemv.norm_matmul"
 GEMV_NORM_MATMUL_ADD = "nimble.gemv.norm_matmul_add"
 GEMV_GLU_MATMUL = "nimble.gemv.glu_matmul"
-GEMV_NORM_GLU_MATMUL = "nimble.gemv.glu_norm_matmul"
+GEMV_GLU_NORM_MATMUL = "nimble.gemv.glu_norm_matmul"
 GEMV = VendorLibrary("gemv", kernels=(GEMV_MATMUL, GEMV_MATMUL_ADD, GEMV_NORM_MATMUL,
-                                     GEMV_NORM_MATMUL_ADD, GEMV_GLU_MATMUL, GEMV_NORM_GLU_MATMUL))
+                                     GEMV_NORM_MATMUL_ADD, GEMV_GLU_MATMUL, GEMV_GLU_NORM_MATMUL))
 
 # ---- fused attention (codegen/vendor/attention*.cu, cudnn_attention.cpp) ----------------------------------
 ATTENTION_SDPA = "nimble.attention.sdpa"

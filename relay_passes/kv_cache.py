@@ -34,14 +34,13 @@ import tvm
 from tvm import relax
 
 from tvm_nimble.contract.generation import STATE_NAME, STEP_INPUTS
+from tvm_nimble.contract.markers import IN_PLACE_ATTR
 from tvm_nimble.errors import ModelError
 
 from .providers.chains import operator_of
 
 #: an exported past key/value input, as TVM's ONNX importer names it (dots become underscores)
 PAST_INPUT = re.compile(r"past_key_values[._](\d+)[._](key|value)")
-#: the attribute of a PrimFunc that writes some of its arguments in place: their indices
-IN_PLACE_ATTR = "nimble.in_place"
 ROLES = ("prefill", "decode")
 
 

@@ -16,6 +16,7 @@ from tvm.ir.expr import Constant
 
 from tvm_nimble.contract.markers import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT
 from tvm_nimble.contract.plan import read_after_write
+from tvm_nimble.contract import vendor_abi
 from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 from tvm_nimble.errors import NimbleError
 
@@ -231,7 +232,8 @@ def read_lowered_function(mod: tvm.IRModule, func_name: str = "main") -> Lowered
                     # destination passing: the first kernel to take an allocation's bytes writes them
                     # (a kernel writing one slice of an in-place concat leaves the others unwritten)
                     writes, reads = [], []
-                    in_place = {args[i] for i in in_place_args(prim_funcs[name])} if name in prim_funcs else set()
+                    in_place = {args[i] for i in (in_place_args(prim_funcs[name]) if name in prim_funcs
+                                                  else vendor_abi.IN_PLACE.get(name, ()))}
                     for a in args:
                         root, start, end = _region(values, a)
                         if a in in_place:  # written in place: its root (an input) is state

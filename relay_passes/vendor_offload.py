@@ -174,6 +174,10 @@ def OffloadToVendor(workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, allow_tf32: 
             if isinstance(func, relax.Function):
                 found = found_in_main if gv.name_hint == "main" else None
                 mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report, select, providers, found)
-        return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+        mod = relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+        for provider in (registry.offloading("cuda") if providers is None else providers):
+            if provider.rewrite is not None:  # fuses calls the providers made (registry.Provider.rewrite)
+                mod = provider.rewrite(mod)
+        return mod
 
     return _pass

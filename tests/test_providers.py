@@ -38,7 +38,8 @@ def test_every_provider_declares_what_it_takes_and_the_runtime_serves_its_calls(
     for p in providers.registered():
         assert p.dtypes and p.targets
         if p.name != providers.TVM:
-            assert p.matchers and p.kernel_prefix.startswith(VENDOR_PREFIXES) and p.runtime_library == "vendor"
+            assert (p.matchers or p.rewrite) and p.kernel_prefix.startswith(VENDOR_PREFIXES)
+            assert p.runtime_library == "vendor"
     assert providers.provider_of("fused_conv2d_add_relu").name == providers.TVM
 
 

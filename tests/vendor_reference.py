@@ -8,6 +8,7 @@ import numpy as np
 import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
+from tvm_nimble.relay_passes.cache_in_attention import APPEND as APPEND_SDPA_BIAS
 from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
                                                           TILE_SDPA, TILE_SDPA_BIAS, CLUSTER_SDPA,
                                                           CLUSTER_SDPA_BIAS)
@@ -211,6 +212,25 @@ def reference_functions():
     def sdpa_bias(q, k, v, bias, attrs, y, ws):
         y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), list(attrs)).reshape(y.shape).astype(y.dtype))
 
+    def append_sdpa_bias(q, k, v, bias, k_new, v_new, positions, attrs, y, ws):
+        """k[b, g, positions[b], :] = k_new[b, g, :] (v alike) through the attrs' cache views, in place, then
+        sdpa_bias over the caches; a position outside the cache writes nothing."""
+        a = list(attrs)
+        B, H, _, Sk, D, Dv = a[:6]
+        kv_heads = H // (a[26] if len(a) > 26 else 1)
+        pos = positions.numpy().ravel()
+        caches = []
+        for cache, new, off, (sb, sh, ss), d in ((k, k_new, a[10], a[11:14], D), (v, v_new, a[14], a[15:18], Dv)):
+            flat, fresh = cache.numpy().ravel(), new.numpy().reshape(B, kv_heads, d)
+            for b in range(B):
+                if 0 <= pos[b] < Sk:
+                    for g in range(kv_heads):
+                        start = off + b * sb + g * sh + pos[b] * ss
+                        flat[start:start + d] = fresh[b, g]
+            cache.copyfrom(flat.reshape(cache.shape))
+            caches.append(flat)
+        y.copyfrom(np_sdpa(q.numpy(), caches[0], caches[1], bias.numpy(), a).reshape(y.shape).astype(y.dtype))
+
     def layer_norm(x, gamma, beta, attrs, y, ws):  # over the last axis; attrs = [eps as float32 bits]
         eps = float(np.array([int(attrs[0])], np.uint32).view(np.float32)[0])
         xv = x.numpy().astype(np.float64)
@@ -235,6 +255,7 @@ def reference_functions():
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
+             APPEND_SDPA_BIAS: append_sdpa_bias,
              LAYER_NORM: layer_norm,
              simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, gemv_provider.MATMUL: gemv,
              gemv_provider.MATMUL_ADD: lambda a, w, bias, z, attrs, y, ws: gemv(a, w, bias, attrs, y, ws, z),

@@ -43,6 +43,14 @@
 //   its keys (no barrier per key tile, K and V loaded together, the next chunk's loads in flight), the keys split
 //   over the blocks of a thread-block cluster (SdpaDecodeKernel; GPT-2's decode attention 16.6 -> 4.9 us a layer:
 //   benchmarks/findings.md, 'The decode attention as a kernel of its own').
+// - nimble.attention.append_sdpa_bias(q, k_cache, v_cache, bias, k_new, v_new, positions, attrs, y, workspace):
+//   a decode step's cache write and its attention in one call (the same attrs, k and v the caches, Sq = 1):
+//   k_cache[b, g, positions[b], :] = k_new[b, g, :] (and v alike) for every KV head g, then sdpa_bias over the caches,
+//   as the cache write kernel followed by split_sdpa_bias computes it. k_new / v_new are [B, KV heads, D] contiguous
+//   (any shape of that many elements), positions int64 [B]; a position outside the cache writes nothing. The caches
+//   are written in place (the contract's IN_PLACE). The decode kernel reads the new key and value where the cache
+//   would hold them, and one block per KV head writes them (no block reads that slot of the cache, so the write
+//   races with nothing); a call the decode kernel does not take writes the caches first, then runs split_sdpa_bias.
 // - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.cu.
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
 //   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
@@ -72,6 +80,7 @@ constexpr const char* kTile = "nimble.attention.tile_sdpa";
 constexpr const char* kTileBias = "nimble.attention.tile_sdpa_bias";
 constexpr const char* kCluster = "nimble.attention.cluster_sdpa";
 constexpr const char* kClusterBias = "nimble.attention.cluster_sdpa_bias";
+constexpr const char* kAppendBias = "nimble.attention.append_sdpa_bias";
 constexpr int kWarps = 8, kRowsPerWarp = 1, kTileK = 32, kMaxD = 128;
 constexpr int kTileRowsPerWarp = kTileK / kWarps;  // key rows of a tile each warp loads
 static_assert(kTileK == 32, "one key per lane");
@@ -448,10 +457,22 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeKeysPerThread = 2;  // keys a thread reads per chunk
 constexpr const char* kDecode = "nimble.attention (decode kernel)";
 
-template <typename T, typename M, int D>
+// A decode step's new key and value (append_sdpa_bias): [B, KV heads, D] each, written into the caches (the kernel's k
+// and v) at slot pos[b]; every block reads them where the cache would hold them.
+template <typename T>
+struct CacheAppend {
+  const T* k_new = nullptr;
+  const T* v_new = nullptr;
+  const int64_t* pos = nullptr;
+  T* k_cache = nullptr;
+  T* v_cache = nullptr;
+};
+
+template <typename T, typename M, int D, bool kAppend>
 __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __restrict__ q, const T* __restrict__ k,
                                                                   const T* __restrict__ v, const M* __restrict__ m,
-                                                                  T* __restrict__ o, SdpaParams p, int C) {
+                                                                  T* __restrict__ o, SdpaParams p, int C,
+                                                                  CacheAppend<T> a) {
   constexpr int E = 16 / sizeof(T);                            // elements of a 16-byte load
   constexpr int L = D / E;                                     // lanes per key
   constexpr int G = kDecodeThreads / L;                        // key groups of a block
@@ -463,9 +484,22 @@ __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __re
   const int t = threadIdx.x, g = t / L, slot = t % L;          // this thread: key group g, columns E * slot ..
   GridLaunchDependents();  // launched with Pdl(): the next kernel (a GEMV) may load its weights meanwhile
   GridDependencyWait();    // q and the caches are the kernels' before this one
-  const T* kb = k + p.k_off + b * p.k_sb + (h / p.group) * p.k_sh + E * slot;
-  const T* vb = v + p.v_off + b * p.v_sb + (h / p.group) * p.v_sh + E * slot;
+  const int64_t kvh = h / p.group;
+  const T* kb = k + p.k_off + b * p.k_sb + kvh * p.k_sh + E * slot;
+  const T* vb = v + p.v_off + b * p.v_sb + kvh * p.v_sh + E * slot;
   const M* mb = m ? m + b * p.m_sb + h * p.m_sh : nullptr;
+  // the appended key's slot (-1: none) and its new key and value; the first query head of a KV head writes them into
+  // the caches (block 0 of its cluster), and no block reads that slot of a cache
+  const int64_t at = kAppend ? a.pos[b] : -1;
+  const int64_t kv_heads = p.H / p.group;
+  const T* kn = kAppend ? a.k_new + (b * kv_heads + kvh) * D + E * slot : nullptr;
+  const T* vn = kAppend ? a.v_new + (b * kv_heads + kvh) * D + E * slot : nullptr;
+  if (kAppend && at >= 0 && at < p.Sk && rank == 0 && h % p.group == 0 && t < L) {
+    *reinterpret_cast<uint4*>(a.k_cache + p.k_off + b * p.k_sb + kvh * p.k_sh + at * p.k_ss + E * slot) =
+        *reinterpret_cast<const uint4*>(kn);
+    *reinterpret_cast<uint4*>(a.v_cache + p.v_off + b * p.v_sb + kvh * p.v_sh + at * p.v_ss + E * slot) =
+        *reinterpret_cast<const uint4*>(vn);
+  }
   float qf[E];
   Unpack16B<T>(*reinterpret_cast<const uint4*>(q + p.q_off + b * p.q_sb + h * p.q_sh + E * slot), qf);
   float mx = -INFINITY, l = 0.0f, acc[E];
@@ -478,8 +512,11 @@ __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __re
     for (int n = 0; n < NK; ++n) {
       const int64_t key = c * CHUNK + n * G + g;
       const bool in = c < chunks && key < p.Sk;  // a key past Sk reads zeros (0 * garbage could be NaN)
-      kr[n] = in ? *reinterpret_cast<const uint4*>(kb + key * p.k_ss) : make_uint4(0, 0, 0, 0);
-      vr[n] = in ? *reinterpret_cast<const uint4*>(vb + key * p.v_ss) : make_uint4(0, 0, 0, 0);
+      const bool fresh = kAppend && key == at;  // the appended key: from k_new / v_new, not the cache
+      kr[n] = !in ? make_uint4(0, 0, 0, 0)
+                  : *reinterpret_cast<const uint4*>(fresh ? kn : kb + key * p.k_ss);
+      vr[n] = !in ? make_uint4(0, 0, 0, 0)
+                  : *reinterpret_cast<const uint4*>(fresh ? vn : vb + key * p.v_ss);
     }
   };
   load(rank);
@@ -544,8 +581,9 @@ __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __re
 
 // The decode kernel takes a call of one query row per head, D = Dv of 64 or 128, every row 16-byte aligned; launches
 // it and returns true, else false (nothing launched).
-template <typename T, typename M>
-bool LaunchDecode(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream) {
+template <typename T, typename M, bool kAppend = false>
+bool LaunchDecode(const SdpaParams& p, const T* q, const T* k, const T* v, const M* m, T* y, cudaStream_t stream,
+                  CacheAppend<T> a = {}) {
   if (p.Sq != 1 || p.D != p.Dv || (p.D != 64 && p.D != 128)) return false;
   auto aligned = [](const T* base, int64_t off, int64_t sb, int64_t sh, int64_t ss) {
     constexpr int64_t e = 16 / sizeof(T);
@@ -555,6 +593,7 @@ bool LaunchDecode(const SdpaParams& p, const T* q, const T* k, const T* v, const
       !aligned(v, p.v_off, p.v_sb, p.v_sh, p.v_ss)) {
     return false;
   }
+  if (kAppend && (!aligned(a.k_new, 0, 0, 0, 0) || !aligned(a.v_new, 0, 0, 0, 0))) return false;
   const int64_t chunk = kDecodeThreads / (p.D / int64_t(16 / sizeof(T))) * kDecodeKeysPerThread;
   const int64_t chunks = (p.Sk + chunk - 1) / chunk, sms = SmCount();
   int C = 1;  // the blocks of a cluster splitting a head's keys: as many as have a chunk, the grid within 2 waves
@@ -568,10 +607,25 @@ bool LaunchDecode(const SdpaParams& p, const T* q, const T* k, const T* v, const
   }
   KernelLaunch launch(dim3(unsigned(C), unsigned(p.H), unsigned(p.B)), dim3(kDecodeThreads), stream);
   launch.Cluster(unsigned(C)).Pdl();
-  CheckCuda(p.D == 64 ? launch(SdpaDecodeKernel<T, M, 64>, q, k, v, m, y, p, C)
-                      : launch(SdpaDecodeKernel<T, M, 128>, q, k, v, m, y, p, C),
+  CheckCuda(p.D == 64 ? launch(SdpaDecodeKernel<T, M, 64, kAppend>, q, k, v, m, y, p, C, a)
+                      : launch(SdpaDecodeKernel<T, M, 128, kAppend>, q, k, v, m, y, p, C, a),
             kDecode, "cudaLaunchKernelEx");
   return true;
+}
+
+// The cache write alone (a call the decode kernel does not take): thread d of block (b, g) writes element d of KV
+// head g's new key and value at slot pos[b].
+template <typename T>
+__global__ void CacheAppendKernel(CacheAppend<T> a, SdpaParams p) {
+  const int64_t kv_heads = p.H / p.group, b = blockIdx.x / kv_heads, g = blockIdx.x % kv_heads;
+  const int64_t at = a.pos[b];
+  if (at < 0 || at >= p.Sk) return;
+  for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+    a.k_cache[p.k_off + b * p.k_sb + g * p.k_sh + at * p.k_ss + d] = a.k_new[(b * kv_heads + g) * p.D + d];
+  }
+  for (int64_t d = threadIdx.x; d < p.Dv; d += blockDim.x) {
+    a.v_cache[p.v_off + b * p.v_sb + g * p.v_sh + at * p.v_ss + d] = a.v_new[(b * kv_heads + g) * p.Dv + d];
+  }
 }
 
 // R: the fewest waves of blocks over the SMs first (a second, partial wave costs a whole block's time),
@@ -653,6 +707,61 @@ void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const Te
   CheckCuda(cudaGetLastError(), op, "attention kernel launch");
 }
 
+template <typename T, typename M>
+void LaunchAppend(const SdpaParams& p, const void* q, void* k, void* v, const void* m, const void* k_new,
+                  const void* v_new, const int64_t* pos, void* y, cudaStream_t stream) {
+  CacheAppend<T> a{static_cast<const T*>(k_new), static_cast<const T*>(v_new), pos, static_cast<T*>(k),
+                   static_cast<T*>(v)};
+  if (LaunchDecode<T, M, true>(p, static_cast<const T*>(q), a.k_cache, a.v_cache, static_cast<const M*>(m),
+                               static_cast<T*>(y), stream, a)) {
+    return;
+  }
+  CacheAppendKernel<T><<<unsigned(p.B * (p.H / p.group)), 128, 0, stream>>>(a, p);
+  LaunchSdpa<T, M>(p, q, k, v, m, y, Kernel::kSplitKey, stream);
+}
+
+void AppendBias(TensorView q, TensorView k, TensorView v, TensorView bias, TensorView k_new, TensorView v_new,
+                TensorView positions, Shape attrs, TensorView y, TensorView workspace) {
+  int dtype = 0;
+  const SdpaParams p = CheckSdpa(kAppendBias, q, k, v, &bias, attrs, y, workspace, &dtype);
+  const int dev = q.device().device_id;
+  if (p.Sq != 1) FailValue(kAppendBias, "takes one query row per head (a decode step), got Sq = " + std::to_string(p.Sq));
+  const int64_t kv_heads = p.H / p.group;
+  CheckCudaTensor(kAppendBias, "k_new", k_new, dev);
+  CheckCudaTensor(kAppendBias, "v_new", v_new, dev);
+  CheckCudaTensor(kAppendBias, "positions", positions, dev);
+  CheckDType(kAppendBias, "k_new", k_new, dtype);
+  CheckDType(kAppendBias, "v_new", v_new, dtype);
+  if (k_new.numel() != p.B * kv_heads * p.D || v_new.numel() != p.B * kv_heads * p.Dv) {
+    FailValue(kAppendBias, "k_new " + ShapeStr(k_new) + " and v_new " + ShapeStr(v_new) + " must hold B * KV heads * D = " +
+                               std::to_string(p.B * kv_heads * p.D) + " elements each (one new position)");
+  }
+  DLDataType pd = positions.dtype();
+  if (!(pd.code == kDLInt && pd.bits == 64 && pd.lanes == 1) || positions.numel() != p.B) {
+    FailValue(kAppendBias, "positions must be " + std::to_string(p.B) + " int64 (one slot per sequence), got " +
+                               DLTypeStr(pd) + " " + ShapeStr(positions));
+  }
+  for (const TensorView* t : {&k_new, &v_new}) {
+    if (DataPtr(*t) == DataPtr(k) || DataPtr(*t) == DataPtr(v)) FailValue(kAppendBias, "k_new and v_new must not alias the caches");
+  }
+  DeviceGuard guard(dev, kAppendBias);
+  cudaStream_t stream = CurrentStream(dev);
+  const bool f32_mask = dtype != kF32 && TensorDType(bias) == kF32;
+  const auto* pos = static_cast<const int64_t*>(DataPtr(positions));
+  void *qp = DataPtr(q), *kp = DataPtr(k), *vp = DataPtr(v), *mp = DataPtr(bias), *yp = DataPtr(y);
+  void *knp = DataPtr(k_new), *vnp = DataPtr(v_new);
+  if (dtype == kF32) {
+    LaunchAppend<float, float>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+  } else if (dtype == kF16) {
+    if (f32_mask) LaunchAppend<__half, float>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+    else LaunchAppend<__half, __half>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+  } else {
+    if (f32_mask) LaunchAppend<__nv_bfloat16, float>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+    else LaunchAppend<__nv_bfloat16, __nv_bfloat16>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+  }
+  CheckCuda(cudaGetLastError(), kAppendBias, "attention kernel launch");
+}
+
 void Sdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
   SdpaImpl(kSdpa, q, k, v, nullptr, attrs, y, workspace);
 }
@@ -699,6 +808,7 @@ __attribute__((constructor)) void RegisterAttention() {
     Register(kTileBias, TileBias);
     Register(kCluster, Cluster);
     Register(kClusterBias, ClusterBias);
+    Register(kAppendBias, AppendBias);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -34,6 +34,7 @@ from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
+from ..cache_in_attention import CacheWriteInAttention
 from .chains import const_value, dtype_of, float32_bits, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
@@ -484,6 +485,14 @@ TILE_PROVIDER = register(Provider(
     kernel_prefix=vendor_abi.family(TILE_SDPA, TILE_SDPA_BIAS),
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(TILE_SDPA, TILE_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))
+
+#: a decode step's KV cache write and its fused attention as one call (``nimble.attention.append_sdpa_bias``): no
+#: matcher of operators but a rewrite after the offload, of the attention calls above that follow a cache write
+#: (:mod:`tvm_nimble.relay_passes.cache_in_attention`); ``providers=`` without it keeps the write a kernel of its own
+APPEND_PROVIDER = register(Provider(
+    name="attention_append", title="the KV cache write in the decode attention",
+    kernel_prefix=vendor_abi.family(vendor_abi.ATTENTION_APPEND_SDPA_BIAS), dtypes=_DTYPES, layouts=("row-major",),
+    rewrite=CacheWriteInAttention()))
 
 #: the key-split attention kernel for fp32 (32 query rows and a chunk of at most 64 keys per block, a query tile's
 #: chunks on the blocks of one thread-block cluster, merged through distributed shared memory), for the batch-1

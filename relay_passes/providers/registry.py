@@ -4,7 +4,8 @@ A provider is one module of this package that builds a :class:`Provider` and cal
 at import (``providers/__init__.py`` imports each one: one line per provider); its place among the others
 is its place in :data:`PRIORITY`. It declares
 - which Relax operators anchor its patterns (``matchers``: op name -> matcher), for which compute
-  dtypes (``dtypes``, see :mod:`..precision`) and layouts, on which target kinds;
+  dtypes (``dtypes``, see :mod:`..precision`) and layouts, on which target kinds; or a ``rewrite`` of the
+  offloaded module (calls other providers made, fused: ``attention_append``);
 - how it is lowered to a launch of the plan: a matcher replaces a chain of bindings with one
   destination-passing ``call_dps_packed`` of a global function named ``kernel_prefix + op``, which
   the plan takes as a launch like any TIR kernel (:mod:`..vendor_offload` does the rewriting);
@@ -38,6 +39,7 @@ PRIORITY = (
     "attention_split",  # our other attention kernels, one more candidate each for "best"
     "attention_tile",
     "attention_cluster",
+    "attention_append",  # a decode step's KV cache write inside its attention call (after the offload, no matcher)
     "cublaslt",  # GEMMs
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
     "gemv",  # our 16-bit GEMV for a decode step's few rows (after cuBLASLt: "vendor" keeps cuBLASLt)
@@ -58,6 +60,9 @@ class Provider:
     targets: tuple[str, ...] = ("cuda",)  # target kinds it runs on
     runtime_library: str | None = "vendor"  # which runtime library serves ``kernel_prefix``
     by_default: bool = True  # among the providers a build uses when the options name none
+    # a module pass run after the offload, on the calls the providers made (a provider that fuses two of them);
+    # in place of matchers, or besides them
+    rewrite: Callable | None = None
 
 
     def owns(self, kernel: str) -> bool:

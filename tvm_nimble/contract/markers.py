@@ -17,6 +17,9 @@ MARKERS = (SET_STREAM, WAIT_EVENT, RECORD_EVENT)
 #: ``nimble.slice_view(base, byte_offset, shape, dtype)``: a tensor over bytes of ``base``, left in ``main``
 #: by ``relay_passes.concat_in_place`` and ``merge_siblings`` where a kernel writes its slice of a concatenation
 SLICE_VIEW = "nimble.slice_view"
+#: the attribute of a PrimFunc that writes some of its arguments in place: their indices (``relay_passes.kv_cache``
+#: writes it, ``lowered_ir`` reads it: an input written in place is state; vendor kernels: ``vendor_abi.IN_PLACE``)
+IN_PLACE_ATTR = "nimble.in_place"
 
 #: The Relax function of an executable that returns the plan's JSON.
 PLAN_FUNC = "__nimble_plan__"

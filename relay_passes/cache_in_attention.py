@@ -1,0 +1,140 @@
+"""A decode step's KV cache write inside its attention call: one launch a layer less.
+
+After :func:`.kv_cache.cache_step`, a decode step writes each layer's new key and value into the cache with a TIR
+kernel (``kv_write``, in place) and the fused attention (``vendor_offload``'s ``nimble.attention.sdpa_bias`` /
+``split_sdpa_bias``, one query row) then reads the whole cache. At batch 1 both are latency, not work: the write is
+one more launch and one more dependency a layer (12 in GPT-2 small, 24 in a 0.5B decoder). :func:`CacheWriteInAttention`
+replaces such a pair by one ``nimble.attention.append_sdpa_bias`` call, which writes the new key and value into the
+caches and attends over them (the vendor ABI's ``IN_PLACE``: the plan keeps the caches as state, as it does for
+``kv_write``'s). It runs after the offload, on what the kernel choice kept: it adds no candidate to measure (the
+same kernel runs, with one launch less), and it takes only a write whose cache the attention alone reads.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from tvm_nimble.contract import vendor_abi
+from tvm_nimble.contract.markers import IN_PLACE_ATTR
+
+#: the attention calls whose decode (one query row) the append call computes: those that run the decode kernel
+TAKES = (vendor_abi.ATTENTION_SDPA_BIAS, vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
+APPEND = vendor_abi.ATTENTION_APPEND_SDPA_BIAS
+#: the attrs' entry of the query rows (Sq): codegen/vendor/sdpa_args.h
+_SQ = 2
+
+
+def _extern_name(call) -> str | None:
+    if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_dps_packed":
+        callee = call.args[0]
+        if isinstance(callee, relax.ExternFunc):
+            return str(callee.global_symbol)
+    return None
+
+
+class _Write:
+    """One cache a ``kv_write`` call writes: the call's binding var, the cache (a parameter), the new values, the
+    positions."""
+
+    def __init__(self, call_var, cache, new, pos):
+        self.call_var, self.cache, self.new, self.pos = call_var, cache, new, pos
+
+
+def _write_of(var, bound: dict, mod: tvm.IRModule, params: set) -> _Write | None:
+    """The cache write ``var`` (an attention's K or V operand) is the result of, or None: an item of (or the whole
+    result of) a ``call_tir_inplace`` of a PrimFunc marked in place (:data:`~tvm_nimble.contract.markers.IN_PLACE_ATTR`) over a
+    parameter (the state)."""
+    value, item = bound.get(var), None
+    if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+        var, item = value.tuple_value, int(value.index)
+        value = bound.get(var)
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "relax.call_tir_inplace" and isinstance(value.args[0], relax.GlobalVar)):
+        return None
+    func = mod[value.args[0]]
+    if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None or IN_PLACE_ATTR not in func.attrs:
+        return None
+    in_place = [int(i) for i in func.attrs[IN_PLACE_ATTR]]
+    args = list(value.args[1].fields)
+    n = len(in_place)
+    # kv_write's arguments: the n caches, their n new values, the positions (kv_cache.kv_write)
+    if in_place != list(range(n)) or len(args) != 2 * n + 1 or (item is None) != (n == 1):
+        return None
+    i = 0 if item is None else item
+    if args[i] not in params:
+        return None
+    return _Write(var, args[i], args[n + i], args[2 * n])
+
+
+def _uses(func: relax.Function) -> dict:
+    counts: dict = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            for v in relax.analysis.free_vars(b.value):
+                counts[v] = counts.get(v, 0) + 1
+    for v in relax.analysis.free_vars(func.body.body):
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def cache_write_in_attention(func: relax.Function, mod: tvm.IRModule) -> tuple[relax.Function, int]:
+    """``func`` with each decode attention over a cache ``kv_write`` wrote just before as one append call (see the
+    module docstring), and how many it made."""
+    params = set(func.params)
+    uses = _uses(func)
+    blocks, made = [], 0
+    for block in func.body.blocks:
+        bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+        bindings = []
+        for b in block.bindings:
+            value = b.value
+            name = _extern_name(value)
+            if name in TAKES:
+                args = list(value.args[1].fields)
+                attrs = args[-1]
+                q, k, v, bias = args[:4]
+                if isinstance(attrs, relax.ShapeExpr) and int(attrs.values[_SQ]) == 1:
+                    wk, wv = (_write_of(x, bound, mod, params) for x in (k, v))
+                    # the attention alone reads what the writes return (each write's result: its items, or itself)
+                    if wk is not None and wv is not None and wk.pos.same_as(wv.pos) and uses.get(k) == 1 \
+                            and uses.get(v) == 1 and _only_read_through(wk, wv, k, v, bound, uses):
+                        call = relax.op.call_dps_packed(
+                            APPEND, relax.Tuple([q, wk.cache, wv.cache, bias, wk.new, wv.new, wk.pos, attrs]),
+                            list(value.ty.fields))
+                        bindings.append(relax.VarBinding(b.var, call))
+                        made += 1
+                        continue
+            bindings.append(b)
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    if not made:
+        return func, 0
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs, func.span), made
+
+
+def _only_read_through(wk: _Write, wv: _Write, k, v, bound: dict, uses: dict) -> bool:
+    """Whether the writes' results are read by nothing but the attention's K and V operands: a write of both caches
+    returns a tuple whose two items are ``k`` and ``v``; a write of one returns ``k`` (or ``v``) itself."""
+    if wk.call_var.same_as(wv.call_var):  # one kernel wrote both: its tuple is read by the two items alone
+        return uses.get(wk.call_var) == 2 and isinstance(bound.get(k), relax.TupleGetItem)
+    return all(uses.get(w.call_var) == 1 for w in (wk, wv))
+
+
+def CacheWriteInAttention() -> tvm.transform.Pass:
+    """Module pass: :func:`cache_write_in_attention` on every Relax function, then dead-code elimination (the cache
+    writes it replaced)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="nimble.CacheWriteInAttention")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        changed = False
+        mod = mod.clone()
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                new, made = cache_write_in_attention(func, mod)
+                if made:
+                    mod[gv] = new
+                    changed = True
+        return relax.transform.DeadCodeElimination()(mod) if changed else mod
+
+    return _pass

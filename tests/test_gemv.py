@@ -171,7 +171,7 @@ def _gated_mlp(dtype: str = "float16", norm: bool = True, rows: int = 1, order: 
 @pytest.mark.parametrize("order", ["gate-first", "gate-last"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_gated_mlps_projection_and_gate_are_one_gemv(norm, order, dtype, vendor_reference):
-    """``gemv_glu`` (named): the merged gate/up projection, its split and silu(gate) * up become one call of the gated
+    """``gemv_glu``: the merged gate/up projection, its split and silu(gate) * up become one call of the gated
     width (with the RMSNorm before it in the prologue), its weights' rows interleaved gate/up; the module computes
     what stock TVM computes."""
     func = _gated_mlp(dtype, norm=norm, order=order)
@@ -197,6 +197,7 @@ def test_what_the_gated_gemv_leaves_to_others(case):
     assert find_offloads(func, providers=[gemv.GLU_PROVIDER]) == []
 
 
-def test_the_gated_gemv_is_used_only_when_named():
+def test_the_decode_providers_are_used_by_default():
     by_name = {p.name: p for p in registered()}
-    assert not by_name["gemv_glu"].by_default and by_name["gemv_norm"].by_default
+    assert by_name["gemv_glu"].by_default and by_name["gemv_norm"].by_default
+    assert by_name["attention_append"].by_default

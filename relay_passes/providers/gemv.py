@@ -7,7 +7,7 @@ the chains of cuBLASLt's Linear (:func:`.cublaslt.linear_of`: the residual may b
 writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` takes the same chain
 with the norm before it -- a float32 LayerNorm or RMSNorm over the last axis cast to the 16-bit dtype, what the
 precision policy makes of a decoder layer's norm before its projections -- into the kernel's prologue
-(``norm_matmul``: one kernel fewer a norm; one row). Provider ``gemv_glu`` (only when named) takes a gated MLP's
+(``norm_matmul``: one kernel fewer a norm; one row). Provider ``gemv_glu`` takes a gated MLP's
 merged gate/up projection with what follows it up to the down projection, ``silu(gate) * up``, as one call
 (``glu_matmul``, with the norm before it ``glu_norm_matmul``; one row): its weights' rows interleaved gate/up, so
 that a block's columns pair up in the epilogue. The weights are stored [N, K] (transposed here, once, when the
@@ -232,8 +232,9 @@ def gemv_glu_chain(ctx, chains, var, call):
     return lin.removed + removed, gated, (value, None)
 
 
-#: Only when named until it is measured on a GPU: the gated MLP's projection and gate as one kernel.
+#: the gated MLP's projection and gate as one kernel: checked against float64 PyTorch on an H200 (experiment
+#: gemv_check), measured per chain by kernels="best" (which takes it for the 0.5B decoder's MLPs: benchmarks/findings.md)
 GLU_PROVIDER = register(Provider(
     name="gemv_glu", title="GEMV of a gated MLP's gate/up projection with its SiLU gate (ours)",
     kernel_prefix=vendor_abi.family(GLU_MATMUL, GLU_NORM_MATMUL),
-    matchers={"relax.matmul": gemv_glu_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",), by_default=False))
+    matchers={"relax.matmul": gemv_glu_chain}, dtypes=REDUCED_DTYPES, layouts=("row-major",)))

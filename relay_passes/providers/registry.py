@@ -44,7 +44,7 @@ PRIORITY = (
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
     "gemv",  # our 16-bit GEMV for a decode step's few rows (after cuBLASLt: "vendor" keeps cuBLASLt)
     "gemv_norm",  # the same with the LayerNorm/RMSNorm before it in its prologue (one row)
-    "gemv_glu",  # a gated MLP's gate/up projection and its SiLU gate (one row; only when named)
+    "gemv_glu",  # a gated MLP's gate/up projection and its SiLU gate (one row)
     "layer_norm",  # LayerNorm
 )
 

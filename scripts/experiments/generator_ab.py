@@ -3,7 +3,7 @@
 
 Each decoder is built twice with ``--kernels`` (the second build finds the first's chain timings in the timing cache,
 so both choose alike where their providers agree): A with the registry's default providers plus ``--with``, B with
-A's less ``--without``. Then Generators of A and B alternate, ``--rounds`` times each, each round timing
+A's less ``--without`` and with ``--b-option KEY=VALUE`` (build options of B's alone, e.g. ``max_streams=auto``). Then Generators of A and B alternate, ``--rounds`` times each, each round timing
 ``--repeats`` requests of ``--new-tokens`` tokens after a ``--prompt``-token prompt (ms per token as ``bench
 --generate`` reports it); the GPU's drift between rounds (larger than many of the differences measured) falls on
 both. A's and B's tokens must be equal.
@@ -32,6 +32,8 @@ def parse_args(argv=None):
     p.add_argument("--kernels", default="best")
     p.add_argument("--with", dest="with_", default="", help="providers A names besides the default ones")
     p.add_argument("--without", default="", help="providers A has and B lacks")
+    p.add_argument("--b-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a build option of B's alone (repeatable), e.g. max_streams=auto")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=2)
@@ -54,8 +56,16 @@ def main(argv=None) -> int:
     names = lambda s: [n for n in s.split(",") if n]  # noqa: E731
     a = [p.name for p in registry.offloading("cuda")] + [n for n in names(args.with_)]
     b = [n for n in a if n not in names(args.without)]
-    if a == b:
-        print("generator_ab: --without names no provider A has", file=sys.stderr)
+    b_options = {}
+    for item in args.b_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"generator_ab: --b-option {item!r} is not KEY=VALUE", file=sys.stderr)
+            return 2
+        b_options[key] = int(value) if value.lstrip("-").isdigit() else value
+    if a == b and not b_options:
+        print("generator_ab: A and B are the same build (--without names no provider A has, no --b-option)",
+              file=sys.stderr)
         return 2
     results, ok = {}, True
     for spec in names(args.models):
@@ -63,8 +73,8 @@ def main(argv=None) -> int:
         prompt = np.random.default_rng(0).integers(0, vocab_size(onnx_model), size=args.prompt).tolist()
         modules = {side: tvm_nimble.build_generator(onnx_model, args.target, precision=args.precision,
                                                     kernels=args.kernels, max_length=args.prompt + args.new_tokens,
-                                                    prefill_lengths=(args.prompt,), providers=tuple(chosen))
-                   for side, chosen in (("A", a), ("B", b))}
+                                                    prefill_lengths=(args.prompt,), providers=tuple(chosen), **extra)
+                   for side, chosen, extra in (("A", a, {}), ("B", b, b_options))}
         times: dict[str, list[float]] = {"A": [], "B": []}
         tokens = {}
         for _ in range(args.rounds):
@@ -76,12 +86,13 @@ def main(argv=None) -> int:
         same = tokens["A"] == tokens["B"]
         ok &= same
         launches = {side: len(m.plan.launches) for side, m in modules.items()}
-        results[spec] = {"providers_a": a, "providers_b": b, "ms_per_token_a": times["A"],
+        results[spec] = {"providers_a": a, "providers_b": b, "options_b": b_options, "ms_per_token_a": times["A"],
                          "ms_per_token_b": times["B"], "decode_launches": launches, "tokens_equal": same}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "generator_ab.json"), "w") as f:
         json.dump(results, f, indent=1)
-    print(f"A: default providers{' + ' + args.with_ if args.with_ else ''}; B: A without {args.without}")
+    print(f"A: default providers{' + ' + args.with_ if args.with_ else ''}; B: A without {args.without or '-'}"
+          f"{', ' + ', '.join(args.b_option) if args.b_option else ''}")
     print(f"{'model':<16} {'A ms/token':>11} {'B ms/token':>11} {'B/A':>6} {'launches A/B':>13}  tokens")
     for spec, r in results.items():
         ma, mb = statistics.median(r["ms_per_token_a"]), statistics.median(r["ms_per_token_b"])

@@ -8,6 +8,11 @@ replaces such a pair by one ``nimble.attention.append_sdpa_bias`` call, which wr
 caches and attends over them (the vendor ABI's ``IN_PLACE``: the plan keeps the caches as state, as it does for
 ``kv_write``'s). It runs after the offload, on what the kernel choice kept: it adds no candidate to measure (the
 same kernel runs, with one launch less), and it takes only a write whose cache the attention alone reads.
+
+:func:`RotaryInAttention` (provider ``attention_rope``) goes one step further on a Llama-style decoder: where the
+append call's q and new key are the rotary embeddings of one position (``x * cos + rotate_half(x) * sin``, as the
+export spells it and the precision pass widens it), the call reads them before the rotation and rotates them itself
+(``append_rope_sdpa_bias``, the cos/sin tables as arguments): the two TVM kernels a layer that computed them go.
 """
 from __future__ import annotations
 
@@ -132,6 +137,176 @@ def CacheWriteInAttention() -> tvm.transform.Pass:
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 new, made = cache_write_in_attention(func, mod)
+                if made:
+                    mod[gv] = new
+                    changed = True
+        return relax.transform.DeadCodeElimination()(mod) if changed else mod
+
+    return _pass
+
+
+# ---- the rotary embedding of q and the new key inside the append call -------------------------------------------
+ROPE = vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS
+
+
+def _op(value) -> str | None:
+    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+
+
+def _ints(values) -> list[int]:
+    return [int(v) for v in values]
+
+
+def _shape(expr) -> list[int] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return _ints(ty.shape.values)
+    except TypeError:
+        return None
+
+
+def _widened(expr, bound: dict):
+    """``expr`` with one float32 widening (the precision policy's ``astype``) looked through."""
+    value = bound.get(expr)
+    if _op(value) == "relax.astype" and str(value.attrs.dtype) == "float32":
+        return value.args[0]
+    return expr
+
+
+def _expanded(expr, bound: dict):
+    """The [B, S, D] float32 table ``expr`` is ``expand_dims(table, axis=1)`` of, or None."""
+    value = bound.get(expr)
+    if _op(value) == "relax.expand_dims" and _ints(value.attrs.axis) == [1]:
+        table = value.args[0]
+        if isinstance(table, relax.Var) and str(table.ty.dtype) == "float32":
+            return table
+    return None
+
+
+def _half_of(expr, bound: dict, x, first: bool) -> bool:
+    """Whether ``expr`` is ``x[..., :D/2]`` (``first``) or ``x[..., D/2:]``, a strided slice of the last axis."""
+    value = bound.get(expr)
+    if _op(value) != "relax.strided_slice" or not value.args[0].same_as(x):
+        return False
+    d = _shape(x)[-1]
+    axes, begin, end = (_ints(a.values if hasattr(a, "values") else a) for a in value.args[1:4])
+    strides = _ints(value.args[4].values if hasattr(value.args[4], "values") else value.args[4]) \
+        if len(value.args) > 4 else [1]
+    if axes not in ([3], [-1]) or strides != [1]:
+        return False
+    return (begin == [0] and end == [d // 2]) if first else (begin == [d // 2] and end[0] >= d)
+
+
+def _rotated_half(expr, bound: dict, x) -> bool:
+    """Whether ``expr`` is ``concat([-x[..., D/2:], x[..., :D/2]], axis=-1)`` (rotate_half)."""
+    value = bound.get(expr)
+    if _op(value) != "relax.concat" or len(value.args[0].fields) != 2 or int(value.attrs.axis) not in (3, -1):
+        return False
+    neg, first = value.args[0].fields
+    neg_value = bound.get(neg)
+    return (_op(neg_value) == "relax.negative" and _half_of(neg_value.args[0], bound, x, first=False)
+            and _half_of(first, bound, x, first=True))
+
+
+def rotary_of(expr, bound: dict):
+    """(x, cos, sin) where ``expr`` is the rotary embedding of x ([B, H, 1, D]) as a Llama-style export computes it
+    after the precision pass: ``astype(x * cos + rotate_half(x) * sin)`` in float32 (the casts absent in an fp32
+    build), cos and sin ``expand_dims(table, 1)`` of float32 [B, 1, D] tables; else None."""
+    value = bound.get(expr)
+    if _op(value) == "relax.astype":
+        value = bound.get(value.args[0])
+    if _op(value) != "relax.add":
+        return None
+    terms = [bound.get(a) for a in value.args]
+    if any(_op(t) != "relax.multiply" for t in terms):
+        return None
+    for direct, rotated in (terms, terms[::-1]):
+        for xa, ca in (direct.args, direct.args[::-1]):
+            x, cos = _widened(xa, bound), _expanded(ca, bound)
+            shape = _shape(x) if isinstance(x, relax.Var) else None
+            if cos is None or shape is None or len(shape) != 4 or shape[2] != 1 or shape[3] % 2:
+                continue
+            for ra, sa in (rotated.args, rotated.args[::-1]):
+                sin = _expanded(sa, bound)
+                if sin is not None and _rotated_half(_widened(ra, bound), bound, x):
+                    return x, cos, sin
+    return None
+
+
+def _rows(x, bound: dict):
+    """What holds ``x`` ([B, H, 1, D]) as [B, H, D] contiguous rows without a kernel: the [B, 1, H, D] tensor a
+    permute_dims of one position made it from (the same bytes), or ``x`` itself."""
+    value = bound.get(x)
+    if _op(value) == "relax.permute_dims" and value.attrs.axes is not None \
+            and _ints(value.attrs.axes) == [0, 2, 1, 3]:
+        return value.args[0]
+    return x
+
+
+def rotary_in_attention(func: relax.Function) -> tuple[relax.Function, int]:
+    """``func`` with each append call whose q and new key are rotary embeddings over the same cos/sin tables as one
+    ``append_rope_sdpa_bias`` call reading them before the rotation, and how many it made."""
+    blocks, made, renamed = [], 0, {}
+    for block in func.body.blocks:
+        bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+        bindings = []
+        for b in block.bindings:
+            value = b.value
+            if _extern_name(value) == APPEND:
+                q, kc, vc, bias, kn, vn, pos, attrs = value.args[1].fields
+                a = _ints(attrs.values)
+                B, H, D = a[0], a[1], a[4]
+                rq, rk = rotary_of(q, bound), rotary_of(kn, bound)
+                contiguous_q = a[6] == 0 and a[7] == H * D and a[8] == D
+                if rq is not None and rk is not None and contiguous_q and rq[1].same_as(rk[1]) \
+                        and rq[2].same_as(rk[2]) and _shape(rq[1]) == [B, 1, D]:
+                    ws = B * H * D * 4 + 256  # the rotated q of a call the decode kernel does not take, aligned
+                    out = value.ty.fields[0]
+                    call = relax.op.call_dps_packed(
+                        ROPE, relax.Tuple([_rows(rq[0], bound), kc, vc, bias, _rows(rk[0], bound), vn, pos, rq[1],
+                                           rq[2], attrs]),
+                        [out, relax.TensorType((ws,), "uint8")])
+                    # a var of the call's type (its workspace is larger), read where the append call's was
+                    var = relax.DataflowVar(b.var.name, relax.TupleType([out, relax.TensorType((ws,), "uint8")]))
+                    renamed[b.var] = var
+                    bindings.append(relax.VarBinding(var, call))
+                    made += 1
+                    continue
+            bindings.append(b)
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    if not made:
+        return func, 0
+    body = _Renamed(renamed).visit_expr(relax.SeqExpr(blocks, func.body.body))
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span), made
+
+
+@relax.expr_functor.mutator
+class _Renamed(relax.PyExprMutator):
+    def __init__(self, renamed: dict):
+        super().__init__()
+        self.renamed = renamed
+
+    def visit_var_(self, var):
+        return self.renamed.get(var, var)
+
+    def visit_dataflow_var_(self, var):
+        return self.renamed.get(var, var)
+
+
+def RotaryInAttention() -> tvm.transform.Pass:
+    """Module pass: :func:`rotary_in_attention` on every Relax function (after :func:`CacheWriteInAttention`), then
+    dead-code elimination (the rotary kernels it replaced)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="nimble.RotaryInAttention")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        changed = False
+        mod = mod.clone()
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                new, made = rotary_in_attention(func)
                 if made:
                     mod[gv] = new
                     changed = True

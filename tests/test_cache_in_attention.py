@@ -1,12 +1,14 @@
 """A decode step's KV cache write inside its attention call (relay_passes/cache_in_attention.py): on the tiny GPT-2
 and Llama-style decoders' decode steps, each layer's ``kv_write`` kernel and fused attention become one
-``nimble.attention.append_sdpa_bias`` call that the plan keeps the caches as state for; and a generator whose
-decode step runs those calls (their numpy contract, ``vendor_reference``, on llvm) generates the tokens of a loop
-that reruns the whole sequence through the ONNX reference evaluator."""
+``nimble.attention.append_sdpa_bias`` call that the plan keeps the caches as state for (with ``attention_rope``, the
+Llama-style decoder's rotary embedding of q and the new key goes into it too: ``append_rope_sdpa_bias``); and a
+generator whose decode step runs those calls (their numpy contract, ``vendor_reference``, on llvm) generates the
+tokens of a loop that reruns the whole sequence through the ONNX reference evaluator."""
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
@@ -77,16 +79,46 @@ def test_each_layers_cache_write_goes_into_its_attention(name, precision):
     assert vendor_abi.ATTENTION_APPEND_SDPA_BIAS not in plain
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_a_generator_with_the_append_calls_gives_the_reference_tokens(name, vendor_reference):
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_the_rotary_embedding_goes_into_the_append_call(precision):
+    """Llama-style: with attention_rope each layer's append call reads q and the new key before their rotary
+    embedding (no TVM kernel computes it: no negative left), the cos/sin tables as arguments; GPT-2 (learned
+    positions) keeps its append calls."""
+    providers = [attention.PROVIDER, attention.APPEND_PROVIDER, attention.ROPE_PROVIDER]
+    llama, options = _decode_step("llama", precision, providers)
+    calls = _calls(llama)
+    assert calls.get(vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS) == LAYERS, calls
+    assert vendor_abi.ATTENTION_APPEND_SDPA_BIAS not in calls
+    ops = {b.value.op.name for block in llama["main"].body.blocks for b in block.bindings
+           if hasattr(b.value, "op") and hasattr(b.value.op, "name")}
+    assert "relax.negative" not in ops
+    plan = stages.build_fixed(llama, options.replace(compile_kernels=False), BuildSession(options)).plan
+    assert len(plan.states) == 2 * LAYERS
+    gpt2 = _calls(_decode_step("gpt2", precision, providers)[0])
+    assert gpt2.get(vendor_abi.ATTENTION_APPEND_SDPA_BIAS) == LAYERS and vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS \
+        not in gpt2
+
+
+@pytest.mark.parametrize("name,rope", [("gpt2", False), ("llama", False), ("llama", True)])
+def test_a_generator_with_the_append_calls_gives_the_reference_tokens(name, rope, vendor_reference):
     """The decode step with the append calls (run as their numpy contract on llvm) in place of the generator's own,
     the prefill step kept: greedy tokens over 32 new ones, a prompt past the prefill bucket (the rest token by
     token), equal those of the full-rerun reference."""
-    fused, _ = _decode_step(name, "fp32", [attention.PROVIDER, attention.APPEND_PROVIDER])
-    assert vendor_abi.ATTENTION_APPEND_SDPA_BIAS in _calls(fused)
+    providers = [attention.PROVIDER, attention.APPEND_PROVIDER] + ([attention.ROPE_PROVIDER] if rope else [])
+    fused, _ = _decode_step(name, "fp32", providers)
+    want = vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS if rope else vendor_abi.ATTENTION_APPEND_SDPA_BIAS
+    assert want in _calls(fused)
     decode = build(fused, "llvm", max_streams=1)
     plain = generator_module(name)
     module = GeneratorModule({**plain.steps, DECODE: decode}, MAX_LENGTH, VOCAB)
     for prompt in PROMPTS.values():
         with Generator(module) as gen:
             assert gen.generate(prompt, 32) == reference_tokens(name, prompt, 32, Sampling())
+    # the logits of the decode steps after a prompt past the prefill bucket, against the generator built from TVM's
+    # kernels alone (a tiny decoder's greedy tokens can stay the same when the attention is wrong)
+    with Generator(plain) as gen:
+        want = gen.prompt_logits(PROMPTS["long"])
+        other = gen.prompt_logits(PROMPTS["short"])
+    assert np.abs(want - other).max() > 1e-3  # the logits depend on the prompt
+    with Generator(module) as gen:
+        np.testing.assert_allclose(gen.prompt_logits(PROMPTS["long"]), want, rtol=1e-4, atol=1e-4)

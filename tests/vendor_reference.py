@@ -8,7 +8,7 @@ import numpy as np
 import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
-from tvm_nimble.relay_passes.cache_in_attention import APPEND as APPEND_SDPA_BIAS
+from tvm_nimble.relay_passes.cache_in_attention import APPEND as APPEND_SDPA_BIAS, ROPE as APPEND_ROPE_SDPA_BIAS
 from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
                                                           TILE_SDPA, TILE_SDPA_BIAS, CLUSTER_SDPA,
                                                           CLUSTER_SDPA_BIAS)
@@ -132,6 +132,10 @@ def np_sdpa(q, k, v, bias, attrs):
     return y
 
 
+def _array(x) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else x.numpy()
+
+
 @contextlib.contextmanager
 def reference_functions():
     """The numpy contract registered under the vendor names for the duration of the block; whatever
@@ -221,7 +225,7 @@ def reference_functions():
         pos = positions.numpy().ravel()
         caches = []
         for cache, new, off, (sb, sh, ss), d in ((k, k_new, a[10], a[11:14], D), (v, v_new, a[14], a[15:18], Dv)):
-            flat, fresh = cache.numpy().ravel(), new.numpy().reshape(B, kv_heads, d)
+            flat, fresh = cache.numpy().ravel(), _array(new).reshape(B, kv_heads, d)
             for b in range(B):
                 if 0 <= pos[b] < Sk:
                     for g in range(kv_heads):
@@ -229,7 +233,23 @@ def reference_functions():
                         flat[start:start + d] = fresh[b, g]
             cache.copyfrom(flat.reshape(cache.shape))
             caches.append(flat)
-        y.copyfrom(np_sdpa(q.numpy(), caches[0], caches[1], bias.numpy(), a).reshape(y.shape).astype(y.dtype))
+        y.copyfrom(np_sdpa(_array(q), caches[0], caches[1], bias.numpy(), a).reshape(y.shape).astype(y.dtype))
+
+    def append_rope_sdpa_bias(q, k, v, bias, k_new, v_new, positions, cos, sin, attrs, y, ws):
+        """q and k_new rotated first: x * cos + rotate_half(x) * sin in float32, rounded to their dtype; cos and sin
+        float32 [B, D]; q read as [B, H, D] rows."""
+        a = list(attrs)
+        B, H, D = a[0], a[1], a[4]
+        c, s_ = cos.numpy().reshape(B, 1, D).astype(np.float32), sin.numpy().reshape(B, 1, D).astype(np.float32)
+
+        def rotated(x, heads):
+            x = x.numpy()
+            xf = x.reshape(B, heads, D).astype(np.float32)
+            half = np.concatenate([-xf[..., D // 2:], xf[..., :D // 2]], axis=-1)
+            return (xf * c + half * s_).astype(x.dtype)
+
+        append_sdpa_bias(rotated(q, H), k, v, bias, rotated(k_new, H // (a[26] if len(a) > 26 else 1)), v_new,
+                         positions, attrs, y, ws)
 
     def layer_norm(x, gamma, beta, attrs, y, ws):  # over the last axis; attrs = [eps as float32 bits]
         eps = float(np.array([int(attrs[0])], np.uint32).view(np.float32)[0])
@@ -255,7 +275,7 @@ def reference_functions():
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
-             APPEND_SDPA_BIAS: append_sdpa_bias,
+             APPEND_SDPA_BIAS: append_sdpa_bias, APPEND_ROPE_SDPA_BIAS: append_rope_sdpa_bias,
              LAYER_NORM: layer_norm,
              simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, gemv_provider.MATMUL: gemv,
              gemv_provider.MATMUL_ADD: lambda a, w, bias, z, attrs, y, ws: gemv(a, w, bias, attrs, y, ws, z),

@@ -51,6 +51,11 @@
 //   are written in place (the contract's IN_PLACE). The decode kernel reads the new key and value where the cache
 //   would hold them, and one block per KV head writes them (no block reads that slot of the cache, so the write
 //   races with nothing); a call the decode kernel does not take writes the caches first, then runs split_sdpa_bias.
+// - nimble.attention.append_rope_sdpa_bias(q, k_cache, v_cache, bias, k_new, v_new, positions, cos, sin, attrs, y,
+//   workspace): the same with the rotary embedding of q and k_new before it, as a Llama-style decoder computes it:
+//   x * cos + rotate_half(x) * sin in fp32 (rotate_half(x) = [-x[D/2:], x[:D/2]]), rounded to the dtype; cos and sin
+//   fp32 [B, D] (the position's row); q read as [B, H, D] contiguous (q_offset 0). The workspace holds the rotated q
+//   of a call the decode kernel does not take (B * H * D elements).
 // - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.cu.
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
 //   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
@@ -81,6 +86,7 @@ constexpr const char* kTileBias = "nimble.attention.tile_sdpa_bias";
 constexpr const char* kCluster = "nimble.attention.cluster_sdpa";
 constexpr const char* kClusterBias = "nimble.attention.cluster_sdpa_bias";
 constexpr const char* kAppendBias = "nimble.attention.append_sdpa_bias";
+constexpr const char* kAppendRopeBias = "nimble.attention.append_rope_sdpa_bias";
 constexpr int kWarps = 8, kRowsPerWarp = 1, kTileK = 32, kMaxD = 128;
 constexpr int kTileRowsPerWarp = kTileK / kWarps;  // key rows of a tile each warp loads
 static_assert(kTileK == 32, "one key per lane");
@@ -459,6 +465,7 @@ constexpr const char* kDecode = "nimble.attention (decode kernel)";
 
 // A decode step's new key and value (append_sdpa_bias): [B, KV heads, D] each, written into the caches (the kernel's k
 // and v) at slot pos[b]; every block reads them where the cache would hold them.
+// With cos / sin (fp32 [B, D]), q and k_new are rotated first (append_rope_sdpa_bias).
 template <typename T>
 struct CacheAppend {
   const T* k_new = nullptr;
@@ -466,7 +473,35 @@ struct CacheAppend {
   const int64_t* pos = nullptr;
   T* k_cache = nullptr;
   T* v_cache = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
 };
+
+// Element d of row x (D elements) rotated: x[d] * cos[d] + rotate_half(x)[d] * sin[d] in fp32, rounded to T.
+template <typename T>
+__device__ __forceinline__ T Rotated(const T* x, const float* cos, const float* sin, int64_t d, int64_t D) {
+  const int64_t half = D / 2;
+  const float r = d < half ? -ToF(x[d + half]) : ToF(x[d - half]);
+  return FromF<T>(__fadd_rn(__fmul_rn(ToF(x[d]), cos[d]), __fmul_rn(r, sin[d])));
+}
+
+// The 16 bytes of row x (D elements) at columns c .. c + 16 / sizeof(T), rotated (Rotated); c + that within one half.
+template <typename T>
+__device__ __forceinline__ uint4 Rotated16B(const T* x, const float* cos, const float* sin, int64_t c, int64_t D) {
+  constexpr int E = 16 / sizeof(T);
+  const int64_t half = D / 2, other = c < half ? c + half : c - half;
+  float xf[E], of[E];
+  Unpack16B<T>(*reinterpret_cast<const uint4*>(x + c), xf);
+  Unpack16B<T>(*reinterpret_cast<const uint4*>(x + other), of);
+  uint4 out;
+  T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float r = c < half ? -of[i] : of[i];
+    o[i] = FromF<T>(__fadd_rn(__fmul_rn(xf[i], cos[c + i]), __fmul_rn(r, sin[c + i])));
+  }
+  return out;
+}
 
 template <typename T, typename M, int D, bool kAppend>
 __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __restrict__ q, const T* __restrict__ k,
@@ -492,16 +527,23 @@ __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __re
   // the caches (block 0 of its cluster), and no block reads that slot of a cache
   const int64_t at = kAppend ? a.pos[b] : -1;
   const int64_t kv_heads = p.H / p.group;
-  const T* kn = kAppend ? a.k_new + (b * kv_heads + kvh) * D + E * slot : nullptr;
-  const T* vn = kAppend ? a.v_new + (b * kv_heads + kvh) * D + E * slot : nullptr;
+  // the new key (rotated where cos is given) and value at this thread's columns
+  uint4 k_fresh = make_uint4(0, 0, 0, 0), v_fresh = make_uint4(0, 0, 0, 0);
+  if (kAppend) {
+    const T* kn = a.k_new + (b * kv_heads + kvh) * D;
+    k_fresh = a.cos ? Rotated16B<T>(kn, a.cos + b * D, a.sin + b * D, E * slot, D)
+                    : *reinterpret_cast<const uint4*>(kn + E * slot);
+    v_fresh = *reinterpret_cast<const uint4*>(a.v_new + (b * kv_heads + kvh) * D + E * slot);
+  }
   if (kAppend && at >= 0 && at < p.Sk && rank == 0 && h % p.group == 0 && t < L) {
-    *reinterpret_cast<uint4*>(a.k_cache + p.k_off + b * p.k_sb + kvh * p.k_sh + at * p.k_ss + E * slot) =
-        *reinterpret_cast<const uint4*>(kn);
-    *reinterpret_cast<uint4*>(a.v_cache + p.v_off + b * p.v_sb + kvh * p.v_sh + at * p.v_ss + E * slot) =
-        *reinterpret_cast<const uint4*>(vn);
+    *reinterpret_cast<uint4*>(a.k_cache + p.k_off + b * p.k_sb + kvh * p.k_sh + at * p.k_ss + E * slot) = k_fresh;
+    *reinterpret_cast<uint4*>(a.v_cache + p.v_off + b * p.v_sb + kvh * p.v_sh + at * p.v_ss + E * slot) = v_fresh;
   }
   float qf[E];
-  Unpack16B<T>(*reinterpret_cast<const uint4*>(q + p.q_off + b * p.q_sb + h * p.q_sh + E * slot), qf);
+  const T* qrow = q + p.q_off + b * p.q_sb + h * p.q_sh;
+  Unpack16B<T>(kAppend && a.cos ? Rotated16B<T>(qrow, a.cos + b * D, a.sin + b * D, E * slot, D)
+                                : *reinterpret_cast<const uint4*>(qrow + E * slot),
+               qf);
   float mx = -INFINITY, l = 0.0f, acc[E];
 #pragma unroll
   for (int i = 0; i < E; ++i) acc[i] = 0.0f;
@@ -513,10 +555,8 @@ __global__ void __launch_bounds__(kDecodeThreads) SdpaDecodeKernel(const T* __re
       const int64_t key = c * CHUNK + n * G + g;
       const bool in = c < chunks && key < p.Sk;  // a key past Sk reads zeros (0 * garbage could be NaN)
       const bool fresh = kAppend && key == at;  // the appended key: from k_new / v_new, not the cache
-      kr[n] = !in ? make_uint4(0, 0, 0, 0)
-                  : *reinterpret_cast<const uint4*>(fresh ? kn : kb + key * p.k_ss);
-      vr[n] = !in ? make_uint4(0, 0, 0, 0)
-                  : *reinterpret_cast<const uint4*>(fresh ? vn : vb + key * p.v_ss);
+      kr[n] = !in ? make_uint4(0, 0, 0, 0) : fresh ? k_fresh : *reinterpret_cast<const uint4*>(kb + key * p.k_ss);
+      vr[n] = !in ? make_uint4(0, 0, 0, 0) : fresh ? v_fresh : *reinterpret_cast<const uint4*>(vb + key * p.v_ss);
     }
   };
   load(rank);
@@ -620,8 +660,10 @@ __global__ void CacheAppendKernel(CacheAppend<T> a, SdpaParams p) {
   const int64_t kv_heads = p.H / p.group, b = blockIdx.x / kv_heads, g = blockIdx.x % kv_heads;
   const int64_t at = a.pos[b];
   if (at < 0 || at >= p.Sk) return;
+  const T* kn = a.k_new + (b * kv_heads + g) * p.D;
   for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
-    a.k_cache[p.k_off + b * p.k_sb + g * p.k_sh + at * p.k_ss + d] = a.k_new[(b * kv_heads + g) * p.D + d];
+    a.k_cache[p.k_off + b * p.k_sb + g * p.k_sh + at * p.k_ss + d] =
+        a.cos ? Rotated<T>(kn, a.cos + b * p.D, a.sin + b * p.D, d, p.D) : kn[d];
   }
   for (int64_t d = threadIdx.x; d < p.Dv; d += blockDim.x) {
     a.v_cache[p.v_off + b * p.v_sb + g * p.v_sh + at * p.v_ss + d] = a.v_new[(b * kv_heads + g) * p.Dv + d];
@@ -707,59 +749,113 @@ void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const Te
   CheckCuda(cudaGetLastError(), op, "attention kernel launch");
 }
 
+// q [B, H, D] rotated into out (a call the decode kernel does not take): thread d of block (b, h)
+template <typename T>
+__global__ void RotateKernel(const T* q, const float* cos, const float* sin, T* out, SdpaParams p) {
+  const int64_t b = blockIdx.x / p.H, h = blockIdx.x % p.H;
+  const T* row = q + (b * p.H + h) * p.D;
+  for (int64_t d = threadIdx.x; d < p.D; d += blockDim.x) {
+    out[(b * p.H + h) * p.D + d] = Rotated<T>(row, cos + b * p.D, sin + b * p.D, d, p.D);
+  }
+}
+
 template <typename T, typename M>
 void LaunchAppend(const SdpaParams& p, const void* q, void* k, void* v, const void* m, const void* k_new,
-                  const void* v_new, const int64_t* pos, void* y, cudaStream_t stream) {
+                  const void* v_new, const int64_t* pos, const float* cos, const float* sin, void* q_rotated,
+                  void* y, cudaStream_t stream) {
   CacheAppend<T> a{static_cast<const T*>(k_new), static_cast<const T*>(v_new), pos, static_cast<T*>(k),
-                   static_cast<T*>(v)};
+                   static_cast<T*>(v), cos, sin};
   if (LaunchDecode<T, M, true>(p, static_cast<const T*>(q), a.k_cache, a.v_cache, static_cast<const M*>(m),
                                static_cast<T*>(y), stream, a)) {
     return;
   }
   CacheAppendKernel<T><<<unsigned(p.B * (p.H / p.group)), 128, 0, stream>>>(a, p);
+  if (cos) {  // the rotated q in the workspace, read as q was ([B, H, D] contiguous)
+    RotateKernel<T><<<unsigned(p.B * p.H), 128, 0, stream>>>(static_cast<const T*>(q), cos, sin,
+                                                              static_cast<T*>(q_rotated), p);
+    q = q_rotated;
+  }
   LaunchSdpa<T, M>(p, q, k, v, m, y, Kernel::kSplitKey, stream);
 }
 
-void AppendBias(TensorView q, TensorView k, TensorView v, TensorView bias, TensorView k_new, TensorView v_new,
-                TensorView positions, Shape attrs, TensorView y, TensorView workspace) {
+void AppendImpl(const char* op, TensorView q, TensorView k, TensorView v, TensorView bias, TensorView k_new,
+                TensorView v_new, TensorView positions, const TensorView* cos, const TensorView* sin, Shape attrs,
+                TensorView y, TensorView workspace) {
   int dtype = 0;
-  const SdpaParams p = CheckSdpa(kAppendBias, q, k, v, &bias, attrs, y, workspace, &dtype);
+  const SdpaParams p = CheckSdpa(op, q, k, v, &bias, attrs, y, workspace, &dtype);
   const int dev = q.device().device_id;
-  if (p.Sq != 1) FailValue(kAppendBias, "takes one query row per head (a decode step), got Sq = " + std::to_string(p.Sq));
+  const int64_t elem = dtype == kF32 ? 4 : 2;
+  void* q_rotated = nullptr;
+  if (cos) {
+    for (const TensorView* t : {cos, sin}) {
+      CheckCudaTensor(op, "cos and sin", *t, dev);
+      if (TensorDType(*t) != kF32 || t->numel() != p.B * p.D) {
+        FailValue(op, "cos and sin must be float32 [B, D] = [" + std::to_string(p.B) + ", " + std::to_string(p.D) +
+                          "], got " + DLTypeStr(t->dtype()) + " " + ShapeStr(*t));
+      }
+    }
+    if (p.D % 2 != 0 || (p.D / 2) % (16 / elem) != 0) {
+      FailValue(op, "the rotary embedding takes a head dimension whose halves are whole 16-byte loads, got D = " +
+                        std::to_string(p.D));
+    }
+    if (p.q_off != 0 || p.q_sb != p.H * p.D || p.q_sh != p.D) {
+      FailValue(op, "q must be read as [B, H, D] contiguous (q_offset 0, strides H * D and D)");
+    }
+    const Workspace ws = CheckWorkspace(op, workspace, dev);
+    if (ws.bytes < size_t(p.B * p.H * p.D * elem)) {
+      FailValue(op, "the workspace must hold the rotated q, " + std::to_string(p.B * p.H * p.D * elem) +
+                        " bytes after alignment, got " + std::to_string(ws.bytes));
+    }
+    q_rotated = ws.ptr;
+  }
+  if (p.Sq != 1) FailValue(op, "takes one query row per head (a decode step), got Sq = " + std::to_string(p.Sq));
   const int64_t kv_heads = p.H / p.group;
-  CheckCudaTensor(kAppendBias, "k_new", k_new, dev);
-  CheckCudaTensor(kAppendBias, "v_new", v_new, dev);
-  CheckCudaTensor(kAppendBias, "positions", positions, dev);
-  CheckDType(kAppendBias, "k_new", k_new, dtype);
-  CheckDType(kAppendBias, "v_new", v_new, dtype);
+  CheckCudaTensor(op, "k_new", k_new, dev);
+  CheckCudaTensor(op, "v_new", v_new, dev);
+  CheckCudaTensor(op, "positions", positions, dev);
+  CheckDType(op, "k_new", k_new, dtype);
+  CheckDType(op, "v_new", v_new, dtype);
   if (k_new.numel() != p.B * kv_heads * p.D || v_new.numel() != p.B * kv_heads * p.Dv) {
-    FailValue(kAppendBias, "k_new " + ShapeStr(k_new) + " and v_new " + ShapeStr(v_new) + " must hold B * KV heads * D = " +
+    FailValue(op, "k_new " + ShapeStr(k_new) + " and v_new " + ShapeStr(v_new) + " must hold B * KV heads * D = " +
                                std::to_string(p.B * kv_heads * p.D) + " elements each (one new position)");
   }
   DLDataType pd = positions.dtype();
   if (!(pd.code == kDLInt && pd.bits == 64 && pd.lanes == 1) || positions.numel() != p.B) {
-    FailValue(kAppendBias, "positions must be " + std::to_string(p.B) + " int64 (one slot per sequence), got " +
+    FailValue(op, "positions must be " + std::to_string(p.B) + " int64 (one slot per sequence), got " +
                                DLTypeStr(pd) + " " + ShapeStr(positions));
   }
   for (const TensorView* t : {&k_new, &v_new}) {
-    if (DataPtr(*t) == DataPtr(k) || DataPtr(*t) == DataPtr(v)) FailValue(kAppendBias, "k_new and v_new must not alias the caches");
+    if (DataPtr(*t) == DataPtr(k) || DataPtr(*t) == DataPtr(v)) FailValue(op, "k_new and v_new must not alias the caches");
   }
-  DeviceGuard guard(dev, kAppendBias);
+  DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
   const bool f32_mask = dtype != kF32 && TensorDType(bias) == kF32;
   const auto* pos = static_cast<const int64_t*>(DataPtr(positions));
   void *qp = DataPtr(q), *kp = DataPtr(k), *vp = DataPtr(v), *mp = DataPtr(bias), *yp = DataPtr(y);
   void *knp = DataPtr(k_new), *vnp = DataPtr(v_new);
+  const float* cp = cos ? static_cast<const float*>(DataPtr(*cos)) : nullptr;
+  const float* sp = sin ? static_cast<const float*>(DataPtr(*sin)) : nullptr;
   if (dtype == kF32) {
-    LaunchAppend<float, float>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+    LaunchAppend<float, float>(p, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp, stream);
   } else if (dtype == kF16) {
-    if (f32_mask) LaunchAppend<__half, float>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
-    else LaunchAppend<__half, __half>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+    if (f32_mask) LaunchAppend<__half, float>(p, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp, stream);
+    else LaunchAppend<__half, __half>(p, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp, stream);
   } else {
-    if (f32_mask) LaunchAppend<__nv_bfloat16, float>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
-    else LaunchAppend<__nv_bfloat16, __nv_bfloat16>(p, qp, kp, vp, mp, knp, vnp, pos, yp, stream);
+    if (f32_mask) LaunchAppend<__nv_bfloat16, float>(p, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp, stream);
+    else LaunchAppend<__nv_bfloat16, __nv_bfloat16>(p, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp, stream);
   }
-  CheckCuda(cudaGetLastError(), kAppendBias, "attention kernel launch");
+  CheckCuda(cudaGetLastError(), op, "attention kernel launch");
+}
+
+void AppendBias(TensorView q, TensorView k, TensorView v, TensorView bias, TensorView k_new, TensorView v_new,
+                TensorView positions, Shape attrs, TensorView y, TensorView workspace) {
+  AppendImpl(kAppendBias, q, k, v, bias, k_new, v_new, positions, nullptr, nullptr, attrs, y, workspace);
+}
+
+void AppendRopeBias(TensorView q, TensorView k, TensorView v, TensorView bias, TensorView k_new, TensorView v_new,
+                    TensorView positions, TensorView cos, TensorView sin, Shape attrs, TensorView y,
+                    TensorView workspace) {
+  AppendImpl(kAppendRopeBias, q, k, v, bias, k_new, v_new, positions, &cos, &sin, attrs, y, workspace);
 }
 
 void Sdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
@@ -809,6 +905,7 @@ __attribute__((constructor)) void RegisterAttention() {
     Register(kCluster, Cluster);
     Register(kClusterBias, ClusterBias);
     Register(kAppendBias, AppendBias);
+    Register(kAppendRopeBias, AppendRopeBias);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

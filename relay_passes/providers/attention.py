@@ -34,7 +34,7 @@ from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
-from ..cache_in_attention import CacheWriteInAttention
+from ..cache_in_attention import CacheWriteInAttention, RotaryInAttention
 from .chains import const_value, dtype_of, float32_bits, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
@@ -493,6 +493,14 @@ APPEND_PROVIDER = register(Provider(
     name="attention_append", title="the KV cache write in the decode attention",
     kernel_prefix=vendor_abi.family(vendor_abi.ATTENTION_APPEND_SDPA_BIAS), dtypes=_DTYPES, layouts=("row-major",),
     rewrite=CacheWriteInAttention()))
+
+#: and the rotary embedding of q and the new key inside that call (``append_rope_sdpa_bias``: two TVM kernels a layer
+#: of a Llama-style decode step fewer); after attention_append, whose calls it rewrites; only when named until it is
+#: measured on a GPU
+ROPE_PROVIDER = register(Provider(
+    name="attention_rope", title="the rotary embedding in the decode attention",
+    kernel_prefix=vendor_abi.family(vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS), dtypes=_DTYPES,
+    layouts=("row-major",), rewrite=RotaryInAttention(), by_default=False))
 
 #: the key-split attention kernel for fp32 (32 query rows and a chunk of at most 64 keys per block, a query tile's
 #: chunks on the blocks of one thread-block cluster, merged through distributed shared memory), for the batch-1

@@ -7,7 +7,10 @@ sequence; fp32, fp16 and bf16, 16-bit with an fp32 mask at finfo(fp32).min as th
   written for a position outside the cache);
 - the output equals, bit for bit, split_sdpa_bias over those written caches (the call it replaces), and is within
   tolerance of a float64 PyTorch reference;
-- microseconds per call back to back, against split_sdpa_bias alone (the attention without the write).
+- microseconds per call back to back, against split_sdpa_bias alone (the attention without the write);
+- append_rope_sdpa_bias (the rotary embedding of q and the new key first, cos/sin of each sequence's position):
+  caches and output bit for bit against append_sdpa_bias of q and the new key rotated by PyTorch in float32 (a
+  multiply, a multiply, an add, rounded to the dtype), where the head's halves are whole 16-byte loads.
 The cases cover the decode kernel (D 64 / 128, GQA, batch 4 with a position each) and the calls it does not take (D
 40: the write, then the split-key kernel).
 
@@ -29,7 +32,7 @@ CASES = [
     ("gpt2", 1, 12, 12, 64, 384, [200]), ("gpt2_first", 1, 12, 12, 64, 384, [0]),
     ("gpt2_last", 1, 12, 12, 64, 384, [383]), ("qwen_gqa", 1, 14, 2, 64, 384, [150]),
     ("d128", 1, 8, 8, 128, 300, [77]), ("batch4", 4, 12, 12, 64, 384, [5, 130, 250, 383]),
-    ("outside", 2, 4, 4, 64, 128, [-1, 128]), ("odd_d40", 1, 6, 3, 40, 97, [50]),
+    ("outside", 2, 4, 4, 64, 128, [-1, 128]), ("odd_d40", 1, 6, 3, 40, 97, [50]), ("d48", 1, 6, 3, 48, 97, [50]),
 ]
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
 
@@ -43,6 +46,7 @@ def main(argv=None) -> int:
     from tvm_nimble.contract import vendor_abi
 
     append = tvm_ffi.get_global_func(vendor_abi.ATTENTION_APPEND_SDPA_BIAS)
+    rope = tvm_ffi.get_global_func(vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS)
     split_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
     dev = tvm_ffi.device("cuda", 0)
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")
@@ -98,15 +102,49 @@ def main(argv=None) -> int:
             err = ((y.double() - ref).norm() / ref.norm()).item()
             dt = str(dtype).split(".")[-1]
             ok = caches_ok and same and err < TOL[dt]
-            rows.append({"case": name, "dtype": dt, "caches_written": caches_ok, "equals_split": same, "rel_l2": err,
-                         "ok": ok, "append_us": gpu_args.back_to_back_us(ours, args.reps),
-                         "split_us": gpu_args.back_to_back_us(split, args.reps)})
+            row = {"case": name, "dtype": dt, "caches_written": caches_ok, "equals_split": same, "rel_l2": err,
+                   "append_us": gpu_args.back_to_back_us(ours, args.reps),
+                   "split_us": gpu_args.back_to_back_us(split, args.reps)}
+            if (D // 2) % (16 // q.element_size()) == 0:  # the rotary variant
+                inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+                angles = torch.tensor(positions, device="cuda", dtype=torch.float32).clamp(min=0)[:, None] * inv
+                cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # [B, D]
+
+                def rotated(x):  # [B, 1, heads, D] as the graph computes it: float32, rounded to the dtype
+                    xf = x.float()
+                    half = torch.cat([-xf[..., D // 2:], xf[..., :D // 2]], -1)
+                    return (xf * cos[:, None, None] + half * sin[:, None, None]).to(dtype)
+
+                q_rot, k_rot = rotated(q), rotated(new_k)
+                ws_rope = torch.empty(B * H * D * 4 + 256, dtype=torch.uint8, device="cuda")
+                y_rope, y_want = torch.empty_like(y), torch.empty_like(y)
+                rope_k, rope_v, want_k, want_v = (c.clone() for c in (cache_k, cache_v, cache_k, cache_v))
+
+                def roped():
+                    with tvm_ffi.use_raw_stream(dev, stream):
+                        rope(t(q), t(rope_k), t(rope_v), t(mask), t(new_k), t(new_v), t(pos), t(cos), t(sin), shape,
+                             t(y_rope), t(ws_rope))
+
+                y_rope.fill_(float("nan"))
+                roped()
+                with tvm_ffi.use_raw_stream(dev, stream):
+                    append(t(q_rot), t(want_k), t(want_v), t(mask), t(k_rot), t(new_v), t(pos), shape, t(y_want), t(ws))
+                torch.cuda.synchronize()
+                row["rope_equal"] = (torch.equal(rope_k, want_k) and torch.equal(rope_v, want_v)
+                                     and torch.equal(y_rope, y_want))
+                row["rope_max_diff"] = (y_rope.float() - y_want.float()).abs().max().item()
+                row["rope_us"] = gpu_args.back_to_back_us(roped, args.reps)
+                ok = ok and row["rope_equal"]
+            row["ok"] = ok
+            rows.append(row)
     with open(os.path.join(args.out, "append_check.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(0), "cases": rows}, f, indent=1)
-    print(f"{'case':11} {'dtype':9} {'caches':6} {'=split':6} {'rel L2':>9} {'append us':>9} {'split us':>9}")
+    print(f"{'case':11} {'dtype':9} {'caches':6} {'=split':6} {'rel L2':>9} {'append us':>9} {'split us':>9} "
+          f"{'=rope':6} {'rope us':>8}")
     for r in rows:
         print(f"{r['case']:11} {r['dtype']:9} {str(r['caches_written']):6} {str(r['equals_split']):6} "
-              f"{r['rel_l2']:9.2e} {r['append_us']:9.2f} {r['split_us']:9.2f}")
+              f"{r['rel_l2']:9.2e} {r['append_us']:9.2f} {r['split_us']:9.2f} {str(r.get('rope_equal', '-')):6} "
+              f"{r.get('rope_us', float('nan')):8.2f}")
     bad = [r for r in rows if not r["ok"]]
     print(f"append_check: {len(rows) - len(bad)}/{len(rows)} ok")
     return 1 if bad else 0

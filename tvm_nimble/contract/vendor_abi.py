@@ -99,10 +99,13 @@ ATTENTION_CLUSTER_SDPA_BIAS = "nimble.attention.cluster_sdpa_bias"
 #: a decode step's KV cache write and its attention: (q, k_cache, v_cache, bias, k_new, v_new, positions, attrs, y,
 #: workspace), the caches written in place (:data:`IN_PLACE`)
 ATTENTION_APPEND_SDPA_BIAS = "nimble.attention.append_sdpa_bias"
+#: the same with the rotary embedding of q and the new key first: (q, k_cache, v_cache, bias, k_new, v_new, positions,
+#: cos, sin, attrs, y, workspace)
+ATTENTION_APPEND_ROPE_SDPA_BIAS = "nimble.attention.append_rope_sdpa_bias"
 ATTENTION = VendorLibrary("attention", kernels=(
     ATTENTION_SDPA, ATTENTION_SDPA_BIAS, ATTENTION_CUDNN_SDPA, ATTENTION_SPLIT_SDPA, ATTENTION_SPLIT_SDPA_BIAS,
     ATTENTION_TILE_SDPA, ATTENTION_TILE_SDPA_BIAS, ATTENTION_CLUSTER_SDPA, ATTENTION_CLUSTER_SDPA_BIAS,
-    ATTENTION_APPEND_SDPA_BIAS))
+    ATTENTION_APPEND_SDPA_BIAS, ATTENTION_APPEND_ROPE_SDPA_BIAS))
 
 # ---- LayerNorm (codegen/vendor/layer_norm.cu) -------------------------------------------------------------
 NORM_LAYER_NORM = "nimble.norm.layer_norm"
@@ -131,7 +134,7 @@ KERNELS = tuple(f for lib in LIBRARIES for f in lib.kernels)
 VENDOR_PREFIXES = tuple(lib.prefix for lib in LIBRARIES if lib.kernels)
 #: The kernels that write some of their tensor arguments in place (the indices among the call's tensors, its
 #: destination and workspace last): what they write is state, which outlives a run (a decode step's KV cache)
-IN_PLACE = {ATTENTION_APPEND_SDPA_BIAS: (1, 2)}
+IN_PLACE = {ATTENTION_APPEND_SDPA_BIAS: (1, 2), ATTENTION_APPEND_ROPE_SDPA_BIAS: (1, 2)}
 assert set(IN_PLACE) <= set(KERNELS)
 
 #: the symbol under which a built vendor library lists the functions it registers (newline-separated)

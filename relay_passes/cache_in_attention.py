@@ -22,6 +22,8 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 from tvm_nimble.contract.markers import IN_PLACE_ATTR
 
+from .providers.chains import Substitute
+
 #: the attention calls whose decode (one query row) the append call computes: those that run the decode kernel
 TAKES = (vendor_abi.ATTENTION_SDPA_BIAS, vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
 APPEND = vendor_abi.ATTENTION_APPEND_SDPA_BIAS
@@ -82,40 +84,56 @@ def _uses(func: relax.Function) -> dict:
     return counts
 
 
+def _rewrite_bindings(func: relax.Function, replace) -> tuple[relax.Function, int]:
+    """``func`` with each binding for which ``replace(binding, bound)`` (``bound``: its block's var -> value) gives
+    a new binding replaced by it (a new var stands for the old one where it is read), and how many were replaced."""
+    blocks, made, renamed = [], 0, {}
+    for block in func.body.blocks:
+        bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+        bindings = []
+        for b in block.bindings:
+            new = replace(b, bound)
+            if new is not None:
+                if not new.var.same_as(b.var):
+                    renamed[b.var] = new.var
+                bindings.append(new)
+                made += 1
+            else:
+                bindings.append(b)
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    if not made:
+        return func, 0
+    body = relax.SeqExpr(blocks, func.body.body)
+    body = Substitute(renamed).visit_expr(body) if renamed else body
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span), made
+
+
 def cache_write_in_attention(func: relax.Function, mod: tvm.IRModule) -> tuple[relax.Function, int]:
     """``func`` with each decode attention over a cache ``kv_write`` wrote just before as one append call (see the
     module docstring), and how many it made."""
     params = set(func.params)
     uses = _uses(func)
-    blocks, made = [], 0
-    for block in func.body.blocks:
-        bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
-        bindings = []
-        for b in block.bindings:
-            value = b.value
-            name = _extern_name(value)
-            if name in TAKES:
-                args = list(value.args[1].fields)
-                attrs = args[-1]
-                q, k, v, bias = args[:4]
-                if isinstance(attrs, relax.ShapeExpr) and int(attrs.values[_SQ]) == 1:
-                    wk, wv = (_write_of(x, bound, mod, params) for x in (k, v))
-                    # the attention alone reads what the writes return (each write's result: its items, or itself)
-                    if wk is not None and wv is not None and wk.pos.same_as(wv.pos) and uses.get(k) == 1 \
-                            and uses.get(v) == 1 and _only_read_through(wk, wv, k, v, bound, uses):
-                        call = relax.op.call_dps_packed(
-                            APPEND, relax.Tuple([q, wk.cache, wv.cache, bias, wk.new, wv.new, wk.pos, attrs]),
-                            list(value.ty.fields))
-                        bindings.append(relax.VarBinding(b.var, call))
-                        made += 1
-                        continue
-            bindings.append(b)
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
-    if not made:
-        return func, 0
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
-                          func.attrs, func.span), made
+
+    def replace(b, bound):
+        value = b.value
+        if _extern_name(value) not in TAKES:
+            return None
+        args = list(value.args[1].fields)
+        attrs = args[-1]
+        q, k, v, bias = args[:4]
+        if not (isinstance(attrs, relax.ShapeExpr) and int(attrs.values[_SQ]) == 1):
+            return None
+        wk, wv = (_write_of(x, bound, mod, params) for x in (k, v))
+        # the attention alone reads what the writes return (each write's result: its items, or itself)
+        if wk is None or wv is None or not wk.pos.same_as(wv.pos) or uses.get(k) != 1 or uses.get(v) != 1 \
+                or not _only_read_through(wk, wv, k, v, bound, uses):
+            return None
+        call = relax.op.call_dps_packed(
+            APPEND, relax.Tuple([q, wk.cache, wv.cache, bias, wk.new, wv.new, wk.pos, attrs]), list(value.ty.fields))
+        return relax.VarBinding(b.var, call)
+
+    return _rewrite_bindings(func, replace)
 
 
 def _only_read_through(wk: _Write, wv: _Write, k, v, bound: dict, uses: dict) -> bool:
@@ -126,23 +144,29 @@ def _only_read_through(wk: _Write, wv: _Write, k, v, bound: dict, uses: dict) ->
     return all(uses.get(w.call_var) == 1 for w in (wk, wv))
 
 
-def CacheWriteInAttention() -> tvm.transform.Pass:
-    """Module pass: :func:`cache_write_in_attention` on every Relax function, then dead-code elimination (the cache
-    writes it replaced)."""
+def _rewrite_pass(rewrite, name: str) -> tvm.transform.Pass:
+    """Module pass: ``rewrite(func, mod) -> (func, made)`` on every Relax function, then dead-code elimination (what
+    the calls it made replaced)."""
 
-    @tvm.transform.module_pass(opt_level=0, name="nimble.CacheWriteInAttention")
+    @tvm.transform.module_pass(opt_level=0, name=name)
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         changed = False
         mod = mod.clone()
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
-                new, made = cache_write_in_attention(func, mod)
+                new, made = rewrite(func, mod)
                 if made:
                     mod[gv] = new
                     changed = True
         return relax.transform.DeadCodeElimination()(mod) if changed else mod
 
     return _pass
+
+
+def CacheWriteInAttention() -> tvm.transform.Pass:
+    """Module pass: :func:`cache_write_in_attention` on every Relax function, then dead-code elimination (the cache
+    writes it replaced)."""
+    return _rewrite_pass(cache_write_in_attention, "nimble.CacheWriteInAttention")
 
 
 # ---- the rotary embedding of q and the new key inside the append call -------------------------------------------
@@ -248,68 +272,31 @@ def _rows(x, bound: dict):
 def rotary_in_attention(func: relax.Function) -> tuple[relax.Function, int]:
     """``func`` with each append call whose q and new key are rotary embeddings over the same cos/sin tables as one
     ``append_rope_sdpa_bias`` call reading them before the rotation, and how many it made."""
-    blocks, made, renamed = [], 0, {}
-    for block in func.body.blocks:
-        bound = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
-        bindings = []
-        for b in block.bindings:
-            value = b.value
-            if _extern_name(value) == APPEND:
-                q, kc, vc, bias, kn, vn, pos, attrs = value.args[1].fields
-                a = _ints(attrs.values)
-                B, H, D = a[0], a[1], a[4]
-                rq, rk = rotary_of(q, bound), rotary_of(kn, bound)
-                contiguous_q = a[6] == 0 and a[7] == H * D and a[8] == D
-                if rq is not None and rk is not None and contiguous_q and rq[1].same_as(rk[1]) \
-                        and rq[2].same_as(rk[2]) and _shape(rq[1]) == [B, 1, D]:
-                    ws = B * H * D * 4 + 256  # the rotated q of a call the decode kernel does not take, aligned
-                    out = value.ty.fields[0]
-                    call = relax.op.call_dps_packed(
-                        ROPE, relax.Tuple([_rows(rq[0], bound), kc, vc, bias, _rows(rk[0], bound), vn, pos, rq[1],
-                                           rq[2], attrs]),
-                        [out, relax.TensorType((ws,), "uint8")])
-                    # a var of the call's type (its workspace is larger), read where the append call's was
-                    var = relax.DataflowVar(b.var.name, relax.TupleType([out, relax.TensorType((ws,), "uint8")]))
-                    renamed[b.var] = var
-                    bindings.append(relax.VarBinding(var, call))
-                    made += 1
-                    continue
-            bindings.append(b)
-        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
-                      else relax.BindingBlock(bindings))
-    if not made:
-        return func, 0
-    body = _Renamed(renamed).visit_expr(relax.SeqExpr(blocks, func.body.body))
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span), made
 
+    def replace(b, bound):
+        value = b.value
+        if _extern_name(value) != APPEND:
+            return None
+        q, kc, vc, bias, kn, vn, pos, attrs = value.args[1].fields
+        a = _ints(attrs.values)
+        B, H, D = a[0], a[1], a[4]
+        rq, rk = rotary_of(q, bound), rotary_of(kn, bound)
+        contiguous_q = a[6] == 0 and a[7] == H * D and a[8] == D
+        if rq is None or rk is None or not contiguous_q or not rq[1].same_as(rk[1]) or not rq[2].same_as(rk[2]) \
+                or _shape(rq[1]) != [B, 1, D]:
+            return None
+        ws = relax.TensorType((B * H * D * 4 + 256,), "uint8")  # the rotated q where the decode kernel is not used
+        out = value.ty.fields[0]
+        call = relax.op.call_dps_packed(
+            ROPE, relax.Tuple([_rows(rq[0], bound), kc, vc, bias, _rows(rk[0], bound), vn, pos, rq[1], rq[2], attrs]),
+            [out, ws])
+        # a var of the call's type (its workspace is larger), read where the append call's was
+        return relax.VarBinding(relax.DataflowVar(b.var.name, relax.TupleType([out, ws])), call)
 
-@relax.expr_functor.mutator
-class _Renamed(relax.PyExprMutator):
-    def __init__(self, renamed: dict):
-        super().__init__()
-        self.renamed = renamed
-
-    def visit_var_(self, var):
-        return self.renamed.get(var, var)
-
-    def visit_dataflow_var_(self, var):
-        return self.renamed.get(var, var)
+    return _rewrite_bindings(func, replace)
 
 
 def RotaryInAttention() -> tvm.transform.Pass:
     """Module pass: :func:`rotary_in_attention` on every Relax function (after :func:`CacheWriteInAttention`), then
     dead-code elimination (the rotary kernels it replaced)."""
-
-    @tvm.transform.module_pass(opt_level=0, name="nimble.RotaryInAttention")
-    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        changed = False
-        mod = mod.clone()
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                new, made = rotary_in_attention(func)
-                if made:
-                    mod[gv] = new
-                    changed = True
-        return relax.transform.DeadCodeElimination()(mod) if changed else mod
-
-    return _pass
+    return _rewrite_pass(lambda func, _mod: rotary_in_attention(func), "nimble.RotaryInAttention")

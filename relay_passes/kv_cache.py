@@ -37,7 +37,7 @@ from tvm_nimble.contract.generation import STATE_NAME, STEP_INPUTS
 from tvm_nimble.contract.markers import IN_PLACE_ATTR
 from tvm_nimble.errors import ModelError
 
-from .providers.chains import operator_of
+from .providers.chains import Substitute, operator_of
 
 #: an exported past key/value input, as TVM's ONNX importer names it (dots become underscores)
 PAST_INPUT = re.compile(r"past_key_values[._](\d+)[._](key|value)")
@@ -314,7 +314,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
             if _tensor(position_ids.ty)[1] != "int64":
                 position_ids = bb.emit(relax.op.astype(position_ids, "int64"))
             for i, binding in enumerate(block.bindings):
-                value = _Substitute(var_map).visit_expr(binding.value) if var_map else binding.value
+                value = Substitute(var_map).visit_expr(binding.value) if var_map else binding.value
                 if i in concats:
                     name, _, dtype, concat_dtype = concat_of(i)
                     new = value.args[0].fields[1]
@@ -328,7 +328,7 @@ def cache_step(mod: tvm.IRModule, spec: KvCacheSpec, func_name: str = "main") ->
                         if i in partner_of:
                             second, src, heads_first = partner_of[i]
                             other = state_for(concats[second], new_shape, dtype)
-                            entries.append((other, _Substitute(var_map).visit_expr(src), heads_first))
+                            entries.append((other, Substitute(var_map).visit_expr(src), heads_first))
                         cache, *others = write(entries, new_shape[2], dtype)
                         if others:
                             paired[partner_of[i][0]] = others[0]
@@ -387,19 +387,6 @@ def _moved_then_cast(var, dtype: str, uses: dict, outputs: set, depth: int = 0) 
             if not isinstance(v, relax.Tuple):  # the function's output tuple (the present) is dropped
                 return False
     return True
-
-
-@relax.expr_functor.mutator
-class _Substitute(relax.PyExprMutator):
-    def __init__(self, var_map):
-        super().__init__()
-        self.var_map = var_map
-
-    def visit_var_(self, var):
-        return self.var_map.get(var, var)
-
-    def visit_dataflow_var_(self, var):
-        return self.var_map.get(var, var)
 
 
 def _first_output(body, bound: dict, presents: set, var_map: dict) -> relax.Expr:

@@ -339,3 +339,18 @@ class MatchContext:
         ws = self.workspace_bytes if workspace_bytes is None else workspace_bytes
         sinfo = [relax.TensorType(out, dtype), relax.TensorType((ws,), "uint8")]
         return relax.op.call_dps_packed(name, relax.Tuple(args), sinfo)
+
+
+@relax.expr_functor.mutator
+class Substitute(relax.PyExprMutator):
+    """An expression with the vars of ``var_map`` replaced by what it maps them to."""
+
+    def __init__(self, var_map: dict):
+        super().__init__()
+        self.var_map = var_map
+
+    def visit_var_(self, var):
+        return self.var_map.get(var, var)
+
+    def visit_dataflow_var_(self, var):
+        return self.var_map.get(var, var)

@@ -14,7 +14,6 @@ Writes ``generator_ab.json`` into ``--out`` and prints a short table last; exits
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,22 +23,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import gpu_args  # noqa: E402  (the shared command line, beside this script in scripts/experiments/)
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="hf:gpt2", help="comma-separated hf:NAME decoders")
-    p.add_argument("--precision", default="fp16")
-    p.add_argument("--kernels", default="best")
+    p = gpu_args.generation_ab_parser(__doc__, "generator_ab-out", repeats=2, rounds=4)
     p.add_argument("--with", dest="with_", default="", help="providers A names besides the default ones")
     p.add_argument("--without", default="", help="providers A has and B lacks")
     p.add_argument("--b-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a build option of B's alone (repeatable), e.g. max_streams=auto")
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--target", default="cuda")
-    p.add_argument("--out", default="generator_ab-out")
     return p.parse_args(argv)
 
 

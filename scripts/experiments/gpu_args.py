@@ -1,7 +1,7 @@
 """Not an experiment: what the GPU experiments beside it share (``import gpu_args``): the per-model command line,
 --models, --target (cuda, or llvm for a CPU dry run), --out, and where an experiment measures several
 batches and kernel kinds, --batch and --kernels; the command line and the timing of the experiments
-that time vendor functions alone."""
+that time vendor functions alone; the command line of the decoder A/B experiments (generation_ab_parser)."""
 from __future__ import annotations
 
 import argparse
@@ -138,3 +138,20 @@ def graph_us(fn, n: int = 20, reps: int = 30) -> float:
         stop.synchronize()
         times.append(start.elapsed_time(stop) * 1000 / n)
     return sorted(times)[len(times) // 2]
+
+
+def generation_ab_parser(doc: str, out: str, repeats: int, rounds: int) -> argparse.ArgumentParser:
+    """The command line the decoder A/B experiments share (pdl_edges, generator_ab): the decoders, their build
+    (precision, kernels, target), the request (prompt, new tokens) and the alternation (repeats a round, rounds);
+    each adds what it varies."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--models", default="hf:gpt2", help="comma-separated hf:NAME decoders")
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--kernels", default="best")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--target", default="cuda")
+    p.add_argument("--out", default=out)
+    return p

@@ -16,7 +16,6 @@ measured neutral'. Raw outputs: benchmarks/raw/2026-11-29-h200-s35/ (call17-f-*)
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,19 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import gpu_args  # noqa: E402  (the shared command line, beside this script in scripts/experiments/)
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="hf:gpt2", help="comma-separated hf:NAME decoders")
-    p.add_argument("--precision", default="fp16")
-    p.add_argument("--kernels", default="best")
+    p = gpu_args.generation_ab_parser(__doc__, "pdl_edges-out", repeats=3, rounds=3)
     p.add_argument("--providers", default="", help="comma-separated provider names (default: the registry's)")
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--target", default="cuda")
-    p.add_argument("--out", default="pdl_edges-out")
     return p.parse_args(argv)
 
 

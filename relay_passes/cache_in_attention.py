@@ -20,9 +20,9 @@ import tvm
 from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
-from tvm_nimble.contract.markers import IN_PLACE_ATTR
+from tvm_nimble.contract.markers import in_place_args
 
-from .providers.chains import Substitute
+from .providers.chains import Substitute, ints, known_shape, operator_of, use_counts
 
 #: the attention calls whose decode (one query row) the append call computes: those that run the decode kernel
 TAKES = (vendor_abi.ATTENTION_SDPA_BIAS, vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
@@ -49,7 +49,7 @@ class _Write:
 
 def _write_of(var, bound: dict, mod: tvm.IRModule, params: set) -> _Write | None:
     """The cache write ``var`` (an attention's K or V operand) is the result of, or None: an item of (or the whole
-    result of) a ``call_tir_inplace`` of a PrimFunc marked in place (:data:`~tvm_nimble.contract.markers.IN_PLACE_ATTR`) over a
+    result of) a ``call_tir_inplace`` of a PrimFunc marked in place (``contract.markers.in_place_args``) over a
     parameter (the state)."""
     value, item = bound.get(var), None
     if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
@@ -59,9 +59,9 @@ def _write_of(var, bound: dict, mod: tvm.IRModule, params: set) -> _Write | None
             and value.op.name == "relax.call_tir_inplace" and isinstance(value.args[0], relax.GlobalVar)):
         return None
     func = mod[value.args[0]]
-    if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs is None or IN_PLACE_ATTR not in func.attrs:
+    in_place = in_place_args(func) if isinstance(func, tvm.tirx.PrimFunc) else []
+    if not in_place:
         return None
-    in_place = [int(i) for i in func.attrs[IN_PLACE_ATTR]]
     args = list(value.args[1].fields)
     n = len(in_place)
     # kv_write's arguments: the n caches, their n new values, the positions (kv_cache.kv_write)
@@ -71,17 +71,6 @@ def _write_of(var, bound: dict, mod: tvm.IRModule, params: set) -> _Write | None
     if args[i] not in params:
         return None
     return _Write(var, args[i], args[n + i], args[2 * n])
-
-
-def _uses(func: relax.Function) -> dict:
-    counts: dict = {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            for v in relax.analysis.free_vars(b.value):
-                counts[v] = counts.get(v, 0) + 1
-    for v in relax.analysis.free_vars(func.body.body):
-        counts[v] = counts.get(v, 0) + 1
-    return counts
 
 
 def _rewrite_bindings(func: relax.Function, replace) -> tuple[relax.Function, int]:
@@ -113,7 +102,7 @@ def cache_write_in_attention(func: relax.Function, mod: tvm.IRModule) -> tuple[r
     """``func`` with each decode attention over a cache ``kv_write`` wrote just before as one append call (see the
     module docstring), and how many it made."""
     params = set(func.params)
-    uses = _uses(func)
+    uses = use_counts(func)
 
     def replace(b, bound):
         value = b.value
@@ -173,28 +162,10 @@ def CacheWriteInAttention() -> tvm.transform.Pass:
 ROPE = vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS
 
 
-def _op(value) -> str | None:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
-
-
-def _ints(values) -> list[int]:
-    return [int(v) for v in values]
-
-
-def _shape(expr) -> list[int] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return _ints(ty.shape.values)
-    except TypeError:
-        return None
-
-
 def _widened(expr, bound: dict):
     """``expr`` with one float32 widening (the precision policy's ``astype``) looked through."""
     value = bound.get(expr)
-    if _op(value) == "relax.astype" and str(value.attrs.dtype) == "float32":
+    if operator_of(value) == "relax.astype" and str(value.attrs.dtype) == "float32":
         return value.args[0]
     return expr
 
@@ -202,7 +173,7 @@ def _widened(expr, bound: dict):
 def _expanded(expr, bound: dict):
     """The [B, S, D] float32 table ``expr`` is ``expand_dims(table, axis=1)`` of, or None."""
     value = bound.get(expr)
-    if _op(value) == "relax.expand_dims" and _ints(value.attrs.axis) == [1]:
+    if operator_of(value) == "relax.expand_dims" and ints(value.attrs.axis) == [1]:
         table = value.args[0]
         if isinstance(table, relax.Var) and str(table.ty.dtype) == "float32":
             return table
@@ -212,11 +183,11 @@ def _expanded(expr, bound: dict):
 def _half_of(expr, bound: dict, x, first: bool) -> bool:
     """Whether ``expr`` is ``x[..., :D/2]`` (``first``) or ``x[..., D/2:]``, a strided slice of the last axis."""
     value = bound.get(expr)
-    if _op(value) != "relax.strided_slice" or not value.args[0].same_as(x):
+    if operator_of(value) != "relax.strided_slice" or not value.args[0].same_as(x):
         return False
-    d = _shape(x)[-1]
-    axes, begin, end = (_ints(a.values if hasattr(a, "values") else a) for a in value.args[1:4])
-    strides = _ints(value.args[4].values if hasattr(value.args[4], "values") else value.args[4]) \
+    d = known_shape(x)[-1]
+    axes, begin, end = (ints(a.values if hasattr(a, "values") else a) for a in value.args[1:4])
+    strides = ints(value.args[4].values if hasattr(value.args[4], "values") else value.args[4]) \
         if len(value.args) > 4 else [1]
     if axes not in ([3], [-1]) or strides != [1]:
         return False
@@ -226,11 +197,11 @@ def _half_of(expr, bound: dict, x, first: bool) -> bool:
 def _rotated_half(expr, bound: dict, x) -> bool:
     """Whether ``expr`` is ``concat([-x[..., D/2:], x[..., :D/2]], axis=-1)`` (rotate_half)."""
     value = bound.get(expr)
-    if _op(value) != "relax.concat" or len(value.args[0].fields) != 2 or int(value.attrs.axis) not in (3, -1):
+    if operator_of(value) != "relax.concat" or len(value.args[0].fields) != 2 or int(value.attrs.axis) not in (3, -1):
         return False
     neg, first = value.args[0].fields
     neg_value = bound.get(neg)
-    return (_op(neg_value) == "relax.negative" and _half_of(neg_value.args[0], bound, x, first=False)
+    return (operator_of(neg_value) == "relax.negative" and _half_of(neg_value.args[0], bound, x, first=False)
             and _half_of(first, bound, x, first=True))
 
 
@@ -239,17 +210,17 @@ def rotary_of(expr, bound: dict):
     after the precision pass: ``astype(x * cos + rotate_half(x) * sin)`` in float32 (the casts absent in an fp32
     build), cos and sin ``expand_dims(table, 1)`` of float32 [B, 1, D] tables; else None."""
     value = bound.get(expr)
-    if _op(value) == "relax.astype":
+    if operator_of(value) == "relax.astype":
         value = bound.get(value.args[0])
-    if _op(value) != "relax.add":
+    if operator_of(value) != "relax.add":
         return None
     terms = [bound.get(a) for a in value.args]
-    if any(_op(t) != "relax.multiply" for t in terms):
+    if any(operator_of(t) != "relax.multiply" for t in terms):
         return None
     for direct, rotated in (terms, terms[::-1]):
         for xa, ca in (direct.args, direct.args[::-1]):
             x, cos = _widened(xa, bound), _expanded(ca, bound)
-            shape = _shape(x) if isinstance(x, relax.Var) else None
+            shape = known_shape(x) if isinstance(x, relax.Var) else None
             if cos is None or shape is None or len(shape) != 4 or shape[2] != 1 or shape[3] % 2:
                 continue
             for ra, sa in (rotated.args, rotated.args[::-1]):
@@ -263,8 +234,8 @@ def _rows(x, bound: dict):
     """What holds ``x`` ([B, H, 1, D]) as [B, H, D] contiguous rows without a kernel: the [B, 1, H, D] tensor a
     permute_dims of one position made it from (the same bytes), or ``x`` itself."""
     value = bound.get(x)
-    if _op(value) == "relax.permute_dims" and value.attrs.axes is not None \
-            and _ints(value.attrs.axes) == [0, 2, 1, 3]:
+    if operator_of(value) == "relax.permute_dims" and value.attrs.axes is not None \
+            and ints(value.attrs.axes) == [0, 2, 1, 3]:
         return value.args[0]
     return x
 
@@ -278,12 +249,12 @@ def rotary_in_attention(func: relax.Function) -> tuple[relax.Function, int]:
         if _extern_name(value) != APPEND:
             return None
         q, kc, vc, bias, kn, vn, pos, attrs = value.args[1].fields
-        a = _ints(attrs.values)
+        a = ints(attrs.values)
         B, H, D = a[0], a[1], a[4]
         rq, rk = rotary_of(q, bound), rotary_of(kn, bound)
         contiguous_q = a[6] == 0 and a[7] == H * D and a[8] == D
         if rq is None or rk is None or not contiguous_q or not rq[1].same_as(rk[1]) or not rq[2].same_as(rk[2]) \
-                or _shape(rq[1]) != [B, 1, D]:
+                or known_shape(rq[1]) != (B, 1, D):
             return None
         ws = relax.TensorType((B * H * D * 4 + 256,), "uint8")  # the rotated q where the decode kernel is not used
         out = value.ty.fields[0]

@@ -188,14 +188,6 @@ def greedy_ids(logits_shape, dtype: str, gpu: bool = False) -> tvm.tirx.PrimFunc
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def in_place_args(func) -> list[int]:
-    """The argument indices a PrimFunc writes in place (:data:`IN_PLACE_ATTR`), or []."""
-    attrs = getattr(func, "attrs", None)
-    if attrs is None or IN_PLACE_ATTR not in attrs:
-        return []
-    return [int(i) for i in attrs[IN_PLACE_ATTR]]
-
-
 def _tensor(ty) -> tuple[list[int], str]:
     return [int(x) for x in ty.shape.values], str(ty.dtype)
 

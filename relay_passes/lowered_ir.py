@@ -14,13 +14,12 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
-from tvm_nimble.contract.markers import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT
+from tvm_nimble.contract.markers import RECORD_EVENT, SET_STREAM, SLICE_VIEW, WAIT_EVENT, in_place_args
 from tvm_nimble.contract.plan import read_after_write
 from tvm_nimble.contract import vendor_abi
 from tvm_nimble.contract.vendor_abi import VENDOR_PREFIXES
 from tvm_nimble.errors import NimbleError
 
-from .kv_cache import in_place_args
 from .schedules import allocates_global_buffers
 
 _VIEW_OPS = {"relax.reshape", "relax.memory.view"}
@@ -77,7 +76,8 @@ class LoweredProgram:
     input_names: list[str]
     outputs: list[int]
     output_is_tuple: bool
-    #: the inputs a kernel writes in place (``kv_cache.in_place_args``): state, which outlives a run; not in ``inputs``
+    #: the inputs a kernel writes in place (``contract.markers.in_place_args``, ``vendor_abi.IN_PLACE``): state,
+    #: which outlives a run; not in ``inputs``
     states: list[int] = field(default_factory=list)
 
     def root(self, vid: int) -> int:

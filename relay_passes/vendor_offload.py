@@ -167,15 +167,17 @@ def OffloadToVendor(workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, allow_tf32: 
     registered one for CUDA), those ``select(offload)`` accepts when given. ``found_in_main``: what
     :func:`find_offloads` gives for ``main`` with these arguments, where the caller has it."""
 
+    chosen = registry.offloading("cuda") if providers is None else providers
+
     @tvm.transform.module_pass(opt_level=0, name="nimble.OffloadToVendor")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod = mod.clone()
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
                 found = found_in_main if gv.name_hint == "main" else None
-                mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report, select, providers, found)
+                mod[gv] = offload_function(func, workspace_bytes, allow_tf32, report, select, chosen, found)
         mod = relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
-        for provider in (registry.offloading("cuda") if providers is None else providers):
+        for provider in chosen:
             if provider.rewrite is not None:  # fuses calls the providers made (registry.Provider.rewrite)
                 mod = provider.rewrite(mod)
         return mod

@@ -21,6 +21,14 @@ SLICE_VIEW = "nimble.slice_view"
 #: writes it, ``lowered_ir`` reads it: an input written in place is state; vendor kernels: ``vendor_abi.IN_PLACE``)
 IN_PLACE_ATTR = "nimble.in_place"
 
+
+def in_place_args(func) -> list[int]:
+    """The argument indices a PrimFunc writes in place (:data:`IN_PLACE_ATTR`), or []."""
+    attrs = getattr(func, "attrs", None)
+    if attrs is None or IN_PLACE_ATTR not in attrs:
+        return []
+    return [int(i) for i in attrs[IN_PLACE_ATTR]]
+
 #: The Relax function of an executable that returns the plan's JSON.
 PLAN_FUNC = "__nimble_plan__"
 #: The Relax function of an executable that returns the plan's constants.

@@ -495,12 +495,11 @@ APPEND_PROVIDER = register(Provider(
     rewrite=CacheWriteInAttention()))
 
 #: and the rotary embedding of q and the new key inside that call (``append_rope_sdpa_bias``: two TVM kernels a layer
-#: of a Llama-style decode step fewer); after attention_append, whose calls it rewrites; only when named until it is
-#: measured on a GPU
+#: of a Llama-style decode step fewer); after attention_append, whose calls it rewrites
 ROPE_PROVIDER = register(Provider(
     name="attention_rope", title="the rotary embedding in the decode attention",
     kernel_prefix=vendor_abi.family(vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS), dtypes=_DTYPES,
-    layouts=("row-major",), rewrite=RotaryInAttention(), by_default=False))
+    layouts=("row-major",), rewrite=RotaryInAttention()))
 
 #: the key-split attention kernel for fp32 (32 query rows and a chunk of at most 64 keys per block, a query tile's
 #: chunks on the blocks of one thread-block cluster, merged through distributed shared memory), for the batch-1

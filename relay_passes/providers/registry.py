@@ -40,7 +40,7 @@ PRIORITY = (
     "attention_tile",
     "attention_cluster",
     "attention_append",  # a decode step's KV cache write inside its attention call (after the offload, no matcher)
-    "attention_rope",  # and the rotary embedding of its q and new key (after attention_append; only when named)
+    "attention_rope",  # and the rotary embedding of its q and new key (after attention_append)
     "cublaslt",  # GEMMs
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
     "gemv",  # our 16-bit GEMV for a decode step's few rows (after cuBLASLt: "vendor" keeps cuBLASLt)

@@ -99,15 +99,18 @@ def test_artifact_reloads_and_gives_the_same_tokens(tmp_path):
     assert tvm_nimble.generate(str(tmp_path / "gen"), PROMPTS["long"], 12, sampling=sampling) == want
 
 
-def test_stop_tokens_and_streaming():
-    sampling = Sampling(temperature=1.0, seed=5)
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, seed=5)], ids=["greedy", "sampled"])
+def test_stop_tokens_and_streaming(sampling):
     with Generator(generator_module("gpt2")) as gen:
         full = gen.generate(PROMPTS["short"], 20, sampling)
         stop = full[6]
         seen = []
         cut = gen.generate(PROMPTS["short"], 20, sampling, stop_tokens=[stop], on_token=seen.append)
+        # greedy queues a step past the stop (decode_loop): the next request must not see it
+        again = gen.generate(PROMPTS["short"], 20, sampling)
     assert cut == full[:full.index(stop) + 1]
     assert seen == cut
+    assert again == full
 
 
 @pytest.mark.parametrize("call, message", [

@@ -57,5 +57,12 @@ def test_generated_tokens_match_pytorch(gpu_arch, spec, precision):
         k = AGREE[precision]
         assert got[:k] == want[:k]
         if precision == "fp32":
+            # greedy queues each step before the host reads the one before (decode_loop): a stop leaves one step
+            # run past it, which the next request must not see
+            stop = got[10]
+            seen = []
+            assert gen.generate(PROMPT, NEW, stop_tokens=[stop], on_token=seen.append) == got[:got.index(stop) + 1]
+            assert seen == got[:got.index(stop) + 1]
+            assert gen.generate(PROMPT, NEW) == got
             sampling = Sampling(temperature=1.0, seed=3)
             assert gen.generate(PROMPT, NEW, sampling) == _reference(lm, PROMPT, NEW, sampling)

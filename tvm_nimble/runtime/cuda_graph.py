@@ -202,6 +202,49 @@ class CapturedGraph:
             self.exec = None
 
 
+class PinnedArray:
+    """A numpy array in page-locked host memory (``cudaHostAlloc``): a copy between it and the device is a DMA that
+    :func:`copy_async` queues on a stream without waiting; the host must not touch the array until the copy ran."""
+
+    def __init__(self, shape, dtype):
+        import ctypes
+
+        import numpy as np
+
+        rt = cuda_runtime()
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        self.ptr = check(rt.cudaHostAlloc(max(1, count * dtype.itemsize), rt.cudaHostAllocDefault), "cudaHostAlloc")
+        raw = (ctypes.c_byte * (count * dtype.itemsize)).from_address(int(self.ptr))
+        self.array = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+
+    def address(self, element: int = 0) -> int:
+        """The host address of the flat array's ``element``."""
+        return int(self.ptr) + element * self.array.itemsize
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None) is not None:
+            self.array = None
+            cuda_runtime().cudaFreeHost(self.ptr)
+            self.ptr = None
+
+
+def copy_async(dst: int, src: int, nbytes: int, stream) -> None:
+    """Queue a copy of ``nbytes`` from address ``src`` to ``dst`` (device or page-locked host memory, the direction
+    from the addresses) on ``stream``."""
+    rt = cuda_runtime()
+    check(rt.cudaMemcpyAsync(dst, src, nbytes, rt.cudaMemcpyKind.cudaMemcpyDefault, stream), "cudaMemcpyAsync")
+
+
+def record(event, stream) -> None:
+    check(cuda_runtime().cudaEventRecord(event, stream), "cudaEventRecord")
+
+
+def wait_event(event) -> None:
+    """Block the host until ``event`` (and all queued before it on its stream) has happened."""
+    check(cuda_runtime().cudaEventSynchronize(event), "cudaEventSynchronize")
+
+
 def synchronize(streams: StreamSet) -> None:
     check(cuda_runtime().cudaStreamSynchronize(streams.streams[0]), "cudaStreamSynchronize")
 

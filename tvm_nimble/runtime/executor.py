@@ -255,6 +255,18 @@ class Executor(ChecksInputs):
             self._launch()
             self.sync()
 
+    def enqueue(self) -> None:
+        """:meth:`replay` without the wait: on a GPU the run is queued on :attr:`main_stream` (copies the caller
+        queues there before and after it are ordered with it), on the CPU it runs now."""
+        self._check_open()
+        with self._lock:
+            self._launch()
+
+    @property
+    def main_stream(self):
+        """The CUDA stream a run begins and ends on (None on the CPU)."""
+        return self._streams.streams[0] if self._streams is not None else None
+
     # ---- profiling ---------------------------------------------------------------------------
     def profile(self, graph: bool | None = None):
         """Per-launch GPU timeline: list of (launch idx, stream, kernel, start_ms, end_ms).

@@ -10,9 +10,10 @@ memory pools (one step runs at a time).
 
 A :class:`Generator` runs a module: the prompt through the smallest prefill step that holds it (a prompt longer
 than the largest goes on token by token through the decode step), then one decode step per new token, each a
-replay of the step's plan (one CUDA graph on a GPU): the host writes the token, its position and the cache's mask
-into the step's input buffers and reads back the next token (greedy) or the logits (sampling). Slot ``j`` of the
-cache holds the token at position ``j``; the mask marks the slots written so far.
+replay of the step's plan (one CUDA graph on a GPU). Greedy: each decode step's token ids, position and mask are
+made on the device from the step before, which is queued before the host reads that step's tokens
+(:mod:`.decode_loop`); sampling: the host writes them and reads back the logits. Slot ``j`` of the cache holds the
+token at position ``j``; the mask marks the slots written so far.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tvm_nimble.contract.generation import STEP_INPUTS
 from tvm_nimble.contract.plan import Plan
 from tvm_nimble.errors import NimbleError
 
+from . import decode_loop
 from .artifact import ArtifactError, load_bucketed_files, read_manifest, save_bucketed_artifact
 from .buckets import BucketDim, BucketSpace, SharedBuffers, dedupe_weights
 from .device import device_for
@@ -176,11 +178,13 @@ class Generator:
         self._lock = threading.Lock()
         self._shared = SharedBuffers(self.device)
         self._steps: dict[int, Executor] = {}
+        self._feed = None
         try:
             names, weights = module.shared_weights()
             workspaces = self._shared.workspaces({n: m.plan for n, m in module.steps.items()}, names, weights)
             for n, m in sorted(module.steps.items()):
                 self._steps[n] = Executor(m, self.device, mode, workspace=workspaces[n])
+            self._feed = decode_loop.feed_for(self._steps[DECODE])
         except BaseException:
             self.close()
             raise
@@ -274,24 +278,32 @@ class Generator:
         want = not sampling.greedy
         outs: list[list[int]] = [[] for _ in checked]
         done = [False] * len(checked)
+
+        def deliver(tokens, logits=None) -> bool:
+            """Each generating row's next token (drawn from ``logits`` when sampling); whether any row goes on."""
+            for r in range(len(checked)):
+                if done[r]:
+                    continue
+                token = sampling.draw(logits[r], rngs[r]) if want else tokens[r]
+                tokens[r] = token
+                outs[r].append(token)
+                if on_token is not None:
+                    on_token(r, token)
+                done[r] = token in stops or len(outs[r]) == max_new_tokens
+            return not all(done)
+
         with self._lock:
             self._check_open()
             tokens, logits = self._prefill(checked, want)
             positions = [len(p) for p in checked]
-            while True:
-                for r in range(len(checked)):
-                    if done[r]:
-                        continue
-                    token = sampling.draw(logits[r], rngs[r]) if want else tokens[r]
-                    tokens[r] = token
-                    outs[r].append(token)
-                    if on_token is not None:
-                        on_token(r, token)
-                    done[r] = token in stops or len(outs[r]) == max_new_tokens
-                if all(done):
-                    return outs
+            if not want:  # the device one step ahead of the host (decode_loop)
+                if deliver(tokens):
+                    decode_loop.greedy(self._feed, tokens[:len(checked)], positions, max_new_tokens - 1, deliver)
+                return outs
+            while deliver(tokens, logits):
                 tokens, logits = self._decode(tokens[:len(checked)], positions, want)
                 positions = [p + 1 for p in positions]
+            return outs
 
     def _check(self, prompt_ids, max_new_tokens) -> np.ndarray:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -317,6 +329,9 @@ class Generator:
             raise NimbleError("this Generator is closed; create a new one")
 
     def close(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
         for ex in (self._steps or {}).values():
             ex.close()
         self._steps = None

@@ -39,14 +39,18 @@ def reference_tokens(wrapped, prompt: list[int] = PROMPT) -> list[int]:
 
 
 @pytest.mark.parametrize("peer", [hf_eager, hf_static_compiled])
-@pytest.mark.parametrize("spec", ["hf:gpt2-tiny", "hf:llama-tiny"])
-def test_a_peer_generates_the_greedy_tokens(spec, peer):
+@pytest.mark.parametrize("spec, prompts", [("hf:gpt2-tiny", PROMPT), ("hf:llama-tiny", [PROMPT, [5, 99, 3, 200, 7]])],
+                         ids=["gpt2-tiny", "llama-tiny-batch2"])
+def test_a_peer_generates_the_greedy_tokens(spec, prompts, peer):
+    """One prompt, or (the Llama decoder, whose rotary embedding reads the positions) a batch of two decoded
+    together: each row's tokens are its own prompt's."""
     model = lively(spec)
-    want = reference_tokens(model)
-    assert len(set(want)) > 4  # the tokens depend on the sequence so far
-    got = peer(model, PROMPT, NEW_TOKENS, "cpu", torch.float32, repeats=2)
+    rows = prompts if isinstance(prompts[0], list) else [prompts]
+    want = [reference_tokens(model, p) for p in rows]
+    assert all(len(set(w)) > 4 for w in want) and want[0] != want[-1] or len(rows) == 1  # depend on the prompt
+    got = peer(model, prompts, NEW_TOKENS, "cpu", torch.float32, repeats=2)
     assert isinstance(got, GenerationTiming) and got.system and got.note
-    assert got.tokens == want
+    assert got.rows == want and got.tokens == want[0]
     assert got.ttft_ms > 0 and got.ms_per_token > 0
 
 
@@ -60,7 +64,8 @@ def test_the_end_of_sequence_token_neither_stops_nor_is_suppressed():
 
 
 @pytest.mark.parametrize("new_tokens, repeats, prompt, message", [
-    (1, 1, PROMPT, "at least 2"), (4, 0, PROMPT, "at least 1"), (4, 1, [], "prompt")])
+    (1, 1, PROMPT, "at least 2"), (4, 0, PROMPT, "at least 1"), (4, 1, [], "prompt"),
+    (4, 1, [[1, 2], [3]], "of one length")])
 def test_bad_generation_settings_are_one_line(new_tokens, repeats, prompt, message):
     with pytest.raises(NimbleError, match=message):
         hf_eager(tiny_torch("hf:gpt2-tiny"), prompt, new_tokens, "cpu", torch.float32, repeats)
@@ -77,13 +82,20 @@ def test_the_generation_bench_on_the_cpu_checks_and_times_every_system(tmp_path)
 
     generation.main(["--models", "hf:gpt2-tiny", "--precision", "fp32", "--target", "llvm", "--prompt", "6",
                      "--new-tokens", "5", "--repeats", "1", "--skip", "hf-static-compiled,ort-genai",
-                     "--out", str(tmp_path)])
-    rows = {r["system"]: r for r in csv.DictReader(open(tmp_path / "generation.csv"))}
-    assert set(rows) == {"nimble", "hf-eager"} and rows["nimble"]["kernels"] == "tvm"
-    assert rows["nimble"]["tokens_matched"] == rows["nimble"]["tokens_checked"] == "5"
-    assert all(float(r["ttft_ms"]) > 0 and float(r["ms_per_token"]) > 0 for r in rows.values())
+                     "--batch", "1,2", "--out", str(tmp_path)])
+    table = list(csv.DictReader(open(tmp_path / "generation.csv")))
+    assert sorted((r["system"], r["batch"]) for r in table) == [("hf-eager", "1"), ("hf-eager", "2"),
+                                                                  ("nimble", "1"), ("nimble", "2")]
+    for r in table:  # a batch's rows all checked: the least matched row counts
+        assert r["tokens_matched"] == r["tokens_checked"] == "5", r
+        assert float(r["ttft_ms"]) > 0 and float(r["ms_per_token"]) > 0
+    rows = {r["system"]: r for r in table if r["batch"] == "1"}
+    assert rows["nimble"]["kernels"] == "tvm"
     builds = json.load(open(tmp_path / "generation-builds.json"))  # each step's kernel choice: none on llvm
-    assert builds == {f"{rows['nimble']['model']}/fp32": {"1": {}, "6": {}}}
+    model = rows["nimble"]["model"]
+    assert builds == {f"{model}/fp32": {"1": {}, "6": {}}, f"{model}/fp32/batch2": {"1": {}, "6": {}}}
+    with pytest.raises(NimbleError, match="--batch '0'"):
+        generation.main(["--models", "hf:gpt2-tiny", "--target", "llvm", "--batch", "0", "--out", str(tmp_path)])
     with pytest.raises(NimbleError, match="kernels='vendor' .* need a CUDA target; use kernels='tvm' for llvm"):
         generation.main(["--models", "hf:gpt2-tiny", "--target", "llvm", "--kernels", "vendor",
                          "--out", str(tmp_path)])

@@ -7,7 +7,8 @@ prompt, timed as the time to the first token (TTFT, the prompt's prefill) and th
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU), gpt-fast's recipe, PyTorch's fastest decode.
 
 Both decode greedily for exactly ``new_tokens`` tokens (the end-of-sequence token neither stops nor is
-suppressed), so every system's tokens can be compared one for one. ONNX Runtime GenAI is in :mod:`.ort_genai`.
+suppressed), so every system's tokens can be compared one for one. A request is one prompt (a list of ids) or a batch
+of prompts of one length (:func:`prompt_rows`), decoded together. ONNX Runtime GenAI is in :mod:`.ort_genai`.
 """
 from __future__ import annotations
 
@@ -23,28 +24,47 @@ from tvm_nimble.errors import NimbleError
 
 @dataclass(frozen=True)
 class GenerationTiming:
-    """One peer's greedy generation: the new tokens' ids, the median time to the first token (the prompt's
-    prefill and its token), the median milliseconds per further token, and how the peer got there."""
+    """One peer's greedy generation: the new tokens' ids (``rows``: each prompt's of a batch; ``tokens``: the
+    first's), the median time to the first token (the prompt's prefill and its token), the median milliseconds per
+    further token (a step of the whole batch), and how the peer got there."""
 
     system: str
-    tokens: list[int]
+    rows: list[list[int]]
     ttft_ms: float
     ms_per_token: float
     note: str = ""
     #: ``run(n)`` generates ``n`` tokens from the prompt again (for a kernel profile after the timing)
     run: Callable[[int], object] | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def tokens(self) -> list[int]:
+        return self.rows[0]
 
-def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype, repeats: int) -> GenerationTiming:
+
+def prompt_rows(prompt_ids) -> list[list[int]]:
+    """A request's prompts as rows of ids: one prompt (a list of ints) is a batch of one; a batch (a list of lists)
+    must be of one length (the bench's prompts; prompts of different lengths need padding, which every system does
+    its own way)."""
+    if len(prompt_ids) and isinstance(prompt_ids[0], (list, tuple)):
+        rows = [[int(t) for t in p] for p in prompt_ids]
+    else:
+        rows = [[int(t) for t in prompt_ids]]
+    if len({len(r) for r in rows}) > 1:
+        raise NimbleError(f"a batch's prompts must be of one length here, got lengths {sorted({len(r) for r in rows})}")
+    return rows
+
+
+def hf_eager(torch_model, prompt_ids, new_tokens: int, device: str, dtype, repeats: int) -> GenerationTiming:
     """transformers' ``generate``, greedy, SDPA attention. Each timed request stamps the moment every new token is
     chosen (a stopping criterion that waits for the device and never stops): TTFT is the first stamp, ms/token the
     time from the first stamp to the last / (``new_tokens`` - 1), both medians over ``repeats`` requests."""
     import torch
     import transformers
 
-    check_settings(prompt_ids, new_tokens, repeats)
+    rows = prompt_rows(prompt_ids)
+    check_settings(rows[0], new_tokens, repeats)
     model = _causal_lm(torch_model, device, dtype)
-    ids = torch.tensor([prompt_ids], dtype=torch.int64, device=device)
+    ids = torch.tensor(rows, dtype=torch.int64, device=device)
     sync = _synchronizer(device)
 
     class Stamps(transformers.StoppingCriteria):
@@ -58,8 +78,8 @@ def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, d
             self.times.append(time.perf_counter())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
-    def generate(n: int) -> tuple[list[int], list[float]]:
-        """(new tokens, seconds from the call to each token) of one request for ``n`` tokens."""
+    def generate(n: int) -> tuple[list[list[int]], list[float]]:
+        """(each row's new tokens, seconds from the call to each step's tokens) of one request for ``n`` tokens."""
         stamps = Stamps()
         with torch.no_grad():
             sync()
@@ -67,7 +87,7 @@ def hf_eager(torch_model, prompt_ids: list[int], new_tokens: int, device: str, d
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  min_new_tokens=n, max_new_tokens=n,
                                  stopping_criteria=transformers.StoppingCriteriaList([stamps]))
-        return out[0, len(prompt_ids):].tolist(), [t - start for t in stamps.times]
+        return out[:, ids.shape[1]:].tolist(), [t - start for t in stamps.times]
 
     tokens = generate(new_tokens)[0]  # the warm-up gives the tokens
     ttft, per_token = per_token_times([generate(new_tokens)[1] for _ in range(repeats)])
@@ -85,7 +105,7 @@ def per_token_times(requests: list[list[float]]) -> tuple[float, float]:
             statistics.median((r[-1] - r[0]) * 1e3 / (len(r) - 1) for r in requests))
 
 
-def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, device: str, dtype,
+def hf_static_compiled(torch_model, prompt_ids, new_tokens: int, device: str, dtype,
                        repeats: int) -> GenerationTiming:
     """A static KV cache (``transformers.StaticCache``), the prompt's prefill eager, and the one-token decode step
     under ``torch.compile(mode="reduce-overhead", fullgraph=True)``; greedy argmax on the device.
@@ -97,39 +117,41 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
     import torch
     import transformers
 
-    check_settings(prompt_ids, new_tokens, repeats)
+    rows = prompt_rows(prompt_ids)
+    check_settings(rows[0], new_tokens, repeats)
+    length = len(rows[0])
     model = _causal_lm(torch_model, device, dtype)
-    cache = transformers.StaticCache(config=model.config, max_cache_len=len(prompt_ids) + new_tokens)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=length + new_tokens)
     keyword = cache_keyword(model)
 
     def step(ids, positions):
-        """The greedy next token ([1, 1]) after ``ids`` at ``positions``; the cache, which keeps its own length on
-        the device, extended in place."""
+        """The greedy next token of each row ([rows, 1]) after ``ids`` at ``positions``; the cache, which keeps its
+        own length on the device, extended in place."""
         logits = model(input_ids=ids, position_ids=positions, use_cache=True, **{keyword: cache}).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
     decode = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-    prompt = torch.tensor([prompt_ids], dtype=torch.int64, device=device)
-    positions = torch.arange(len(prompt_ids) + new_tokens, dtype=torch.int64, device=device)[None]
+    prompt = torch.tensor(rows, dtype=torch.int64, device=device)
+    positions = torch.arange(length + new_tokens, dtype=torch.int64, device=device)[None].repeat(len(rows), 1)
     sync = _synchronizer(device)
 
-    def generate(n: int = new_tokens) -> tuple[list[int], float, float]:
-        """(tokens, prefill ms, decode ms) of one generation of ``n`` tokens from an empty cache."""
+    def generate(n: int = new_tokens) -> tuple[list[list[int]], float, float]:
+        """(each row's tokens, prefill ms, decode ms) of one generation of ``n`` tokens from an empty cache."""
         cache.reset()
         with torch.no_grad():
             sync()
             start = time.perf_counter()
-            token = step(prompt, positions[:, :len(prompt_ids)])
+            token = step(prompt, positions[:, :length])
             sync()
             prefilled = time.perf_counter()
             tokens = [token]
-            for at in range(len(prompt_ids), len(prompt_ids) + n - 1):
+            for at in range(length, length + n - 1):
                 torch.compiler.cudagraph_mark_step_begin()
                 token = decode(token, positions[:, at:at + 1]).clone()
                 tokens.append(token)
             sync()
             end = time.perf_counter()
-        return torch.cat(tokens, dim=1)[0].tolist(), (prefilled - start) * 1e3, (end - prefilled) * 1e3
+        return torch.cat(tokens, dim=1).tolist(), (prefilled - start) * 1e3, (end - prefilled) * 1e3
 
     generate()  # the warm-up: compiles the decode step and records its CUDA graph
     runs = [generate() for _ in range(repeats)]
@@ -137,7 +159,7 @@ def hf_static_compiled(torch_model, prompt_ids: list[int], new_tokens: int, devi
     return GenerationTiming(
         "hf-static-compiled", runs[-1][0], statistics.median(r[1] for r in runs),
         statistics.median(r[2] for r in runs) / (new_tokens - 1),
-        f"StaticCache({len(prompt_ids) + new_tokens} slots), eager prefill, own decode loop: the decode step "
+        f"StaticCache({length + new_tokens} slots), eager prefill, own decode loop: the decode step "
         f"under torch.compile(mode='reduce-overhead', fullgraph=True) ({graphs}), cudagraph_mark_step_begin() "
         "before each call and its token cloned (transformers' static-cache generate read overwritten CUDA-graph "
         "outputs)", generate)

@@ -2,6 +2,11 @@
 Hugging Face transformers (eager, and a static cache under ``torch.compile``), side by side in one process.
 
     tvm-nimble bench --generate --models hf:gpt2,hf:llama-0.5b --precision fp16,bf16 --prompt 128 --new-tokens 256
+    tvm-nimble bench --generate --models hf:gpt2 --batch 1,4,8
+
+``--batch B`` times requests of B prompts at once (each ``--prompt`` random tokens; Nimble's generator built for B
+sequences, the peers given the B prompts as one batch): ms per token is then a step of all B, and every row's
+tokens are checked.
 
 Each model is ``hf:NAME`` of :mod:`.hf_models` (random weights, config in code). Nimble builds the with-past ONNX
 export (:func:`.hf_models.past_onnx_model`) into a generator (:func:`tvm_nimble.build_generator`) whose cache holds
@@ -41,6 +46,7 @@ def _args(argv):
     ap.add_argument("--kernels", choices=["tvm", "vendor", "best"],
                     help="default: vendor on a GPU, tvm on the CPU (vendor kernels are CUDA's)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default %(default)s)")
+    ap.add_argument("--batch", default="1", help="comma-separated prompts per request (default %(default)s)")
     ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per request (default %(default)s)")
     ap.add_argument("--check-tokens", type=int, default=32, help="greedy tokens compared with HF eager's")
     ap.add_argument("--repeats", type=int, default=3, help="timed requests per system (median)")
@@ -56,19 +62,24 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def nimble_timing(gen, prompt: list[int], new_tokens: int, repeats: int):
+def nimble_timing(gen, prompt, new_tokens: int, repeats: int):
     """(tokens, TTFT ms, ms per token) of an open :class:`~tvm_nimble.Generator`: each timed request stamps every
     new token as it streams out (a token reaches the host once its step is done); TTFT and the time per further
-    token are :func:`~tvm_nimble.bench.generate_peers.per_token_times` of ``repeats`` requests."""
-    tokens = gen.generate(prompt, new_tokens)  # warm-up (and the tokens)
+    token are :func:`~tvm_nimble.bench.generate_peers.per_token_times` of ``repeats`` requests. ``prompt``: one
+    prompt (tokens: its new ids) or a batch of them (:meth:`~tvm_nimble.Generator.generate_batch`, stamped at the
+    first row's tokens; tokens: each row's new ids)."""
+    rows = generate_peers.prompt_rows(prompt)
+    one = not isinstance(prompt[0], (list, tuple))
+    tokens = gen.generate_batch(rows, new_tokens)  # warm-up (and the tokens)
 
     def stamped() -> list[float]:
         times: list[float] = []
         start = time.perf_counter()
-        gen.generate(prompt, new_tokens, on_token=lambda token: times.append(time.perf_counter() - start))
+        gen.generate_batch(rows, new_tokens,
+                           on_token=lambda row, token: row == 0 and times.append(time.perf_counter() - start))
         return times
 
-    return (tokens, *generate_peers.per_token_times([stamped() for _ in range(repeats)]))
+    return (tokens[0] if one else tokens, *generate_peers.per_token_times([stamped() for _ in range(repeats)]))
 
 
 def kernels_per_token(run, tokens: int) -> dict[str, float]:
@@ -111,6 +122,19 @@ def _print_profile(name: str, per_kernel: dict[str, float], top: int = 12) -> No
         print(f"    {us:8.2f} us {100 * us / (total or 1):5.1f}%  {k[:100]}")
 
 
+def _batches(text: str) -> list[int]:
+    """``--batch``'s sizes, or one line naming what is wrong."""
+    from tvm_nimble.errors import NimbleError
+
+    try:
+        sizes = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise NimbleError(f"--batch {text!r}: give prompts per request as integers >= 1, e.g. --batch 1,4,8")
+    return sizes
+
+
 def _matched(tokens: list[int], want: list[int]) -> int:
     n = 0
     for a, b in zip(tokens, want):
@@ -148,11 +172,14 @@ def main(argv=None) -> int:
     date = datetime.date.today().isoformat()
     device = device_name(gpu)
     table, profiles, builds = [], {}, {}
+    batches = _batches(args.batch)
     for spec in [m for m in args.models.split(",") if m]:
         label, _, torch_builder = hf_builders(spec)
         onnx_model = past_onnx_model(spec)
-        prompt = np.random.default_rng(0).integers(0, vocab_size(onnx_model), size=args.prompt).tolist()
-        for precision in [p for p in args.precision.split(",") if p]:
+        rng = np.random.default_rng(0)  # row 0: the prompt of every batch
+        prompts = [rng.integers(0, vocab_size(onnx_model), size=args.prompt).tolist() for _ in range(max(batches))]
+        for precision, batch in [(p, b) for p in args.precision.split(",") if p for b in batches]:
+            prompt = prompts[:batch]
             rows = []
             dtype = getattr(torch, PRECISIONS[precision][0])
             model = torch_builder(1)  # (each peer runs its own copy on the device, in the precision)
@@ -176,46 +203,49 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             module = tvm_nimble.build_generator(onnx_model, target, precision=precision, kernels=args.kernels,
                                                 max_length=args.prompt + args.new_tokens,
-                                                prefill_lengths=(args.prompt,), **named)
+                                                prefill_lengths=(args.prompt,), batch=batch, **named)
             build_s = time.perf_counter() - start
-            builds[f"{label}/{precision}"] = {
+            builds[f"{label}/{precision}" + (f"/batch{batch}" if batch > 1 else "")] = {
                 step: {k: v for k, v in info.items() if k.startswith("kernel_choice")}
                 for step, info in module.info.get("steps", {}).items()}
             with tvm_nimble.Generator(module) as gen:
                 tokens, ttft, per_token = nimble_timing(gen, prompt, args.new_tokens, args.repeats)
                 if args.profile and gpu:
-                    profiles[f"{label}/{precision}/nimble"] = kernels_per_token(
-                        lambda n: gen.generate(prompt, n), args.profile)
+                    profiles[f"{label}/{precision}/b{batch}/nimble"] = kernels_per_token(
+                        lambda n: gen.generate_batch(prompt, n), args.profile)
             if args.profile and gpu:
                 for name, t in peers.items():
                     if t.run is not None:
-                        profiles[f"{label}/{precision}/{name}"] = kernels_per_token(t.run, args.profile)
-            reference = peers["hf-eager"].tokens if "hf-eager" in peers else None
+                        profiles[f"{label}/{precision}/b{batch}/{name}"] = kernels_per_token(t.run, args.profile)
+            reference = peers["hf-eager"].rows if "hf-eager" in peers else None
             n = min(args.check_tokens, args.new_tokens)
             providers = f"providers {','.join(args.providers)}" if args.providers else ""
             systems = [("nimble", tokens, ttft, per_token, f"{build_s:.1f}", providers)]
-            systems += [(name, t.tokens, t.ttft_ms, t.ms_per_token, "", t.note) for name, t in peers.items()]
+            systems += [(name, t.rows, t.ttft_ms, t.ms_per_token, "", t.note) for name, t in peers.items()]
             for name, toks, t_ms, pt_ms, b_s, note in systems:
-                left = generate_peers.divergence(model, prompt, reference[:n], toks[:n], dev, dtype) \
-                    if reference else None
+                matched = [_matched(got[:n], want[:n]) for got, want in zip(toks, reference)] if reference else []
+                worst = matched.index(min(matched)) if matched else 0  # the row checked the least far
+                left = generate_peers.divergence(model, prompt[worst], reference[worst][:n], toks[worst][:n], dev,
+                                                 dtype) if reference else None
                 if left is not None:  # where the tokens part, whether that step is a tie in this precision
-                    note = "; ".join(x for x in (left.describe(precision), note) if x)
+                    where = f"row {worst} " if batch > 1 else ""
+                    note = "; ".join(x for x in (where + left.describe(precision), note) if x)
                 rows.append({"system": name, "ttft_ms": f"{t_ms:.3f}", "ms_per_token": f"{pt_ms:.4f}",
                              "tokens_checked": n if reference else "",
-                             "tokens_matched": _matched(toks[:n], reference[:n]) if reference else "",
+                             "tokens_matched": min(matched) if reference else "",
                              "build_s": b_s, "note": note})
             for r in rows:
-                r.update({"date": date, "device": device, "model": label, "batch": 1, "dtype": precision,
+                r.update({"date": date, "device": device, "model": label, "batch": batch, "dtype": precision,
                           "kernels": args.kernels, "prompt_tokens": args.prompt, "new_tokens": args.new_tokens})
             append_rows(csv_path, rows, COLUMNS, defaults={})
             table += rows
             del model
             if gpu:
                 torch.cuda.empty_cache()
-    print(f"{'model':<14} {'dtype':<5} {'system':<20} {'TTFT ms':>9} {'ms/token':>9} {'match':>6}  note")
+    print(f"{'model':<14} {'dtype':<5} {'batch':>5} {'system':<20} {'TTFT ms':>9} {'ms/token':>9} {'match':>6}  note")
     for r in table:
         match = f"{r.get('tokens_matched', '')}/{r.get('tokens_checked', '')}" if r.get("tokens_checked") else ""
-        print(f"{r['model']:<14} {r['dtype']:<5} {r['system']:<20} {r.get('ttft_ms', ''):>9} "
+        print(f"{r['model']:<14} {r['dtype']:<5} {r['batch']:>5} {r['system']:<20} {r.get('ttft_ms', ''):>9} "
               f"{r.get('ms_per_token', ''):>9} {match:>6}  {r.get('note', '')}")
     with open(os.path.join(args.out, "generation-builds.json"), "w") as f:
         json.dump(builds, f, indent=1, default=str)

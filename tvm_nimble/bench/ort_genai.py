@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from tvm_nimble.bench.generate_peers import GenerationTiming, check_settings
+from tvm_nimble.bench.generate_peers import GenerationTiming, check_settings, prompt_rows
 from tvm_nimble.bench.hf_models import past_names
 from tvm_nimble.errors import NimbleError
 
@@ -198,10 +198,11 @@ def builder_model_dir(torch_model, out_dir: str, precision: str = "fp32", provid
                       cuda_graph=any(str(o.get("enable_cuda_graph")) == "1" for o in options), built_by_genai=True)
 
 
-def ort_genai(onnx_model, torch_model_or_config, prompt_ids: list[int], new_tokens: int, provider: str,
+def ort_genai(onnx_model, torch_model_or_config, prompt_ids, new_tokens: int, provider: str,
               precision: str, repeats: int) -> GenerationTiming:
-    """ORT GenAI's greedy generation of exactly ``new_tokens`` tokens after ``prompt_ids`` (no stop, no id
-    suppressed: see :class:`GenAiModel`), from a model folder written to a temporary directory.
+    """ORT GenAI's greedy generation of exactly ``new_tokens`` tokens after ``prompt_ids`` (one prompt, or a batch
+    of one length: :func:`~.generate_peers.prompt_rows`; no stop, no id suppressed: see :class:`GenAiModel`), from
+    a model folder written to a temporary directory.
 
     One request makes its ``og.Generator`` (the cache's allocation is per request), appends the prompt (the
     prefill) and generates the first token: that, up to the token on the host, is the time to the first token;
@@ -214,7 +215,9 @@ def ort_genai(onnx_model, torch_model_or_config, prompt_ids: list[int], new_toke
     attempting to re-use buffer" in a cast of its repeated KV heads)."""
     import numpy as np
 
-    check_settings(prompt_ids, new_tokens, repeats)
+    rows = prompt_rows(prompt_ids)
+    check_settings(rows[0], new_tokens, repeats)
+    length = len(rows[0])
     og = _import_genai()
     with tempfile.TemporaryDirectory(prefix="tvm-nimble-ort-genai-") as tmp:
         if _architecture(torch_model_or_config) in BUILDER_ARCHITECTURES and (provider, precision) != ("cpu", "fp16"):
@@ -222,13 +225,14 @@ def ort_genai(onnx_model, torch_model_or_config, prompt_ids: list[int], new_toke
         else:
             genai = genai_model_dir(onnx_model, torch_model_or_config, tmp, precision, provider)
         model = og.Model(genai.directory)  # the session holds the weights: the folder can go
-    prompt = np.asarray([prompt_ids], dtype=np.int32)
+    prompt = np.asarray(rows, dtype=np.int32)
 
-    def request(n: int = new_tokens) -> tuple[list[int], float, float]:
-        """(tokens, TTFT ms, ms of the further tokens) of one request of ``n`` new tokens."""
+    def request(n: int = new_tokens) -> tuple[list[list[int]], float, float]:
+        """(each row's tokens, TTFT ms, ms of the further tokens) of one request of ``n`` new tokens."""
         start = time.perf_counter()
         params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=False, top_k=1, max_length=len(prompt_ids) + n, min_length=0)
+        params.set_search_options(do_sample=False, top_k=1, max_length=length + n, min_length=0,
+                                  batch_size=len(rows))
         generator = og.Generator(model, params)
         generator.append_tokens(prompt)
         generator.generate_next_token()
@@ -236,7 +240,7 @@ def ort_genai(onnx_model, torch_model_or_config, prompt_ids: list[int], new_toke
         first = time.perf_counter()
         for _ in range(n - 1):
             generator.generate_next_token()
-        tokens = generator.get_sequence(0)[len(prompt_ids):].tolist()
+        tokens = [generator.get_sequence(r)[length:].tolist() for r in range(len(rows))]
         end = time.perf_counter()
         return tokens, (first - start) * 1e3, (end - first) * 1e3
 

@@ -160,7 +160,9 @@ def _check_finite(module: GeneratorModule, opts: BuildOptions) -> None:
     device = tvm.cuda(0) if opts.is_cuda else tvm.cpu()
     with Generator(module, device) as gen:
         rng = np.random.default_rng(0)
-        prompt = rng.integers(0, module.vocab_size, size=min(8, module.max_length - 2)).tolist()
+        # (within the largest prefill bucket: a batched generator's prompts must fit one)
+        size = min(8, module.max_length - 2, max(module.prefill_lengths, default=8))
+        prompt = rng.integers(0, module.vocab_size, size=size).tolist()
         logits = gen.prompt_logits(prompt)
     if not np.all(np.isfinite(logits)):
         raise NimbleError(f"the {opts.precision} generator's logits hold {int(np.sum(~np.isfinite(logits)))} NaN or "

@@ -66,3 +66,18 @@ def test_generated_tokens_match_pytorch(gpu_arch, spec, precision):
             assert gen.generate(PROMPT, NEW) == got
             sampling = Sampling(temperature=1.0, seed=3)
             assert gen.generate(PROMPT, NEW, sampling) == _reference(lm, PROMPT, NEW, sampling)
+
+
+def test_a_batch_of_prompts_of_different_lengths_on_the_gpu(gpu_arch):
+    """Three prompts of different lengths decoded together (each row at its own positions, the rows' inputs made on
+    the device step by step: decode_loop) give each prompt's own tokens, those of the float32 reference loop."""
+    import tvm_nimble
+    from tvm_nimble.runtime.generator import Generator
+
+    onnx_model, lm = _model("hf:llama-tiny")
+    module = tvm_nimble.build_generator(onnx_model, {"kind": "cuda", "arch": gpu_arch}, kernels="vendor",
+                                        max_length=48, prefill_lengths=[16], batch=3)
+    prompts = [PROMPT, PROMPT[:4], PROMPT[3:]]
+    with Generator(module) as gen:
+        got = gen.generate_batch(prompts, NEW)
+    assert got == [_reference(lm, p, NEW) for p in prompts]

@@ -4,7 +4,7 @@ Both servers must measure trials (their logs show the modules they loaded), the 
 resume across runs, killing one server mid-run must cost at most its in-flight trials, and a wrong
 tracker or key must be one line from the CLI.
 """
-import os
+import contextlib
 import subprocess
 import sys
 import threading
@@ -20,18 +20,47 @@ pytest.importorskip("tornado")  # TVM's tracker needs it; `make test` installs i
 KEY = "nimble-test"
 
 
-@pytest.fixture
-def fleet(tmp_path):
-    """(tracker HOST:PORT, [server process, log path] x 2); everything is killed afterwards."""
-    with loopback_fleet(2, KEY, str(tmp_path)) as (tracker, servers):
-        yield tracker, servers
+class _Fleets:
+    """One loopback fleet at a time for the module (starting one, a tracker and two servers that import TVM, takes
+    some 25 s on a 2-core machine): every test gets the one running, unless a test that kills a server had it,
+    in which case a fresh one is started. Everything is killed at the module's end."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory, self.stack = tmp_path_factory, contextlib.ExitStack()
+        self.current, self.spent = None, True
+
+    def get(self, spend: bool = False):
+        if self.spent:
+            if self.current is not None:
+                self.stack.close()  # the fleet a server was killed in: its tracker and the other server too
+            self.stack = contextlib.ExitStack()
+            self.current = self.stack.enter_context(
+                loopback_fleet(2, KEY, str(self.tmp_path_factory.mktemp("fleet"))))
+        self.spent = spend
+        return self.current
 
 
 @pytest.fixture(scope="module")
-def shared_fleet(tmp_path_factory):
-    """:func:`fleet` for the tests that leave both servers running (starting one takes seconds of imports)."""
-    with loopback_fleet(2, KEY, str(tmp_path_factory.mktemp("fleet"))) as (tracker, servers):
-        yield tracker, servers
+def fleets(tmp_path_factory):
+    f = _Fleets(tmp_path_factory)
+    try:
+        yield f
+    finally:
+        f.stack.close()
+
+
+@pytest.fixture
+def fleet(fleets):
+    """(tracker HOST:PORT, [server process, log path] x 2), both servers running, for a test that kills one: the
+    module's fleet when it is intact (the other tests run first in file order), else a fresh one; no later test
+    gets it."""
+    return fleets.get(spend=True)
+
+
+@pytest.fixture
+def shared_fleet(fleets):
+    """:func:`fleet` for the tests that leave both servers running."""
+    return fleets.get()
 
 
 def _loads(log) -> int:
@@ -57,25 +86,6 @@ def test_both_servers_measure_and_the_database_resumes(shared_fleet, tmp_path):
     assert sum(after.values()) == 16
 
 
-def test_killing_a_server_mid_run_loses_only_its_trials(fleet, tmp_path):
-    tracker, servers = fleet
-    (victim, victim_log), (_, survivor_log) = servers
-    killed_at = []
-
-    def kill_after_first_measurement():
-        while _loads(victim_log) == 0:
-            time.sleep(0.02)
-        kill_group(victim)  # the server and the process it serves from
-        killed_at.append(_loads(survivor_log))
-
-    threading.Thread(target=kill_after_first_measurement, daemon=True).start()
-    report = _tune(tmp_path / "db", tracker, model="nasnet", total=24, per_task=4)
-    assert killed_at, "the victim server never measured"
-    assert report.trials_this_run == 24  # the run went on
-    assert report.failed_trials <= 2  # at most what the dead server held (two runner workers)
-    assert _loads(survivor_log) > killed_at[0]  # the other server kept measuring
-
-
 def test_wrong_tracker_or_key_is_one_line(shared_fleet, tmp_path):
     tracker, _ = shared_fleet
     cli = [sys.executable, "-m", "tvm_nimble.cli", "tune", "zoo:incept6", "--target", "llvm", "--total-trials", "1",
@@ -95,3 +105,24 @@ def test_rpc_server_with_a_malformed_tracker_is_one_line():
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "tvm-nimble: error: --rpc-tracker expects HOST:PORT (e.g. 127.0.0.1:9190), got 'no-port'"]
+
+
+# last in the file: it ends one server of the module's fleet (a test after it would start a fresh fleet)
+def test_killing_a_server_mid_run_loses_only_its_trials(fleet, tmp_path):
+    tracker, servers = fleet
+    (victim, victim_log), (_, survivor_log) = servers
+    measured_before = _loads(victim_log)  # the fleet may have served the tests before this one
+    killed_at = []
+
+    def kill_after_first_measurement():
+        while _loads(victim_log) == measured_before:
+            time.sleep(0.02)
+        kill_group(victim)  # the server and the process it serves from
+        killed_at.append(_loads(survivor_log))
+
+    threading.Thread(target=kill_after_first_measurement, daemon=True).start()
+    report = _tune(tmp_path / "db", tracker, model="nasnet", total=24, per_task=4)
+    assert killed_at, "the victim server never measured"
+    assert report.trials_this_run == 24  # the run went on
+    assert report.failed_trials <= 2  # at most what the dead server held (two runner workers)
+    assert _loads(survivor_log) > killed_at[0]  # the other server kept measuring

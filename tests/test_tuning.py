@@ -1,6 +1,7 @@
 """Tiny MetaSchedule runs on CPU: a database is written, resumed and applied; trials go to the heaviest task."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,21 +40,42 @@ def conv_then_transpose_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_tiny_tuning_resumes_and_is_applied(tmp_path):
+_KW = dict(trials_per_round=1, strategy="replay-trace", cost_model="random", progress=False)
+
+
+def _records(db) -> list[str]:
+    return open(os.path.join(db, "database_tuning_record.json")).read().splitlines()
+
+
+@pytest.fixture(scope="module")
+def tiny_tuning(tmp_path_factory):
+    """:func:`one_kernel_model` tuned in two runs, one trial, then a budget of two (the second continues from the
+    database): (the first run's report, the records after it, the second run's report, the database). Each run
+    starts MetaSchedule's builder workers (most of its ~20 s on a 2-core machine), so the tests that need such a
+    database share these; each works on a copy of it."""
+    db = str(tmp_path_factory.mktemp("tiny") / "db")
+    first = tune(one_kernel_model(), "llvm", db, trials_per_task=1, **_KW)
+    after_first = _records(db)
+    second = tune(one_kernel_model(), "llvm", db, trials_per_task=2, **_KW)
+    return first, after_first, second, db
+
+
+def _copy_of(db: str, tmp_path) -> str:
+    return shutil.copytree(db, str(tmp_path / "db"))
+
+
+def test_tiny_tuning_resumes_and_is_applied(tiny_tuning, tmp_path):
     model = one_kernel_model()
-    db = str(tmp_path / "db")
-    kw = dict(trials_per_round=1, strategy="replay-trace", cost_model="random", progress=False)
-    first = tune(model, "llvm", db, trials_per_task=1, **kw)
+    first, records, second, shared_db = tiny_tuning
     assert first.trials_this_run == 1 and first.tuned == len(first.tasks) == 1
-    records = open(os.path.join(db, "database_tuning_record.json")).read().splitlines()
     assert len(records) == 1
     # a second run with a larger budget continues from the database: only the missing trial runs
-    second = tune(model, "llvm", db, trials_per_task=2, **kw)
     assert second.trials_this_run == 1 and second.tasks[0]["trials"] == 2
     assert second.tasks[0]["best_us"] is not None, "no trial was measured successfully"
-    assert len(open(os.path.join(db, "database_tuning_record.json")).read().splitlines()) == 2
+    db = _copy_of(shared_db, tmp_path)
+    assert len(_records(db)) == 2
     # a run whose budget is already met does no work
-    assert tune(model, "llvm", db, trials_per_task=2, **kw).trials_this_run == 0
+    assert tune(model, "llvm", db, trials_per_task=2, **_KW).trials_this_run == 0
     summary = json.load(open(os.path.join(db, "tuning_summary.json")))
     assert summary["tasks"][0]["trials"] == 2
 
@@ -132,7 +154,7 @@ def test_an_empty_database_builds_the_default_kernels(tmp_path):
     np.testing.assert_allclose(nimble, ref.outputs()[0], rtol=1e-5, atol=1e-5)
 
 
-def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
+def test_bench_compares_tuned_with_untuned_in_one_run(tiny_tuning, tmp_path):
     """`bench --tuning-db DB --with-untuned`: two runs whose rows carry the kernels and the database's trial
     count as columns, and a tuning table whose ratios are those of the CSV's medians."""
     import csv
@@ -144,9 +166,7 @@ def test_bench_compares_tuned_with_untuned_in_one_run(tmp_path):
     model = one_kernel_model()
     path = str(tmp_path / "one.onnx")
     onnx.save(model, path)
-    db = str(tmp_path / "db")
-    tune(model, "llvm", db, trials_per_task=2, trials_per_round=2, strategy="replay-trace", cost_model="random",
-         progress=False)
+    db = _copy_of(tiny_tuning[3], tmp_path)  # the model tuned with two trials (the tiny tuning's database)
     out = tmp_path / "bench"
     bench_main(["--onnx", path, "--models", "", "--target", "llvm", "--rounds", "1", "--iters", "3",
                 "--tuning-db", db, "--with-untuned", "--out", str(out)])

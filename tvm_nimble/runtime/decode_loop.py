@@ -20,6 +20,20 @@ import numpy as np
 RING = 4
 
 
+def decode_inputs(rows: int, max_length: int, tokens: list[int], positions: list[int]) -> tuple:
+    """A decode step's inputs (ids [rows, 1], mask [rows, max_length], positions [rows, 1], int64) from the host:
+    row ``r`` the token ``tokens[r]`` at ``positions[r]``, the mask's slots ``0..positions[r]``; rows past
+    ``tokens`` token 0 at position 0 (slot 0 unmasked: a row the batch does not use)."""
+    ids = np.zeros((rows, 1), np.int64)
+    pos = np.zeros((rows, 1), np.int64)
+    mask = np.zeros((rows, max_length), np.int64)
+    mask[:, 0] = 1
+    for r, (t, p) in enumerate(zip(tokens, positions)):
+        ids[r, 0], pos[r, 0] = t, p
+        mask[r, :p + 1] = 1
+    return ids, mask, pos
+
+
 class StepFeed:
     """Feeds an executor of a decode step (inputs ``input_ids [rows, 1]``, ``attention_mask [rows, max_length]``,
     ``position_ids [rows, 1]``; output 0 ``next_ids [rows, 1]``), every copy done before the call returns."""
@@ -32,22 +46,15 @@ class StepFeed:
         self._tokens: dict[int, np.ndarray] = {}
 
     def first(self, tokens: list[int], positions: list[int]) -> None:
-        """The first step's inputs from the host: row ``r`` the token ``tokens[r]`` at ``positions[r]``, the mask's
-        slots ``0..positions[r]`` (rows past ``tokens``: token 0 at position 0)."""
-        ids = np.zeros((self.rows, 1), np.int64)
-        pos = np.zeros((self.rows, 1), np.int64)
-        mask = np.zeros((self.rows, self.max_length), np.int64)
-        mask[:, 0] = 1
-        for r, (t, p) in enumerate(zip(tokens, positions)):
-            ids[r, 0], pos[r, 0] = t, p
-            mask[r, :p + 1] = 1
+        """The first step's inputs from the host (:func:`decode_inputs`)."""
+        ids, mask, pos = decode_inputs(self.rows, self.max_length, tokens, positions)
         for view, value in ((self.ids, ids), (self.mask, mask), (self.positions, pos)):
             view.copyfrom(value)
         self._mask = mask
 
-    def advance(self, positions: list[int]) -> None:
-        """The next step's inputs from the last one: its next ids as the token ids, ``positions`` (one per row that
-        generates), the mask's slot at each of them set."""
+    def advance(self, step: int, positions: list[int]) -> None:
+        """The inputs of the step to be launched as ``step`` from the one before: its next ids as the token ids,
+        ``positions`` (one per row that generates), the mask's slot at each of them set."""
         self.next_ids.copyto(self.ids)
         pos = np.zeros((self.rows, 1), np.int64)
         for r, p in enumerate(positions):
@@ -89,17 +96,13 @@ class CudaStepFeed(StepFeed):
         self._one = cg.PinnedArray((1,), np.int64)
         self._one.array[0] = 1
         self._events = cg.create_events(RING)
-        self._advanced = 0
 
-    def first(self, tokens, positions) -> None:
-        super().first(tokens, positions)  # synchronous copies: the executor is idle between requests
-        self._advanced = 0
+    # first(): the base class's synchronous copies (the executor is idle between requests)
 
-    def advance(self, positions) -> None:
+    def advance(self, step, positions) -> None:
         cg = self._cg
         cg.copy_async(self.ids.data_ptr(), self.next_ids.data_ptr(), self._ids_bytes, self.stream)
-        self._advanced += 1
-        slot = self._advanced % RING
+        slot = step % RING
         host = self._positions.array[slot]
         host[:] = 0
         host[:len(positions)] = positions
@@ -149,7 +152,7 @@ def greedy(feed: StepFeed, tokens: list[int], positions: list[int], steps: int, 
         for step in range(steps):
             if launched < steps:  # the next step queued before this one's tokens are read
                 positions = [p + 1 for p in positions]
-                feed.advance(positions)
+                feed.advance(launched, positions)
                 feed.launch(launched)
                 launched += 1
             if not deliver(feed.tokens(step)):

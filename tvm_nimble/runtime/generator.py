@@ -231,13 +231,7 @@ class Generator:
     def _decode(self, tokens: list[int], positions: list[int], want_logits: bool):
         """One token per row at its position; (next token id per row, logits per row or None)."""
         rows = self.module.batch
-        ids = np.zeros((rows, 1), np.int64)
-        pos = np.zeros((rows, 1), np.int64)
-        mask = np.zeros((rows, self.max_length), np.int64)
-        mask[:, 0] = 1
-        for r, (t, p) in enumerate(zip(tokens, positions)):
-            ids[r, 0], pos[r, 0] = t, p
-            mask[r, :p + 1] = 1
+        ids, mask, pos = decode_loop.decode_inputs(rows, self.max_length, tokens, positions)
         nxt, logits = self._run(DECODE, ids, mask, pos, want_logits)
         return [int(x) for x in nxt[:, 0]], ([logits[r, 0] for r in range(rows)] if want_logits else None)
 

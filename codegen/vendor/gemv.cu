@@ -219,12 +219,36 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
   }
 }
 
-// S: warps a column, the fewest whose grid reaches four warps a core's slot (kGemvWarps x SMs x 4), keeping at
-// least one 16-byte vector a lane of each slice
+// S: warps a column (1, 2, 4 or 8; at most `most`), by NIMBLE_GEMV_BLOCKS_PER_SM = B (read once a process):
+// - B > 0 (default 4, one wave): the fewest S whose lanes load all their vectors before the wait (kGemvUnroll each;
+//   see the kernel), halved while the grid exceeds B blocks a core (at 4, the kernel's occupancy: every block
+//   resident at once, none waiting for a second wave), then doubled while the grid has fewer blocks than the GPU has
+//   cores (each slice keeping a vector a lane);
+// - 0, fill (the policy before): the fewest S whose grid reaches four warps a core's slot (kGemvWarps x SMs x 4),
+//   keeping at least one 16-byte vector a lane of each slice -- up to two waves of blocks at a decode step's sizes.
+// The A/B switch of scripts/experiments/gemv_check.py (benchmarks/findings.md, 'One wave of GEMV blocks').
+int GemvBlocksPerSm() {
+  static const int blocks = [] {
+    const char* env = std::getenv("NIMBLE_GEMV_BLOCKS_PER_SM");
+    const int b = env != nullptr && *env != '\0' ? std::atoi(env) : 4;
+    return b > 0 && b <= 8 ? b : 0;
+  }();
+  return blocks;
+}
+
 int GemvSplits(int64_t N, int64_t K, int64_t sms, int most = kGemvWarps) {
-  const int64_t want = sms * kGemvWarps * 4, vecs = K / 8;
+  const int64_t vecs = K / 8;
+  const int per_sm = GemvBlocksPerSm();
   int s = 1;
-  while (s < most && N * s < want && vecs >= int64_t(2 * s) * 32) s *= 2;
+  if (per_sm == 0) {
+    const int64_t want = sms * kGemvWarps * 4;
+    while (s < most && N * s < want && vecs >= int64_t(2 * s) * 32) s *= 2;
+    return s;
+  }
+  auto blocks = [&](int splits) { return (N * splits + kGemvWarps - 1) / kGemvWarps; };
+  while (s < most && vecs > int64_t(s) * 32 * kGemvUnroll) s *= 2;
+  while (s > 1 && blocks(s) > sms * per_sm) s /= 2;
+  while (s < most && blocks(s) < sms && vecs >= int64_t(2 * s) * 32) s *= 2;
   return s;
 }
 

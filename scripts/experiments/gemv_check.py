@@ -13,8 +13,11 @@ programmatic dependent launch.
 3. timing (``--skip-timing`` leaves it out): the norm in the prologue against our LayerNorm kernel followed by the
    plain GEMV (twelve of each as one graph); GPT-2 small's twelve layers of decode projections (norm + QKV,
    attention out + residual, norm + MLP up + GELU, MLP down + residual) as one CUDA graph, its replay's wall time
-   (median of 7 runs of 200 replays), in two fresh processes: NIMBLE_PDL=1 and NIMBLE_PDL=0 (the launches without
-   the programmatic-dependent-launch attribute).
+   (median of 7 runs of 200 replays), in fresh processes: NIMBLE_PDL=0 (the launches without the
+   programmatic-dependent-launch attribute) and, with it, each split policy of ``--blocks-per-sm``
+   (NIMBLE_GEMV_BLOCKS_PER_SM: 0 fills the GPU with up to two waves of blocks, B > 0 keeps one wave of at most B
+   blocks a core; gemv.cu's GemvSplits); Qwen2.5-0.5B's 24 layers (RMSNorm + QKV, out + residual, RMSNorm + gated
+   MLP up, down + residual; bf16) likewise. Each policy's process checks every case of 1. too (the splits differ).
 
 Writes ``gemv_check.json`` into ``--out`` and prints a short table last; exits 1 when a check fails.
 
@@ -51,7 +54,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for gemv_check.json")
     p.add_argument("--skip-timing", action="store_true", help="correctness and graph checks only")
-    p.add_argument("--time-only", action="store_true", help=argparse.SUPPRESS)  # the timing's child process
+    p.add_argument("--blocks-per-sm", default="0,2,4",
+                   help="NIMBLE_GEMV_BLOCKS_PER_SM values checked and timed, each in its own process")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a policy's process: checks and timing
     return p.parse_args(argv)
 
 
@@ -106,7 +111,7 @@ class Gemv:
             r = 0.5 * r * (1 + torch.tanh(0.7978845608028654 * (r + 0.044715 * r ** 3)))
         return r
 
-    def call_glu(self, x, w, bias, y, norm=0, gamma=None, beta=None):
+    def call_glu(self, x, w, bias, y, norm=0, gamma=None, beta=None, stream=None):
         """y = silu(gate) * up of norm(x) @ w.T + bias, w's rows (gate j, up j) interleaved, through the extension."""
         t = self.tvm_ffi.from_dlpack
         if norm:
@@ -114,7 +119,8 @@ class Gemv:
             attrs = self.tvm_ffi.Shape([1, norm, eps_bits(1e-5)])
         else:
             name, head, attrs = vendor_abi.GEMV_GLU_MATMUL, [t(x), t(w), t(bias)], self.tvm_ffi.Shape([1])
-        with self.tvm_ffi.use_raw_stream(self.dev, self.torch.cuda.current_stream().cuda_stream):
+        stream = self.torch.cuda.current_stream().cuda_stream if stream is None else stream
+        with self.tvm_ffi.use_raw_stream(self.dev, stream):
             self.funcs[name](*head, attrs, t(y), t(self.ws))
 
     def reference_glu(self, x, w, bias, norm=0, gamma=None, beta=None):
@@ -246,10 +252,43 @@ def check_graph(g: Gemv) -> dict:
     return {"replays": replays, "ok": all(r["ok"] for r in replays)}
 
 
+def qwen_chain(g: Gemv, layers: int = 24, K: int = 896, kv: int = 128, inner: int = 4864):
+    """Qwen2.5-0.5B's decode projections per layer, bf16 (timing only): [RMSNorm + QKV, out + residual, RMSNorm +
+    gate/up + SiLU gate, down + residual]; returns issue(stream)."""
+    torch, dt = g.torch, g.torch.bfloat16
+    r = g.randn((1, 1, K), torch.float32, 1.0)
+    steps = []
+    for _ in range(layers):
+        p = {n: g.randn(s, d, sc) for n, s, d, sc in (
+            ("g1", (K,), torch.float32, 0.1), ("w_qkv", (K + 2 * kv, K), dt, K ** -0.5), ("bq", (K + 2 * kv,), dt, 0.1),
+            ("w_o", (K, K), dt, K ** -0.5), ("bo", (K,), torch.float32, 0.0), ("g2", (K,), torch.float32, 0.1),
+            ("w_gu", (2 * inner, K), dt, K ** -0.5), ("bgu", (2 * inner,), dt, 0.0),
+            ("w_dn", (K, inner), dt, inner ** -0.5), ("bd", (K,), torch.float32, 0.0))}
+        p["g1"] += 1.0
+        p["g2"] += 1.0
+        out = (torch.empty((1, 1, K + 2 * kv), dtype=dt, device="cuda"),
+               torch.empty((1, 1, K), dtype=torch.float32, device="cuda"),
+               torch.empty((1, 1, inner), dtype=dt, device="cuda"),
+               torch.empty((1, 1, K), dtype=torch.float32, device="cuda"))
+        steps.append((r, p, out))
+        r = out[3]
+
+    def issue(stream=None):
+        for r_in, p, (qkv, r1, h, r2) in steps:
+            g.call(r_in, p["w_qkv"], p["bq"], qkv, 0, 2, p["g1"], p["g1"], stream=stream)
+            g.call(qkv.view(-1)[:K].view(1, 1, K), p["w_o"], p["bo"], r1, 0, z=r_in, stream=stream)
+            g.call_glu(r1, p["w_gu"], p["bgu"], h, 2, p["g2"], p["g2"], stream=stream)
+            g.call(h, p["w_dn"], p["bd"], r2, 0, z=r1, stream=stream)
+
+    return issue
+
+
 def time_chain(g: Gemv) -> dict:
-    """Wall time per replay of GPT-2 small's decode projections as one graph (this process's NIMBLE_PDL)."""
+    """Wall time per replay of GPT-2 small's fp16 and Qwen2.5-0.5B's bf16 decode projections, each as one graph
+    (this process's NIMBLE_PDL and NIMBLE_GEMV_BLOCKS_PER_SM)."""
     _, issue, _, _, _ = decode_chain(g, 12, g.torch.float16)
-    return {"us_per_replay": graph_us(g, issue), "launches": 48}
+    return {"us_per_replay": graph_us(g, issue), "launches": 48, "qwen_us_per_replay": graph_us(g, qwen_chain(g)),
+            "qwen_launches": 96}
 
 
 def graph_us(g: Gemv, issue) -> float:
@@ -312,23 +351,29 @@ def main(argv=None) -> int:
         print("gemv_check: no CUDA GPU is visible to PyTorch", file=sys.stderr)
         return 2
     g = Gemv()
-    if args.time_only:
-        print(json.dumps(time_chain(g)))
+    if args.child:
+        cases = check_cases(g)
+        bad = [c for c in cases if not c["ok"]]
+        timing = {} if args.skip_timing else time_chain(g)
+        print(json.dumps({**timing, "cases_ok": len(cases) - len(bad), "cases": len(cases), "failed": bad[:5]}))
         return 0
     log = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     log["cases"] = check_cases(g)
     log["graph"] = check_graph(g)
     if not args.skip_timing:
         log["fusion"] = time_fusion(g)
-        log["timing"] = {}
-        for pdl in ("1", "0"):
-            env = dict(os.environ, NIMBLE_PDL=pdl)
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-only", "--out", args.out],
-                                  env=env, capture_output=True, text=True, timeout=300)
-            if done.returncode != 0:
-                log["timing"][f"pdl={pdl}"] = {"error": done.stderr.strip().splitlines()[-1:]}
-            else:
-                log["timing"][f"pdl={pdl}"] = json.loads(done.stdout.strip().splitlines()[-1])
+    log["timing"] = {}
+    runs = [("1", b) for b in args.blocks_per_sm.split(",") if b] + ([] if args.skip_timing else [("0", "0")])
+    for pdl, blocks in runs:
+        env = dict(os.environ, NIMBLE_PDL=pdl, NIMBLE_GEMV_BLOCKS_PER_SM=blocks)
+        child = [sys.executable, os.path.abspath(__file__), "--child", "--out", args.out]
+        done = subprocess.run(child + (["--skip-timing"] if args.skip_timing else []), env=env,
+                              capture_output=True, text=True, timeout=300)
+        key = f"pdl={pdl} blocks_per_sm={blocks}"
+        if done.returncode != 0:
+            log["timing"][key] = {"error": done.stderr.strip().splitlines()[-1:]}
+        else:
+            log["timing"][key] = json.loads(done.stdout.strip().splitlines()[-1])
     with open(os.path.join(args.out, "gemv_check.json"), "w") as f:
         json.dump(log, f, indent=1)
     bad = [c for c in log["cases"] if not c["ok"]]
@@ -345,9 +390,13 @@ def main(argv=None) -> int:
         print("FAIL", c)
     for k, v in log.get("fusion", {}).items():
         print(f"{k}: LayerNorm kernel + GEMV {v['unfused_us']:.2f} us, norm in the GEMV {v['fused_us']:.2f} us")
-    for k, v in log.get("timing", {}).items():
-        print(f"timing {k}: {v.get('us_per_replay', v)} us per replay of 48 GEMVs")
-    return 1 if bad or not log["graph"]["ok"] else 0
+    child_bad = False
+    for k, v in log["timing"].items():
+        child_bad |= "error" in v or v["cases_ok"] != v["cases"]
+        print(f"{k}: cases {v.get('cases_ok')}/{v.get('cases')} ok; GPT-2 fp16 "
+              f"{v.get('us_per_replay', v.get('error', '-'))} us per replay of 48 GEMVs, Qwen2.5-0.5B bf16 "
+              f"{v.get('qwen_us_per_replay', '-')} us of 96")
+    return 1 if bad or child_bad or not log["graph"]["ok"] else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Our GEMV provider (relay_passes/providers/gemv.py, codegen/vendor/gemv.cu) on the CPU: which Linear chains it
-takes (16-bit, at most four rows, K a multiple of 8), that it stores the weights [N, K] whatever the model's layout,
+takes (16-bit, at most eight rows, K a multiple of 8), that it stores the weights [N, K] whatever the model's layout,
 that its epilogue is cuBLASLt's (bias, tanh GELU, a float32 residual), and that the offloaded module computes what
 stock TVM computes for the chains it replaces (the call runs as its numpy contract, tests/vendor_reference.py).
 ``kernels="vendor"`` keeps cuBLASLt: the GEMV is measured against it by ``kernels="best"`` only."""
@@ -44,7 +44,7 @@ def _inputs(dtype, rows=1, k=K):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [1, 4, 8])
 def test_a_decode_linear_with_its_float32_residual_is_one_gemv(rows, transposed, vendor_reference):
     func = _decode_linear("float16", rows, transposed=transposed)
     (found,) = find_offloads(func, providers=[gemv.PROVIDER])
@@ -64,9 +64,9 @@ def test_the_tanh_gelu_is_the_gemvs_activation(vendor_reference):
 
 
 @pytest.mark.parametrize("dtype, rows, k, reason", [
-    ("float16", 5, K, "at most 4 rows"), ("float16", 1, 12, "multiple of 8"), ("float32", 1, K, None)])
+    ("float16", 9, K, "at most 8 rows"), ("float16", 1, 12, "multiple of 8"), ("float32", 1, K, None)])
 def test_what_the_gemv_leaves_to_others(dtype, rows, k, reason):
-    """More than four rows, K not a multiple of 8, and float32 (cuBLASLt's or our SIMT GEMM's) are not its."""
+    """More than eight rows, K not a multiple of 8, and float32 (cuBLASLt's or our SIMT GEMM's) are not its."""
     assert find_offloads(_decode_linear(dtype, rows, tail="none", k=k), providers=[gemv.PROVIDER]) == []
 
 

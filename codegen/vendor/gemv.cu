@@ -2,7 +2,7 @@
 //
 //   nimble.gemv.matmul(a, w, bias, attrs, y, workspace)
 //   nimble.gemv.matmul_add(a, w, bias, z, attrs, y, workspace)
-//       y[m, n] = act(sum_k a[m, k] * w[n, k] + bias[n] (+ z[m, n])); a [..., M, K] (rows flattened, M <= 4),
+//       y[m, n] = act(sum_k a[m, k] * w[n, k] + bias[n] (+ z[m, n])); a [..., M, K] (rows flattened, M <= 8),
 //       w [N, K] (the provider stores every Linear's weights so), a and w fp16 or bf16; bias, z and y in a's dtype or
 //       float32 (a residual stream kept in fp32); y any shape of M rows of N; attrs = [activation] (0 identity,
 //       1 relu, 2 relu6, 3 gelu, 4 gelu's tanh approximation). fp32 accumulation, rounded once.
@@ -35,6 +35,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,7 +51,9 @@ constexpr const char* kGemv = "nimble.gemv.matmul";
 constexpr const char* kGemvAdd = "nimble.gemv.matmul_add";
 constexpr const char* kNormGemv = "nimble.gemv.norm_matmul";
 constexpr const char* kNormGemvAdd = "nimble.gemv.norm_matmul_add";
-constexpr int kGemvWarps = 8, kGemvThreads = kGemvWarps * 32, kGemvMaxRows = 4, kGemvUnroll = 4;
+constexpr int kGemvWarps = 8, kGemvThreads = kGemvWarps * 32, kGemvMaxRows = 8, kGemvUnroll = 4;
+// 1 to 4 rows: a kernel for each count; 5 to 8: the 8-row kernel, the rows past p.rows skipped
+constexpr int kGemvExactRows = 4;
 constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // the normalized row: shared memory
 enum NormKind : int { kNoNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
 enum GluKind : int { kNoGlu = 0, kSiluGlu = 1 };
@@ -74,6 +78,7 @@ struct GemvArgs {
   int N, K, act;
   GemvNorm norm;
   int glu = kNoGlu;  // y has N / 2 columns: the gate of each pair of w's rows (see the header)
+  int rows = 1;  // a's rows (M); the 8-row kernel's guard
 };
 
 // The sum of `v` over the block; `red` holds kGemvWarps floats (each call its own, or a barrier between)
@@ -167,6 +172,7 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
       Unpack16B<T>(cur[u], wf);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
+        if (M > kGemvExactRows && m >= p.rows) continue;  // the 8-row kernel's rows past a's
         float af[8];
         Unpack16B<T>(kNorm ? a[m * (K / 8) + at] : __ldg(a + m * (K / 8) + at), af);
 #pragma unroll
@@ -187,7 +193,7 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
     __syncthreads();
   }
   // the column's epilogue: lane m of the column's first warp writes row m
-  if (col < N && slice == 0 && lane < M) {
+  if (col < N && slice == 0 && lane < (M > kGemvExactRows ? p.rows : M)) {
     float sum = 0.0f;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -221,9 +227,10 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
 
 // S: warps a column (1, 2, 4 or 8; at most `most`), by NIMBLE_GEMV_BLOCKS_PER_SM = B (read once a process):
 // - B > 0 (default 4, one wave): the fewest S whose lanes load all their vectors before the wait (kGemvUnroll each;
-//   see the kernel), halved while the grid exceeds B blocks a core (at 4, the kernel's occupancy: every block
-//   resident at once, none waiting for a second wave), then doubled while the grid has fewer blocks than the GPU has
-//   cores (each slice keeping a vector a lane);
+//   see the kernel), halved while the grid exceeds what the cores hold at once -- `resident(S)` blocks a core (the
+//   kernel's occupancy: 4 at one or two rows, 2-3 at more, by their registers), at most B -- then doubled while the
+//   grid has fewer blocks than the GPU has cores (each slice keeping a vector a lane). Every block resident at
+//   once: none waits for a second wave, and the loads of all of them are in flight together;
 // - 0, fill (the policy before): the fewest S whose grid reaches four warps a core's slot (kGemvWarps x SMs x 4),
 //   keeping at least one 16-byte vector a lane of each slice -- up to two waves of blocks at a decode step's sizes.
 // The A/B switch of scripts/experiments/gemv_check.py (benchmarks/findings.md, 'One wave of GEMV blocks').
@@ -236,7 +243,8 @@ int GemvBlocksPerSm() {
   return blocks;
 }
 
-int GemvSplits(int64_t N, int64_t K, int64_t sms, int most = kGemvWarps) {
+template <typename Resident>
+int GemvSplits(int64_t N, int64_t K, int64_t sms, int most, Resident resident) {
   const int64_t vecs = K / 8;
   const int per_sm = GemvBlocksPerSm();
   int s = 1;
@@ -247,9 +255,42 @@ int GemvSplits(int64_t N, int64_t K, int64_t sms, int most = kGemvWarps) {
   }
   auto blocks = [&](int splits) { return (N * splits + kGemvWarps - 1) / kGemvWarps; };
   while (s < most && vecs > int64_t(s) * 32 * kGemvUnroll) s *= 2;
-  while (s > 1 && blocks(s) > sms * per_sm) s /= 2;
+  while (s > 1 && blocks(s) > sms * std::min(per_sm, std::max(1, resident(s)))) s /= 2;
   while (s < most && blocks(s) < sms && vecs >= int64_t(2 * s) * 32) s *= 2;
   return s;
+}
+
+using GemvFn = void (*)(GemvArgs);
+
+// The kernel for p's call with S warps a column: the norm's prologue and the gate take one row (RunGemv refuses more)
+template <typename T, typename O, int M, int S>
+GemvFn GemvKernelFor(const GemvArgs& p) {
+  if constexpr (M == 1) {
+    if constexpr (S < kGemvWarps && std::is_same_v<T, O>) {  // the gate: a block's columns in pairs, y in w's dtype
+      if (p.glu != kNoGlu) {
+        return p.norm.kind != kNoNorm ? GemvKernel<T, O, 1, S, true, true> : GemvKernel<T, O, 1, S, false, true>;
+      }
+    }
+    if (p.norm.kind != kNoNorm) return GemvKernel<T, O, 1, S, true>;
+  }
+  return GemvKernel<T, O, M, S, false>;
+}
+
+// Blocks of that kernel a core holds at once (0 when CUDA cannot say), asked once a process for each
+template <typename T, typename O, int M, int S>
+int GemvResident(const GemvArgs& p) {
+  static std::atomic<int> known[4] = {-1, -1, -1, -1};  // by variant: plain, norm, gate, norm and gate
+  const int variant = (p.norm.kind != kNoNorm ? 1 : 0) + (p.glu != kNoGlu ? 2 : 0);
+  int blocks = known[variant].load(std::memory_order_relaxed);
+  if (blocks < 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, GemvKernelFor<T, O, M, S>(p), kGemvThreads, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      blocks = 0;
+    }
+    known[variant].store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
 }
 
 template <typename T, typename O, int M, int S>
@@ -257,20 +298,17 @@ cudaError_t LaunchGemvS(const GemvArgs& p, cudaStream_t stream) {
   constexpr int cols = kGemvWarps / S;
   KernelLaunch launch(dim3(unsigned((p.N + cols - 1) / cols)), dim3(kGemvThreads), stream);
   launch.Pdl();
-  if constexpr (M == 1) {  // the norm's prologue and the gate: one row (RunGemv refuses more)
-    if constexpr (S < kGemvWarps && std::is_same_v<T, O>) {  // the gate: a block's columns in pairs, y in w's dtype
-      if (p.glu != kNoGlu) {
-        return p.norm.kind != kNoNorm ? launch(GemvKernel<T, O, 1, S, true, true>, p)
-                                      : launch(GemvKernel<T, O, 1, S, false, true>, p);
-      }
-    }
-    if (p.norm.kind != kNoNorm) return launch(GemvKernel<T, O, 1, S, true>, p);
-  }
-  return launch(GemvKernel<T, O, M, S, false>, p);
+  return launch(GemvKernelFor<T, O, M, S>(p), p);
 }
 
+// Splits chosen for this kernel family (`most`: the gate's column pairs take at most half the warps), then launched
 template <typename T, typename O, int M>
-cudaError_t LaunchGemvM(int s, const GemvArgs& p, cudaStream_t stream) {
+cudaError_t LaunchGemvM(const GemvArgs& p, int most, cudaStream_t stream) {
+  auto resident = [&](int s) {
+    return s == 1 ? GemvResident<T, O, M, 1>(p) : s == 2 ? GemvResident<T, O, M, 2>(p)
+         : s == 4 ? GemvResident<T, O, M, 4>(p) : GemvResident<T, O, M, 8>(p);
+  };
+  const int s = GemvSplits(p.N, p.K, SmCount(), most, resident);
   if (s == 1) return LaunchGemvS<T, O, M, 1>(p, stream);
   if (s == 2) return LaunchGemvS<T, O, M, 2>(p, stream);
   if (s == 4) return LaunchGemvS<T, O, M, 4>(p, stream);
@@ -278,11 +316,12 @@ cudaError_t LaunchGemvM(int s, const GemvArgs& p, cudaStream_t stream) {
 }
 
 template <typename T, typename O>
-cudaError_t LaunchGemv(int M, int s, const GemvArgs& p, cudaStream_t stream) {
-  if (M == 1) return LaunchGemvM<T, O, 1>(s, p, stream);
-  if (M == 2) return LaunchGemvM<T, O, 2>(s, p, stream);
-  if (M == 3) return LaunchGemvM<T, O, 3>(s, p, stream);
-  return LaunchGemvM<T, O, 4>(s, p, stream);
+cudaError_t LaunchGemv(int M, int most, const GemvArgs& p, cudaStream_t stream) {
+  if (M == 1) return LaunchGemvM<T, O, 1>(p, most, stream);
+  if (M == 2) return LaunchGemvM<T, O, 2>(p, most, stream);
+  if (M == 3) return LaunchGemvM<T, O, 3>(p, most, stream);
+  if (M == 4) return LaunchGemvM<T, O, 4>(p, most, stream);
+  return LaunchGemvM<T, O, kGemvMaxRows>(p, most, stream);  // 5 to 8 rows
 }
 
 // a: the GEMV's input rows, or (with `norm`) x, whose rows the kernel normalizes first
@@ -346,7 +385,7 @@ void RunGemv(const char* op, TensorView a, const TensorView* gamma, const Tensor
     if (z->numel() != y.numel()) FailValue(op, "z has shape " + ShapeStr(*z) + " but y has " + ShapeStr(y));
   }
   GemvArgs p{DataPtr(a), DataPtr(w), DataPtr(bias), z ? DataPtr(*z) : nullptr, DataPtr(y), int(N), int(K), act, {},
-             glu ? int(attrs[0]) : int(kNoGlu)};
+             glu ? int(attrs[0]) : int(kNoGlu), int(M)};
   if (norm) {
     const int kind = int(attrs[1]);
     if (kind != kLayerNorm && kind != kRmsNorm) {
@@ -379,12 +418,12 @@ void RunGemv(const char* op, TensorView a, const TensorView* gamma, const Tensor
   if (DataPtr(y) == DataPtr(w)) FailValue(op, "y must not alias w");
   DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
-  const int s = GemvSplits(N, K, SmCount(), glu ? kGemvWarps / 2 : kGemvWarps);  // the gate: column pairs a block
+  const int most = glu ? kGemvWarps / 2 : kGemvWarps;  // the gate: column pairs a block
   cudaError_t err;
-  if (dtype == kF16 && out_dtype == kF32) err = LaunchGemv<__half, float>(int(M), s, p, stream);
-  else if (dtype == kF16) err = LaunchGemv<__half, __half>(int(M), s, p, stream);
-  else if (out_dtype == kF32) err = LaunchGemv<__nv_bfloat16, float>(int(M), s, p, stream);
-  else err = LaunchGemv<__nv_bfloat16, __nv_bfloat16>(int(M), s, p, stream);
+  if (dtype == kF16 && out_dtype == kF32) err = LaunchGemv<__half, float>(int(M), most, p, stream);
+  else if (dtype == kF16) err = LaunchGemv<__half, __half>(int(M), most, p, stream);
+  else if (out_dtype == kF32) err = LaunchGemv<__nv_bfloat16, float>(int(M), most, p, stream);
+  else err = LaunchGemv<__nv_bfloat16, __nv_bfloat16>(int(M), most, p, stream);
   CheckCuda(err, op, "cudaLaunchKernelEx");
 }
 

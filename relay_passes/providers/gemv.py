@@ -1,7 +1,7 @@
-"""Our GEMV (codegen/vendor/gemv.cu): a 16-bit Linear of at most four rows, its weights read once at the memory's
-speed -- a decode step's projections, MLP and LM head at batch 1.
+"""Our GEMV (codegen/vendor/gemv.cu): a 16-bit Linear of at most eight rows, its weights read once at the memory's
+speed -- a decode step's projections, MLP and LM head at batches of 1 to 8.
 
-    matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu] [+ residual]   (x: [..., M, K], M <= 4; W constant)
+    matmul(x, [permute_dims](W)) [+ bias] [-> relu|gelu] [+ residual]   (x: [..., M, K], M <= 8; W constant)
 
 the chains of cuBLASLt's Linear (:func:`.cublaslt.linear_of`: the residual may be a float32 stream the call then
 writes), with bias, activation and residual in the kernel's epilogue. Provider ``gemv_norm`` takes the same chain
@@ -32,7 +32,7 @@ MATMUL_ADD = vendor_abi.GEMV_MATMUL_ADD
 NORM_MATMUL = vendor_abi.GEMV_NORM_MATMUL
 NORM_MATMUL_ADD = vendor_abi.GEMV_NORM_MATMUL_ADD
 #: the most rows (the input's leading dimensions folded) it takes: codegen/vendor/gemv.cu's kGemvMaxRows
-MAX_ROWS = 4
+MAX_ROWS = 8
 #: the widest row its prologue normalizes: gemv.cu's kNormMaxK
 MAX_NORM_K = 4096
 #: the prologue's norm codes (gemv.cu's NormKind)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Experiment: where a decode step's time goes, kernel by kernel, on the device's own clock.
 
-Builds one decoder's generator (``--kernels``, the registry's default providers plus ``--with``), generates
-``--tokens`` tokens after a ``--prompt``-token prompt under ``torch.profiler`` (CUPTI records the kernels of the
-CUDA-graph replays), and takes the last ``--steps`` decode steps apart: a step is the device work between two
+Builds one decoder's generator (``--kernels``, the registry's default providers plus ``--with``; ``--batch`` prompts
+at once, the same prompt in each row), generates ``--tokens`` tokens after a ``--prompt``-token prompt under
+``torch.profiler`` (CUPTI records the kernels of the CUDA-graph replays), and takes the last ``--steps`` decode steps apart: a step is the device work between two
 copies of a token to the host (the host's part between them a row of its own). For each kernel of a step: when it
 started and ended after the token before reached the host, its duration as CUPTI reports it (under programmatic
 dependent launch that includes the time it waited for the kernel before it), and its *increment*: how far it moved
@@ -36,6 +36,7 @@ def parse_args(argv=None):
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--tokens", type=int, default=32, help="new tokens generated under the profiler")
     p.add_argument("--steps", type=int, default=4, help="decode steps taken apart (the last ones)")
+    p.add_argument("--batch", type=int, default=1, help="prompts decoded together (the generator's batch)")
     p.add_argument("--with", dest="with_", default="", help="providers besides the default ones")
     p.add_argument("--no-pdl", action="store_true", help="NIMBLE_PDL=0: no programmatic dependent launch")
     p.add_argument("--out", default="decode_timeline-out")
@@ -109,12 +110,12 @@ def main(argv=None) -> int:
         prompt = np.random.default_rng(0).integers(0, vocab_size(model), size=args.prompt).tolist()
         module = tvm_nimble.build_generator(model, "cuda", precision=args.precision, kernels=args.kernels,
                                             max_length=args.prompt + args.tokens + 1, prefill_lengths=(args.prompt,),
-                                            providers=tuple(chosen))
+                                            providers=tuple(chosen), batch=args.batch)
         with tvm_nimble.Generator(module) as gen:
-            gen.generate(prompt, args.tokens)  # warm
+            gen.generate_batch([prompt] * args.batch, args.tokens)  # warm
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                gen.generate(prompt, args.tokens)
+                gen.generate_batch([prompt] * args.batch, args.tokens)
                 torch.cuda.synchronize()
         events = sorted(({"name": e.name, "start": float(e.time_range.start), "end": float(e.time_range.end)}
                          for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
@@ -122,6 +123,7 @@ def main(argv=None) -> int:
         steps = steps_of(events, args.steps)
         spans = [max(r["end"] for r in s) for s in steps]
         results[spec] = {"precision": args.precision, "kernels": args.kernels, "pdl": not args.no_pdl,
+                         "batch": args.batch,
                          "plan_launches": len(module.plan.launches), "step_spans_us": spans,
                          "groups": groups(steps), "steps": steps}
     os.makedirs(args.out, exist_ok=True)
@@ -129,7 +131,8 @@ def main(argv=None) -> int:
         json.dump(results, f, indent=1)
     for spec, r in results.items():
         spans = r["step_spans_us"]
-        print(f"{spec} {r['precision']} pdl={'on' if r['pdl'] else 'off'}: {r['plan_launches']} launches a step, "
+        print(f"{spec} {r['precision']} batch {r['batch']} pdl={'on' if r['pdl'] else 'off'}: "
+              f"{r['plan_launches']} launches a step, "
               f"span {min(spans):.1f}-{max(spans):.1f} us")
         print(f"  {'increment us':>12} {'duration us':>11} {'launches':>8}  kernel")
         for g in r["groups"][:25]:

@@ -5,9 +5,9 @@ programmatic dependent launch.
 
 1. correctness: ``nimble.gemv.matmul`` / ``matmul_add`` / ``norm_matmul`` / ``norm_matmul_add`` for fp16 and bf16
    (and ``glu_matmul`` / ``glu_norm_matmul``, the gated MLP's projection and SiLU gate, one row, each shape of even N),
-   1 and 3 rows (the norm: 1), GPT-2's, Qwen2-0.5B's and a 4096-wide layer's shapes, float32 and 16-bit outputs, the tanh GELU,
-   LayerNorm and RMSNorm of a float32 or 16-bit x; the reference normalizes in float64 and rounds to the 16-bit
-   dtype as the unfused norm's cast does. Relative L2 error, tolerance 1e-2 (fp16) / 2e-2 (bf16).
+   1, 3, 5 and 8 rows (the norm: 1), GPT-2's, Qwen2-0.5B's and a 4096-wide layer's shapes, float32 and 16-bit
+   outputs, the tanh GELU, LayerNorm and RMSNorm of a float32 or 16-bit x; the reference normalizes in float64 and
+   rounds to the 16-bit dtype as the unfused norm's cast does. Relative L2 error, tolerance 1e-2 (fp16) / 2e-2 (bf16).
 2. a CUDA graph of eight dependent calls on one stream (each reads the one before's output: a launch that did not
    wait for its producer would read stale or NaN-filled memory), replayed twice with new inputs, checked again.
 3. timing (``--skip-timing`` leaves it out): the norm in the prologue against our LayerNorm kernel followed by the
@@ -144,7 +144,7 @@ def check_cases(g: Gemv) -> list[dict]:
     cases = []
     for dname, dtype in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
         for name, K, N in SHAPES:
-            for rows in (1, 3):
+            for rows in (1, 3, 5, 8):
                 for norm in (0, 1, 2) if rows == 1 else (0,):  # the norm's prologue takes one row
                     for out32 in (True, False):
                         x_dtype = torch.float32 if (norm and out32) else dtype

@@ -127,9 +127,16 @@ def _build_in_worker(args):
     return _worker_func(*args)
 
 
+#: the fewest builds a builder worker is started for: a worker's start (TVM and its tensor intrinsics imported)
+#: costs the CPU of many candidates' builds (benchmarks/findings.md, 'Where the test suite's CPU goes'), so a batch
+#: of a few builds gets one worker, not one a core
+BUILDS_PER_WORKER = 4
+
+
 def lasting_builder(timeout_sec: float):
     """MetaSchedule's LocalBuilder, but its worker processes live until ``close()``, not one build batch.
 
+    Its first batch sizes the pool: a worker per ``BUILDS_PER_WORKER`` builds, at most one a core.
     LocalBuilder starts fresh workers for every batch (TVM's guard against a slow leak in long-lived
     workers) and each fresh worker imports TVM's tensor intrinsics before its first build (30-70 s on a
     2-core machine done plainly; see ``import_tensor_intrinsics``), paid once per MetaSchedule iteration.
@@ -151,7 +158,9 @@ def lasting_builder(timeout_sec: float):
                 # a worker imports TVM, whose tvm_ffi imports PyTorch and probes torch.cuda.is_available(),
                 # initializing CUDA (seconds per worker on a GPU machine); builders need neither
                 env.quiet_torch_interop()
-                self.pool = PopenPoolExecutor(max_workers=os.cpu_count() or 1, timeout=timeout_sec)
+                workers = -(-len(build_inputs) // BUILDS_PER_WORKER)
+                self.pool = PopenPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, workers)),
+                                              timeout=timeout_sec)
             self.batches += 1
             results = []
             for r in self.pool.map_with_error_catching(

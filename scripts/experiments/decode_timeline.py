@@ -3,12 +3,13 @@
 
 Builds one decoder's generator (``--kernels``, the registry's default providers plus ``--with``; ``--batch`` prompts
 at once, the same prompt in each row), generates ``--tokens`` tokens after a ``--prompt``-token prompt under
-``torch.profiler`` (CUPTI records the kernels of the CUDA-graph replays), and takes the last ``--steps`` decode steps apart: a step is the device work between two
-copies of a token to the host (the host's part between them a row of its own). For each kernel of a step: when it
-started and ended after the token before reached the host, its duration as CUPTI reports it (under programmatic
-dependent launch that includes the time it waited for the kernel before it), and its *increment*: how far it moved
-the step's last end forward -- the increments sum to the step's span, so they say which kernels the step waits on.
-The per-kernel table groups the increments by kernel name over the steps.
+``torch.profiler`` (CUPTI records the kernels of the CUDA-graph replays), and takes the last ``--steps`` decode
+steps apart: a step is the device work between two copies of a token to the host (the host's part between them a
+row of its own). For each kernel of a step: when it started and ended after the token before reached the host, its
+duration as CUPTI reports it (under programmatic dependent launch that includes the time it waited for the kernel
+before it), and its *increment*: how far it moved the step's last end forward -- the increments sum to the step's
+span, so they say which kernels the step waits on. The per-kernel table groups the increments by kernel name over
+the steps.
 
 ``--no-pdl`` sets ``NIMBLE_PDL=0`` before anything loads: every edge full, durations the kernels' own.
 

@@ -122,19 +122,19 @@ def test_every_decoder_attention_goes_to_the_fused_call(decoders, kind, precisio
     assert not [why for op, why in report.kept if op == "attention"]
 
 
-def _attention_calls(mod) -> list[list]:
-    """The arguments of each fused attention call (with a mask) in ``mod``'s main: offloaded (call_dps_packed of the
-    vendor name) or lowered (call_packed)."""
+def _attention_calls(mod, name: str = attention.SDPA_BIAS) -> list[list]:
+    """The arguments of each fused attention call with a mask (our kernel's, or ``name``) in ``mod``'s main: offloaded
+    (call_dps_packed of the vendor name) or lowered (call_packed)."""
     calls = []
     for block in mod["main"].body.blocks:
         for b in block.bindings:
             v = b.value
             if not isinstance(v, relax.Call):
                 continue
-            if isinstance(v.op, relax.ExternFunc) and str(v.op.global_symbol) == attention.SDPA_BIAS:
+            if isinstance(v.op, relax.ExternFunc) and str(v.op.global_symbol) == name:
                 calls.append(list(v.args))
             elif (v.args and isinstance(v.args[0], relax.ExternFunc)
-                  and str(v.args[0].global_symbol) == attention.SDPA_BIAS):
+                  and str(v.args[0].global_symbol) == name):
                 calls.append(list(v.args[1].fields))
     return calls
 
@@ -154,6 +154,31 @@ def test_offloaded_decoders_compute_what_the_onnx_model_does(decoders, kind, pre
     out = NimbleExecutor(build(offloaded, "llvm", max_streams=1))(**feeds)[0].numpy()
     assert np.isfinite(out).all()
     assert _rel(out, ref, slice(3, None)) < (1e-5 if precision == "fp32" else 1e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["gpt2", "qwen"])
+def test_cudnn_sdpa_takes_each_decoder_attention_with_its_mask_and_kv_groups(decoders, kind, precision,
+                                                                             vendor_reference):
+    """cuDNN's SDPA with a mask (provider cudnn_bias_sdpa, measured against ours by kernels="best"): each layer's
+    causal + padding attention is one call that reads the fp32 mask and, for Qwen2, each KV head once (its last attr
+    the group); the module on llvm, the calls as their numpy contract, computes what the ONNX model does."""
+    model = decoders[kind]
+    mod, options = _imported(model, precision)
+    found = find_offloads(mod["main"], providers=[attention.CUDNN_BIAS_PROVIDER])
+    assert len(found) == LAYERS and all(o.provider == "cudnn_bias_sdpa" for o in found)
+    offloaded = stages.offload(mod, options, providers=[attention.CUDNN_BIAS_PROVIDER])
+    calls = _attention_calls(offloaded, attention.CUDNN_BIAS_SDPA)
+    assert len(calls) == LAYERS
+    for _q, _k, _v, mask, attrs, *_rest in calls:
+        values = [int(x) for x in attrs.values]
+        assert mask.ty.dtype == "float32"  # the precision policy keeps the mask in fp32
+        assert values[26:] == ([HEADS // KV_HEADS] if kind == "qwen" else [])
+    feeds = _inputs()
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    out = NimbleExecutor(build(offloaded, "llvm", max_streams=1))(**feeds)[0].numpy().astype(np.float32)
+    assert np.isfinite(out).all()
+    assert _rel(out, ref, slice(3, None)) < (1e-2 if precision == "fp16" else 3e-2)
 
 
 @pytest.mark.parametrize("mask", [LEFT_PADDED, np.zeros((1, SEQ), np.int64)], ids=["left-padded", "all-masked"])

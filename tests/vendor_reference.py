@@ -9,7 +9,7 @@ import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.cache_in_attention import APPEND as APPEND_SDPA_BIAS, ROPE as APPEND_ROPE_SDPA_BIAS
-from tvm_nimble.relay_passes.providers.attention import (CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
+from tvm_nimble.relay_passes.providers.attention import (CUDNN_BIAS_SDPA, CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
                                                           TILE_SDPA, TILE_SDPA_BIAS, CLUSTER_SDPA,
                                                           CLUSTER_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
@@ -273,7 +273,8 @@ def reference_functions():
              depthwise.POOL2D_ADD: lambda x, z, attrs, y, ws: stencil(x, None, None, z.numpy(), attrs, y),
              CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
-             SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, SPLIT_SDPA: sdpa, SPLIT_SDPA_BIAS: sdpa_bias,
+             SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, CUDNN_BIAS_SDPA: sdpa_bias, SPLIT_SDPA: sdpa,
+             SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
              APPEND_SDPA_BIAS: append_sdpa_bias, APPEND_ROPE_SDPA_BIAS: append_rope_sdpa_bias,
              LAYER_NORM: layer_norm,

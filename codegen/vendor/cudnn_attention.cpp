@@ -2,18 +2,26 @@
 //
 //   nimble.attention.cudnn_sdpa(q, k, v, attrs, y, workspace)
 //       y = softmax(scale * q·kᵀ) · v, the attrs and strided views of nimble.attention.sdpa
-//       (attention.cu; no bias: a padding mask takes our kernel), float16 or bfloat16 in and out.
+//       (attention.cu), float16 or bfloat16 in and out.
+//   nimble.attention.cudnn_bias_sdpa(q, k, v, bias, attrs, y, workspace)
+//       y = softmax(scale * q·kᵀ + bias) · v: a decoder's causal + padding mask (float32, or q's dtype) read
+//       through the attrs' mask strides, and grouped K/V heads (the attrs' group: query head h reads K/V head
+//       h / group) read once per KV head. cuDNN reads an fp32 bias whose rows are contiguous as it is; any other
+//       mask is first written into the workspace (past cuDNN's own) as a contiguous 16-bit tensor, clamped to the
+//       dtype's finite range (LaunchSdpaBiasToHalf, small_kernels.cu), so that a fully masked row stays finite.
+//       NIMBLE_CUDNN_BIAS_CONVERT=1 converts every mask (attention_check checks both ways).
 //
 // The operation graph and its execution plan are built on the first call of a configuration (the
 // executor's live run before capture) and cached; a call then only executes the plan on the current
 // stream, with the caller's workspace. A configuration cuDNN does not support fails that first call
-// with one line; the provider only emits calls cuDNN's SDPA documents (head dimension a multiple of 8
-// up to 128, strides and offsets multiples of 8 elements).
+// with one line (an fp32 bias cuDNN refuses is converted instead); the provider only emits calls cuDNN's
+// SDPA documents (head dimension a multiple of 8 up to 128, strides and offsets multiples of 8 elements).
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,15 +38,20 @@ namespace {
 namespace fe = cudnn_frontend;
 
 constexpr const char* kCudnnSdpa = "nimble.attention.cudnn_sdpa";
-enum : int64_t { kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4 };
+constexpr const char* kCudnnBiasSdpa = "nimble.attention.cudnn_bias_sdpa";
+enum : int64_t { kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidBias = 5 };
+
+// How a call hands its mask to cuDNN: none, the caller's fp32 tensor as it is, or converted into the workspace
+enum BiasMode : int64_t { kNoBias = 0, kBiasAsIs = 1, kBiasConverted = 2 };
 
 struct SdpaGraph {
-  std::shared_ptr<fe::graph::Graph> graph;
+  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN refused the configuration (kBiasAsIs: convert instead)
   int64_t workspace = 0;
   std::mutex mu;
 };
 
-using SdpaKey = std::array<int64_t, 2 + kNumAttrs + 4>;  // device, dtype, attrs, alignments of q, k, v, y
+// device, dtype, attrs, alignments of q, k, v, y and the bias, the bias mode
+using SdpaKey = std::array<int64_t, 2 + kNumAttrs + 6>;
 
 std::mutex& GraphsMutex() {
   static std::mutex* mu = new std::mutex();
@@ -56,24 +69,38 @@ void CheckFe(fe::error_t err, const char* what) {
   }
 }
 
-std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, cudnnHandle_t handle) {
+std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, BiasMode bias, cudnnHandle_t handle) {
   auto g = std::make_unique<SdpaGraph>();
   g->graph = std::make_shared<fe::graph::Graph>();
   auto& graph = *g->graph;
   graph.set_io_data_type(dtype == kBF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto tensor = [&](const char* name, int64_t uid, int64_t S, int64_t D, int64_t sb, int64_t sh, int64_t ss) {
+  auto tensor = [&](const char* name, int64_t uid, int64_t H, int64_t S, int64_t D, int64_t sb, int64_t sh,
+                    int64_t ss) {
     return graph.tensor(fe::graph::Tensor_attributes()
                             .set_name(name)
                             .set_uid(uid)
-                            .set_dim({p.B, p.H, S, D})
+                            .set_dim({p.B, H, S, D})
                             .set_stride({sb, sh, ss, 1}));
   };
-  auto q = tensor("Q", kUidQ, p.Sq, p.D, p.q_sb, p.q_sh, p.q_ss);
-  auto k = tensor("K", kUidK, p.Sk, p.D, p.k_sb, p.k_sh, p.k_ss);
-  auto v = tensor("V", kUidV, p.Sk, p.Dv, p.v_sb, p.v_sh, p.v_ss);
+  const int64_t kv_heads = p.H / p.group;  // grouped-query attention: cuDNN reads each KV head for its group
+  auto q = tensor("Q", kUidQ, p.H, p.Sq, p.D, p.q_sb, p.q_sh, p.q_ss);
+  auto k = tensor("K", kUidK, kv_heads, p.Sk, p.D, p.k_sb, p.k_sh, p.k_ss);
+  auto v = tensor("V", kUidV, kv_heads, p.Sk, p.Dv, p.v_sb, p.v_sh, p.v_ss);
   auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(false).set_attn_scale(p.scale);
+  if (bias != kNoBias) {
+    const int64_t Bm = p.m_sb ? p.B : 1, Hm = p.m_sh ? p.H : 1;
+    auto attrs = fe::graph::Tensor_attributes().set_name("bias").set_uid(kUidBias).set_dim({Bm, Hm, p.Sq, p.Sk});
+    if (bias == kBiasAsIs) {  // the caller's fp32 mask, its rows contiguous (BiasAsIs); a size-1 dim packed
+      const int64_t sh = Hm == 1 ? p.Sq * p.m_sq : p.m_sh, sb = Bm == 1 ? Hm * sh : p.m_sb;
+      attrs.set_stride({sb, sh, p.m_sq, 1}).set_data_type(fe::DataType_t::FLOAT);
+    } else {  // the converted copy: contiguous, of q's dtype
+      attrs.set_stride({Hm * p.Sq * p.Sk, p.Sq * p.Sk, p.Sk, 1});
+    }
+    auto b = graph.tensor(attrs);
+    options.set_bias(b);
+  }
   auto outputs = graph.sdpa(q, k, v, options);
   outputs[0]->set_output(true).set_uid(kUidO).set_dim({p.B, p.H, p.Sq, p.Dv}).set_stride({p.o_sb, p.o_sh, p.o_ss, 1});
   CheckFe(graph.validate(), "validate");
@@ -85,47 +112,96 @@ std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, cudnnHandl
   return g;
 }
 
-void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
-  const char* op = kCudnnSdpa;
+// cuDNN reads an fp32 mask as it is when its rows are contiguous (and 16-byte aligned) and it is not broadcast along
+// the query rows; anything else is converted (as is every mask under NIMBLE_CUDNN_BIAS_CONVERT=1)
+bool BiasAsIs(const SdpaParams& p, int mask_dtype, const void* m) {
+  const char* env = std::getenv("NIMBLE_CUDNN_BIAS_CONVERT");
+  if (env != nullptr && env[0] == '1') return false;
+  return mask_dtype == kF32 && p.m_sk == 1 && p.m_sq >= p.Sk && p.m_sq % 4 == 0 && p.m_sh % 4 == 0 &&
+         p.m_sb % 4 == 0 && PtrAlign(m) >= 16;
+}
+
+int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, Shape attrs, TensorView y,
+         TensorView workspace) {
   int dtype = 0;
-  const SdpaParams p = CheckSdpa(op, q, k, v, nullptr, attrs, y, workspace, &dtype);
+  const SdpaParams p = CheckSdpa(op, q, k, v, bias, attrs, y, workspace, &dtype);
   if (dtype == kF32) FailValue(op, "cuDNN's fused attention is fp16/bf16 here; float32 takes nimble.attention.sdpa");
-  if (p.group != 1) FailValue(op, "grouped K/V heads (a group over 1) take nimble.attention.sdpa here");
+  if (!bias && p.group != 1) FailValue(op, "grouped K/V heads (a group over 1) take nimble.attention.cudnn_bias_sdpa");
   const int dev = q.device().device_id;
   Workspace ws = CheckWorkspace(op, workspace, dev);
   // both 16-bit dtypes: the offsets count 2-byte elements
   const void* qp = static_cast<const __half*>(DataPtr(q)) + p.q_off;
   const void* kp = static_cast<const __half*>(DataPtr(k)) + p.k_off;
   const void* vp = static_cast<const __half*>(DataPtr(v)) + p.v_off;
+  const int mask_dtype = bias ? TensorDType(*bias) : -1;
+  const void* mp = bias ? DataPtr(*bias) : nullptr;
   DeviceGuard guard(dev, op);
   cudaStream_t stream = CurrentStream(dev);
   cudnnHandle_t handle = CudnnHandle(dev, stream, op);
-  SdpaKey key{};
-  key[0] = dev;
-  key[1] = dtype;
-  for (int i = 0; i < int(attrs.size()); ++i) key[2 + i] = attrs[i];  // 26 or 27 (CheckSdpa)
-  key[2 + kNumAttrs] = PtrAlign(qp), key[3 + kNumAttrs] = PtrAlign(kp), key[4 + kNumAttrs] = PtrAlign(vp);
-  key[5 + kNumAttrs] = PtrAlign(DataPtr(y));
+  BiasMode mode = !bias ? kNoBias : BiasAsIs(p, mask_dtype, mp) ? kBiasAsIs : kBiasConverted;
+  auto key_of = [&](BiasMode m) {
+    SdpaKey key{};
+    key[0] = dev;
+    key[1] = dtype;
+    for (int i = 0; i < int(attrs.size()); ++i) key[2 + i] = attrs[i];  // 26 or 27 (CheckSdpa)
+    key[2 + kNumAttrs] = PtrAlign(qp), key[3 + kNumAttrs] = PtrAlign(kp), key[4 + kNumAttrs] = PtrAlign(vp);
+    key[5 + kNumAttrs] = PtrAlign(DataPtr(y));
+    key[6 + kNumAttrs] = m == kBiasAsIs ? PtrAlign(mp) : 0;
+    key[7 + kNumAttrs] = m;
+    return key;
+  };
   SdpaGraph* g;
   {
     std::lock_guard<std::mutex> lock(GraphsMutex());
-    auto& slot = Graphs()[key];
-    if (!slot) slot = BuildGraph(p, dtype, handle);
-    g = slot.get();
+    if (mode == kBiasAsIs) {
+      auto& slot = Graphs()[key_of(mode)];
+      if (!slot) {
+        try {
+          slot = BuildGraph(p, dtype, mode, handle);
+        } catch (const std::exception&) {  // cuDNN does not take this fp32 bias: remembered, converted
+          slot = std::make_unique<SdpaGraph>();
+        }
+      }
+      if (!slot->graph) mode = kBiasConverted;
+    }
+    auto& chosen = Graphs()[key_of(mode)];
+    if (!chosen) chosen = BuildGraph(p, dtype, mode, handle);
+    g = chosen.get();
   }
-  if (g->workspace > int64_t(ws.bytes)) {
-    FailValue(op, "cuDNN's plan needs " + std::to_string(g->workspace) + " workspace bytes but the workspace holds " +
-                      std::to_string(ws.bytes));
+  const int64_t bias_at = RoundUp(g->workspace, 256);
+  const int64_t bias_bytes = mode == kBiasConverted ? (p.m_sb ? p.B : 1) * (p.m_sh ? p.H : 1) * p.Sq * p.Sk * 2 : 0;
+  if (bias_at + bias_bytes > int64_t(ws.bytes)) {
+    FailValue(op, "cuDNN's plan needs " + std::to_string(g->workspace) + " workspace bytes" +
+                      (bias_bytes ? " and the converted mask " + std::to_string(bias_bytes) : std::string()) +
+                      " but the workspace holds " + std::to_string(ws.bytes));
   }
   std::unordered_map<int64_t, void*> pack{{kUidQ, const_cast<void*>(qp)}, {kUidK, const_cast<void*>(kp)},
                                           {kUidV, const_cast<void*>(vp)}, {kUidO, DataPtr(y)}};
+  if (mode == kBiasAsIs) pack[kUidBias] = const_cast<void*>(mp);
+  if (mode == kBiasConverted) {
+    void* converted = static_cast<char*>(ws.ptr) + bias_at;
+    LaunchSdpaBiasToHalf(op, p, mask_dtype, mp, dtype, converted, stream);
+    pack[kUidBias] = converted;
+  }
   std::lock_guard<std::mutex> lock(g->mu);
   CheckFe(g->graph->execute(handle, pack, ws.ptr), "execute");
+}
+
+void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
+  Run(kCudnnSdpa, q, k, v, nullptr, attrs, y, workspace);
+}
+
+void CudnnBiasSdpa(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
+                   TensorView workspace) {
+  Run(kCudnnBiasSdpa, q, k, v, &bias, attrs, y, workspace);
 }
 
 __attribute__((constructor)) void RegisterCudnnAttention() {
   try {
     Register(kCudnnSdpa, CudnnSdpa);
+    Register(kCudnnBiasSdpa, CudnnBiasSdpa);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

@@ -20,6 +20,13 @@ struct SdpaParams {
 };
 static_assert(offsetof(SdpaParams, m_sk) == 24 * sizeof(int64_t), "the attrs fill B .. m_sk in order");
 
+// The mask m (kF32, or 16-bit of mask_dtype) as read through p's strides m_sb, m_sh, m_sq, m_sk, written to out as a
+// contiguous [Bm, Hm, Sq, Sk] tensor of out_dtype (kF16 / kBF16; Bm = B where m_sb != 0, else 1, Hm likewise) on
+// `stream`, each value clamped to out_dtype's finite range (finfo(float32).min and -inf become its lowest value; NaN
+// stays NaN): the bias cuDNN's SDPA reads (small_kernels.cu; cudnn_attention.cpp launches it)
+void LaunchSdpaBiasToHalf(const char* op, const SdpaParams& p, int mask_dtype, const void* m, int out_dtype, void* out,
+                          cudaStream_t stream);
+
 namespace {
 
 // 26 attrs, or 27 with the KV group (grouped-query attention) last: plans made before the group was added keep

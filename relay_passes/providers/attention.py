@@ -3,8 +3,11 @@
     matmul(q, kᵀ) [* c | / c ...] [+ bias] -> softmax(axis=-1) -> matmul(·, v) [-> permute_dims(0, 2, 1, 3)]
 
 as the ONNX exports of timm and Hugging Face models spell it, as one kernel: ours
-(``nimble.attention.sdpa``, codegen/vendor/attention.cu: fp32 and fp16, with a mask) or, for fp16
-without a mask, cuDNN's SDPA (``nimble.attention.cudnn_sdpa``, provider ``cudnn_sdpa``).
+(``nimble.attention.sdpa``, codegen/vendor/attention.cu: fp32 and fp16, with a mask) or, for fp16/bf16,
+cuDNN's SDPA: without a mask (``nimble.attention.cudnn_sdpa``, provider ``cudnn_sdpa``, ahead of ours), or with
+one and grouped K/V heads (``nimble.attention.cudnn_bias_sdpa``, provider ``cudnn_bias_sdpa``: after ours, so
+``kernels="best"`` measures it and ``"vendor"`` keeps ours; not for one query row, a decode step, whose cache write
+our kernels take in).
 
 q, kᵀ and v are traced back through the views that split the heads (reshape, permute_dims, take / split + squeeze of a constant index,
 and a multiply by a scalar constant, which becomes part of the scale) to the tensors the model
@@ -41,6 +44,7 @@ from .registry import Provider, register
 SDPA = vendor_abi.ATTENTION_SDPA
 SDPA_BIAS = vendor_abi.ATTENTION_SDPA_BIAS
 CUDNN_SDPA = vendor_abi.ATTENTION_CUDNN_SDPA
+CUDNN_BIAS_SDPA = vendor_abi.ATTENTION_CUDNN_BIAS_SDPA
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
 SPLIT_SDPA = vendor_abi.ATTENTION_SPLIT_SDPA
 SPLIT_SDPA_BIAS = vendor_abi.ATTENTION_SPLIT_SDPA_BIAS
@@ -328,8 +332,9 @@ def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[
                     dtypes: tuple[str, ...] = _DTYPES):
     """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
     ``cudnn``: the call for cuDNN's SDPA, for the chains it documents (else None, silently: the reasons
-    are reported once, by our row-per-warp kernel's provider). ``kernels``: which of our kernels the call
-    runs, (without a mask, with one): the row-per-warp, split-key, tile or key-split cluster kernel; ``dtypes``:
+    are reported once, by our row-per-warp kernel's provider). ``kernels``: which kernel the call
+    runs, (without a mask, with one): the row-per-warp, split-key, tile or key-split cluster kernel, or cuDNN's
+    (None: the provider does not take chains without / with a mask); ``dtypes``:
     the q/k/v dtypes it takes (others: None, silently, as another kernel takes them)."""
     report = ctx.report.kept if not cudnn and kernels == (SDPA, SDPA_BIAS) else []
     scores_shape = known_shape(call)
@@ -442,10 +447,20 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
     args.append(relax.ShapeExpr(attrs))
     removed = list(keep | (core - {last}))
     if cudnn:
+        name = kernels[1] if bias is not None else kernels[0]
         aligned = [D, Dv, qo, ko, vo, *qst[:3], *kst[:3], *vst[:3], *o_strides]
-        if dtype not in _HALF or bias is not None or group != 1 or any(x % 8 for x in aligned):
-            return None  # cuDNN's SDPA: fp16/bf16, no mask or KV groups here, 16-byte aligned rows and heads
-        return removed, last, (ctx.call(CUDNN_SDPA, args, tuple(out_shape), dtype), None)
+        if name is None or dtype not in _HALF or any(x % 8 for x in aligned):
+            return None  # cuDNN's SDPA: fp16/bf16, 16-byte aligned rows and heads
+        if bias is None:
+            if group != 1:
+                return None  # grouped K/V heads: the call with a mask (a decoder's) takes them
+            return removed, last, (ctx.call(name, args, tuple(out_shape), dtype), None)
+        if Sq == 1:
+            return None  # a decode step's one query row: our kernels, which take its cache write in
+        # the mask converted to q's dtype goes into the workspace past cuDNN's own (codegen/vendor/cudnn_attention.cpp)
+        mask_elements = (B if m_strides[0] else 1) * (H if m_strides[1] else 1) * Sq * Sk
+        workspace = ctx.workspace_bytes + 256 + 2 * mask_elements
+        return removed, last, (ctx.call(name, args, tuple(out_shape), dtype, workspace_bytes=workspace), None)
     if kernels == (SDPA, SDPA_BIAS) and Sq == 1:
         # one query row (a decoder's decode step over its cache): the row-per-warp kernel gives it one warp per
         # head; the split-key kernel spreads the keys over a block's eight warps
@@ -458,7 +473,7 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
 #: first, so that kernels="vendor" gives it those, and "best" measures it against our kernel
 CUDNN_PROVIDER = register(Provider(
     name="cudnn_sdpa", title="cuDNN fused attention", kernel_prefix=vendor_abi.family(CUDNN_SDPA),
-    matchers={"relax.matmul": lambda ctx, chains, var, call: attention_chain(ctx, chains, var, call, cudnn=True)},
+    matchers={"relax.matmul": functools.partial(attention_chain, cudnn=True, kernels=(CUDNN_SDPA, None))},
     dtypes=_HALF, layouts=("row-major",)))
 
 PROVIDER = register(Provider(
@@ -485,6 +500,15 @@ TILE_PROVIDER = register(Provider(
     kernel_prefix=vendor_abi.family(TILE_SDPA, TILE_SDPA_BIAS),
     matchers={"relax.matmul": functools.partial(attention_chain, kernels=(TILE_SDPA, TILE_SDPA_BIAS))},
     dtypes=_DTYPES, layouts=("row-major",)))
+
+#: cuDNN's fused attention with a mask (a decoder's causal + padding mask, BERT's padding mask) and grouped K/V heads,
+#: fp16/bf16, more than one query row: after our kernels, so "best" measures it against them per operator and "vendor"
+#: keeps ours (a configuration cuDNN refuses fails its first call: "best" then leaves the provider out)
+CUDNN_BIAS_PROVIDER = register(Provider(
+    name="cudnn_bias_sdpa", title="cuDNN fused attention with a mask",
+    kernel_prefix=vendor_abi.family(CUDNN_BIAS_SDPA),
+    matchers={"relax.matmul": functools.partial(attention_chain, cudnn=True, kernels=(None, CUDNN_BIAS_SDPA))},
+    dtypes=_HALF, layouts=("row-major",)))
 
 #: a decode step's KV cache write and its fused attention as one call (``nimble.attention.append_sdpa_bias``): no
 #: matcher of operators but a rewrite after the offload, of the attention calls above that follow a cache write

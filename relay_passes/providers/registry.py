@@ -39,6 +39,7 @@ PRIORITY = (
     "attention_split",  # our other attention kernels, one more candidate each for "best"
     "attention_tile",
     "attention_cluster",
+    "cudnn_bias_sdpa",  # cuDNN's fused attention with a mask or grouped K/V heads (after ours: measured by "best")
     "attention_append",  # a decode step's KV cache write inside its attention call (after the offload, no matcher)
     "attention_rope",  # and the rotary embedding of its q and new key (after attention_append)
     "cublaslt",  # GEMMs

@@ -3,6 +3,10 @@ split_sdpa / split_sdpa_bias, and the tile kernel tile_sdpa / tile_sdpa_bias) ag
 (F.scaled_dot_product_attention) on the same operands, in fp32, fp16 and bf16 (16-bit with an fp32 padding
 mask at finfo(fp32).min, as the precision policy leaves a transformers mask).
 
+cuDNN's SDPA is checked and timed on the 16-bit cases: without a mask (nimble.attention.cudnn_sdpa), and with one or
+grouped K/V heads (cudnn_bias_sdpa; an fp32 causal mask read as it is, any other converted first, and every case
+once more with NIMBLE_CUDNN_BIAS_CONVERT=1, the conversion forced).
+
 The tile kernel is checked and timed with the rows per block it chooses, then with each R it can take
 (NIMBLE_ATTENTION_TILE_ROWS=8, 16, 32; an R whose shared memory does not fit is skipped). A case whose
 head does not fit shared memory at all (long_tiled) runs the row-per-warp kernel inside the tile call:
@@ -38,7 +42,11 @@ CASES = [
     ("decode_b4", 4, 12, 1, 64, False, True, 384), ("decode_long", 1, 12, 1, 64, False, True, 4000),
     ("decode_d128", 1, 4, 1, 128, False, True, 300), ("decode_nomask", 1, 12, 1, 64, False, False, 190),
     ("decode_gqa", 1, 14, 1, 64, False, True, 384, 7),  # Qwen2.5-0.5B's 14 query heads over 2 KV heads
+    # decoders' full sequences: a causal + padding mask [B, 1, S, S] (cuDNN reads it as it is in fp32)
+    ("gpt2_128", 1, 12, 128, 64, False, "causal"), ("gpt2_512", 1, 12, 512, 64, False, "causal"),
+    ("qwen_gqa_128", 1, 14, 128, 64, False, "causal", 128, 7),
 ]
+CUDNN_CONVERT_ENV = "NIMBLE_CUDNN_BIAS_CONVERT"
 
 
 TILE_ROWS = (8, 16, 32)
@@ -70,6 +78,7 @@ def main(argv=None) -> int:
     split = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SPLIT_SDPA)
     split_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
     cudnn_sdpa = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_SDPA)
+    cudnn_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_BIAS_SDPA)
     tile = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA)
     tile_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA_BIAS)
     cluster = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CLUSTER_SDPA)
@@ -77,6 +86,7 @@ def main(argv=None) -> int:
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     os.environ.pop(TILE_ENV, None)
     os.environ.pop(CLUSTER_ENV, None)
+    os.environ.pop(CUDNN_CONVERT_ENV, None)
     big_ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
     dev = tvm_ffi.device("cuda", 0)
     ws = torch.empty(1, dtype=torch.uint8, device="cuda")
@@ -108,16 +118,20 @@ def main(argv=None) -> int:
             if masked:
                 keep = torch.ones(B, Sk, device="cuda")
                 keep[:, Sk - Sk // 4:] = 0  # the last quarter is padding
-                if dtype == torch.float32:
-                    mask = ((1.0 - keep) * -10000.0).view(B, 1, 1, Sk)
-                else:  # a 16-bit model's mask stays fp32 (the precision policy), at finfo(fp32).min as in transformers
-                    mask = ((1.0 - keep) * torch.finfo(torch.float32).min).view(B, 1, 1, Sk)
+                if masked == "causal":  # and key j > query i + Sk - S masked: [B, 1, S, Sk]
+                    keep = keep.view(B, 1, 1, Sk) * torch.ones(S, Sk, device="cuda").tril(Sk - S)
+                low = -10000.0 if dtype == torch.float32 else torch.finfo(torch.float32).min
+                # a 16-bit model's mask stays fp32 (the precision policy), at finfo(fp32).min as in transformers
+                mask = ((1.0 - keep) * low).view(B, 1, -1, Sk)
             y = torch.empty(B, S, H, D, device="cuda", dtype=dtype)
             attrs = [B, H, S, Sk, D, D]
             for off, strides in zip(offs, (st, kst, kst)):
                 attrs += [off, *strides]
             attrs += [S * H * D, D, H * D]
-            attrs += [Sk, 0, 0, 1] if masked else [0, 0, 0, 0]
+            if masked == "causal":
+                attrs += [S * Sk, 0, Sk, 1]
+            else:
+                attrs += [Sk, 0, 0, 1] if masked else [0, 0, 0, 0]
             attrs.append(struct.unpack("<I", struct.pack("<f", scale))[0])
             if group > 1:
                 attrs.append(group)
@@ -195,6 +209,20 @@ def main(argv=None) -> int:
                      _) = checked(caller(cudnn_sdpa, None, big_ws))
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
+            if dtype != torch.float32 and masked and S > 1 and D % 8 == 0:  # cuDNN with the mask
+                for key, convert in (("cudnn_bias", False), ("cudnn_bias_converted", True)):
+                    if convert:
+                        os.environ[CUDNN_CONVERT_ENV] = "1"
+                    try:
+                        (row[f"{key}_rel_l2"], row[f"{key}_us"], row[f"{key}_kernel_us"],
+                         row[f"{key}_kernels"]) = checked(caller(cudnn_sdpa, cudnn_bias, big_ws))
+                    except Exception as e:  # noqa: BLE001
+                        row[f"{key}_error"] = " ".join(str(e).split())[:300]
+                    finally:
+                        os.environ.pop(CUDNN_CONVERT_ENV, None)
+                    if f"{key}_us" in row:
+                        print(f"  {key}: rel L2 {row[f'{key}_rel_l2']:.2e}, {row[f'{key}_kernel_us']:.1f} us kernel, "
+                              f"{row[f'{key}_us']:.1f} us back to back, ran {row[f'{key}_kernels']}", flush=True)
             rows.append(row)
             per_r = " ".join(f"R{n} {row[f'tile_r{n}_kernel_us']:.1f}" for n in TILE_ROWS if f"tile_r{n}_kernel_us" in row)
             print(f"  kernel time (CUPTI, us): row-per-warp {row['nimble_kernel_us']:.1f}, split-key "
@@ -231,6 +259,13 @@ def main(argv=None) -> int:
         elif "cudnn_error" in r:
             ok = False
             extra += f"  cuDNN SDPA error: {r['cudnn_error']}"
+        for key in ("cudnn_bias", "cudnn_bias_converted"):
+            if f"{key}_us" in r:
+                ok &= r[f"{key}_rel_l2"] < bound
+                extra += f"  {key} {r[f'{key}_rel_l2']:.2e} {r[f'{key}_us']:.2f} us"
+            elif f"{key}_error" in r:
+                ok = False
+                extra += f"  {key} error: {r[f'{key}_error']}"
         print(f"{r['case']:10} {r['dtype']:8} {r['rel_l2']:9.2e} {r['torch_rel_l2']:9.2e} {r['nimble_us']:10.2f} "
               f"{r['torch_us']:9.2f} {'ok' if r['rel_l2'] < bound else 'FAIL'}{extra}")
     return 0 if ok else 1

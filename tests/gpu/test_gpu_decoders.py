@@ -27,17 +27,27 @@ def _rel(a, b):
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("kernels", ["vendor", "best"])
+@pytest.mark.parametrize("kernels", ["vendor", "best", "cudnn-mask"])
 @pytest.mark.parametrize("precision", list(BOUND))
 @pytest.mark.parametrize("spec", ["hf:gpt2-tiny@40", "hf:llama-tiny@40"])
 def test_decoders_match_pytorch_with_their_attention_fused(gpu_arch, spec, precision, kernels):
+    """``cudnn-mask``: every attention on cuDNN's SDPA with the mask (provider cudnn_bias_sdpa, which kernels="best"
+    measures against ours), the GEMMs on cuBLASLt."""
     from tvm_nimble import NimbleExecutor, build, zoo
 
+    if kernels == "cudnn-mask" and precision == "fp32":
+        pytest.skip("cuDNN's SDPA is fp16/bf16")
     model, module, torch = _model(spec)
     feeds = zoo.random_inputs(model, seed=0)
     with torch.no_grad():
         expected = module(*[torch.from_numpy(v) for v in feeds.values()]).numpy().astype(np.float64)
-    result = build(model, {"kind": "cuda", "arch": gpu_arch}, kernels=kernels, precision=precision)
+    target = {"kind": "cuda", "arch": gpu_arch}
+    if kernels == "cudnn-mask":
+        result = build(model, target, kernels="vendor", precision=precision, providers=("cudnn_bias_sdpa", "cublaslt"))
+        attention = [l.kernel for l in result.plan.launches if l.kernel.startswith("nimble.attention")]
+        assert attention and set(attention) == {"nimble.attention.cudnn_bias_sdpa"}, attention
+    else:
+        result = build(model, target, kernels=kernels, precision=precision)
     if kernels == "vendor":
         assert any(l.kernel.startswith("nimble.attention") for l in result.plan.launches), "attention not fused"
     left_padded = dict(feeds, attention_mask=np.concatenate([np.zeros((1, 4), np.int64),

@@ -62,7 +62,13 @@ class NimbleBuckets:
 
 
 class TorchPerBucket:
-    """PyTorch (SDPA attention) with one CUDA graph captured per bucket; a prompt is padded to its bucket."""
+    """PyTorch (SDPA attention) with one CUDA graph captured per bucket; a prompt is padded to its bucket.
+
+    Captured with a mask of ones, as a full-length prompt: transformers decides on the host, from the mask's values,
+    whether to build a padding mask at all (masking_utils' ``_ignore_causal_mask_sdpa``), and a graph keeps what the
+    capture decided (captured with an all-padding mask, its replays failed the logits check; benchmarks/findings.md).
+    With ones the graph runs the causal attention alone; the real positions of a right-padded prompt never attend to
+    the padding after them, so their logits are exact."""
 
     name = "torch-cuda-graph-buckets"
 
@@ -75,7 +81,7 @@ class TorchPerBucket:
         with torch.no_grad():
             for b in self.buckets:
                 ids = torch.zeros(1, b, dtype=torch.int64, device="cuda")
-                mask = torch.zeros(1, b, dtype=torch.int64, device="cuda")
+                mask = torch.ones(1, b, dtype=torch.int64, device="cuda")
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):

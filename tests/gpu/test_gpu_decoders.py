@@ -34,6 +34,7 @@ def test_decoders_match_pytorch_with_their_attention_fused(gpu_arch, spec, preci
     """``cudnn-mask``: every attention on cuDNN's SDPA with the mask (provider cudnn_bias_sdpa, which kernels="best"
     measures against ours), the GEMMs on cuBLASLt."""
     from tvm_nimble import NimbleExecutor, build, zoo
+    from tvm_nimble.contract import vendor_abi
 
     if kernels == "cudnn-mask" and precision == "fp32":
         pytest.skip("cuDNN's SDPA is fp16/bf16")
@@ -44,8 +45,8 @@ def test_decoders_match_pytorch_with_their_attention_fused(gpu_arch, spec, preci
     target = {"kind": "cuda", "arch": gpu_arch}
     if kernels == "cudnn-mask":
         result = build(model, target, kernels="vendor", precision=precision, providers=("cudnn_bias_sdpa", "cublaslt"))
-        attention = [l.kernel for l in result.plan.launches if l.kernel.startswith("nimble.attention")]
-        assert attention and set(attention) == {"nimble.attention.cudnn_bias_sdpa"}, attention
+        attention = [l.kernel for l in result.plan.launches if l.kernel.startswith(vendor_abi.ATTENTION.prefix)]
+        assert attention and set(attention) == {vendor_abi.ATTENTION_CUDNN_BIAS_SDPA}, attention
     else:
         result = build(model, target, kernels=kernels, precision=precision)
     if kernels == "vendor":

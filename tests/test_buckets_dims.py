@@ -171,6 +171,21 @@ def test_a_masked_encoder_is_right_at_every_length():
         np.testing.assert_allclose(ex(**feeds)[0].numpy(), ref.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_the_onnx_checker_runs_once_for_all_buckets(monkeypatch):
+    """The buckets of one model differ only in their inputs' sizes: the ONNX checker (seconds on a decoder's
+    hundreds of MB) runs on the first bucket's model, not on every bucket's; a plain build still runs it."""
+    import onnx
+
+    calls = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = encoder(masked=True)
+    tvm_nimble.build(model, "llvm", buckets={"sequence_length": [2, 4, 8]})
+    assert len(calls) == 1
+    tvm_nimble.build(model, "llvm", shape_dict={"input_ids": [1, 4], "attention_mask": [1, 4]})
+    assert len(calls) == 2
+
+
 # ---- bad requests: one line ------------------------------------------------------------------------
 def test_an_unknown_dimension_name_lists_the_models():
     with pytest.raises(ShapeError) as err:

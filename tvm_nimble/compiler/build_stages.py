@@ -39,6 +39,7 @@ class _State:
     model: object
     params: dict | None
     shape_dict: dict | None
+    check: bool = True  # the ONNX checker on the model at import (False: checked already, e.g. another bucket of it)
     fp32_mod: object = None  # the imported model (None: the build started from a Selection)
     mod: object = None  # the module the next stage takes
     merge_record: MergeChoice | None = None
@@ -48,7 +49,7 @@ class _State:
 
 def _import(session, state: _State) -> None:
     with session.phases("import"):
-        state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict)
+        state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict, check=state.check)
 
 
 def _precision(session, state: _State) -> None:
@@ -113,19 +114,21 @@ def _run(session, state: _State, names) -> _State:
 
 
 def run_stages(session, model, params: dict | None = None,
-               shape_dict: dict | None = None) -> BuildResult:
+               shape_dict: dict | None = None, check: bool = True) -> BuildResult:
     """The stages of :data:`STAGES` on ``model`` in ``session``: one build per bucket (``buckets``, ``batch_sizes``), or
     import -> [precision -> layout -> merge -> kernels -> build, again in NCHW where TVM fails on NHWC] -> streams
-    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build)."""
+    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build). ``check=False``: the ONNX model was checked
+    already (the buckets of one model differ only in their inputs' sizes: the checker runs on the first)."""
     opts = session.options
     if opts.batch_sizes or opts.buckets:  # one build per bucket (see .buckets), put together with the weights once
         request = buckets.BucketRequest(model, opts, shape_dict)
         built = {}
-        for key, onnx_model in request.models():
+        for i, (key, onnx_model) in enumerate(request.models()):
             with request.building(key):
-                built[key] = request.checked(key, session.bucket(request.options).build(onnx_model, params))
+                built[key] = request.checked(key, session.bucket(request.options).build(onnx_model, params,
+                                                                                        check=check and i == 0))
         return request.module(built, session.note)
-    state = _State(model, params, shape_dict)
+    state = _State(model, params, shape_dict, check)
     if isinstance(model, Selection):
         state.selection = model
         _run(session, state, ("build",))

@@ -198,8 +198,8 @@ def test_weights_parsed_once_import_the_same_step(make):
     import tvm
 
     from tvm_nimble.compiler.frontend.onnx_import import weights_as_inputs
-    from tvm_nimble.compiler.generate import _bound, step_shapes
-    from tvm_nimble.compiler.stages import import_model
+    from tvm_nimble.compiler.generate import step_shapes
+    from tvm_nimble.compiler.stages import bind_lifted_weights, import_model
 
     model = make()
     stripped, weights = weights_as_inputs(model, min_bytes=1)  # every float initializer, to cover them all
@@ -210,5 +210,5 @@ def test_weights_parsed_once_import_the_same_step(make):
     for n, past in ((1, 15), (4, 1)):  # a decode and a prefill step's shapes
         shapes = step_shapes(model, 1, n, past)
         want = import_model(model, None, shapes)
-        got = _bound(import_model(stripped, None, shapes, check=False), tensors)
+        got = bind_lifted_weights(import_model(stripped, None, shapes, check=False), tensors)
         tvm.ir.assert_structural_equal(got, want, map_free_vars=True)

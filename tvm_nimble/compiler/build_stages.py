@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import traceback
+import warnings
 from dataclasses import dataclass
 
 from tvm_nimble.errors import NimbleError
@@ -20,7 +21,7 @@ from tvm_nimble.errors import NimbleError
 from . import accuracy, buckets, stages
 from tvm_nimble.relay_passes.kv_cache import cache_step
 
-from .frontend.onnx_import import one_line
+from .frontend.onnx_import import one_line, weights_as_inputs
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
 from .options import BuildOptions
@@ -121,12 +122,21 @@ def run_stages(session, model, params: dict | None = None,
     already (the buckets of one model differ only in their inputs' sizes: the checker runs on the first)."""
     opts = session.options
     if opts.batch_sizes or opts.buckets:  # one build per bucket (see .buckets), put together with the weights once
+        import tvm
+
         request = buckets.BucketRequest(model, opts, shape_dict)
+        # the weights parsed once and bound to every bucket's import (its precision pass then narrows them once)
+        stripped, weights = weights_as_inputs(request.onnx_model)
+        tensors = [tvm.runtime.tensor(w) for _, w in weights]
         built = {}
-        for i, (key, onnx_model) in enumerate(request.models()):
+        for i, (key, onnx_model) in enumerate(request.models(stripped)):
             with request.building(key):
-                built[key] = request.checked(key, session.bucket(request.options).build(onnx_model, params,
-                                                                                        check=check and i == 0))
+                with session.phases("import"), warnings.catch_warnings():
+                    # TVM's importer warns of every lifted weight's name (dots to underscores)
+                    warnings.filterwarnings("ignore", message="Renaming name")
+                    mod = stages.import_model(onnx_model, params, check=check and i == 0)
+                mod = stages.bind_lifted_weights(mod, tensors)
+                built[key] = request.checked(key, session.bucket(request.options).build(mod))
         return request.module(built, session.note)
     state = _State(model, params, shape_dict, check)
     if isinstance(model, Selection):

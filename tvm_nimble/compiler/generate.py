@@ -28,7 +28,7 @@ from .build import build_with
 from .frontend.onnx_import import weights_as_inputs
 from .options import BuildOptions
 from .session import CacheMemory
-from .stages import import_model, one_vendor_library
+from .stages import bind_lifted_weights, import_model, one_vendor_library
 
 #: the prompt buckets a generator is built with by default
 DEFAULT_PREFILL_LENGTHS = (16, 32, 64, 128)
@@ -122,7 +122,7 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
         with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
             warnings.filterwarnings("ignore", message="Renaming name")
             mod = import_model(stripped, params, shapes, check=i == 0)  # one export: the ONNX checker once
-        steps[n] = build_with(_bound(mod, tensors), opts.replace(kv_cache=spec), cache=memory)
+        steps[n] = build_with(bind_lifted_weights(mod, tensors), opts.replace(kv_cache=spec), cache=memory)
     steps = one_vendor_library(steps, opts.target)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,
@@ -130,22 +130,6 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     module = GeneratorModule(steps, max_length, vocab, info, vendor)
     _check_finite(module, opts)
     return module
-
-
-def _bound(mod, weights: list):
-    """``mod`` with its ``main``'s last ``len(weights)`` parameters (the inputs :func:`weights_as_inputs` made, in
-    its order) bound to ``weights``."""
-    if not weights:
-        return mod
-    params = list(mod["main"].params)[-len(weights):]
-    for p, w in zip(params, weights):
-        if tuple(int(d) for d in p.ty.shape.values) != tuple(w.shape) or str(p.ty.dtype) != str(w.dtype):
-            raise NimbleError(f"internal: the imported step's parameter {p.name_hint} is not the weight bound to it")
-    mod = relax.transform.BindParams("main", dict(zip(params, weights)))(mod)
-    main = mod["main"]
-    if main.attrs is not None and "num_input" in main.attrs:  # the importer's count of the model's own inputs
-        mod["main"] = main.with_attr("num_input", len(main.params))
-    return mod
 
 
 def _check_finite(module: GeneratorModule, opts: BuildOptions) -> None:

@@ -79,6 +79,25 @@ def import_model(model, params: dict | None = None, shape_dict: dict | None = No
     return model
 
 
+def bind_lifted_weights(mod: tvm.IRModule, weights: list) -> tvm.IRModule:
+    """``mod`` (an import of ``weights_as_inputs``'s model) with its ``main``'s last ``len(weights)`` parameters, the
+    lifted weights in their order, bound to ``weights`` (TVM tensors): several imports of one model at other input
+    sizes (a generator's steps, a build's buckets) then hold the same weights, parsed and narrowed once."""
+    if not weights:
+        return mod
+    from tvm_nimble.errors import NimbleError
+
+    params = list(mod["main"].params)[-len(weights):]
+    for p, w in zip(params, weights):
+        if tuple(int(d) for d in p.ty.shape.values) != tuple(w.shape) or str(p.ty.dtype) != str(w.dtype):
+            raise NimbleError(f"internal: the imported model's parameter {p.name_hint} is not the weight bound to it")
+    mod = tvm.relax.transform.BindParams("main", dict(zip(params, weights)))(mod)
+    main = mod["main"]
+    if main.attrs is not None and "num_input" in main.attrs:  # the importer's count of the model's own inputs
+        mod["main"] = main.with_attr("num_input", len(main.params))
+    return mod
+
+
 def apply_precision(mod: tvm.IRModule, options: BuildOptions, narrowed_weights: dict | None = None) -> tvm.IRModule:
     """``mod`` computing in ``options.precision`` under its policy (inputs and outputs keep their dtypes), each
     spelled-out RMSNorm then one operator in the dtype the policy gave it (``relay_passes.rms_norm``);

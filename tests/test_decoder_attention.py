@@ -168,7 +168,8 @@ def test_cudnn_sdpa_takes_each_decoder_attention_with_its_mask_and_kv_groups(dec
     found = find_offloads(mod["main"], providers=[attention.CUDNN_BIAS_PROVIDER])
     assert len(found) == LAYERS and all(o.provider == "cudnn_bias_sdpa" for o in found)
     offloaded = stages.offload(mod, options, providers=[attention.CUDNN_BIAS_PROVIDER])
-    calls = _attention_calls(offloaded, attention.CUDNN_BIAS_SDPA)
+    # the exports' mask is causal whatever the inputs: cuDNN's causal mask on top (its tiles above the diagonal skipped)
+    calls = _attention_calls(offloaded, attention.CUDNN_BIAS_CAUSAL_SDPA)
     assert len(calls) == LAYERS
     for _q, _k, _v, mask, attrs, *_rest in calls:
         values = [int(x) for x in attrs.values]
@@ -179,6 +180,51 @@ def test_cudnn_sdpa_takes_each_decoder_attention_with_its_mask_and_kv_groups(dec
     out = NimbleExecutor(build(offloaded, "llvm", max_streams=1))(**feeds)[0].numpy().astype(np.float32)
     assert np.isfinite(out).all()
     assert _rel(out, ref, slice(3, None)) < (1e-2 if precision == "fp16" else 3e-2)
+
+
+def _padded_attention(allowed: np.ndarray) -> onnx.ModelProto:
+    """softmax(q·kᵀ / sqrt(d) + where(allowed & padding, 0, finfo(float32).min)) · v over [1, 2, 8, 8] q/k/v, the
+    padding from an int64 mask input, ``allowed`` a constant [1, 1, 8, 8] as a decoder's export ands them."""
+    low = np.finfo(np.float32).min
+    inits = [helper.make_tensor("allowed", TensorProto.BOOL, [1, 1, 8, 8], allowed.ravel().tolist()),
+             helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]), helper.make_tensor("low", TensorProto.FLOAT, [], [low]),
+             helper.make_tensor("scale", TensorProto.FLOAT, [], [8 ** -0.5]),
+             helper.make_tensor("axes", TensorProto.INT64, [2], [1, 2])]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Mul", ["qk", "scale"], ["scores"]),
+             helper.make_node("Cast", ["mask"], ["keep"], to=TensorProto.BOOL),
+             helper.make_node("Unsqueeze", ["keep", "axes"], ["keep4"]),
+             helper.make_node("And", ["allowed", "keep4"], ["both"]),
+             helper.make_node("Where", ["both", "zero", "low"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    io_ = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 8, 8]) for n in ("q", "k", "v")]
+    io_.append(helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 8]))
+    graph = helper.make_graph(nodes, "padded", io_, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "not-causal"])
+def test_cudnn_takes_its_causal_mask_only_where_the_model_masks_later_keys(causal, vendor_reference):
+    """The causal variant (cuDNN skips the tiles above the diagonal) is emitted only where the mask is provably causal:
+    a constant anded with the padding that is False above its diagonal. A constant that lets a query see a later key
+    keeps the plain call; either way the module (the calls as their numpy contract, the causal one masking j > i
+    itself) computes what the ONNX reference does."""
+    allowed = np.tril(np.ones((8, 8), bool)) if causal else np.ones((8, 8), bool)
+    allowed[5, :2] = False  # not a plain triangle: any constant False above the diagonal is causal
+    model = _padded_attention(allowed.reshape(1, 1, 8, 8))
+    mod, options = _imported(model, "fp16")
+    offloaded = stages.offload(mod, options, providers=[attention.CUDNN_BIAS_PROVIDER])
+    names = [attention.CUDNN_BIAS_CAUSAL_SDPA, attention.CUDNN_BIAS_SDPA]
+    found = {n: len(_attention_calls(offloaded, n)) for n in names}
+    assert found == ({names[0]: 1, names[1]: 0} if causal else {names[0]: 0, names[1]: 1})
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal((1, 2, 8, 8)).astype(np.float32) for n in ("q", "k", "v")}
+    feeds["mask"] = np.array([[1] * 6 + [0] * 2], np.int64)
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    out = NimbleExecutor(build(offloaded, "llvm", max_streams=1))(**feeds)[0].numpy().astype(np.float32)
+    np.testing.assert_allclose(out, ref, atol=1e-2)
 
 
 @pytest.mark.parametrize("mask", [LEFT_PADDED, np.zeros((1, SEQ), np.int64)], ids=["left-padded", "all-masked"])

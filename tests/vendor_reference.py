@@ -9,9 +9,9 @@ import tvm_ffi
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.cache_in_attention import APPEND as APPEND_SDPA_BIAS, ROPE as APPEND_ROPE_SDPA_BIAS
-from tvm_nimble.relay_passes.providers.attention import (CUDNN_BIAS_SDPA, CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA, SPLIT_SDPA_BIAS,
-                                                          TILE_SDPA, TILE_SDPA_BIAS, CLUSTER_SDPA,
-                                                          CLUSTER_SDPA_BIAS)
+from tvm_nimble.relay_passes.providers.attention import (CLUSTER_SDPA, CLUSTER_SDPA_BIAS, CUDNN_BIAS_CAUSAL_SDPA,
+                                                          CUDNN_BIAS_SDPA, CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA,
+                                                          SPLIT_SDPA_BIAS, TILE_SDPA, TILE_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
 from tvm_nimble.relay_passes.providers import cudnn_graph, depthwise, simt_gemm
@@ -108,10 +108,10 @@ def _view(flat, offset, strides, shape):
     return as_strided(flat[offset:], shape=shape, strides=[s * item for s in strides] + [item], writeable=False)
 
 
-def np_sdpa(q, k, v, bias, attrs):
+def np_sdpa(q, k, v, bias, attrs, causal: bool = False):
     """codegen/vendor/attention.cu's contract: softmax(scale * q·kᵀ + bias) · v in float64, y [B, H, Sq, Dv]
     laid out by the y strides (returned flat); query head h reads KV head h // group (attrs' entry 26, 1 when absent), and a
-    row whose scores are all -inf outputs 0."""
+    row whose scores are all -inf outputs 0. ``causal`` (cudnn_bias_causal_sdpa): key j > query i masked too."""
     B, H, Sq, Sk, D, Dv = attrs[:6]
     group = attrs[26] if len(attrs) > 26 else 1
     qv = _view(q.ravel(), attrs[6], attrs[7:10], (B, H, Sq, D)).astype(np.float64)
@@ -122,6 +122,8 @@ def np_sdpa(q, k, v, bias, attrs):
     if bias is not None:
         item = bias.itemsize
         s = s + as_strided(bias.ravel(), shape=(B, H, Sq, Sk), strides=[x * item for x in attrs[21:25]])
+    if causal:
+        s = np.where(np.triu(np.ones((Sq, Sk), bool), k=1), -np.inf, s)
     top = s.max(-1, keepdims=True)
     p = np.where(np.isneginf(top), 0.0, np.exp(s - np.where(np.isneginf(top), 0.0, top)))
     out = (p / np.maximum(p.sum(-1, keepdims=True), np.finfo(np.float64).tiny)) @ vv
@@ -216,6 +218,10 @@ def reference_functions():
     def sdpa_bias(q, k, v, bias, attrs, y, ws):
         y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), list(attrs)).reshape(y.shape).astype(y.dtype))
 
+    def causal_sdpa_bias(q, k, v, bias, attrs, y, ws):
+        y.copyfrom(np_sdpa(q.numpy(), k.numpy(), v.numpy(), bias.numpy(), list(attrs), causal=True)
+                   .reshape(y.shape).astype(y.dtype))
+
     def append_sdpa_bias(q, k, v, bias, k_new, v_new, positions, attrs, y, ws):
         """k[b, g, positions[b], :] = k_new[b, g, :] (v alike) through the attrs' cache views, in place, then
         sdpa_bias over the caches; a position outside the cache writes nothing."""
@@ -273,7 +279,8 @@ def reference_functions():
              depthwise.POOL2D_ADD: lambda x, z, attrs, y, ws: stencil(x, None, None, z.numpy(), attrs, y),
              CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
-             SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, CUDNN_BIAS_SDPA: sdpa_bias, SPLIT_SDPA: sdpa,
+             SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, CUDNN_BIAS_SDPA: sdpa_bias,
+             CUDNN_BIAS_CAUSAL_SDPA: causal_sdpa_bias, SPLIT_SDPA: sdpa,
              SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
              APPEND_SDPA_BIAS: append_sdpa_bias, APPEND_ROPE_SDPA_BIAS: append_rope_sdpa_bias,

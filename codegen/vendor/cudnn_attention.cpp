@@ -10,6 +10,10 @@
 //       mask is first written into the workspace (past cuDNN's own) as a contiguous 16-bit tensor, clamped to the
 //       dtype's finite range (LaunchSdpaBiasToHalf, small_kernels.cu), so that a fully masked row stays finite.
 //       NIMBLE_CUDNN_BIAS_CONVERT=1 converts every mask (attention_check checks both ways).
+//   nimble.attention.cudnn_bias_causal_sdpa(q, k, v, bias, attrs, y, workspace)
+//       the same with cuDNN's causal mask on top (key j > query i), for a mask that masks those keys already (the
+//       provider proves it from the model): cuDNN skips the tiles above the diagonal. Where cuDNN refuses the causal
+//       mask beside the bias, the call runs without it (the bias alone gives the same result).
 //
 // The operation graph and its execution plan are built on the first call of a configuration (the
 // executor's live run before capture) and cached; a call then only executes the plan on the current
@@ -26,6 +30,8 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 #include "cudnn_frontend_handle.h"
@@ -39,6 +45,7 @@ namespace fe = cudnn_frontend;
 
 constexpr const char* kCudnnSdpa = "nimble.attention.cudnn_sdpa";
 constexpr const char* kCudnnBiasSdpa = "nimble.attention.cudnn_bias_sdpa";
+constexpr const char* kCudnnBiasCausalSdpa = "nimble.attention.cudnn_bias_causal_sdpa";
 enum : int64_t { kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidBias = 5 };
 
 // How a call hands its mask to cuDNN: none, the caller's fp32 tensor as it is, or converted into the workspace
@@ -50,8 +57,8 @@ struct SdpaGraph {
   std::mutex mu;
 };
 
-// device, dtype, attrs, alignments of q, k, v, y and the bias, the bias mode
-using SdpaKey = std::array<int64_t, 2 + kNumAttrs + 6>;
+// device, dtype, attrs, alignments of q, k, v, y and the bias, the bias mode, causal
+using SdpaKey = std::array<int64_t, 2 + kNumAttrs + 7>;
 
 std::mutex& GraphsMutex() {
   static std::mutex* mu = new std::mutex();
@@ -69,7 +76,8 @@ void CheckFe(fe::error_t err, const char* what) {
   }
 }
 
-std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, BiasMode bias, cudnnHandle_t handle) {
+std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, BiasMode bias, bool causal,
+                                      cudnnHandle_t handle) {
   auto g = std::make_unique<SdpaGraph>();
   g->graph = std::make_shared<fe::graph::Graph>();
   auto& graph = *g->graph;
@@ -101,6 +109,7 @@ std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, BiasMode b
     auto b = graph.tensor(attrs);
     options.set_bias(b);
   }
+  if (causal) options.set_causal_mask(true);
   auto outputs = graph.sdpa(q, k, v, options);
   outputs[0]->set_output(true).set_uid(kUidO).set_dim({p.B, p.H, p.Sq, p.Dv}).set_stride({p.o_sb, p.o_sh, p.o_ss, 1});
   CheckFe(graph.validate(), "validate");
@@ -123,8 +132,8 @@ bool BiasAsIs(const SdpaParams& p, int mask_dtype, const void* m) {
 
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, Shape attrs, TensorView y,
-         TensorView workspace) {
+void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, bool causal, Shape attrs,
+         TensorView y, TensorView workspace) {
   int dtype = 0;
   const SdpaParams p = CheckSdpa(op, q, k, v, bias, attrs, y, workspace, &dtype);
   if (dtype == kF32) FailValue(op, "cuDNN's fused attention is fp16/bf16 here; float32 takes nimble.attention.sdpa");
@@ -141,7 +150,7 @@ void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorV
   cudaStream_t stream = CurrentStream(dev);
   cudnnHandle_t handle = CudnnHandle(dev, stream, op);
   BiasMode mode = !bias ? kNoBias : BiasAsIs(p, mask_dtype, mp) ? kBiasAsIs : kBiasConverted;
-  auto key_of = [&](BiasMode m) {
+  auto key_of = [&](BiasMode m, bool c) {
     SdpaKey key{};
     key[0] = dev;
     key[1] = dtype;
@@ -150,25 +159,36 @@ void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorV
     key[5 + kNumAttrs] = PtrAlign(DataPtr(y));
     key[6 + kNumAttrs] = m == kBiasAsIs ? PtrAlign(mp) : 0;
     key[7 + kNumAttrs] = m;
+    key[8 + kNumAttrs] = c;
     return key;
   };
-  SdpaGraph* g;
+  // the configurations in order of preference, the last the one without a fallback: with the causal mask (where
+  // asked) before without it, the fp32 bias as it is before converted; a refusal is remembered
+  std::vector<std::pair<BiasMode, bool>> tries;
+  for (bool c : causal ? std::vector<bool>{true, false} : std::vector<bool>{false}) {
+    if (mode == kBiasAsIs) tries.push_back({kBiasAsIs, c});
+    tries.push_back({mode == kNoBias ? kNoBias : kBiasConverted, c});
+  }
+  SdpaGraph* g = nullptr;
   {
     std::lock_guard<std::mutex> lock(GraphsMutex());
-    if (mode == kBiasAsIs) {
-      auto& slot = Graphs()[key_of(mode)];
+    for (size_t i = 0; i + 1 < tries.size() && g == nullptr; ++i) {
+      auto& slot = Graphs()[key_of(tries[i].first, tries[i].second)];
       if (!slot) {
         try {
-          slot = BuildGraph(p, dtype, mode, handle);
-        } catch (const std::exception&) {  // cuDNN does not take this fp32 bias: remembered, converted
+          slot = BuildGraph(p, dtype, tries[i].first, tries[i].second, handle);
+        } catch (const std::exception&) {  // cuDNN refuses this one: remembered, the next one tried
           slot = std::make_unique<SdpaGraph>();
         }
       }
-      if (!slot->graph) mode = kBiasConverted;
+      if (slot->graph) g = slot.get(), mode = tries[i].first;
     }
-    auto& chosen = Graphs()[key_of(mode)];
-    if (!chosen) chosen = BuildGraph(p, dtype, mode, handle);
-    g = chosen.get();
+    if (g == nullptr) {
+      mode = tries.back().first;
+      auto& chosen = Graphs()[key_of(mode, tries.back().second)];
+      if (!chosen || !chosen->graph) chosen = BuildGraph(p, dtype, mode, tries.back().second, handle);
+      g = chosen.get();
+    }
   }
   const int64_t bias_at = RoundUp(g->workspace, 256);
   const int64_t bias_bytes = mode == kBiasConverted ? (p.m_sb ? p.B : 1) * (p.m_sh ? p.H : 1) * p.Sq * p.Sk * 2 : 0;
@@ -190,18 +210,24 @@ void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorV
 }
 
 void CudnnSdpa(TensorView q, TensorView k, TensorView v, Shape attrs, TensorView y, TensorView workspace) {
-  Run(kCudnnSdpa, q, k, v, nullptr, attrs, y, workspace);
+  Run(kCudnnSdpa, q, k, v, nullptr, false, attrs, y, workspace);
 }
 
 void CudnnBiasSdpa(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
                    TensorView workspace) {
-  Run(kCudnnBiasSdpa, q, k, v, &bias, attrs, y, workspace);
+  Run(kCudnnBiasSdpa, q, k, v, &bias, false, attrs, y, workspace);
+}
+
+void CudnnBiasCausalSdpa(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
+                         TensorView workspace) {
+  Run(kCudnnBiasCausalSdpa, q, k, v, &bias, true, attrs, y, workspace);
 }
 
 __attribute__((constructor)) void RegisterCudnnAttention() {
   try {
     Register(kCudnnSdpa, CudnnSdpa);
     Register(kCudnnBiasSdpa, CudnnBiasSdpa);
+    Register(kCudnnBiasCausalSdpa, CudnnBiasCausalSdpa);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

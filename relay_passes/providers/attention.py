@@ -45,6 +45,9 @@ SDPA = vendor_abi.ATTENTION_SDPA
 SDPA_BIAS = vendor_abi.ATTENTION_SDPA_BIAS
 CUDNN_SDPA = vendor_abi.ATTENTION_CUDNN_SDPA
 CUDNN_BIAS_SDPA = vendor_abi.ATTENTION_CUDNN_BIAS_SDPA
+#: the same where the mask masks every key after its query whatever the inputs (:func:`masks_later_keys`): cuDNN's
+#: causal mask on top of it, which skips the key tiles above the diagonal
+CUDNN_BIAS_CAUSAL_SDPA = vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
 SPLIT_SDPA = vendor_abi.ATTENTION_SPLIT_SDPA
 SPLIT_SDPA_BIAS = vendor_abi.ATTENTION_SPLIT_SDPA_BIAS
@@ -328,6 +331,51 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
+#: what a mask's value passes through between the model's boolean mask and the attention (views of the same [Sq, Sk]
+#: plane, casts): a walk through them keeps which keys each query may see
+_MASK_VIEWS = ("relax.astype", "relax.broadcast_to", "relax.reshape", "relax.expand_dims")
+#: a mask value this far below any score masks its key (transformers' exports use finfo(float32).min)
+_MASKED = -1e4
+
+
+def _through_views(chains, expr, plane: tuple):
+    """``expr``'s value, through :data:`_MASK_VIEWS` whose result keeps ``plane`` ([Sq, Sk]) as its last two dims."""
+    for _ in range(16):
+        value = chains.value.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        shape = known_shape(value)
+        if operator_of(value) not in _MASK_VIEWS or shape is None or tuple(shape[-2:]) != plane:
+            return value
+        expr = value.args[0]
+    return None
+
+
+def masks_later_keys(chains, bias, Sq: int, Sk: int) -> bool:
+    """Whether the additive mask ``bias`` masks every key after its query (key j > query i) whatever the model's
+    inputs: ``where(allowed, 0, m)`` with ``m`` at most -1e4 and ``allowed`` (through casts, broadcasts and reshapes
+    that keep the [Sq, Sk] plane) the logical and of anything with a constant that is False above its diagonal, as
+    transformers' decoders export their causal + padding mask. Such a call may also take cuDNN's causal mask, which
+    skips the tiles above the diagonal; the bias still masks them, so the result is the same either way."""
+    plane = (Sq, Sk)
+    if Sq != Sk or Sq < 2:
+        return False  # (a step with a past: its keys are not aligned with its queries from the top left)
+    where = _through_views(chains, bias, plane)
+    if operator_of(where) != "relax.where":
+        return False
+    cond, keep, drop = where.args
+    keep, drop = chains.const(keep), chains.const(drop)
+    if keep is None or drop is None or keep.size == 0 or np.any(keep != 0) or not np.all(drop <= _MASKED):
+        return False
+    both = _through_views(chains, cond, plane)
+    if operator_of(both) != "relax.logical_and":
+        return False
+    later = np.triu(np.ones(plane, bool), k=1)
+    for operand in both.args:
+        c = chains.const(operand)
+        if c is not None and c.ndim >= 2 and tuple(c.shape[-2:]) == plane and not np.any(c[..., later]):
+            return True
+    return False
+
+
 def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[str, str] = (SDPA, SDPA_BIAS),
                     dtypes: tuple[str, ...] = _DTYPES):
     """The anchor is Q·Kᵀ; None (silently) when no softmax follows, so the GEMM providers get it.
@@ -457,6 +505,8 @@ def _take(ctx, chains, qk, core, out_var, pv, scale, bias, cudnn: bool, kernels:
             return removed, last, (ctx.call(name, args, tuple(out_shape), dtype), None)
         if Sq == 1:
             return None  # a decode step's one query row: our kernels, which take its cache write in
+        if masks_later_keys(chains, bias, Sq, Sk):
+            name = CUDNN_BIAS_CAUSAL_SDPA
         # the mask converted to q's dtype goes into the workspace past cuDNN's own (codegen/vendor/cudnn_attention.cpp)
         mask_elements = (B if m_strides[0] else 1) * (H if m_strides[1] else 1) * Sq * Sk
         workspace = ctx.workspace_bytes + 256 + 2 * mask_elements
@@ -502,11 +552,12 @@ TILE_PROVIDER = register(Provider(
     dtypes=_DTYPES, layouts=("row-major",)))
 
 #: cuDNN's fused attention with a mask (a decoder's causal + padding mask, BERT's padding mask) and grouped K/V heads,
-#: fp16/bf16, more than one query row: after our kernels, so "best" measures it against them per operator and "vendor"
-#: keeps ours (a configuration cuDNN refuses fails its first call: "best" then leaves the provider out)
+#: fp16/bf16, more than one query row; with cuDNN's causal mask too where the mask is causal whatever the inputs. After
+#: our kernels, so "best" measures it against them per operator and "vendor" keeps ours (a configuration cuDNN refuses
+#: fails its first call: "best" then leaves the provider out)
 CUDNN_BIAS_PROVIDER = register(Provider(
     name="cudnn_bias_sdpa", title="cuDNN fused attention with a mask",
-    kernel_prefix=vendor_abi.family(CUDNN_BIAS_SDPA),
+    kernel_prefix=vendor_abi.family(CUDNN_BIAS_SDPA, CUDNN_BIAS_CAUSAL_SDPA),
     matchers={"relax.matmul": functools.partial(attention_chain, cudnn=True, kernels=(None, CUDNN_BIAS_SDPA))},
     dtypes=_HALF, layouts=("row-major",)))
 

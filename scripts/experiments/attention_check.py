@@ -5,7 +5,8 @@ mask at finfo(fp32).min, as the precision policy leaves a transformers mask).
 
 cuDNN's SDPA is checked and timed on the 16-bit cases: without a mask (nimble.attention.cudnn_sdpa), and with one or
 grouped K/V heads (cudnn_bias_sdpa; an fp32 causal mask read as it is, any other converted first, and every case
-once more with NIMBLE_CUDNN_BIAS_CONVERT=1, the conversion forced).
+once more with NIMBLE_CUDNN_BIAS_CONVERT=1, the conversion forced; the causal cases also with cuDNN's causal mask on
+top, cudnn_bias_causal_sdpa).
 
 The tile kernel is checked and timed with the rows per block it chooses, then with each R it can take
 (NIMBLE_ATTENTION_TILE_ROWS=8, 16, 32; an R whose shared memory does not fit is skipped). A case whose
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
     split_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_SPLIT_SDPA_BIAS)
     cudnn_sdpa = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_SDPA)
     cudnn_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_BIAS_SDPA)
+    cudnn_causal = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA)
     tile = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA)
     tile_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA_BIAS)
     cluster = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CLUSTER_SDPA)
@@ -210,12 +212,15 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             if dtype != torch.float32 and masked and S > 1 and D % 8 == 0:  # cuDNN with the mask
-                for key, convert in (("cudnn_bias", False), ("cudnn_bias_converted", True)):
+                variants = [("cudnn_bias", cudnn_bias, False), ("cudnn_bias_converted", cudnn_bias, True)]
+                if masked == "causal":  # and cuDNN's causal mask on top, as the provider emits it for decoders
+                    variants.append(("cudnn_bias_causal", cudnn_causal, False))
+                for key, fn, convert in variants:
                     if convert:
                         os.environ[CUDNN_CONVERT_ENV] = "1"
                     try:
                         (row[f"{key}_rel_l2"], row[f"{key}_us"], row[f"{key}_kernel_us"],
-                         row[f"{key}_kernels"]) = checked(caller(cudnn_sdpa, cudnn_bias, big_ws))
+                         row[f"{key}_kernels"]) = checked(caller(cudnn_sdpa, fn, big_ws))
                     except Exception as e:  # noqa: BLE001
                         row[f"{key}_error"] = " ".join(str(e).split())[:300]
                     finally:
@@ -259,7 +264,7 @@ def main(argv=None) -> int:
         elif "cudnn_error" in r:
             ok = False
             extra += f"  cuDNN SDPA error: {r['cudnn_error']}"
-        for key in ("cudnn_bias", "cudnn_bias_converted"):
+        for key in ("cudnn_bias", "cudnn_bias_converted", "cudnn_bias_causal"):
             if f"{key}_us" in r:
                 ok &= r[f"{key}_rel_l2"] < bound
                 extra += f"  {key} {r[f'{key}_rel_l2']:.2e} {r[f'{key}_us']:.2f} us"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import traceback
-import warnings
 from dataclasses import dataclass
 
 from tvm_nimble.errors import NimbleError
@@ -40,7 +39,6 @@ class _State:
     model: object
     params: dict | None
     shape_dict: dict | None
-    check: bool = True  # the ONNX checker on the model at import (False: checked already, e.g. another bucket of it)
     fp32_mod: object = None  # the imported model (None: the build started from a Selection)
     mod: object = None  # the module the next stage takes
     merge_record: MergeChoice | None = None
@@ -50,7 +48,7 @@ class _State:
 
 def _import(session, state: _State) -> None:
     with session.phases("import"):
-        state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict, check=state.check)
+        state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict)
 
 
 def _precision(session, state: _State) -> None:
@@ -115,11 +113,10 @@ def _run(session, state: _State, names) -> _State:
 
 
 def run_stages(session, model, params: dict | None = None,
-               shape_dict: dict | None = None, check: bool = True) -> BuildResult:
+               shape_dict: dict | None = None) -> BuildResult:
     """The stages of :data:`STAGES` on ``model`` in ``session``: one build per bucket (``buckets``, ``batch_sizes``), or
     import -> [precision -> layout -> merge -> kernels -> build, again in NCHW where TVM fails on NHWC] -> streams
-    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build). ``check=False``: the ONNX model was checked
-    already (the buckets of one model differ only in their inputs' sizes: the checker runs on the first)."""
+    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build)."""
     opts = session.options
     if opts.batch_sizes or opts.buckets:  # one build per bucket (see .buckets), put together with the weights once
         import tvm
@@ -131,14 +128,11 @@ def run_stages(session, model, params: dict | None = None,
         built = {}
         for i, (key, onnx_model) in enumerate(request.models(stripped)):
             with request.building(key):
-                with session.phases("import"), warnings.catch_warnings():
-                    # TVM's importer warns of every lifted weight's name (dots to underscores)
-                    warnings.filterwarnings("ignore", message="Renaming name")
-                    mod = stages.import_model(onnx_model, params, check=check and i == 0)
-                mod = stages.bind_lifted_weights(mod, tensors)
+                with session.phases("import"):  # the buckets differ only in their inputs' sizes: one ONNX check
+                    mod = stages.import_model(onnx_model, params, check=i == 0, weights=tensors)
                 built[key] = request.checked(key, session.bucket(request.options).build(mod))
         return request.module(built, session.note)
-    state = _State(model, params, shape_dict, check)
+    state = _State(model, params, shape_dict)
     if isinstance(model, Selection):
         state.selection = model
         _run(session, state, ("build",))

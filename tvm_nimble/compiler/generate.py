@@ -13,11 +13,8 @@ once (the steps' sessions share one :class:`~.session.CacheMemory`). The steps g
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import tvm
-from tvm import relax
 
 from tvm_nimble.errors import ModelError, NimbleError
 from tvm_nimble.contract.generation import STEP_INPUTS
@@ -28,7 +25,7 @@ from .build import build_with
 from .frontend.onnx_import import weights_as_inputs
 from .options import BuildOptions
 from .session import CacheMemory
-from .stages import bind_lifted_weights, import_model, one_vendor_library
+from .stages import import_model, one_vendor_library
 
 #: the prompt buckets a generator is built with by default
 DEFAULT_PREFILL_LENGTHS = (16, 32, 64, 128)
@@ -119,10 +116,8 @@ def build_generator(model, target="llvm", *, max_length: int = DEFAULT_MAX_LENGT
     for i, n in enumerate([DECODE, *lengths]):
         spec = KvCacheSpec("decode" if n == DECODE else "prefill", max_length, opts.compute_dtype, opts.is_cuda)
         shapes = step_shapes(onnx_model, batch, n, spec.past_length())
-        with warnings.catch_warnings():  # TVM's importer warns of every past input's name (dots to underscores)
-            warnings.filterwarnings("ignore", message="Renaming name")
-            mod = import_model(stripped, params, shapes, check=i == 0)  # one export: the ONNX checker once
-        steps[n] = build_with(bind_lifted_weights(mod, tensors), opts.replace(kv_cache=spec), cache=memory)
+        mod = import_model(stripped, params, shapes, check=i == 0, weights=tensors)  # one export: one ONNX check
+        steps[n] = build_with(mod, opts.replace(kv_cache=spec), cache=memory)
     steps = one_vendor_library(steps, opts.target)
     vendor = next((m.vendor_library for m in steps.values() if m.vendor_library), None)
     info = {"max_length": max_length, "prefill_lengths": lengths, "precision": opts.precision,

@@ -263,7 +263,6 @@ class BuildSession:
         return isinstance(self.timer, LocalGPU)
 
     # ---- the stages --------------------------------------------------------------------------------------------
-    def build(self, model, params: dict | None = None, shape_dict: dict | None = None, check: bool = True):
-        """:data:`STAGES` on ``model`` (see ``tvm_nimble.build``): a BuildResult; ``check=False`` leaves out the ONNX
-        checker for a model checked already."""
-        return run_stages(self, model, params, shape_dict, check)
+    def build(self, model, params: dict | None = None, shape_dict: dict | None = None):
+        """:data:`STAGES` on ``model`` (see ``tvm_nimble.build``): a BuildResult."""
+        return run_stages(self, model, params, shape_dict)

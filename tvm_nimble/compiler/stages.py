@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
 
 from tvm_nimble.codegen import dependent_launch
+from tvm_nimble.errors import NimbleError
 from tvm_nimble.codegen.kernels import build_kernels
 from tvm_nimble.codegen.lower_plan import build_plan
 from tvm_nimble.relay_passes.annotate import annotate_function
@@ -67,16 +69,21 @@ BuildResult.info = property(_info, doc=_info.__doc__)
 
 
 def import_model(model, params: dict | None = None, shape_dict: dict | None = None,
-                 check: bool = True) -> tvm.IRModule:
+                 check: bool = True, weights: list | None = None) -> tvm.IRModule:
     """A Relax IRModule of ``model`` (an IRModule, an ONNX ModelProto or a path to a .onnx file), with
-    ``params`` bound as constants; ``check=False``: an ONNX model checked already (see ``from_onnx``)."""
+    ``params`` bound as constants; ``check=False``: an ONNX model checked already (see ``from_onnx``).
+    ``weights``: ``model`` is ``weights_as_inputs``'s model, and these tensors are its lifted weights
+    (:func:`bind_lifted_weights`; the importer's warning for each name it renames is left out)."""
     if not isinstance(model, tvm.IRModule):
         from tvm_nimble.compiler.frontend import from_onnx
 
-        model = from_onnx(model, shape_dict=shape_dict, check=check)
+        with warnings.catch_warnings():
+            if weights is not None:  # TVM's importer warns of every input name with dots (to underscores)
+                warnings.filterwarnings("ignore", message="Renaming name")
+            model = from_onnx(model, shape_dict=shape_dict, check=check)
     if params:
         model = tvm.relax.transform.BindParams("main", params)(model)
-    return model
+    return model if weights is None else bind_lifted_weights(model, weights)
 
 
 def bind_lifted_weights(mod: tvm.IRModule, weights: list) -> tvm.IRModule:
@@ -85,8 +92,6 @@ def bind_lifted_weights(mod: tvm.IRModule, weights: list) -> tvm.IRModule:
     sizes (a generator's steps, a build's buckets) then hold the same weights, parsed and narrowed once."""
     if not weights:
         return mod
-    from tvm_nimble.errors import NimbleError
-
     params = list(mod["main"].params)[-len(weights):]
     for p, w in zip(params, weights):
         if tuple(int(d) for d in p.ty.shape.values) != tuple(w.shape) or str(p.ty.dtype) != str(w.dtype):

@@ -30,6 +30,14 @@
 // is one thread's. K must be a multiple of 8 and every tensor 16-byte aligned (the provider and the checks here
 // say so in one line otherwise). The workspace is unused (the vendor calling convention).
 //
+// Two to eight rows (plain and residual calls; the norm's prologue and the gate take one row) go to the tensor cores
+// from NIMBLE_GEMV_MMA_ROWS rows on (default 5; 9 never): FMA-bound on the CUDA cores at 8 rows (every weight
+// multiplied 8 times), the product is one mma.sync.m16n8k16 per 16 columns x 16 k, w's rows as its A operand and the
+// rows of a, padded to 8 with zeros, as its B operand (the swapped product of a narrow GEMM). A lane loads 16 bytes
+// of w's rows g and g + 8 and of a's row g at the same k, and hands them to the MMA in its fragment order: the k of
+// a fragment slot is a permutation of the k loaded, the same for A and B, so the sum over k is unchanged. A warp
+// takes 16 columns; S warps of a block share them, each a K slice, as the CUDA-core kernel's columns.
+//
 // Launched with programmatic dependent launch (common.h): a lane's first weight loads are issued before the kernel
 // waits for the one before it, so a decode step's weight reads overlap the kernels that produce its activations.
 #include <cuda_bf16.h>
@@ -54,6 +62,7 @@ constexpr const char* kNormGemvAdd = "nimble.gemv.norm_matmul_add";
 constexpr int kGemvWarps = 8, kGemvThreads = kGemvWarps * 32, kGemvMaxRows = 8, kGemvUnroll = 4;
 // 1 to 4 rows: a kernel for each count; 5 to 8: the 8-row kernel, the rows past p.rows skipped
 constexpr int kGemvExactRows = 4;
+constexpr int kMmaCols = 16, kMmaK = 32, kMmaUnroll = 4;  // the tensor-core kernel: a warp's columns, k a step
 constexpr int kNormMaxK = 4096, kNormPerThread = kNormMaxK / kGemvThreads;  // the normalized row: shared memory
 enum NormKind : int { kNoNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
 enum GluKind : int { kNoGlu = 0, kSiluGlu = 1 };
@@ -225,6 +234,101 @@ __global__ void __launch_bounds__(kGemvThreads) GemvKernel(GemvArgs p) {
   }
 }
 
+// D += A (16 x 16, row-major) * B (16 x 8, column-major) on the tensor cores, float32 accumulation (sm_80+)
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // the host launches this kernel on sm_80+ only (GemvMmaRows)
+#endif
+}
+
+// The tensor-core kernel for 2..8 rows (see the header). Lane (g, t) = (lane / 4, lane % 4) of a warp loads, at step i
+// (k in [32 i, 32 i + 32)), the 16 bytes at k = 32 i + 8 t of w's rows n0 + g and n0 + g + 8 and of a's row g; its two
+// MMAs take halves 0-3 and 4-7 of them. Its accumulators are y[2t, n0 + g], y[2t + 1, n0 + g] and the same of column
+// n0 + g + 8. grid.x: groups of kGemvWarps / S tiles of 16 columns.
+template <typename T, typename O, int S>
+__global__ void __launch_bounds__(kGemvThreads) GemvMmaKernel(GemvArgs p) {
+  constexpr int kTiles = kGemvWarps / S;
+  __shared__ float partial[S > 1 ? kGemvWarps : 1][4][32];
+  const T* __restrict__ w = static_cast<const T*>(p.w);
+  const int N = p.N, K = p.K, rows = p.rows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n0 = (blockIdx.x * kTiles + warp / S) * kMmaCols, slice = warp % S;
+  const int steps = n0 < N ? (K + kMmaK - 1) / kMmaK : 0;
+  // w's rows past N read row N - 1 (in bounds; their sums are not written)
+  const uint4* w0 = reinterpret_cast<const uint4*>(w + int64_t(min(n0 + g, N - 1)) * K + 8 * t);
+  const uint4* w1 = reinterpret_cast<const uint4*>(w + int64_t(min(n0 + g + 8, N - 1)) * K + 8 * t);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 wa[kMmaUnroll], wb[kMmaUnroll];
+#pragma unroll
+  for (int u = 0; u < kMmaUnroll; ++u) {  // weights before the wait, as the CUDA-core kernel's
+    const int i = slice + u * S;
+    const bool in = i < steps && kMmaK * i + 8 * t < K;
+    wa[u] = in ? __ldg(w0 + 4 * i) : zero;
+    wb[u] = in ? __ldg(w1 + 4 * i) : zero;
+  }
+  GridLaunchDependents();
+  GridDependencyWait();
+  const uint4* a = reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + int64_t(min(g, rows - 1)) * K +
+                                                  8 * t);
+  const bool row_in = g < rows;  // B's columns past a's rows are zeros
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i0 = slice; i0 < steps; i0 += kMmaUnroll * S) {
+    uint4 ca[kMmaUnroll], cb[kMmaUnroll], x[kMmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int i = i0 + u * S, next = i0 + (kMmaUnroll + u) * S;
+      ca[u] = wa[u];
+      cb[u] = wb[u];
+      x[u] = row_in && i < steps && kMmaK * i + 8 * t < K ? __ldg(a + 4 * i) : zero;
+      const bool in = next < steps && kMmaK * next + 8 * t < K;
+      wa[u] = in ? __ldg(w0 + 4 * next) : zero;
+      wb[u] = in ? __ldg(w1 + 4 * next) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (i0 + u * S >= steps) break;
+      Mma16816<T>(d, ca[u].x, cb[u].x, ca[u].y, cb[u].y, x[u].x, x[u].y);
+      Mma16816<T>(d, ca[u].z, cb[u].z, ca[u].w, cb[u].w, x[u].z, x[u].w);
+    }
+  }
+  if constexpr (S > 1) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) partial[warp][j][lane] = d[j];
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        d[j] = 0.0f;
+        for (int s = 0; s < S; ++s) d[j] += partial[warp + s][j][lane];
+      }
+    }
+  }
+  if (slice != 0) return;
+  const O* z = static_cast<const O*>(p.z);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = n0 + g + (j >= 2 ? 8 : 0), row = 2 * t + (j & 1);
+    if (col >= N || row >= rows) continue;
+    const int64_t at = int64_t(row) * N + col;
+    const float v = d[j] + ToF(static_cast<const O*>(p.bias)[col]) + (z != nullptr ? ToF(z[at]) : 0.0f);
+    static_cast<O*>(p.y)[at] = FromF<O>(Activate(v, p.act));
+  }
+}
+
 // S: warps a column (1, 2, 4 or 8; at most `most`), by NIMBLE_GEMV_BLOCKS_PER_SM = B (read once a process):
 // - B > 0 (default 4, one wave): the fewest S whose lanes load all their vectors before the wait (kGemvUnroll each;
 //   see the kernel), halved while the grid exceeds what the cores hold at once -- `resident(S)` blocks a core (the
@@ -243,9 +347,10 @@ int GemvBlocksPerSm() {
   return blocks;
 }
 
+// N: the warps' units (columns; the tensor-core kernel's 16-column tiles), vecs: a unit's steps of one vector a lane
+// (K / 8 columns' vectors; the tensor-core kernel: 32 a step of 32 k, the same 16 bytes a lane)
 template <typename Resident>
-int GemvSplits(int64_t N, int64_t K, int64_t sms, int most, Resident resident) {
-  const int64_t vecs = K / 8;
+int GemvSplits(int64_t N, int64_t vecs, int64_t sms, int most, Resident resident) {
   const int per_sm = GemvBlocksPerSm();
   int s = 1;
   if (per_sm == 0) {
@@ -308,15 +413,65 @@ cudaError_t LaunchGemvM(const GemvArgs& p, int most, cudaStream_t stream) {
     return s == 1 ? GemvResident<T, O, M, 1>(p) : s == 2 ? GemvResident<T, O, M, 2>(p)
          : s == 4 ? GemvResident<T, O, M, 4>(p) : GemvResident<T, O, M, 8>(p);
   };
-  const int s = GemvSplits(p.N, p.K, SmCount(), most, resident);
+  const int s = GemvSplits(p.N, p.K / 8, SmCount(), most, resident);
   if (s == 1) return LaunchGemvS<T, O, M, 1>(p, stream);
   if (s == 2) return LaunchGemvS<T, O, M, 2>(p, stream);
   if (s == 4) return LaunchGemvS<T, O, M, 4>(p, stream);
   return LaunchGemvS<T, O, M, 8>(p, stream);
 }
 
+// The tensor-core kernel, S warps a tile, and the blocks of it a core holds (asked once a process)
+template <typename T, typename O, int S>
+cudaError_t LaunchGemvMmaS(const GemvArgs& p, cudaStream_t stream) {
+  constexpr int tiles = kGemvWarps / S;
+  const int64_t units = (p.N + kMmaCols - 1) / kMmaCols;
+  KernelLaunch launch(dim3(unsigned((units + tiles - 1) / tiles)), dim3(kGemvThreads), stream);
+  launch.Pdl();
+  return launch(GemvMmaKernel<T, O, S>, p);
+}
+
+template <typename T, typename O, int S>
+int GemvMmaResident() {
+  static std::atomic<int> known{-1};
+  int blocks = known.load(std::memory_order_relaxed);
+  if (blocks < 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, GemvMmaKernel<T, O, S>, kGemvThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      blocks = 0;
+    }
+    known.store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
+}
+
+template <typename T, typename O>
+cudaError_t LaunchGemvMma(const GemvArgs& p, cudaStream_t stream) {
+  auto resident = [](int s) {
+    return s == 1 ? GemvMmaResident<T, O, 1>() : s == 2 ? GemvMmaResident<T, O, 2>()
+         : s == 4 ? GemvMmaResident<T, O, 4>() : GemvMmaResident<T, O, 8>();
+  };
+  const int64_t units = (p.N + kMmaCols - 1) / kMmaCols, steps = (p.K + kMmaK - 1) / kMmaK;
+  const int s = GemvSplits(units, steps * 32, SmCount(), kGemvWarps, resident);
+  if (s == 1) return LaunchGemvMmaS<T, O, 1>(p, stream);
+  if (s == 2) return LaunchGemvMmaS<T, O, 2>(p, stream);
+  if (s == 4) return LaunchGemvMmaS<T, O, 4>(p, stream);
+  return LaunchGemvMmaS<T, O, 8>(p, stream);
+}
+
+// The fewest rows the tensor-core kernel takes (NIMBLE_GEMV_MMA_ROWS, read once a process: 2 to 8, default 5; 9 or
+// more never), where the device has the m16n8k16 MMA (sm_80+); else 9
+int GemvMmaRows() {
+  static const int rows = [] {
+    const char* env = std::getenv("NIMBLE_GEMV_MMA_ROWS");
+    const int r = env != nullptr && *env != '\0' ? std::atoi(env) : 5;
+    return DeviceAttribute<cudaDevAttrComputeCapabilityMajor>(0) >= 8 ? std::max(2, r) : kGemvMaxRows + 1;
+  }();
+  return rows;
+}
+
 template <typename T, typename O>
 cudaError_t LaunchGemv(int M, int most, const GemvArgs& p, cudaStream_t stream) {
+  if (M >= GemvMmaRows() && p.norm.kind == kNoNorm && p.glu == kNoGlu) return LaunchGemvMma<T, O>(p, stream);
   if (M == 1) return LaunchGemvM<T, O, 1>(p, most, stream);
   if (M == 2) return LaunchGemvM<T, O, 2>(p, most, stream);
   if (M == 3) return LaunchGemvM<T, O, 3>(p, most, stream);

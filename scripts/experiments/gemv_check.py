@@ -18,6 +18,10 @@ programmatic dependent launch.
    (NIMBLE_GEMV_BLOCKS_PER_SM: 0 fills the GPU with up to two waves of blocks, B > 0 keeps one wave of at most B
    blocks a core; gemv.cu's GemvSplits); Qwen2.5-0.5B's 24 layers (RMSNorm + QKV, out + residual, RMSNorm + gated
    MLP up, down + residual; bf16) likewise. Each policy's process checks every case of 1. too (the splits differ).
+4. the tensor-core kernel for several rows (``--mma-rows``: NIMBLE_GEMV_MMA_ROWS, the fewest rows it takes; 9 never,
+   each in its own process, which checks every case of 1. too: 3 rows go to it under 2): GPT-2's 48 projections at 4
+   and 8 rows as plain GEMVs (the norm's prologue takes one row) as one graph, beside the same products through
+   PyTorch's ``addmm`` (cuBLAS, bias only).
 
 Writes ``gemv_check.json`` into ``--out`` and prints a short table last; exits 1 when a check fails.
 
@@ -56,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--skip-timing", action="store_true", help="correctness and graph checks only")
     p.add_argument("--blocks-per-sm", default="0,2,4",
                    help="NIMBLE_GEMV_BLOCKS_PER_SM values checked and timed, each in its own process")
+    p.add_argument("--mma-rows", default="2,5,9",
+                   help="NIMBLE_GEMV_MMA_ROWS values (the fewest rows on the tensor cores; 9: never) checked and timed "
+                        "(blocks per SM 4), each in its own process")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a policy's process: checks and timing
     return p.parse_args(argv)
 
@@ -285,10 +292,42 @@ def qwen_chain(g: Gemv, layers: int = 24, K: int = 896, kv: int = 128, inner: in
 
 def time_chain(g: Gemv) -> dict:
     """Wall time per replay of GPT-2 small's fp16 and Qwen2.5-0.5B's bf16 decode projections, each as one graph
-    (this process's NIMBLE_PDL and NIMBLE_GEMV_BLOCKS_PER_SM)."""
+    (this process's NIMBLE_PDL, NIMBLE_GEMV_BLOCKS_PER_SM and NIMBLE_GEMV_MMA_ROWS), and GPT-2's at ROWS rows."""
     _, issue, _, _, _ = decode_chain(g, 12, g.torch.float16)
     return {"us_per_replay": graph_us(g, issue), "launches": 48, "qwen_us_per_replay": graph_us(g, qwen_chain(g)),
-            "qwen_launches": 96}
+            "qwen_launches": 96, "rows_us": {str(r): graph_us(g, rows_chain(g, r)) for r in ROWS}}
+
+
+#: the batch sizes whose GPT-2 projections are timed (the norm's prologue takes one row: plain GEMVs here)
+ROWS = (4, 8)
+
+
+def rows_chain(g: Gemv, rows: int, torch_linear: bool = False, K: int = 768):
+    """GPT-2 small's fp16 decode projections at ``rows`` rows, 12 layers, as plain GEMVs: QKV, the output projection of
+    a constant stand-in for the attention + residual, MLP up + GELU, down + residual (each layer's output the next
+    one's input); with ``torch_linear`` the same four products through PyTorch's ``addmm`` (cuBLAS; bias only, no
+    residual or GELU): issue(stream)."""
+    torch = g.torch
+    dt = torch.float16
+    shapes = ((3 * K, K, 0), (K, K, 0), (4 * K, K, 4), (K, 4 * K, 0))  # (N, K, activation)
+    layers = [[(g.randn((n, k), dt, k ** -0.5), g.randn((n,), dt, 0.1), act) for n, k, act in shapes]
+              for _ in range(12)]
+    att = g.randn((1, rows, K), dt)
+    xs = [g.randn((1, rows, K), dt)] + [torch.empty((1, rows, K), dtype=dt, device="cuda") for _ in layers]
+    tmp = [[torch.empty((1, rows, n), dtype=dt, device="cuda") for n, _, _ in shapes] for _ in layers]
+
+    def issue(stream=None):
+        for i, ((qkv, out, up, down), (y_qkv, r1, y_up, _)) in enumerate(zip(layers, tmp)):
+            x, y = xs[i], xs[i + 1]
+            steps = ((x, qkv, y_qkv, None), (att, out, r1, x), (r1, up, y_up, None), (y_up, down, y, r1))
+            for a, (w, b, act), o, z in steps:
+                if torch_linear:
+                    with torch.cuda.stream(torch.cuda.ExternalStream(stream) if stream else torch.cuda.current_stream()):
+                        torch.addmm(b, a.view(rows, -1), w.t(), out=o.view(rows, -1))
+                else:
+                    g.call(a, w, b, o, act, z=z, stream=stream)
+
+    return issue
 
 
 def graph_us(g: Gemv, issue) -> float:
@@ -363,13 +402,17 @@ def main(argv=None) -> int:
     if not args.skip_timing:
         log["fusion"] = time_fusion(g)
     log["timing"] = {}
-    runs = [("1", b) for b in args.blocks_per_sm.split(",") if b] + ([] if args.skip_timing else [("0", "0")])
-    for pdl, blocks in runs:
-        env = dict(os.environ, NIMBLE_PDL=pdl, NIMBLE_GEMV_BLOCKS_PER_SM=blocks)
+    if not args.skip_timing:  # PyTorch's cuBLAS on the same products at those rows
+        log["torch_rows_us"] = {str(r): graph_us(g, rows_chain(g, r, torch_linear=True)) for r in ROWS}
+    runs = [("1", b, "5") for b in args.blocks_per_sm.split(",") if b]
+    runs += [("1", "4", m) for m in args.mma_rows.split(",") if m and m != "5"]
+    runs += [] if args.skip_timing else [("0", "0", "5")]
+    for pdl, blocks, mma in runs:
+        env = dict(os.environ, NIMBLE_PDL=pdl, NIMBLE_GEMV_BLOCKS_PER_SM=blocks, NIMBLE_GEMV_MMA_ROWS=mma)
         child = [sys.executable, os.path.abspath(__file__), "--child", "--out", args.out]
         done = subprocess.run(child + (["--skip-timing"] if args.skip_timing else []), env=env,
                               capture_output=True, text=True, timeout=300)
-        key = f"pdl={pdl} blocks_per_sm={blocks}"
+        key = f"pdl={pdl} blocks_per_sm={blocks} mma_rows={mma}"
         if done.returncode != 0:
             log["timing"][key] = {"error": done.stderr.strip().splitlines()[-1:]}
         else:
@@ -395,7 +438,9 @@ def main(argv=None) -> int:
         child_bad |= "error" in v or v["cases_ok"] != v["cases"]
         print(f"{k}: cases {v.get('cases_ok')}/{v.get('cases')} ok; GPT-2 fp16 "
               f"{v.get('us_per_replay', v.get('error', '-'))} us per replay of 48 GEMVs, Qwen2.5-0.5B bf16 "
-              f"{v.get('qwen_us_per_replay', '-')} us of 96")
+              f"{v.get('qwen_us_per_replay', '-')} us of 96; GPT-2 at rows {v.get('rows_us', '-')} us")
+    if "torch_rows_us" in log:
+        print(f"PyTorch addmm (cuBLAS, bias only) GPT-2 at rows: {log['torch_rows_us']} us")
     return 1 if bad or child_bad or not log["graph"]["ok"] else 0
 
 

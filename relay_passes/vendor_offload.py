@@ -24,7 +24,7 @@ from tvm import relax
 
 from . import providers as registry
 from .providers.chains import (ACT_NONE, ACT_RELU, ACT_RELU6, DEFAULT_WORKSPACE_BYTES,  # noqa: F401
-                               Chains, MatchContext, OffloadReport, operator_of, use_counts)
+                               Chains, Columns, MatchContext, OffloadReport, operator_of, use_counts)
 from .providers.cublaslt import BATCHED_MATMUL, MATMUL, MATMUL_ADD  # noqa: F401  (the call names, as tests and references spell them)
 from .providers.cudnn import CONV2D, CONV2D_ADD  # noqa: F401
 
@@ -37,7 +37,7 @@ class Offload:
     block: int  # index of the dataflow block
     bindings: list  # the chain's original VarBindings, in block order
     last: relax.Var  # the var the vendor call's result is bound to
-    value: tuple  # (vendor call, constant scale of its output or None)
+    value: tuple  # (vendor call, what makes the chain's value of its output: None, a constant scale, or Columns)
     signature: str
     provider: str  # the provider whose call replaces the chain
     anchor: relax.Var  # the var of the operator the chain starts at (what providers compete for)
@@ -149,6 +149,10 @@ def offload_function(func: relax.Function, workspace_bytes: int = DEFAULT_WORKSP
                 bindings.append(relax.VarBinding(call, value))
                 if scale is None:
                     bindings.append(relax.VarBinding(b.var, relax.TupleGetItem(call, 0)))
+                elif isinstance(scale, Columns):  # the call's first columns
+                    item = relax.DataflowVar(f"{b.var.name}_padded", value.ty_args[0].fields[0])
+                    bindings.append(relax.VarBinding(item, relax.TupleGetItem(call, 0)))
+                    bindings.append(relax.VarBinding(b.var, relax.op.strided_slice(item, [-1], [0], [scale.n])))
                 else:
                     item = relax.DataflowVar(f"{b.var.name}_sum", b.var.ty)
                     bindings.append(relax.VarBinding(item, relax.TupleGetItem(call, 0)))

@@ -320,6 +320,14 @@ def _near(value, target: float, rel: float) -> bool:
     return value is not None and value.size == 1 and abs(float(value.reshape(())) - target) <= rel * abs(target)
 
 
+@dataclass(frozen=True)
+class Columns:
+    """A matcher's call writes more columns than the chain's value has (a GEMM padded to aligned rows): the value is
+    the first ``n`` of the last axis, a strided slice after the call (TVM fuses it into what reads it)."""
+
+    n: int
+
+
 @dataclass
 class MatchContext:
     """The offload's settings, as every matcher sees them."""

@@ -29,8 +29,8 @@ from tvm.relax.dpl import is_op, wildcard
 from tvm_nimble.contract import vendor_abi
 
 from ..precision import ALIASES, DTYPES, REDUCED_DTYPES, compute_dtype
-from .chains import (ACT_NONE, ACT_RELU, ACTS, GEMM_WORKSPACE_BYTES, Const, activation, dtype_of, epilogue, gelu_of, ints,
-                     known_shape, operator_of)
+from .chains import (ACT_NONE, ACT_RELU, ACTS, GEMM_WORKSPACE_BYTES, Columns, Const, activation, dtype_of, epilogue,
+                     gelu_of, ints, known_shape, operator_of)
 from .registry import Provider, register
 
 MATMUL = vendor_abi.CUBLAS_MATMUL
@@ -167,6 +167,25 @@ def linear_call(ctx, lin: Linear, names: tuple[str, str], args: list, attrs, wor
                                    None)
 
 
+#: The fewest rows of a GEMM whose output rows :func:`padded_columns` aligns (a decode step's few rows are the GEMV's,
+#: which reads and writes any N, and a slice after them would be one launch more a step)
+PAD_MIN_ROWS = 16
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def padded_columns(lin: Linear, rows: int) -> int | None:
+    """The columns ``lin``'s GEMM computes when its output rows are not 16-byte aligned: N rounded up to 16 bytes.
+    cuBLASLt's fast kernels need every row aligned; otherwise it runs align-1 kernels (GPT-2's 50,257-word head at
+    512 rows: 322 us on one, against ~65 us of tensor-core work; benchmarks/findings.md). The weights and bias get
+    zero columns and the chain's value is the first N (:class:`.chains.Columns`). None where N is aligned, where a
+    residual (cuBLASLt's C, as unaligned as the output) is added, or under :data:`PAD_MIN_ROWS` rows."""
+    per = 16 // _ITEM_BYTES.get(lin.out_dtype, 16)
+    n = lin.out_shape[-1]
+    if per <= 1 or n % per == 0 or lin.residual is not None or rows < PAD_MIN_ROWS:
+        return None
+    return -(-n // per) * per
+
+
 def matmul_chain(ctx, chains, var, call):
     if not static_matmul(ctx, call, PROVIDER.dtypes):
         return None
@@ -176,10 +195,20 @@ def matmul_chain(ctx, chains, var, call):
             return batched_chain(ctx, chains, var, call)
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
+    weight, bias = lin.weight, lin.bias
+    padded = padded_columns(lin, int(np.prod(lin.out_shape[:-1])))
+    if padded is not None:
+        extra = padded - lin.out_shape[-1]
+        weight = np.pad(weight, ((0, extra), (0, 0)) if lin.transpose_b else ((0, 0), (0, extra)))
+        bias = np.pad(bias, (0, extra))
     # the bias in the result's dtype: cuBLASLt's epilogue reads it so; a residual is cuBLASLt's C (beta = 1)
-    args = [lin.x, relax.const(lin.weight.astype(lin.dtype)), relax.const(lin.bias.astype(lin.out_dtype))]
-    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32]),
-                       GEMM_WORKSPACE_BYTES)
+    args = [lin.x, relax.const(weight.astype(lin.dtype)), relax.const(bias.astype(lin.out_dtype))]
+    attrs = relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32])
+    if padded is None:
+        return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, attrs, GEMM_WORKSPACE_BYTES)
+    out_shape = tuple(lin.out_shape[:-1]) + (padded,)
+    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], out_shape, lin.out_dtype, GEMM_WORKSPACE_BYTES),
+                                   Columns(lin.out_shape[-1]))
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

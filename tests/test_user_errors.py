@@ -140,6 +140,38 @@ def test_the_onnxruntime_note_says_what_to_install(monkeypatch):
     assert "pip install onnxruntime-gpu" in notes[0] and "shared/" not in notes[0]
 
 
+def test_a_model_over_protobufs_limit_gets_its_shapes_inferred_through_a_file():
+    """The fp16 ORT peer of a 0.5B decoder in float32 (over 2 GB) crashed the bench: onnxconverter-common's converter
+    serializes the model for ONNX's shape inference. Over the limit (here made small) the shapes are inferred through
+    a file, as ``onnx.shape_inference.infer_shapes`` gives them in memory, the weights kept."""
+    from onnx import numpy_helper, shape_inference
+
+    from tvm_nimble.bench.onnxruntime_peer import _shapes_inferred_on_disk
+
+    w = np.arange(64, dtype="float32").reshape(4, 16)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert _shapes_inferred_on_disk(model) is None  # under the limit: the converter's own inference
+    inferred = _shapes_inferred_on_disk(model, limit=64)
+    expected = shape_inference.infer_shapes(model)
+    assert ([helper.printable_value_info(v) for v in inferred.graph.value_info] ==
+            [helper.printable_value_info(v) for v in expected.graph.value_info] != [])
+    np.testing.assert_array_equal(numpy_helper.to_array(inferred.graph.initializer[0]), w)
+
+
+def test_a_peer_that_fails_to_start_is_a_note_and_the_benchmark_goes_on():
+    from tvm_nimble.bench.harness import _peer_or_why
+
+    def broken(*args):
+        raise RuntimeError("Failed to serialize\nproto")
+
+    assert _peer_or_why("ONNX Runtime", broken, 1) == ([], ["ONNX Runtime: RuntimeError: Failed to serialize proto: "
+                                                           "no rows"])
+
+
 # ---- 3, 4: import ------------------------------------------------------------------------------
 def test_an_if_on_the_input_values_is_named_by_op_and_node(tmp_path):
     """It failed at the launch plan, named by a Relax binding ('gv4'): named by ONNX node, with the fix."""

@@ -92,6 +92,7 @@ class TorchPerBucket:
                 with torch.cuda.graph(graph):
                     out = module(ids, mask)
                 self.graphs[b] = (graph, ids, mask, out)
+        self.module = module  # the graphs read its weights: freed, their memory would be reused under the replays
         torch.cuda.synchronize()
         self.build_s = time.perf_counter() - start
 

@@ -363,6 +363,15 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
     return errors
 
 
+def _peer_or_why(title: str, make, *args) -> tuple[list, list[str]]:
+    """``make(*args)``'s (systems, notes), or no systems and one note where making the peer raised: a peer that cannot
+    run leaves its rows out, saying why, and the benchmark goes on."""
+    try:
+        return make(*args)
+    except Exception as err:  # noqa: BLE001 -- any failure of a peer's setup is a note, never the run's end
+        return [], [f"{title}: {type(err).__name__}: {' '.join(str(err).split())[:200]}: no rows"]
+
+
 def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iters: int = 50,
                   out_dir: str = "bench-results", tuning_db: str | None = None, torch_models: dict | None = None,
                   precision: str = "fp32", baseline_cache: dict | None = None, kernels: str = "tvm-default",
@@ -422,8 +431,9 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
             else:
                 extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, precision, skip)
                 trt, why_trt = tensorrt_systems(model, feeds, precision, use_gpu) if "tensorrt" not in skip else ([], [])
-                ort_systems, why_ort = (onnxruntime_systems(model, feeds, precision, use_gpu)
-                                        if not {"ort-cuda", "ort-cuda-graph"} <= skip else ([], []))
+                ort_systems, why_ort = (_peer_or_why("ONNX Runtime", onnxruntime_systems, model, feeds, precision,
+                                                     use_gpu) if not {"ort-cuda", "ort-cuda-graph"} <= skip
+                                        else ([], []))
                 # PyTorch eager stays for the output check even when not timed: its error is PyTorch's own in
                 # this precision, the bound our reduced-precision outputs are held to (the CUDA-graph peer's
                 # capture can break, see reference_errors)

@@ -75,19 +75,39 @@ def fp16_model(onnx_model, keep_io_types: bool = True):
 
     # static shape arithmetic folded first: the converter leaves a Cast(to=float) of a shape in fp32,
     # and timm's attention scale (sqrt of a Cast of a Slice of a Shape) then mixes fp16 and fp32
-    return _cast_types_kept(float16.convert_float_to_float16(fold_static_shapes(onnx_model),
-                                                                    keep_io_types=keep_io_types))
+    folded = fold_static_shapes(onnx_model)
+    inferred = _shapes_inferred_on_disk(folded)  # over 2 GB the converter's own inference cannot serialize it
+    return _cast_types_kept(float16.convert_float_to_float16(folded if inferred is None else inferred,
+                                                             keep_io_types=keep_io_types,
+                                                             disable_shape_infer=inferred is not None))
+
+
+def _shapes_inferred_on_disk(onnx_model, limit: int = 2**31 - 1):
+    """``onnx_model`` with ONNX's shape inference applied through a file (``infer_shapes_path``, which takes any
+    size), where the model is over ``limit`` bytes (protobuf's 2 GB: a 0.5B-parameter decoder in float32); else None."""
+    import onnx
+
+    from tvm_nimble.compiler.frontend.onnx_import import fits_in_memory_checks
+
+    if fits_in_memory_checks(onnx_model, limit=limit):
+        return None
+    with serialized(onnx_model, limit) as path, tempfile.TemporaryDirectory(prefix="tvm-nimble-fp16-") as tmp:
+        out = os.path.join(tmp, "inferred.onnx")
+        onnx.shape_inference.infer_shapes_path(path, out)
+        inferred = onnx.load(out, load_external_data=False)
+        onnx.external_data_helper.load_external_data_for_model(inferred, os.path.dirname(path))
+        return inferred
 
 
 @contextlib.contextmanager
-def serialized(onnx_model):
+def serialized(onnx_model, limit: int = 2**31 - 1):
     """What ``InferenceSession`` takes: the serialized model, or, over protobuf's 2 GB limit, the path of a copy
     with its weights as external data in a temporary folder (kept while the sessions are made)."""
     import onnx
 
     from tvm_nimble.compiler.frontend.onnx_import import fits_in_memory_checks
 
-    if fits_in_memory_checks(onnx_model, limit=2**31 - 1):
+    if fits_in_memory_checks(onnx_model, limit=limit):
         yield onnx_model.SerializeToString()
         return
 

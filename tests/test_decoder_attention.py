@@ -112,13 +112,17 @@ def test_a_probe_reads_the_items_of_a_split_the_model_also_outputs_as_tensors():
 @pytest.mark.parametrize("kind", ["gpt2", "qwen"])
 def test_every_decoder_attention_goes_to_the_fused_call(decoders, kind, precision):
     """Each layer's causal + padding attention is one fused call (fp16/bf16 exports cast the softmax's output more
-    than once before ·V; Qwen2's K/V are repeated per query head), with no attention reason left in the report."""
+    than once before ·V; Qwen2's K/V are repeated per query head), with no attention reason left in the report: in
+    fp32 ours, in 16 bits cuDNN's with the mask as its bias and its causal mask on top (ahead of ours in the
+    providers' order, as the kernels="vendor" build takes it)."""
     mod, options = _imported(decoders[kind], precision)
     report = OffloadReport()
     found = find_offloads(mod["main"], report=report, providers=options.offload_providers())
-    calls = [o for o in found if o.provider == attention.PROVIDER.name]
+    provider, name = ((attention.PROVIDER.name, attention.SDPA_BIAS) if precision == "fp32" else
+                      (attention.CUDNN_BIAS_PROVIDER.name, attention.CUDNN_BIAS_CAUSAL_SDPA))
+    calls = [o for o in found if o.provider == provider]
     assert len(calls) == LAYERS, [o.signature for o in found]
-    assert all(str(o.value[0].args[0].global_symbol) == attention.SDPA_BIAS for o in calls)  # the mask is the bias
+    assert all(str(o.value[0].args[0].global_symbol) == name for o in calls)  # the mask is the bias
     assert not [why for op, why in report.kept if op == "attention"]
 
 
@@ -292,7 +296,7 @@ def test_grouped_query_attention_reads_each_kv_head_once(decoders):
     model = decoders["qwen"]
     mod, options = _imported(model, "fp16")
     lowered = stages.lower(stages.offload(mod, options.replace(kernels="vendor")), options.target)
-    calls = _attention_calls(lowered)
+    calls = _attention_calls(lowered, attention.CUDNN_BIAS_CAUSAL_SDPA)  # fp16: cuDNN's, ahead of ours
     assert len(calls) == LAYERS
     for _q, k, v, _mask, attrs, *_outputs in calls:
         values = [int(x) for x in attrs.values]

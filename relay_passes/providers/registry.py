@@ -35,11 +35,11 @@ PRIORITY = (
     "cudnn_graph",  # convolutions through cuDNN's graph API (after cudnn: "vendor" keeps cudnn)
     "depthwise",  # our depthwise convolutions and pools (after cuDNN: "vendor" keeps cuDNN)
     "cudnn_sdpa",  # cuDNN's fused attention, fp16/bf16 (before ours: "vendor" gives it those chains)
+    "cudnn_bias_sdpa",  # the same with a mask or grouped K/V heads (more than one query row; before ours too)
     "attention",  # our fused attention (claims Q·Kᵀ before the GEMMs do)
     "attention_split",  # our other attention kernels, one more candidate each for "best"
     "attention_tile",
     "attention_cluster",
-    "cudnn_bias_sdpa",  # cuDNN's fused attention with a mask or grouped K/V heads (after ours: measured by "best")
     "attention_append",  # a decode step's KV cache write inside its attention call (after the offload, no matcher)
     "attention_rope",  # and the rotary embedding of its q and new key (after attention_append)
     "cublaslt",  # GEMMs

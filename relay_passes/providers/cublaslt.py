@@ -168,8 +168,10 @@ def linear_call(ctx, lin: Linear, names: tuple[str, str], args: list, attrs, wor
 
 
 #: The fewest rows of a GEMM whose output rows :func:`padded_columns` aligns (a decode step's few rows are the GEMV's,
-#: which reads and writes any N, and a slice after them would be one launch more a step)
+#: which reads and writes any N, and a slice after them would be one launch more a step), and the fewest
+#: multiply-adds: below them the slice's launch costs about what an align-1 kernel loses (a classifier's 10 classes)
 PAD_MIN_ROWS = 16
+PAD_MIN_MACS = 1 << 24
 _ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -178,10 +180,12 @@ def padded_columns(lin: Linear, rows: int) -> int | None:
     cuBLASLt's fast kernels need every row aligned; otherwise it runs align-1 kernels (GPT-2's 50,257-word head at
     512 rows: 322 us on one, against ~65 us of tensor-core work; benchmarks/findings.md). The weights and bias get
     zero columns and the chain's value is the first N (:class:`.chains.Columns`). None where N is aligned, where a
-    residual (cuBLASLt's C, as unaligned as the output) is added, or under :data:`PAD_MIN_ROWS` rows."""
+    residual (cuBLASLt's C, as unaligned as the output) is added, under :data:`PAD_MIN_ROWS` rows or
+    :data:`PAD_MIN_MACS` multiply-adds."""
     per = 16 // _ITEM_BYTES.get(lin.out_dtype, 16)
     n = lin.out_shape[-1]
-    if per <= 1 or n % per == 0 or lin.residual is not None or rows < PAD_MIN_ROWS:
+    macs = rows * lin.weight.size  # rows x K x N
+    if per <= 1 or n % per == 0 or lin.residual is not None or rows < PAD_MIN_ROWS or macs < PAD_MIN_MACS:
         return None
     return -(-n // per) * per
 

@@ -85,8 +85,8 @@ def test_a_batch_of_prompts_of_different_lengths_on_the_gpu(gpu_arch):
 
 def test_eight_prompts_on_our_gemv_match_one_by_one(gpu_arch):
     """Eight prompts decoded together in fp16 with our GEMV taking every Linear (cuBLASLt left out: its 5-to-8-row
-    kernel, codegen/vendor/gemv.cu) give each prompt the tokens the same generator gives it alone, on the first
-    tokens the float32 reference's."""
+    kernel on the tensor cores, codegen/vendor/gemv.cu) give each prompt the tokens the same generator gives it alone
+    (one row: the CUDA-core kernel), on the first tokens the float32 reference's."""
     import tvm_nimble
     from tvm_nimble.relay_passes import providers as registry
     from tvm_nimble.runtime.generator import Generator

@@ -94,6 +94,12 @@ def test_the_generation_bench_on_the_cpu_checks_and_times_every_system(tmp_path)
     builds = json.load(open(tmp_path / "generation-builds.json"))  # each step's kernel choice: none on llvm
     model = rows["nimble"]["model"]
     assert builds == {f"{model}/fp32": {"1": {}, "6": {}}, f"{model}/fp32/batch2": {"1": {}, "6": {}}}
+    unchecked = tmp_path / "unchecked"  # without the reference (HF eager): the row says its tokens are not checked
+    generation.main(["--models", "hf:gpt2-tiny", "--precision", "fp32", "--target", "llvm", "--prompt", "6",
+                     "--new-tokens", "3", "--repeats", "1", "--skip", "hf-eager,hf-static-compiled,ort-genai",
+                     "--out", str(unchecked)])
+    (row,) = list(csv.DictReader(open(unchecked / "generation.csv")))
+    assert row["system"] == "nimble" and row["tokens_checked"] == "" and row["note"].startswith("tokens not checked")
     with pytest.raises(NimbleError, match="--batch '0'"):
         generation.main(["--models", "hf:gpt2-tiny", "--target", "llvm", "--batch", "0", "--out", str(tmp_path)])
     with pytest.raises(NimbleError, match="kernels='vendor' .* need a CUDA target; use kernels='tvm' for llvm"):

@@ -230,6 +230,8 @@ def main(argv=None) -> int:
                 if left is not None:  # where the tokens part, whether that step is a tie in this precision
                     where = f"row {worst} " if batch > 1 else ""
                     note = "; ".join(x for x in (where + left.describe(precision), note) if x)
+                if reference is None:  # never a blank that reads as checked
+                    note = "; ".join(x for x in ("tokens not checked: hf-eager, the reference, left out", note) if x)
                 rows.append({"system": name, "ttft_ms": f"{t_ms:.3f}", "ms_per_token": f"{pt_ms:.4f}",
                              "tokens_checked": n if reference else "",
                              "tokens_matched": min(matched) if reference else "",

@@ -25,8 +25,9 @@ programmatic dependent launch.
 
 Writes ``gemv_check.json`` into ``--out`` and prints a short table last; exits 1 when a check fails.
 
-Findings: benchmarks/findings.md, 'Programmatic dependent launch for our decode kernels'. Raw outputs:
-benchmarks/raw/2026-11-29-h200-s34/ (call2-gemv_check.json, call8-session.log).
+Findings: benchmarks/findings.md, 'Programmatic dependent launch for our decode kernels' and (the tensor-core rows)
+'GPT-2's head on cuBLASLt's aligned kernels ...'. Raw outputs: benchmarks/raw/2026-11-29-h200-s34/
+(call2-gemv_check.json, call8-session.log), benchmarks/raw/2026-11-29-h200-s40/call10-gemv_check.json.
 
     bash scripts/gpu_session.sh "experiment gemv_check 120"
 """

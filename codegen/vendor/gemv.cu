@@ -272,13 +272,13 @@ __global__ void __launch_bounds__(kGemvThreads) GemvMmaKernel(GemvArgs p) {
   const uint4* w0 = reinterpret_cast<const uint4*>(w + int64_t(min(n0 + g, N - 1)) * K + 8 * t);
   const uint4* w1 = reinterpret_cast<const uint4*>(w + int64_t(min(n0 + g + 8, N - 1)) * K + 8 * t);
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  auto in = [&](int i) { return i < steps && kMmaK * i + 8 * t < K; };  // the lane's vector of step i is in K
   uint4 wa[kMmaUnroll], wb[kMmaUnroll];
 #pragma unroll
   for (int u = 0; u < kMmaUnroll; ++u) {  // weights before the wait, as the CUDA-core kernel's
     const int i = slice + u * S;
-    const bool in = i < steps && kMmaK * i + 8 * t < K;
-    wa[u] = in ? __ldg(w0 + 4 * i) : zero;
-    wb[u] = in ? __ldg(w1 + 4 * i) : zero;
+    wa[u] = in(i) ? __ldg(w0 + 4 * i) : zero;
+    wb[u] = in(i) ? __ldg(w1 + 4 * i) : zero;
   }
   GridLaunchDependents();
   GridDependencyWait();
@@ -293,10 +293,9 @@ __global__ void __launch_bounds__(kGemvThreads) GemvMmaKernel(GemvArgs p) {
       const int i = i0 + u * S, next = i0 + (kMmaUnroll + u) * S;
       ca[u] = wa[u];
       cb[u] = wb[u];
-      x[u] = row_in && i < steps && kMmaK * i + 8 * t < K ? __ldg(a + 4 * i) : zero;
-      const bool in = next < steps && kMmaK * next + 8 * t < K;
-      wa[u] = in ? __ldg(w0 + 4 * next) : zero;
-      wb[u] = in ? __ldg(w1 + 4 * next) : zero;
+      x[u] = row_in && in(i) ? __ldg(a + 4 * i) : zero;
+      wa[u] = in(next) ? __ldg(w0 + 4 * next) : zero;
+      wb[u] = in(next) ? __ldg(w1 + 4 * next) : zero;
     }
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
@@ -381,21 +380,25 @@ GemvFn GemvKernelFor(const GemvArgs& p) {
   return GemvKernel<T, O, M, S, false>;
 }
 
-// Blocks of that kernel a core holds at once (0 when CUDA cannot say), asked once a process for each
+// Blocks of `kernel` a core holds at once (0 when CUDA cannot say), asked once: `known` holds it (-1 before)
+int ResidentBlocks(std::atomic<int>& known, const void* kernel) {
+  int blocks = known.load(std::memory_order_relaxed);
+  if (blocks < 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGemvThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      blocks = 0;
+    }
+    known.store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
+}
+
+// Blocks of that kernel a core holds at once, asked once a process for each
 template <typename T, typename O, int M, int S>
 int GemvResident(const GemvArgs& p) {
   static std::atomic<int> known[4] = {-1, -1, -1, -1};  // by variant: plain, norm, gate, norm and gate
   const int variant = (p.norm.kind != kNoNorm ? 1 : 0) + (p.glu != kNoGlu ? 2 : 0);
-  int blocks = known[variant].load(std::memory_order_relaxed);
-  if (blocks < 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, GemvKernelFor<T, O, M, S>(p), kGemvThreads, 0) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      blocks = 0;
-    }
-    known[variant].store(blocks, std::memory_order_relaxed);
-  }
-  return blocks;
+  return ResidentBlocks(known[variant], reinterpret_cast<const void*>(GemvKernelFor<T, O, M, S>(p)));
 }
 
 template <typename T, typename O, int M, int S>
@@ -433,15 +436,7 @@ cudaError_t LaunchGemvMmaS(const GemvArgs& p, cudaStream_t stream) {
 template <typename T, typename O, int S>
 int GemvMmaResident() {
   static std::atomic<int> known{-1};
-  int blocks = known.load(std::memory_order_relaxed);
-  if (blocks < 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, GemvMmaKernel<T, O, S>, kGemvThreads, 0) != cudaSuccess) {
-      (void)cudaGetLastError();
-      blocks = 0;
-    }
-    known.store(blocks, std::memory_order_relaxed);
-  }
-  return blocks;
+  return ResidentBlocks(known, reinterpret_cast<const void*>(GemvMmaKernel<T, O, S>));
 }
 
 template <typename T, typename O>

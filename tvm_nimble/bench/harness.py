@@ -430,7 +430,8 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
                 extra, why = baseline_cache[key]
             else:
                 extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, precision, skip)
-                trt, why_trt = tensorrt_systems(model, feeds, precision, use_gpu) if "tensorrt" not in skip else ([], [])
+                trt, why_trt = (_peer_or_why("TensorRT", tensorrt_systems, model, feeds, precision, use_gpu)
+                                if "tensorrt" not in skip else ([], []))
                 ort_systems, why_ort = (_peer_or_why("ONNX Runtime", onnxruntime_systems, model, feeds, precision,
                                                      use_gpu) if not {"ort-cuda", "ort-cuda-graph"} <= skip
                                         else ([], []))

@@ -8,6 +8,7 @@ reference evaluator over HTTP and the deployment handle from many threads, a bad
 killed mid-load.
 """
 import concurrent.futures
+import csv
 import json
 import os
 import socket
@@ -321,3 +322,7 @@ def test_the_serve_load_experiment_dry_runs_on_the_cpu(tmp_path):
     assert set(engines) == {"nimble", "torch-cudagraph"}
     for e in engines.values():
         assert e["capacity"] > 0 and e["check_rel"] < 1e-3 and e["loads"][0]["p99_ms"] > 0
+    with open(tmp_path / "serving.csv", newline="") as f:  # the rows for benchmarks/serving.csv: the json's numbers
+        rows = list(csv.DictReader(f))
+    assert [(r["engine"], float(r["p99_ms"])) for r in rows] == [
+        (name, pytest.approx(e["loads"][0]["p99_ms"], abs=1e-3)) for name, e in engines.items()]

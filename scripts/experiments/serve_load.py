@@ -21,11 +21,13 @@ application's answers to 11 rows are checked against each row run alone on the a
 capacity (closed loop: ``--capacity-requests`` requests queued at once) and, for each load (``--loads``,
 fractions of the one-replica Nimble capacity times the replica count, so both engines see the same rates),
 open-loop Poisson arrivals for ``--seconds``: p50/p99 latency from each request's scheduled arrival to its
-answer, and throughput. Writes DIR/serve_load.json and prints a table.
+answer, and throughput. Writes DIR/serve_load.json, DIR/serving.csv (a row per engine, replica count and load,
+in :data:`SERVING_COLUMNS`; ``benchmarks/serving.csv`` collects them) and prints a table.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -36,6 +38,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 APP = "load"
+#: serving.csv's columns: one Poisson load of one engine on some replicas (``capacity_per_s``: the closed loop's).
+SERVING_COLUMNS = ["date", "device", "model", "precision", "kernels", "buckets", "engine", "replicas", "capacity_per_s",
+                   "rate_per_s", "requests", "p50_ms", "p99_ms", "throughput_per_s", "check_rel", "build_s"]
 
 
 def torch_deployment(serve, torch_model, row_shape, buckets, cuda: bool, half: bool, wait_s: float):
@@ -144,6 +149,19 @@ def poisson_rows(ray, gens, rates: list, seconds: float) -> list:
     return rows
 
 
+def serving_rows(record: dict, device: str) -> list[dict]:
+    """One model's record as serving.csv rows (a row per engine, replica count and load)."""
+    date = datetime.date.today().isoformat()
+    build = "" if record["build_s"] is None else f"{record['build_s']:.1f}"
+    return [{"date": date, "device": device, "model": record["model"], "precision": record["precision"],
+             "kernels": record["kernels"], "buckets": " ".join(map(str, record["buckets"])), "engine": e["engine"],
+             "replicas": e["replicas"], "capacity_per_s": f"{e['capacity']:.1f}", "rate_per_s": f"{row['rate']:.1f}",
+             "requests": row["requests"], "p50_ms": f"{row['p50_ms']:.3f}", "p99_ms": f"{row['p99_ms']:.3f}",
+             "throughput_per_s": f"{row['throughput']:.1f}", "check_rel": f"{e['check_rel']:.2e}",
+             "build_s": build if e["engine"] == "nimble" else ""}
+            for e in record["engines"] for row in e["loads"]]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tv:googlenet")
@@ -170,6 +188,8 @@ def main(argv=None):
 
     import tvm_nimble
     from tvm_nimble import serve
+    from tvm_nimble.bench.harness import device_name
+    from tvm_nimble.bench.report import append_rows
     from batcher_load import load_models
 
     cuda = args.target == "cuda"
@@ -242,6 +262,7 @@ def main(argv=None):
         results.append(record)
         with open(os.path.join(args.out, "serve_load.json"), "w") as f:
             json.dump(results, f, indent=1)
+        append_rows(os.path.join(args.out, "serving.csv"), serving_rows(record, device_name(cuda)), SERVING_COLUMNS, {})
     ray_serve.shutdown()
     ray.shutdown()
     print(f"\n{'model':12s} {'engine':16s} {'replicas':>8s} {'capacity/s':>10s}  p99 ms at each load")

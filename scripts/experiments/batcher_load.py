@@ -66,7 +66,7 @@ def load_models(spec: str):
     from tvm_nimble.cli.bench import model_builders
 
     name, onnx_builder, torch_builder = model_builders(spec)
-    return name, onnx_builder(batch=1), torch_builder(1).eval()
+    return name, onnx_builder(batch=1, dynamic_batch=True), torch_builder(1).eval()  # bucketed builds
 
 
 class TorchBuckets:

@@ -117,12 +117,15 @@ def model_builders(spec: str):
             built.append(make())
         return copy.deepcopy(built[0][0])
 
-    def onnx_model(batch=1):
+    def onnx_model(batch=1, dynamic_batch=False):
+        """The ONNX export at ``batch``; ``dynamic_batch``: the batch a symbol (its Reshapes follow it), for a
+        bucketed build."""
         model = torch_model(batch)
         size = built[0][1]
         buf = io.BytesIO()
+        axes = {"input": {0: "batch"}, "output": {0: "batch"}} if dynamic_batch else None
         torch.onnx.export(model, (torch.randn(batch, 3, size, size),), buf, input_names=["input"],
-                          output_names=["output"], opset_version=17, dynamo=False)
+                          output_names=["output"], opset_version=17, dynamo=False, dynamic_axes=axes)
         return onnx.load_from_string(buf.getvalue())
 
     return name, onnx_model, torch_model

@@ -34,7 +34,26 @@ def _outputs(module, model) -> list[np.ndarray]:
 
 def _folders(directory) -> list[str]:
     root = os.path.join(directory, timing_cache.KERNELS_FOLDER)
-    return sorted(os.path.join(root, d) for d in os.listdir(root) if not d.startswith(".")) if os.path.isdir(root) else []
+    return sorted(os.path.join(root, d) for d in os.listdir(root)
+                  if not d.startswith(".") and d != kernel_cache.WEIGHTS_FOLDER) if os.path.isdir(root) else []
+
+
+def _weights(directory) -> dict[str, int]:
+    """The weights kept under the cache ``directory``: file name -> bytes."""
+    root = os.path.join(directory, timing_cache.KERNELS_FOLDER, kernel_cache.WEIGHTS_FOLDER)
+    return {e.name: e.stat().st_size for e in os.scandir(root) if not e.name.startswith(".")} if os.path.isdir(root) else {}
+
+
+def _named(folder) -> set[str]:
+    with open(os.path.join(folder, "entry.json")) as f:
+        return set(json.load(f)["weights"].values())
+
+
+def _initializer_bytes(model) -> int:
+    """The bytes of an ONNX model's weights, from the ONNX file (numpy_helper), not from the cache."""
+    from onnx import numpy_helper
+
+    return sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
 
 
 def _llvm(model, directory, memory: CacheMemory | None = None, **options):
@@ -60,8 +79,11 @@ def test_a_first_build_compiles_and_keeps_its_kernels(cold):
     directory, result, counts = cold
     assert result.report.kernel_cache == "stored" and counts["stored"] == 1 and counts["hit"] == 0
     (folder,) = _folders(directory)
-    assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json", "weights.bin"]
-    assert os.path.getsize(os.path.join(folder, "weights.bin")) > kernel_cache.WEIGHT_BYTES  # not base64 in the JSON
+    assert sorted(os.listdir(folder)) == ["entry.json", "kernels.so", "lowered.json"]
+    kept = _weights(directory)  # each weight a file named by its sha256, named by the entry; not base64 in the JSON
+    assert set(kept) == _named(folder) and min(kept.values()) > kernel_cache.WEIGHT_BYTES
+    root = os.path.join(directory, timing_cache.KERNELS_FOLDER, kernel_cache.WEIGHTS_FOLDER)
+    assert all(hashlib.sha256(open(os.path.join(root, name), "rb").read()).hexdigest() == name for name in kept)
     assert "export_library" not in vars(result.kernels)  # its own library: TVM exports it
 
 
@@ -105,9 +127,12 @@ def test_a_damaged_entry_is_one_note_and_a_correct_rebuild(inception, cold, tmp_
     copy = str(tmp_path / "cache")
     _copy(directory, copy)
     (folder,) = _folders(copy)
-    name = {"library": "kernels.so", "truncated library": "kernels.so", "lowered": "lowered.json",
-            "entry": "entry.json", "weights": "weights.bin"}[damage]
-    path = os.path.join(folder, name)
+    if damage == "weights":  # one of the weights the entry names
+        path = os.path.join(copy, timing_cache.KERNELS_FOLDER, kernel_cache.WEIGHTS_FOLDER, sorted(_named(folder))[0])
+    else:
+        name = {"library": "kernels.so", "truncated library": "kernels.so", "lowered": "lowered.json",
+                "entry": "entry.json"}[damage]
+        path = os.path.join(folder, name)
     with open(path, "rb") as f:
         data = f.read()
     with open(path, "wb") as f:
@@ -145,6 +170,33 @@ def test_the_least_recently_used_entries_go_over_the_size_limit(inception, cold,
     cache = kernel_cache.KernelCache(os.path.join(copy, timing_cache.KERNELS_FOLDER), CacheMemory().kernels, Notes())
     cache._prune(keep=kept, max_bytes=1)
     assert _folders(copy) == [kept] and new.report.kernel_cache == "stored"
+    assert set(_weights(copy)) == _named(kept)  # the dropped entry's weights went with it (other weights: seed 2)
+
+
+def test_weights_are_kept_once_for_every_entry_that_has_them_and_go_with_the_last(inception, cold, tmp_path):
+    directory, _, _ = cold
+    copy = str(tmp_path / "cache")
+    _copy(directory, copy)
+    (first,) = _folders(copy)
+    before = _weights(copy)
+    os.utime(os.path.join(first, "entry.json"), (1, 1))  # long unused
+    other = build(inception, "llvm", timing_cache=copy, concat_in_place=False)  # another entry, the same weights
+    (second,) = [f for f in _folders(copy) if f != first]
+    assert other.report.kernel_cache == "stored" and _named(second) == _named(first) and _weights(copy) == before
+    root = os.path.join(copy, timing_cache.KERNELS_FOLDER)
+    orphans = {"0" * 64: (1, 1), "1" * 64: None}  # a weight no entry names: one long unwritten, one just written
+    for name, when in orphans.items():
+        with open(os.path.join(root, kernel_cache.WEIGHTS_FOLDER, name), "wb") as f:
+            f.write(b"w")
+        if when:
+            os.utime(os.path.join(root, kernel_cache.WEIGHTS_FOLDER, name), when)
+    cache = kernel_cache.KernelCache(root, CacheMemory().kernels, Notes())
+    cache._prune(keep=second, max_bytes=1)
+    assert _folders(copy) == [second] and set(_weights(copy)) == set(before) | {"1" * 64}  # the shared ones stay
+    again = build(inception, "llvm", timing_cache=copy, concat_in_place=False)
+    assert again.report.kernel_cache == "hit"
+    for a, b in zip(_outputs(again, inception), _outputs(other, inception)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_path):
@@ -154,6 +206,9 @@ def test_a_warm_bucketed_build_loads_each_buckets_kernels_and_exports_them(tmp_p
     memory = CacheMemory()
     again = _llvm(model, directory, memory, batch_sizes=[1, 2])
     assert memory.kernels["hit"] == 2 and all(m.report.kernel_cache == "hit" for m in again.buckets.values())
+    entries = _folders(directory)
+    assert len(entries) == 2 and _named(entries[0]) == _named(entries[1])  # the buckets' weights, kept once:
+    assert sum(_weights(directory).values()) < 1.05 * _initializer_bytes(model)  # about the ONNX model's bytes
     x = zoo.random_inputs(model, seed=0)
     name, arr = next(iter(x.items()))
     batch = np.concatenate([arr, arr])

@@ -8,22 +8,28 @@ session's key of kind ``kernels`` (:meth:`.session.BuildSession.key`): the struc
 that goes into lowering (its kernels already chosen, providers' calls and weights in it), the tuning database's
 contents, the lowering options (concatenations in place, split views), and the context (this format, TVM's
 version, a digest of tvm-nimble's sources, the target with its arch). The kernels do not depend on the GPU, so an
-entry serves every GPU of the target's arch. An entry is a folder beside the timing cache's GPUs:
+entry serves every GPU of the target's arch. An entry is a folder beside the timing cache's GPUs; its weights are
+kept once for every entry that has them, by content:
 
     <timing cache>/kernels/<key digest>/lowered.json   the lowered module (tvm.ir.save_json), its weights
                                                        as placeholders
-                                       /weights.bin    the weights (tvm.runtime.save_param_dict): as JSON,
-                                                       base64 in a node graph, nasnetalarge's 356 MB would
-                                                       take seconds to write and read
                                        /kernels.so     the kernel library (export_library)
-                                       /entry.json     {"format", "key", "files": {name: sha256}}
+                                       /entry.json     {"format", "key", "files": {name: sha256},
+                                                        "weights": {placeholder: blob sha256}}
+                          /weights/<sha256>            one weight (tvm.runtime.save_param_dict: as JSON,
+                                                       base64 in a node graph, nasnetalarge's 356 MB would
+                                                       take seconds to write and read), named by its sha256
+
+The buckets of a bucketed model, the steps of a generator and the builds of one model by changed code lower the
+same weights into different entries: each weight is written once, and each entry's store hashes what it would
+have written. Within a session the weights loaded are loaded once (every bucket's module holds the same tensors).
 
 It is written into a temporary folder beside its place and renamed there, so a build running at once sees
 a whole entry or none. An entry whose files do not match the sha256 recorded, that does not parse or load,
 or whose key is not the one asked for, is one note and a rebuild (which replaces it), never a failed build.
 Only the user's build (``build``'s last one, also where it reuses the model check's compile) is kept, not
 the kernel choice's probes, and the folder is kept under :data:`MAX_BYTES` by dropping the least recently
-used entries.
+used entries, and with the last entry that names a weight, the weight.
 
 TVM cannot export a shared library it loaded, so the library a build loads from here exports by copying
 ``kernels.so`` (its ``export_library``), wherever the build's kernels go (an artifact, a module of the
@@ -37,30 +43,55 @@ the session's :class:`~.session.CacheMemory` counts loads, misses and writes. ``
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import time
 
 import tvm
-import tvm_ffi
 
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.artifact import file_sha256
 
 
 #: bumped when an entry's layout or meaning changes
-FORMAT = 1
+FORMAT = 2
 #: the folder is kept under this many bytes (least recently used entries go first)
 MAX_BYTES = 4 << 30
-_LOWERED, _WEIGHTS, _LIBRARY, _ENTRY = "lowered.json", "weights.bin", "kernels.so", "entry.json"
-#: tensor constants of at least this many bytes are kept in weights.bin, under placeholder variables of this name
+_LOWERED, _LIBRARY, _ENTRY = "lowered.json", "kernels.so", "entry.json"
+#: the folder of the weights, one file each named by its sha256, shared by the entries
+WEIGHTS_FOLDER = "weights"
+#: tensor constants of at least this many bytes are kept in the weights folder, under placeholder variables of this name
 WEIGHT_BYTES = 1024
 _PLACEHOLDER = "__nimble_cached_weight_"
+#: a weight no entry names is deleted when pruning only once it is this old (a store running at once writes its
+#: weights before its entry)
+ORPHAN_SECONDS = 3600.0
 
+
+
+@dataclass
+class SharedWeights:
+    """The weights a session's builds stored or loaded, both ways: a tensor stored again (a generator's steps
+    share their narrowed weights) is not hashed again, and a weight loaded again is the same tensor."""
+
+    digests: dict = field(default_factory=dict)  # tensor (by identity) -> sha256 of its blob
+    tensors: dict = field(default_factory=dict)  # sha256 -> tensor
+
+    def remember(self, tensor, digest: str) -> None:
+        self.digests[tensor] = digest
+        self.tensors.setdefault(digest, tensor)
+
+    def forget(self, digest: str) -> None:
+        tensor = self.tensors.pop(digest, None)
+        if tensor is not None:
+            self.digests.pop(tensor, None)
 
 
 @dataclass
@@ -71,10 +102,13 @@ class Hit:
 
 class KernelCache:
     """Lowered modules and kernel libraries under ``directory``, by :class:`~.session.CacheKey`: :meth:`load`,
-    :meth:`store`. ``stats``: the counts to add to; ``note(text)``: where the one-line notes go."""
+    :meth:`store`. ``stats``: the counts to add to; ``note(text)``: where the one-line notes go; ``shared``: the
+    session's :class:`SharedWeights`."""
 
-    def __init__(self, directory: str, stats: dict, note):
+    def __init__(self, directory: str, stats: dict, note, shared: SharedWeights | None = None):
         self.directory, self.stats, self.note = directory, stats, note
+        self.weights = os.path.join(directory, WEIGHTS_FOLDER)
+        self.shared = shared if shared is not None else SharedWeights()
 
     @staticmethod
     def _entry_key(key) -> list:
@@ -101,18 +135,19 @@ class KernelCache:
             return self._rejected()
         if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != self._entry_key(key):
             return self._rejected()
-        files = entry.get("files")
-        if not isinstance(files, dict) or set(files) != {_LOWERED, _WEIGHTS, _LIBRARY}:
+        files, named = entry.get("files"), entry.get("weights")
+        if not isinstance(files, dict) or set(files) != {_LOWERED, _LIBRARY} or not isinstance(named, dict):
             return self._rejected()
         try:
-            blobs = {}
-            for name, digest in files.items():
-                with open(os.path.join(folder, name), "rb") as f:
-                    blobs[name] = f.read()
-                if hashlib.sha256(blobs[name]).hexdigest() != digest:
-                    return self._rejected()
-            lowered = _with_weights(tvm.ir.load_json(blobs.pop(_LOWERED).decode()),
-                                    tvm.runtime.load_param_dict(bytearray(blobs.pop(_WEIGHTS))))
+            with open(os.path.join(folder, _LOWERED), "rb") as f:
+                text = f.read()
+            if hashlib.sha256(text).hexdigest() != files[_LOWERED] or \
+                    file_sha256(os.path.join(folder, _LIBRARY)) != files[_LIBRARY]:
+                return self._rejected()
+            weights = {name: self._weight(digest) for name, digest in named.items()}
+            if any(w is None for w in weights.values()):
+                return self._rejected()
+            lowered = _with_weights(tvm.ir.load_json(text.decode()), weights)
             if target.kind.name == "cuda":
                 from tvm_nimble.codegen.cuda_compile import load_cuda_runtime
 
@@ -129,6 +164,24 @@ class KernelCache:
             pass
         self.stats["hit"] += 1
         return Hit(lowered, library)
+
+    def _weight(self, digest):
+        """The weight kept under ``digest`` (loaded once a session), or None when it is missing or damaged."""
+        if not isinstance(digest, str):
+            return None
+        if digest in self.shared.tensors:
+            return self.shared.tensors[digest]
+        try:
+            with open(os.path.join(self.weights, digest), "rb") as f:
+                blob = f.read()
+        except OSError:
+            return None
+        if hashlib.sha256(blob).hexdigest() != digest:  # damaged: out of the way, so the rebuild writes it again
+            self._drop_weight(digest)
+            return None
+        (tensor,) = tvm.runtime.load_param_dict(bytearray(blob)).values()
+        self.shared.remember(tensor, digest)
+        return tensor
 
     def _rejected(self):
         self.stats["rejected"] += 1
@@ -150,17 +203,18 @@ class KernelCache:
             return self._unwritable(err)
         try:
             placeheld, weights = _without_weights(lowered)
-            data = {_LOWERED: tvm.ir.save_json(placeheld).encode(),
-                    _WEIGHTS: bytes(tvm.runtime.save_param_dict(weights))}
-            for name, blob in data.items():
-                with open(os.path.join(staging, name), "wb") as f:
-                    f.write(blob)
-            files = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
-            del data
+            named = {name: self._keep_weight(tensor) for name, tensor in weights.items()}
+            del weights
+            text = tvm.ir.save_json(placeheld).encode()
+            with open(os.path.join(staging, _LOWERED), "wb") as f:
+                f.write(text)
+            files = {_LOWERED: hashlib.sha256(text).hexdigest()}
+            del text
             library.export_library(os.path.join(staging, _LIBRARY))
             files[_LIBRARY] = file_sha256(os.path.join(staging, _LIBRARY))
             with open(os.path.join(staging, _ENTRY), "w", encoding="utf-8") as f:
-                json.dump({"format": FORMAT, "key": self._entry_key(key), "files": files}, f, sort_keys=True)
+                json.dump({"format": FORMAT, "key": self._entry_key(key), "files": files, "weights": named}, f,
+                          sort_keys=True)
             if os.path.exists(folder):  # an unusable entry (a usable one was loaded instead): out of the way
                 old = os.path.join(self.directory, f".old-{uuid.uuid4().hex[:12]}")
                 try:
@@ -181,6 +235,32 @@ class KernelCache:
         self._prune(keep=folder)
         return True
 
+    def _keep_weight(self, tensor) -> str:
+        """The sha256 under which ``tensor`` is kept in the weights folder, written there unless it is already
+        (renamed into place whole, so that a reader sees all of it or nothing)."""
+        digest, blob = self.shared.digests.get(tensor), None
+        if digest is None:
+            blob = bytes(tvm.runtime.save_param_dict({"w": tensor}))
+            digest = hashlib.sha256(blob).hexdigest()
+            self.shared.remember(tensor, digest)
+        path = os.path.join(self.weights, digest)
+        if os.path.exists(path):
+            os.utime(path)  # named again: not an orphan to a prune running at once
+            return digest
+        if blob is None:
+            blob = bytes(tvm.runtime.save_param_dict({"w": tensor}))
+        os.makedirs(self.weights, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.weights, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        return digest
+
     def _unwritable(self, err: OSError) -> bool:
         self.note(f"cannot write the compiled-kernel cache under {self.directory} ({err.strerror or err}): this "
                   "build's kernels are not kept; give timing_cache a writable directory, or pass kernel_cache=False",
@@ -188,29 +268,69 @@ class KernelCache:
         return False
 
     def _prune(self, keep: str, max_bytes: int | None = None) -> None:
-        """Drop the least recently used entries (never ``keep``) while the folder holds over ``max_bytes``."""
+        """Drop the least recently used entries (never ``keep``) while the folder holds over ``max_bytes``, each
+        weight with the last entry that names it; weights no entry names (an earlier format's, a store that
+        failed) once they are :data:`ORPHAN_SECONDS` old."""
         max_bytes = MAX_BYTES if max_bytes is None else max_bytes
-        entries = []
+        entries, blobs = [], {}
         try:
+            if os.path.isdir(self.weights):
+                for e in os.scandir(self.weights):
+                    if e.is_file() and not e.name.startswith("."):
+                        stat = e.stat()
+                        blobs[e.name] = (stat.st_size, stat.st_mtime)
             for name in os.listdir(self.directory):
                 folder = os.path.join(self.directory, name)
-                if name.startswith(".") or not os.path.isdir(folder):
+                if name.startswith(".") or name == WEIGHTS_FOLDER or not os.path.isdir(folder):
                     continue
                 size = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
-                try:
-                    used = os.stat(os.path.join(folder, _ENTRY)).st_mtime
-                except OSError:
-                    used = 0.0
-                entries.append((used, size, folder))
+                entries.append((_used(folder), size, folder, _named_weights(folder)))
         except OSError:
             return
-        total = sum(size for _, size, _ in entries)
-        for _, size, folder in sorted(entries):
+        named = collections.Counter(d for *_, ds in entries for d in ds)
+        now = time.time()
+        for digest, (_, mtime) in list(blobs.items()):
+            if not named[digest] and now - mtime > ORPHAN_SECONDS:
+                self._drop_weight(digest)
+                del blobs[digest]
+        total = sum(size for _, size, _, _ in entries) + sum(size for size, _ in blobs.values())
+        for _, size, folder, digests in sorted(entries, key=lambda e: e[0]):
             if total <= max_bytes:
                 break
-            if folder != keep:
-                shutil.rmtree(folder, ignore_errors=True)
-                total -= size
+            if folder == keep:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            total -= size
+            for digest in digests:
+                named[digest] -= 1
+                if not named[digest] and digest in blobs:
+                    self._drop_weight(digest)
+                    total -= blobs.pop(digest)[0]
+
+    def _drop_weight(self, digest: str) -> None:
+        self.shared.forget(digest)
+        try:
+            os.remove(os.path.join(self.weights, digest))
+        except OSError:
+            pass
+
+
+def _used(folder: str) -> float:
+    """When the entry in ``folder`` was last stored or loaded (0 without an entry file)."""
+    try:
+        return os.stat(os.path.join(folder, _ENTRY)).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _named_weights(folder: str) -> set[str]:
+    """The weights the entry in ``folder`` names (none for an unreadable entry or an earlier format's)."""
+    try:
+        with open(os.path.join(folder, _ENTRY), encoding="utf-8") as f:
+            weights = json.load(f).get("weights")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return set(weights.values()) if isinstance(weights, dict) else set()
 
 
 def _exportable(library, path: str):

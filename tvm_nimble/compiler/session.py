@@ -42,7 +42,7 @@ import tvm_ffi
 
 from . import timing_cache
 from .build_stages import STAGES, run_stages
-from .kernel_cache import KernelCache
+from .kernel_cache import KernelCache, SharedWeights
 from .notes import Notes
 from .options import BuildOptions
 from .report import PHASES
@@ -109,6 +109,8 @@ class CacheMemory:
     #: weights narrowed to a reduced precision, by source tensor (``relay_passes.precision.NarrowedWeights``): the
     #: steps of a generator bind the same weights, and narrow them once
     narrowed: dict = field(default_factory=dict)
+    #: the compiled-kernel cache's weights this session stored or loaded (the buckets and steps of one model share them)
+    weights: SharedWeights = field(default_factory=SharedWeights)
 
 
 class Phases:
@@ -248,7 +250,7 @@ class BuildSession:
         if not options.timing_cache or not options.kernel_cache or not options.compile_kernels:
             return None
         return KernelCache(os.path.join(options.timing_cache, timing_cache.KERNELS_FOLDER), self.memory.kernels,
-                           self.notes)
+                           self.notes, self.memory.weights)
 
     # ---- where measurements run --------------------------------------------------------------------------------
     def can_measure(self, target: tvm.target.Target | None = None) -> bool:

@@ -163,12 +163,12 @@ def test_a_model_over_protobufs_limit_gets_its_shapes_inferred_through_a_file():
 
 
 def test_a_peer_that_fails_to_start_is_a_note_and_the_benchmark_goes_on():
-    from tvm_nimble.bench.harness import _peer_or_why
+    from tvm_nimble.bench.harness import peer_or_why
 
     def broken(*args):
         raise RuntimeError("Failed to serialize\nproto")
 
-    assert _peer_or_why("ONNX Runtime", broken, 1) == ([], ["ONNX Runtime: RuntimeError: Failed to serialize proto: "
+    assert peer_or_why("ONNX Runtime", broken, 1) == ([], ["ONNX Runtime: RuntimeError: Failed to serialize proto: "
                                                            "no rows"])
 
 

@@ -181,6 +181,7 @@ def _systems(spec, args, target, buckets):
     """The systems that could be made, and the one-line reasons for those that could not."""
     import torch
 
+    from tvm_nimble.bench.harness import peer_or_why
     from tvm_nimble.bench.hf_models import hf_builders
 
     _, onnx_builder, torch_builder = hf_builders(spec)
@@ -190,17 +191,17 @@ def _systems(spec, args, target, buckets):
         return systems, ["llvm: the PyTorch and ONNX Runtime peers run on the GPU only"], torch_builder
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
-    peers = [lambda: TorchPerBucket(torch_builder(1), buckets, dtype),
-             lambda: TorchDynamic(torch_builder(1), dtype, sorted({args.min_length, 100, args.max_length}))]
+    peers = [("PyTorch per bucket", lambda: TorchPerBucket(torch_builder(1), buckets, dtype)),
+             ("torch.compile dynamic",
+              lambda: TorchDynamic(torch_builder(1), dtype, sorted({args.min_length, 100, args.max_length})))]
     if args.precision == "bf16":  # ONNX Runtime has no bf16 conversion of an fp32 model (as the bench's ORT rows)
         notes.append("ONNX Runtime: no bf16 rows")
     else:
-        peers.append(lambda: OrtDynamic(dynamic, args.precision))
-    for make in peers:
-        try:
-            systems.append(make())
-        except Exception as err:  # noqa: BLE001 -- a peer that cannot run is left out with its reason
-            notes.append(f"{type(err).__name__}: {' '.join(str(err).split())[:200]}")
+        peers.append(("ONNX Runtime", lambda: OrtDynamic(dynamic, args.precision)))
+    for title, make in peers:  # a peer that cannot run is left out with its reason, as in the bench
+        made, why = peer_or_why(title, lambda: ([make()], []))
+        systems += made
+        notes += why
     return systems, notes, torch_builder
 
 

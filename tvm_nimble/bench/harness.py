@@ -363,7 +363,7 @@ def check_agreement(systems: list[System], reference_name: str, rtol=1e-3, atol=
     return errors
 
 
-def _peer_or_why(title: str, make, *args) -> tuple[list, list[str]]:
+def peer_or_why(title: str, make, *args) -> tuple[list, list[str]]:
     """``make(*args)``'s (systems, notes), or no systems and one note where making the peer raised: a peer that cannot
     run leaves its rows out, saying why, and the benchmark goes on."""
     try:
@@ -430,9 +430,9 @@ def run_benchmark(models: dict, target=None, batches=(1,), rounds: int = 5, iter
                 extra, why = baseline_cache[key]
             else:
                 extra, why = torch_systems(tm(batch) if callable(tm) else tm, inputs, precision, skip)
-                trt, why_trt = (_peer_or_why("TensorRT", tensorrt_systems, model, feeds, precision, use_gpu)
+                trt, why_trt = (peer_or_why("TensorRT", tensorrt_systems, model, feeds, precision, use_gpu)
                                 if "tensorrt" not in skip else ([], []))
-                ort_systems, why_ort = (_peer_or_why("ONNX Runtime", onnxruntime_systems, model, feeds, precision,
+                ort_systems, why_ort = (peer_or_why("ONNX Runtime", onnxruntime_systems, model, feeds, precision,
                                                      use_gpu) if not {"ort-cuda", "ort-cuda-graph"} <= skip
                                         else ([], []))
                 # PyTorch eager stays for the output check even when not timed: its error is PyTorch's own in

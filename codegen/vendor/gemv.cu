@@ -401,6 +401,18 @@ int GemvResident(const GemvArgs& p) {
   return ResidentBlocks(known[variant], reinterpret_cast<const void*>(GemvKernelFor<T, O, M, S>(p)));
 }
 
+// f(std::integral_constant<int, S>{}) for the split count s (1, 2, 4 or 8, as GemvSplits chooses): the one place a
+// count chosen at run time becomes a kernel's template argument
+template <typename F>
+auto WithSplits(int s, F&& f) {
+  switch (s) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
 template <typename T, typename O, int M, int S>
 cudaError_t LaunchGemvS(const GemvArgs& p, cudaStream_t stream) {
   constexpr int cols = kGemvWarps / S;
@@ -413,14 +425,10 @@ cudaError_t LaunchGemvS(const GemvArgs& p, cudaStream_t stream) {
 template <typename T, typename O, int M>
 cudaError_t LaunchGemvM(const GemvArgs& p, int most, cudaStream_t stream) {
   auto resident = [&](int s) {
-    return s == 1 ? GemvResident<T, O, M, 1>(p) : s == 2 ? GemvResident<T, O, M, 2>(p)
-         : s == 4 ? GemvResident<T, O, M, 4>(p) : GemvResident<T, O, M, 8>(p);
+    return WithSplits(s, [&](auto S) { return GemvResident<T, O, M, decltype(S)::value>(p); });
   };
   const int s = GemvSplits(p.N, p.K / 8, SmCount(), most, resident);
-  if (s == 1) return LaunchGemvS<T, O, M, 1>(p, stream);
-  if (s == 2) return LaunchGemvS<T, O, M, 2>(p, stream);
-  if (s == 4) return LaunchGemvS<T, O, M, 4>(p, stream);
-  return LaunchGemvS<T, O, M, 8>(p, stream);
+  return WithSplits(s, [&](auto S) { return LaunchGemvS<T, O, M, decltype(S)::value>(p, stream); });
 }
 
 // The tensor-core kernel, S warps a tile, and the blocks of it a core holds (asked once a process)
@@ -441,16 +449,10 @@ int GemvMmaResident() {
 
 template <typename T, typename O>
 cudaError_t LaunchGemvMma(const GemvArgs& p, cudaStream_t stream) {
-  auto resident = [](int s) {
-    return s == 1 ? GemvMmaResident<T, O, 1>() : s == 2 ? GemvMmaResident<T, O, 2>()
-         : s == 4 ? GemvMmaResident<T, O, 4>() : GemvMmaResident<T, O, 8>();
-  };
+  auto resident = [](int s) { return WithSplits(s, [](auto S) { return GemvMmaResident<T, O, decltype(S)::value>(); }); };
   const int64_t units = (p.N + kMmaCols - 1) / kMmaCols, steps = (p.K + kMmaK - 1) / kMmaK;
   const int s = GemvSplits(units, steps * 32, SmCount(), kGemvWarps, resident);
-  if (s == 1) return LaunchGemvMmaS<T, O, 1>(p, stream);
-  if (s == 2) return LaunchGemvMmaS<T, O, 2>(p, stream);
-  if (s == 4) return LaunchGemvMmaS<T, O, 4>(p, stream);
-  return LaunchGemvMmaS<T, O, 8>(p, stream);
+  return WithSplits(s, [&](auto S) { return LaunchGemvMmaS<T, O, decltype(S)::value>(p, stream); });
 }
 
 // The fewest rows the tensor-core kernel takes (NIMBLE_GEMV_MMA_ROWS, read once a process: 2 to 8, default 5; 9 or

@@ -2,13 +2,13 @@
 takes (16-bit, at most eight rows, K a multiple of 8), that it stores the weights [N, K] whatever the model's layout,
 that its epilogue is cuBLASLt's (bias, tanh GELU, a float32 residual), and that the offloaded module computes what
 stock TVM computes for the chains it replaces (the call runs as its numpy contract, tests/vendor_reference.py).
-``kernels="vendor"`` keeps cuBLASLt: the GEMV is measured against it by ``kernels="best"`` only."""
+``kernels="vendor"`` gives these chains to the GEMV (the gated and normed ones first), ahead of cuBLASLt."""
 import numpy as np
 import pytest
 from tvm import relax
 
 from test_dpl_chains import _function, _same_as_stock
-from tvm_nimble.relay_passes.providers import cublaslt, gemv, registered
+from tvm_nimble.relay_passes.providers import gemv, registered
 from tvm_nimble.relay_passes.vendor_offload import find_offloads
 
 RNG = np.random.default_rng(5)
@@ -70,11 +70,14 @@ def test_what_the_gemv_leaves_to_others(dtype, rows, k, reason):
     assert find_offloads(_decode_linear(dtype, rows, tail="none", k=k), providers=[gemv.PROVIDER]) == []
 
 
-def test_kernels_vendor_keeps_cublaslt_for_the_gemvs_chains():
+def test_kernels_vendor_gives_a_decode_linear_to_the_gemv_not_cublaslt():
     names = [p.name for p in registered()]
-    assert names.index("cublaslt") < names.index("gemv")
-    (found,) = find_offloads(_decode_linear("float16"), providers=[cublaslt.PROVIDER, gemv.PROVIDER])
-    assert found.provider == "cublaslt"
+    assert names.index("gemv_glu") < names.index("gemv_norm") < names.index("gemv") < names.index("cublaslt")
+    both = [p for p in registered() if p.name in ("cublaslt", "gemv")]  # in the order a build offers them
+    (found,) = find_offloads(_decode_linear("float16"), providers=both)
+    assert found.provider == "gemv"
+    (found,) = find_offloads(_decode_linear("float16", rows=9), providers=both)
+    assert found.provider == "cublaslt"  # more rows than the GEMV's
 
 
 def _normed_linear(norm: str, dtype: str = "float16", src_dtype: str = "float32", rows: int = 1,
@@ -127,6 +130,31 @@ def test_the_norm_prologue_takes_one_row():
     assert find_offloads(func, providers=[gemv.NORM_PROVIDER]) == []
     (found,) = find_offloads(func, providers=[gemv.PROVIDER, gemv.NORM_PROVIDER])
     assert found.provider == "gemv"
+
+
+def _normed_head(columns: int):
+    """An LM head as a decoder ends: a float32 LayerNorm, cast to fp16, then a Linear of ``columns`` outputs."""
+    op = relax.op
+    w = RNG.standard_normal((K, columns)).astype("float16")
+
+    def body(emit, r, _):
+        normed = emit(op.nn.layer_norm(r, relax.const(np.ones(K, "float32")), relax.const(np.zeros(K, "float32")),
+                                       axes=[-1], epsilon=1e-5))
+        x2 = emit(op.reshape(emit(op.astype(normed, "float16")), (1, K)))
+        return op.matmul(x2, relax.const(w))
+
+    return _function([("r", (1, 1, K), "float32"), ("r2", (1, 1, 1), "float32")], body)
+
+
+def test_the_norm_prologue_is_not_offered_for_an_lm_heads_width():
+    """Past MAX_NORM_COLUMNS every block normalizing the row again costs more than the norm kernel (measured on GPT-2's
+    and Llama's heads): the plain GEMV takes the Linear and the norm stays its own kernel; up to it, the prologue."""
+    wide = _normed_head(gemv.MAX_NORM_COLUMNS + 8)
+    assert find_offloads(wide, providers=[gemv.NORM_PROVIDER]) == []
+    (found,) = find_offloads(wide, providers=[gemv.NORM_PROVIDER, gemv.PROVIDER])
+    assert found.provider == "gemv"
+    (found,) = find_offloads(_normed_head(gemv.MAX_NORM_COLUMNS), providers=[gemv.NORM_PROVIDER, gemv.PROVIDER])
+    assert found.provider == "gemv_norm"
 
 
 def test_a_norm_read_elsewhere_stays_its_own_kernel(vendor_reference):

@@ -12,8 +12,9 @@ merged gate/up projection with what follows it up to the down projection, ``silu
 (``glu_matmul``, with the norm before it ``glu_norm_matmul``; one row): its weights' rows interleaved gate/up, so
 that a block's columns pair up in the epilogue. The weights are stored [N, K] (transposed here, once, when the
 model has them [K, N]), so that each output column is one contiguous row. fp16 and bf16 only (at M = 1 a 16-bit GEMM
-is its weight read); K a multiple of 8 (16-byte loads). Registered after cuBLASLt, so ``kernels="vendor"`` keeps
-cuBLASLt; ``kernels="best"`` measures this kernel per operator against cuBLASLt and TVM.
+is its weight read); K a multiple of 8 (16-byte loads). The three providers come before cuBLASLt in the registry's
+order (``gemv_glu``, ``gemv_norm``, ``gemv``), so ``kernels="vendor"`` gives a decode step's Linears to them, as
+``kernels="best"`` chose on every decode step measured; ``"best"`` measures each against cuBLASLt and TVM per operator.
 """
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ NORM_MATMUL_ADD = vendor_abi.GEMV_NORM_MATMUL_ADD
 MAX_ROWS = 8
 #: the widest row its prologue normalizes: gemv.cu's kNormMaxK
 MAX_NORM_K = 4096
+#: the widest output the prologue is offered for: every block normalizes the row again, and on the LM heads measured
+#: (50,257 and 151,936 columns) the prologue cost more than the norm kernel it saves (42 us against 28 without it, 108
+#: against 67; benchmarks/findings.md, 'A decode step's Linears on our GEMV in kernels="vendor"'), while up to 9,728
+#: (a gated MLP's gate/up) it saved time
+MAX_NORM_COLUMNS = 16384
 #: the prologue's norm codes (gemv.cu's NormKind)
 NORMS = {"relax.nn.layer_norm": 1, "relax.nn.rms_norm": 2}
 
@@ -130,8 +136,8 @@ def gemv_norm_chain(ctx, chains, var, call):
     """The GEMV's chain of one row with the norm before it (:func:`_norm_before`); None where there is no such norm
     (or more rows: a decode step at batch 1 is what the prologue is for, and its kernels are compiled for one)."""
     found = _linear(ctx, chains, var, call)
-    norm = found is not None and _one_row(found[0]) and _norm_before(chains, found[0].x, found[0].dtype,
-                                                                     found[1].shape[1])
+    norm = found is not None and _one_row(found[0]) and found[1].shape[0] <= MAX_NORM_COLUMNS and \
+        _norm_before(chains, found[0].x, found[0].dtype, found[1].shape[1])
     if not norm:
         return None
     lin, weight = found

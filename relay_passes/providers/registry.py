@@ -42,11 +42,13 @@ PRIORITY = (
     "attention_cluster",
     "attention_append",  # a decode step's KV cache write inside its attention call (after the offload, no matcher)
     "attention_rope",  # and the rotary embedding of its q and new key (after attention_append)
+    # a decode step's few rows (16-bit, at most 8 rows), before cuBLASLt: what kernels="best" chose for them on every
+    # decode step measured (benchmarks/findings.md, 'A decode step's Linears on our GEMV in kernels="vendor"')
+    "gemv_glu",  # a gated MLP's gate/up projection and its SiLU gate, the norm before it in its prologue (one row)
+    "gemv_norm",  # our GEMV with the LayerNorm/RMSNorm before it in its prologue (one row; not an LM head's width)
+    "gemv",  # our 16-bit GEMV
     "cublaslt",  # GEMMs
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
-    "gemv",  # our 16-bit GEMV for a decode step's few rows (after cuBLASLt: "vendor" keeps cuBLASLt)
-    "gemv_norm",  # the same with the LayerNorm/RMSNorm before it in its prologue (one row)
-    "gemv_glu",  # a gated MLP's gate/up projection and its SiLU gate (one row)
     "layer_norm",  # LayerNorm
 )
 

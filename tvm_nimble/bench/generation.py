@@ -44,7 +44,8 @@ def _args(argv):
     ap.add_argument("--models", default="hf:gpt2", help="comma-separated hf:NAME decoders")
     ap.add_argument("--precision", default="fp16", help="comma-separated: fp32, fp16, bf16")
     ap.add_argument("--kernels", choices=["tvm", "vendor", "best"],
-                    help="default: vendor on a GPU, tvm on the CPU (vendor kernels are CUDA's)")
+                    help="default: best on a GPU (as build_generator's auto: each operator on the fastest kernel "
+                         "measured), tvm on the CPU (vendor kernels are CUDA's)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens (default %(default)s)")
     ap.add_argument("--batch", default="1", help="comma-separated prompts per request (default %(default)s)")
     ap.add_argument("--new-tokens", type=int, default=256, help="new tokens per request (default %(default)s)")
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
     target = "cuda" if gpu else "llvm"
     dev = "cuda" if gpu else "cpu"
     if args.kernels is None:
-        args.kernels = "vendor" if gpu else "tvm"
+        args.kernels = "best" if gpu else "tvm"
     named = {"providers": args.providers} if args.providers else {}
     BuildOptions.create(target, kernels=args.kernels, **named)  # its one line (e.g. vendor kernels on the CPU) first
     skip = {s for s in args.skip.split(",") if s}

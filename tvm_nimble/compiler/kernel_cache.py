@@ -22,7 +22,7 @@ kept once for every entry that has them, by content:
 
 The buckets of a bucketed model, the steps of a generator and the builds of one model by changed code lower the
 same weights into different entries: each weight is written once, and each entry's store hashes what it would
-have written. Within a session the weights loaded are loaded once (every bucket's module holds the same tensors).
+have written. Within a session a weight is loaded once (every bucket's module holds the same tensor).
 
 It is written into a temporary folder beside its place and renamed there, so a build running at once sees
 a whole entry or none. An entry whose files do not match the sha256 recorded, that does not parse or load,
@@ -50,7 +50,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import time
 
@@ -77,24 +77,6 @@ ORPHAN_SECONDS = 3600.0
 
 
 @dataclass
-class SharedWeights:
-    """The weights a session's builds stored or loaded, both ways: a tensor stored again (a generator's steps
-    share their narrowed weights) is not hashed again, and a weight loaded again is the same tensor."""
-
-    digests: dict = field(default_factory=dict)  # tensor (by identity) -> sha256 of its blob
-    tensors: dict = field(default_factory=dict)  # sha256 -> tensor
-
-    def remember(self, tensor, digest: str) -> None:
-        self.digests[tensor] = digest
-        self.tensors.setdefault(digest, tensor)
-
-    def forget(self, digest: str) -> None:
-        tensor = self.tensors.pop(digest, None)
-        if tensor is not None:
-            self.digests.pop(tensor, None)
-
-
-@dataclass
 class Hit:
     lowered: tvm.IRModule
     library: object  # tvm.runtime.Module, loaded from the entry; its export_library copies the entry's file
@@ -102,13 +84,15 @@ class Hit:
 
 class KernelCache:
     """Lowered modules and kernel libraries under ``directory``, by :class:`~.session.CacheKey`: :meth:`load`,
-    :meth:`store`. ``stats``: the counts to add to; ``note(text)``: where the one-line notes go; ``shared``: the
-    session's :class:`SharedWeights`."""
+    :meth:`store`. ``stats``: the counts to add to; ``note(text)``: where the one-line notes go; ``loaded``: the
+    session's weights loaded so far, by sha256 (a weight loaded again is the same tensor: the buckets of a model
+    share theirs). A store hashes every weight it keeps: remembering the tensors stored would keep them alive
+    (TVM's tensors take no weak references) after the build drops them."""
 
-    def __init__(self, directory: str, stats: dict, note, shared: SharedWeights | None = None):
+    def __init__(self, directory: str, stats: dict, note, loaded: dict | None = None):
         self.directory, self.stats, self.note = directory, stats, note
         self.weights = os.path.join(directory, WEIGHTS_FOLDER)
-        self.shared = shared if shared is not None else SharedWeights()
+        self.loaded = loaded if loaded is not None else {}
 
     @staticmethod
     def _entry_key(key) -> list:
@@ -169,8 +153,8 @@ class KernelCache:
         """The weight kept under ``digest`` (loaded once a session), or None when it is missing or damaged."""
         if not isinstance(digest, str):
             return None
-        if digest in self.shared.tensors:
-            return self.shared.tensors[digest]
+        if digest in self.loaded:
+            return self.loaded[digest]
         try:
             with open(os.path.join(self.weights, digest), "rb") as f:
                 blob = f.read()
@@ -180,7 +164,7 @@ class KernelCache:
             self._drop_weight(digest)
             return None
         (tensor,) = tvm.runtime.load_param_dict(bytearray(blob)).values()
-        self.shared.remember(tensor, digest)
+        self.loaded[digest] = tensor
         return tensor
 
     def _rejected(self):
@@ -238,17 +222,12 @@ class KernelCache:
     def _keep_weight(self, tensor) -> str:
         """The sha256 under which ``tensor`` is kept in the weights folder, written there unless it is already
         (renamed into place whole, so that a reader sees all of it or nothing)."""
-        digest, blob = self.shared.digests.get(tensor), None
-        if digest is None:
-            blob = bytes(tvm.runtime.save_param_dict({"w": tensor}))
-            digest = hashlib.sha256(blob).hexdigest()
-            self.shared.remember(tensor, digest)
+        blob = bytes(tvm.runtime.save_param_dict({"w": tensor}))
+        digest = hashlib.sha256(blob).hexdigest()
         path = os.path.join(self.weights, digest)
         if os.path.exists(path):
             os.utime(path)  # named again: not an orphan to a prune running at once
             return digest
-        if blob is None:
-            blob = bytes(tvm.runtime.save_param_dict({"w": tensor}))
         os.makedirs(self.weights, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.weights, prefix=".tmp-")
         try:
@@ -308,7 +287,7 @@ class KernelCache:
                     total -= blobs.pop(digest)[0]
 
     def _drop_weight(self, digest: str) -> None:
-        self.shared.forget(digest)
+        self.loaded.pop(digest, None)
         try:
             os.remove(os.path.join(self.weights, digest))
         except OSError:

@@ -42,7 +42,7 @@ import tvm_ffi
 
 from . import timing_cache
 from .build_stages import STAGES, run_stages
-from .kernel_cache import KernelCache, SharedWeights
+from .kernel_cache import KernelCache
 from .notes import Notes
 from .options import BuildOptions
 from .report import PHASES
@@ -109,8 +109,8 @@ class CacheMemory:
     #: weights narrowed to a reduced precision, by source tensor (``relay_passes.precision.NarrowedWeights``): the
     #: steps of a generator bind the same weights, and narrow them once
     narrowed: dict = field(default_factory=dict)
-    #: the compiled-kernel cache's weights this session stored or loaded (the buckets and steps of one model share them)
-    weights: SharedWeights = field(default_factory=SharedWeights)
+    #: the compiled-kernel cache's weights this session loaded, by sha256 (the buckets and steps of a model share them)
+    weights: dict = field(default_factory=dict)
 
 
 class Phases:

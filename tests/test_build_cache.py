@@ -184,7 +184,8 @@ def test_weights_are_kept_once_for_every_entry_that_has_them_and_go_with_the_las
     (second,) = [f for f in _folders(copy) if f != first]
     assert other.report.kernel_cache == "stored" and _named(second) == _named(first) and _weights(copy) == before
     root = os.path.join(copy, timing_cache.KERNELS_FOLDER)
-    orphans = {"0" * 64: (1, 1), "1" * 64: None}  # a weight no entry names: one long unwritten, one just written
+    # a weight no entry names, long unwritten and just written; an unfinished write, long ago and now
+    orphans = {"0" * 64: (1, 1), "1" * 64: None, ".tmp-old": (1, 1), ".tmp-now": None}
     for name, when in orphans.items():
         with open(os.path.join(root, kernel_cache.WEIGHTS_FOLDER, name), "wb") as f:
             f.write(b"w")
@@ -193,6 +194,8 @@ def test_weights_are_kept_once_for_every_entry_that_has_them_and_go_with_the_las
     cache = kernel_cache.KernelCache(root, CacheMemory().kernels, Notes())
     cache._prune(keep=second, max_bytes=1)
     assert _folders(copy) == [second] and set(_weights(copy)) == set(before) | {"1" * 64}  # the shared ones stay
+    assert sorted(n for n in os.listdir(os.path.join(root, kernel_cache.WEIGHTS_FOLDER)) if n.startswith(".")) == [
+        ".tmp-now"]
     again = build(inception, "llvm", timing_cache=copy, concat_in_place=False)
     assert again.report.kernel_cache == "hit"
     for a, b in zip(_outputs(again, inception), _outputs(other, inception)):

@@ -49,10 +49,9 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
-
-import time
 
 import tvm
 
@@ -249,15 +248,19 @@ class KernelCache:
     def _prune(self, keep: str, max_bytes: int | None = None) -> None:
         """Drop the least recently used entries (never ``keep``) while the folder holds over ``max_bytes``, each
         weight with the last entry that names it; weights no entry names (an earlier format's, a store that
-        failed) once they are :data:`ORPHAN_SECONDS` old."""
+        failed) and unfinished writes once they are :data:`ORPHAN_SECONDS` old."""
         max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         entries, blobs = [], {}
         try:
             if os.path.isdir(self.weights):
                 for e in os.scandir(self.weights):
-                    if e.is_file() and not e.name.startswith("."):
-                        stat = e.stat()
+                    if not e.is_file():
+                        continue
+                    stat = e.stat()
+                    if not e.name.startswith("."):
                         blobs[e.name] = (stat.st_size, stat.st_mtime)
+                    elif time.time() - stat.st_mtime > ORPHAN_SECONDS:  # a write that never finished
+                        os.remove(e.path)
             for name in os.listdir(self.directory):
                 folder = os.path.join(self.directory, name)
                 if name.startswith(".") or name == WEIGHTS_FOLDER or not os.path.isdir(folder):

@@ -1,8 +1,8 @@
 """The GPU report's tables, from synthetic rows: one headline table per dtype, ratios from the medians."""
 import random
 
-from tvm_nimble.bench.report import (BASELINE_GPU, CSV_COLUMNS, append_rows, build_time_table, headline_table,
-                                     read_rows, tuning_table)
+from tvm_nimble.bench.report import (BASELINE_GPU, CSV_COLUMNS, SERVING_COLUMNS, append_rows, build_time_table,
+                                     headline_table, read_rows, tuning_table, write_report)
 
 SYSTEMS = ["tvm-vm", BASELINE_GPU, "nimble-single-stream-graph", "nimble-multi-stream-graph", "torch-cudagraph"]
 
@@ -93,3 +93,31 @@ def test_a_run_that_skipped_stock_tvm_and_the_multi_stream_graph_keeps_its_headl
     c = table[0]
     assert c[head.index("Nimble vs PyTorch CUDA graph")] == f"{by['torch-cudagraph'] / by['nimble-auto']:.2f}x"
     assert c[head.index("Nimble vs TVM VM+graph (same kernels)")] == "-"
+
+
+def test_serving_csv_beside_the_results_is_a_table_in_the_report(tmp_path):
+    """write_report puts serving.csv's runs (serve_load's rows) in RESULTS.md: a line per engine and replica count,
+    its capacity and the p50 / p99 of each load as the rows hold them."""
+    rng = random.Random(7)
+    results = str(tmp_path / "results.csv")
+    append_rows(results, rows_for("m", "float16", rng))
+    run = {"date": "2026-11-30", "device": "GPU X", "model": "net", "precision": "fp16", "kernels": "best",
+           "buckets": "1 8 32", "check_rel": "0.00e+00", "build_s": ""}
+    rows = []
+    for engine, replicas, capacity in [("torch-cudagraph", 1, 300.0), ("nimble", 1, 400.0), ("nimble", 2, 700.0)]:
+        for load in (0.25, 0.5):
+            rows.append({**run, "engine": engine, "replicas": replicas, "capacity_per_s": f"{capacity:.1f}",
+                         "rate_per_s": f"{400 * load * replicas:.1f}", "requests": 10,
+                         "p50_ms": f"{rng.uniform(5, 10):.3f}", "p99_ms": f"{rng.uniform(10, 60):.3f}",
+                         "throughput_per_s": "1.0"})
+    append_rows(str(tmp_path / "serving.csv"), rows, SERVING_COLUMNS, {})
+    write_report(results, str(tmp_path / "RESULTS.md"), None)
+    text = open(tmp_path / "RESULTS.md").read()
+    section = text[text.index("## Serving"):text.index("## All runs")]
+    head = cells_of(next(l for l in section.splitlines() if l.startswith("| engine")))
+    assert head[3:] == ["100/s a replica", "200/s a replica"]
+    got = [cells_of(l) for l in section.splitlines() if l.startswith(("| nimble", "| torch"))]
+    want = [(e, r, c, [f"{float(x['p50_ms']):.1f} / {float(x['p99_ms']):.1f}" for x in rows
+                       if (x["engine"], x["replicas"]) == (e, r)]) for e, r, c in
+            [("nimble", 1, "400"), ("torch-cudagraph", 1, "300"), ("nimble", 2, "700")]]
+    assert [(g[0], int(g[1]), g[2], g[3:]) for g in got] == want

@@ -22,7 +22,8 @@ capacity (closed loop: ``--capacity-requests`` requests queued at once) and, for
 fractions of the one-replica Nimble capacity times the replica count, so both engines see the same rates),
 open-loop Poisson arrivals for ``--seconds``: p50/p99 latency from each request's scheduled arrival to its
 answer, and throughput. Writes DIR/serve_load.json, DIR/serving.csv (a row per engine, replica count and load,
-in :data:`SERVING_COLUMNS`; ``benchmarks/serving.csv`` collects them) and prints a table.
+in ``tvm_nimble.bench.report.SERVING_COLUMNS``; ``benchmarks/serving.csv`` collects them, RESULTS.md shows them) and
+prints a table.
 """
 from __future__ import annotations
 
@@ -38,9 +39,6 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 APP = "load"
-#: serving.csv's columns: one Poisson load of one engine on some replicas (``capacity_per_s``: the closed loop's).
-SERVING_COLUMNS = ["date", "device", "model", "precision", "kernels", "buckets", "engine", "replicas", "capacity_per_s",
-                   "rate_per_s", "requests", "p50_ms", "p99_ms", "throughput_per_s", "check_rel", "build_s"]
 
 
 def torch_deployment(serve, torch_model, row_shape, buckets, cuda: bool, half: bool, wait_s: float):
@@ -189,7 +187,7 @@ def main(argv=None):
     import tvm_nimble
     from tvm_nimble import serve
     from tvm_nimble.bench.harness import device_name
-    from tvm_nimble.bench.report import append_rows
+    from tvm_nimble.bench.report import SERVING_COLUMNS, append_rows
     from batcher_load import load_models
 
     cuda = args.target == "cuda"

@@ -8,8 +8,9 @@ timed as the companion of a tuned one carries it too), empty otherwise; ``rel_er
 error of the system's output against the reference, where measured; ``build_s`` the seconds from the model
 to the system ready to run (a TVM or Nimble build, torch.compile's first calls, an ONNX Runtime session),
 where measured (empty in rows from before the column existed).
-``RESULTS.md`` holds the headline tables (one per GPU and dtype), the tuned-vs-untuned table, the
-hand-written ``findings.md`` beside the CSV, and every run's own table; ``results.png`` the chart.
+``RESULTS.md`` holds the headline tables (one per GPU and dtype), the tuned-vs-untuned table, the serving runs of
+``serving.csv`` beside the CSV, the hand-written ``findings.md`` beside it, and every run's own table; ``results.png``
+the chart.
 """
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ import textwrap
 CSV_COLUMNS = ["date", "device", "model", "batch", "dtype", "kernels", "db_trials", "system", "median_ms", "p90_ms",
                "rel_err", "build_s"]
 KERNELS = ("tvm-default", "tvm-tuned", "vendor", "best")
+#: ``serving.csv`` (beside results.csv; ``scripts/experiments/serve_load.py`` writes its rows): one Poisson load of one
+#: serving engine on some replicas (``capacity_per_s``: the closed loop's, the same on every load's row)
+SERVING_COLUMNS = ["date", "device", "model", "precision", "kernels", "buckets", "engine", "replicas", "capacity_per_s",
+                   "rate_per_s", "requests", "p50_ms", "p99_ms", "throughput_per_s", "check_rel", "build_s"]
 _DEFAULTS = {"kernels": "tvm-default", "db_trials": "", "rel_err": "", "build_s": ""}
 BASELINE_GPU = "tvm-vm-cudagraph"
 BASELINE_CPU = "tvm-vm"
@@ -189,6 +194,28 @@ def build_time_table(rows: list[dict]) -> list[str]:
     return out[:-1]
 
 
+def serving_table(rows: list[dict]) -> list[str]:
+    """serving.csv's runs (one per date, device, model and precision), a line per engine and replica count: the
+    capacity and the p50 / p99 at each Poisson load; [] without rows."""
+    runs: dict[tuple, dict[tuple, list[dict]]] = {}
+    for r in rows:
+        run = (r["date"], r["device"], r["model"], r["precision"], r["kernels"], r["buckets"])
+        runs.setdefault(run, {}).setdefault((r["engine"], int(r["replicas"])), []).append(r)
+    out = []
+    for (date, device, model, precision, kernels, buckets), lines in runs.items():
+        out += [f"**{model}, {precision}, kernels {kernels}, buckets {buckets} — {device} ({date})**: Ray Serve "
+                "replicas (a GPU each), one-row requests; p50 / p99 ms at each Poisson load (requests a second).", "",
+                "| engine | replicas | capacity /s | " + " | ".join(
+                    f"{float(r['rate_per_s']) / max(int(r['replicas']), 1):.0f}/s a replica" for r in
+                    next(iter(lines.values()))) + " |",
+                "|" + "---|" * (3 + len(next(iter(lines.values()))))]
+        for (engine, replicas), loads in sorted(lines.items(), key=lambda kv: (kv[0][1], kv[0][0] != "nimble")):
+            out.append(f"| {engine} | {replicas} | {float(loads[0]['capacity_per_s']):.0f} | " + " | ".join(
+                f"{float(r['p50_ms']):.1f} / {float(r['p99_ms']):.1f}" for r in loads) + " |")
+        out.append("")
+    return out[:-1]
+
+
 def tuning_table(rows: list[dict]) -> list[str]:
     """Tuned runs next to their untuned companion runs (same device and day): what tuning gives stock TVM and
     Nimble, and Nimble's ratio once both use the tuned kernels. PyTorch's CUDA graph, timed in both runs and
@@ -261,6 +288,12 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
     tuning = tuning_table(rows)
     if tuning:
         lines += ["## Tuned kernels", ""] + tuning + [""]
+    serving = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "serving.csv")
+    if os.path.exists(serving):
+        with open(serving, newline="") as f:
+            served = serving_table(list(csv.DictReader(f)))
+        if served:
+            lines += ["## Serving (`benchmarks/serving.csv`)", ""] + served + [""]
     findings = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "findings.md")
     if os.path.exists(findings):
         lines += [open(findings).read().strip(), ""]

@@ -157,14 +157,19 @@ def small_linear(ctx, chains, var, call, dtypes, acts: frozenset = ACTS) -> tupl
     return None if lin is None else (lin, int(np.prod(lin.out_shape[:-1])))
 
 
-def linear_call(ctx, lin: Linear, names: tuple[str, str], args: list, attrs, workspace_bytes: int):
+def linear_call(ctx, lin: Linear, names: tuple[str, str], args: list, attrs, workspace_bytes: int,
+                columns: int | None = None):
     """A matcher's answer for ``lin``: the call of ``names`` (matmul, matmul_add) on ``args`` and ``attrs``, the
-    residual added (as the last tensor) where there is one."""
+    residual added (as the last tensor) where there is one. ``columns``: the call computes that many columns (the
+    weights zero-padded, :func:`padded_columns`) and the chain's value is the first N (:class:`.chains.Columns`)."""
+    out_shape, then = lin.out_shape, None
+    if columns is not None:
+        out_shape, then = tuple(lin.out_shape[:-1]) + (columns,), Columns(lin.out_shape[-1])
     if lin.residual is not None:
-        return lin.removed, lin.last, (ctx.call(names[1], args + [lin.residual, attrs], lin.out_shape, lin.out_dtype,
-                                                workspace_bytes), None)
-    return lin.removed, lin.last, (ctx.call(names[0], args + [attrs], lin.out_shape, lin.out_dtype, workspace_bytes),
-                                   None)
+        return lin.removed, lin.last, (ctx.call(names[1], args + [lin.residual, attrs], out_shape, lin.out_dtype,
+                                                workspace_bytes), then)
+    return lin.removed, lin.last, (ctx.call(names[0], args + [attrs], out_shape, lin.out_dtype, workspace_bytes),
+                                   then)
 
 
 #: The fewest rows of a GEMM whose output rows :func:`padded_columns` aligns (a decode step's few rows are the GEMV's,
@@ -207,12 +212,8 @@ def matmul_chain(ctx, chains, var, call):
         bias = np.pad(bias, (0, extra))
     # the bias in the result's dtype: cuBLASLt's epilogue reads it so; a residual is cuBLASLt's C (beta = 1)
     args = [lin.x, relax.const(weight.astype(lin.dtype)), relax.const(bias.astype(lin.out_dtype))]
-    attrs = relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32])
-    if padded is None:
-        return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, attrs, GEMM_WORKSPACE_BYTES)
-    out_shape = tuple(lin.out_shape[:-1]) + (padded,)
-    return lin.removed, lin.last, (ctx.call(MATMUL, args + [attrs], out_shape, lin.out_dtype, GEMM_WORKSPACE_BYTES),
-                                   Columns(lin.out_shape[-1]))
+    return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32]),
+                       GEMM_WORKSPACE_BYTES, padded)
 
 
 def _swaps_last_two(axes, ndim: int) -> bool:

@@ -203,12 +203,12 @@ def serving_table(rows: list[dict]) -> list[str]:
         runs.setdefault(run, {}).setdefault((r["engine"], int(r["replicas"])), []).append(r)
     out = []
     for (date, device, model, precision, kernels, buckets), lines in runs.items():
+        first = next(iter(lines.values()))  # the loads, as every line has them
         out += [f"**{model}, {precision}, kernels {kernels}, buckets {buckets} — {device} ({date})**: Ray Serve "
                 "replicas (a GPU each), one-row requests; p50 / p99 ms at each Poisson load (requests a second).", "",
                 "| engine | replicas | capacity /s | " + " | ".join(
-                    f"{float(r['rate_per_s']) / max(int(r['replicas']), 1):.0f}/s a replica" for r in
-                    next(iter(lines.values()))) + " |",
-                "|" + "---|" * (3 + len(next(iter(lines.values()))))]
+                    f"{float(r['rate_per_s']) / max(int(r['replicas']), 1):.0f}/s a replica" for r in first) + " |",
+                "|" + "---|" * (3 + len(first))]
         for (engine, replicas), loads in sorted(lines.items(), key=lambda kv: (kv[0][1], kv[0][0] != "nimble")):
             out.append(f"| {engine} | {replicas} | {float(loads[0]['capacity_per_s']):.0f} | " + " | ".join(
                 f"{float(r['p50_ms']):.1f} / {float(r['p99_ms']):.1f}" for r in loads) + " |")
@@ -288,13 +288,14 @@ def write_report(csv_path: str, md_path: str, png_path: str | None, notes: list[
     tuning = tuning_table(rows)
     if tuning:
         lines += ["## Tuned kernels", ""] + tuning + [""]
-    serving = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "serving.csv")
+    beside = os.path.dirname(os.path.abspath(csv_path))
+    serving = os.path.join(beside, "serving.csv")
     if os.path.exists(serving):
         with open(serving, newline="") as f:
             served = serving_table(list(csv.DictReader(f)))
         if served:
             lines += ["## Serving (`benchmarks/serving.csv`)", ""] + served + [""]
-    findings = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "findings.md")
+    findings = os.path.join(beside, "findings.md")
     if os.path.exists(findings):
         lines += [open(findings).read().strip(), ""]
     if notes:

@@ -250,7 +250,7 @@ class KernelCache:
         weight with the last entry that names it; weights no entry names (an earlier format's, a store that
         failed) and unfinished writes once they are :data:`ORPHAN_SECONDS` old."""
         max_bytes = MAX_BYTES if max_bytes is None else max_bytes
-        entries, blobs = [], {}
+        entries, blobs, now = [], {}, time.time()
         try:
             if os.path.isdir(self.weights):
                 for e in os.scandir(self.weights):
@@ -259,7 +259,7 @@ class KernelCache:
                     stat = e.stat()
                     if not e.name.startswith("."):
                         blobs[e.name] = (stat.st_size, stat.st_mtime)
-                    elif time.time() - stat.st_mtime > ORPHAN_SECONDS:  # a write that never finished
+                    elif now - stat.st_mtime > ORPHAN_SECONDS:  # a write that never finished
                         os.remove(e.path)
             for name in os.listdir(self.directory):
                 folder = os.path.join(self.directory, name)
@@ -270,7 +270,6 @@ class KernelCache:
         except OSError:
             return
         named = collections.Counter(d for *_, ds in entries for d in ds)
-        now = time.time()
         for digest, (_, mtime) in list(blobs.items()):
             if not named[digest] and now - mtime > ORPHAN_SECONDS:
                 self._drop_weight(digest)

@@ -6,12 +6,15 @@ schedule that fits the budget, which is what is checked here against schedules b
 (:func:`~tvm_nimble.compiler.stream_choice.decide`: the simplest schedule unless a more complex one is faster
 beyond the rounds' noise) is checked on hand-computed rounds, and through a build whose timer is the test's.
 """
+import dataclasses
+import shutil
+
 import pytest
 
 from tvm_nimble import zoo
 from tvm_nimble.compiler.build import build
 from tvm_nimble.compiler.report import StreamChoice
-from tvm_nimble.compiler.stream_choice import Decision, _try_priorities, decide
+from tvm_nimble.compiler.stream_choice import Decision, _try_edges, _try_priorities, decide
 from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.timing import ReplayTimes, interleaved_rounds, paired_gain
 
@@ -203,3 +206,85 @@ def test_auto_on_a_gpu_keeps_one_stream_when_the_others_are_within_noise():
     assert (record.chosen, record.chosen_order, record.priority) == (1, "program", None)
     assert record.why.endswith("in 3/5 rounds, within noise: kept 1 stream") and record.why in record.summary()
     assert StreamChoice.from_dict(record.to_dict()) == record
+
+
+class _EdgeRounds:
+    """The stream choice's measurements as given rounds: ``base`` ms for a plan whose edges are all full
+    dependencies, ``base`` times ``factors`` for one with programmatic edges into TVM's kernels."""
+
+    def __init__(self, base: float, factors: list[float]):
+        self.base, self.factors = base, factors
+
+    def replay_ms(self, results):
+        return ReplayTimes([[self.base * (f if r.plan.dependent_launch else 1.0) for r in results]
+                            for f in self.factors])
+
+
+def test_programmatic_edges_are_kept_only_for_a_gain_beyond_noise(widest_inception):
+    waiting = dataclasses.replace(widest_inception, plan=dataclasses.replace(widest_inception.plan,
+                                                                             dependent_launch=True))
+    # kernels that do not wait first: nothing to try
+    assert _try_edges(widest_inception, _EdgeRounds(2.0, [0.5] * 5)) == (widest_inception, None)
+    plan, trial = _try_edges(waiting, _EdgeRounds(2.0, [1.1, 1.12, 1.09, 1.1, 1.11]))  # the edges cost
+    assert not plan.plan.dependent_launch and not plan.plan.dependent_launches and not trial.kept
+    assert plan.plan.launches == waiting.plan.launches and plan.kernels is waiting.kernels
+    assert (trial.full_ms, trial.programmatic_ms) == (2.0, pytest.approx(2.2))
+    assert trial.why == "full edges measured fastest"
+    plan, trial = _try_edges(waiting, _EdgeRounds(2.0, [0.97, 1.02, 0.975, 1.015, 0.98]))  # a noisy tie
+    assert not plan.plan.dependent_launch and not trial.kept and "within noise: kept full edges" in trial.why
+    plan, trial = _try_edges(waiting, _EdgeRounds(2.0, [0.95, 0.96, 0.95, 1.1, 0.95]))
+    assert plan is waiting and trial.kept
+    assert trial.why == "programmatic edges faster than full edges by 5.0% ± 0.0% in 4/5 rounds"
+
+
+class _SlowEdgesTimer:
+    """The build's timer for a test: a launch costs 1 ms; a replay the plan's launches over its streams, 8% more
+    with programmatic edges into TVM's kernels. Counts its calls."""
+
+    where = "the test's timer"
+
+    def __init__(self):
+        self.calls = 0
+
+    def arch(self):
+        return "sm_90"
+
+    def fingerprint(self):
+        return {"name": "Test GPU", "arch": "sm_90"}
+
+    def launch_ms(self, result, reps):
+        self.calls += 1
+        return [1.0] * len(result.plan.launches)
+
+    def replay_ms(self, results):
+        self.calls += 1
+        return ReplayTimes([[len(r.plan.launches) / r.plan.num_streams * (1.08 if r.plan.dependent_launch else 1.0)
+                             for r in results] for _ in range(5)])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (TVM's kernels compiled for sm_90)")
+def test_a_build_whose_programmatic_edges_measure_slower_drops_them_and_a_warm_build_measures_nothing(tmp_path):
+    """Kernels compiled for sm_90 begin by waiting (codegen/dependent_launch.py); max_streams='auto' replays the chosen
+    plan both ways and, the edges measuring slower, keeps every edge full. The next build of the same model (a new
+    session on the same cache) measures nothing and makes the same plan and record."""
+    from test_timing_cache import SM90
+
+    from tvm_nimble.compiler.build import build_with
+    from tvm_nimble.compiler.options import BuildOptions
+
+    model = zoo.get_model("inception", blocks=2, hw=8, channels=8)
+    options = BuildOptions.create(SM90, kernels="tvm", timing_cache=str(tmp_path / "cache"))
+    timer = _SlowEdgesTimer()
+    result = build_with(model, options, timer=timer)
+    record = result.report.stream_choice
+    assert timer.calls and record.edges is not None and not record.edges.kept
+    assert record.edges.programmatic_ms == pytest.approx(record.edges.full_ms * 1.08)
+    assert not result.plan.dependent_launch and not result.plan.dependent_launches
+    assert record.chosen_ms == record.edges.full_ms
+    assert "programmatic edges into TVM's kernels" in record.summary() and "not kept" in record.summary()
+    assert StreamChoice.from_dict(record.to_dict()) == record
+
+    warm = _SlowEdgesTimer()
+    again = build_with(model, options, timer=warm)
+    assert warm.calls == 0
+    assert again.plan.to_json() == result.plan.to_json() and again.report.stream_choice == record

@@ -264,13 +264,17 @@ def test_every_probe_is_compiled_and_timed_once_and_the_attention_probe_holds_th
     assert len(timer.launched) == len(set(timer.launched))
 
 
-def test_a_schedule_with_one_candidate_is_not_replayed():
-    """A chain (densenet's dense layers) has one schedule whatever the cap: nothing to choose or measure."""
+def test_a_schedule_with_one_candidate_is_replayed_only_for_its_edges():
+    """A chain (densenet's dense layers) has one schedule whatever the cap: no cap to choose, and one replay of it
+    with and without programmatic edges into its TVM kernels (sm_90: they wait first), which the test's timer
+    times alike, so the simpler plan, every edge full, is kept."""
     timer = PlanCostTimer()
     result = build_with(zoo.densenet(), BuildOptions.create(SM90, kernels="tvm", timing_cache=None), timer=timer)
     record = result.report.stream_choice
     assert result.plan.num_streams == 1 and [c.max_streams for c in record.candidates] == [1]
-    assert record.how == "the only candidate" and timer.total == 0
+    assert record.how == "the only candidate" and timer.calls == {"launch_ms": 0, "replay_ms": 1, "gemm_us": 0}
+    assert record.edges is not None and not record.edges.kept and not result.plan.dependent_launch
+    assert record.edges.why == "full edges measured fastest"
 
 
 def test_phases_are_timed_in_info_explain_and_compile(tmp_path, capsys):

@@ -362,11 +362,31 @@ class StreamPriority:
 
 
 @dataclass(frozen=True)
+class EdgesTrial:
+    """The chosen plan replayed with its edges into TVM's kernels programmatic (sm_90+: the kernels begin by waiting,
+    ``codegen/dependent_launch.py``) and with every edge a full dependency: both times, whether the programmatic
+    edges were kept, and why (the rounds' verdict)."""
+
+    full_ms: float
+    programmatic_ms: float
+    kept: bool
+    why: str | None = None
+
+    def to_dict(self) -> dict:
+        return _without_none(asdict(self))
+
+    @classmethod
+    def from_dict(cls, e: dict) -> "EdgesTrial":
+        return cls(e["full_ms"], e["programmatic_ms"], e["kept"], e.get("why"))
+
+
+@dataclass(frozen=True)
 class StreamChoice:
     """``max_streams="auto"``'s record (:mod:`.stream_choice`): every candidate, the cap and order chosen, how
     (``how``: measured where, the only candidate, or the widest that fits with nothing measured) and, where
     measured, why (``why``: "cap 2 faster than 1 stream by 3.1% ± 0.4% in 5/5 rounds", or the faster one's gain
-    within noise and the simpler schedule kept)."""
+    within noise and the simpler schedule kept). ``edges``: the chosen plan's trial of programmatic edges into TVM's
+    kernels, where its kernels wait first and the choice measured."""
 
     memory_budget: int | None
     candidates: tuple[StreamCandidate, ...]
@@ -375,6 +395,7 @@ class StreamChoice:
     how: str
     priority: StreamPriority | None = None
     why: str | None = None
+    edges: EdgesTrial | None = None
 
     def to_dict(self) -> dict:
         out = {"memory_budget": self.memory_budget, "candidates": [c.to_dict() for c in self.candidates],
@@ -383,18 +404,24 @@ class StreamChoice:
             out["priority"] = self.priority.to_dict()
         if self.why is not None:
             out["why"] = self.why
+        if self.edges is not None:
+            out["edges"] = self.edges.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, record: dict) -> "StreamChoice":
-        p = record.get("priority")
+        p, e = record.get("priority"), record.get("edges")
         return cls(record.get("memory_budget"), tuple(StreamCandidate.from_dict(c) for c in record["candidates"]),
                    record["chosen"], record.get("chosen_order", "program"), record["how"],
-                   StreamPriority.from_dict(p) if p else None, record.get("why"))
+                   StreamPriority.from_dict(p) if p else None, record.get("why"),
+                   EdgesTrial.from_dict(e) if e else None)
 
     @property
     def chosen_ms(self) -> float | None:
-        """The chosen schedule's measured latency (with its priorities where they were kept), or None."""
+        """The chosen schedule's measured latency (with its priorities where they were kept, with or without the
+        programmatic edges as kept), or None."""
+        if self.edges is not None:
+            return self.edges.programmatic_ms if self.edges.kept else self.edges.full_ms
         if self.priority is not None and self.priority.kept:
             return self.priority.measured_ms
         return next((c.measured_ms for c in self.candidates
@@ -414,6 +441,10 @@ class StreamChoice:
             text += (f"; critical-path stream priority on {sum(p.streams)} of {len(p.streams)} streams: "
                      f"{p.measured_ms:.3f} vs {p.base_ms:.3f} ms, {'kept' if p.kept else 'not kept'}"
                      + (f" ({p.why})" if p.why else ""))
+        e = self.edges
+        if e:
+            text += (f"; programmatic edges into TVM's kernels: {e.programmatic_ms:.3f} vs {e.full_ms:.3f} ms, "
+                     f"{'kept' if e.kept else 'not kept'}" + (f" ({e.why})" if e.why else ""))
         return text
 
 

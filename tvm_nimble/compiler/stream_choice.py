@@ -13,7 +13,11 @@ and :func:`decide` keeps the simplest plan that the fastest does not beat beyond
 ``MIN_GAIN`` (fewer streams, then program order before the cost-aware one). The chosen multi-stream plan is then
 tried with CUDA stream priorities: the streams that carry the critical path (the same one-stream kernel times,
 along the plan's dependencies) go first when streams compete for the GPU; the prioritized plan is kept only if it
-too wins by that rule. A memory budget drops every candidate whose concurrency-safe pool does not fit.
+too wins by that rule. Where the kernels begin by waiting for the ones before them (sm_90+,
+``codegen/dependent_launch.py``), the chosen plan is last replayed with its edges into TVM's kernels programmatic
+and with every edge a full dependency, and the programmatic edges are kept by that rule too (a kernel launched
+early holds resources on the GPU while it waits, so they can cost as well as gain). A memory budget drops every
+candidate whose concurrency-safe pool does not fit.
 Without a GPU of the target's arch here, the largest cap that fits the budget is kept (Nimble's
 schedule), with a one-line note. Every measurement (the one-stream kernel times, the side-by-side
 replays, the priority trial) is kept in the build session's cache (:mod:`.session`), keyed by the
@@ -34,14 +38,14 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.timing import ReplayTimes, paired_gain
 
 from . import timing_cache
-from .report import StreamCandidate, StreamChoice, StreamPriority
+from .report import EdgesTrial, StreamCandidate, StreamChoice, StreamPriority
 from .stages import schedule
 
 CAPS = (1, 2, 3, 4, 6, 8)
 #: a more complex schedule replaces a simpler one only when it is more than this much faster (and beyond noise)
 MIN_GAIN = 0.01
 #: the rule :func:`decide` chooses by, in the stream choice's cache key: a decision made by another rule is not reused
-RULE = "simplest within noise of the fastest"
+RULE = "simplest within noise of the fastest; programmatic edges tried"
 
 
 def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
@@ -202,9 +206,10 @@ def choose_streams(result, session, reuse: str | None = None,
         if known is not None:
             return known
     candidates = _candidates(result, reuse, memory_budget)
-    if len(candidates) == 1:  # a chain (densenet121): nothing to choose, so nothing to measure
+    if len(candidates) == 1:  # a chain (densenet121): no cap to choose; only the edges, where a GPU can try them
         (key, chosen), = candidates.items()
-        return chosen, StreamChoice(memory_budget, _describe(candidates), *key, how="the only candidate")
+        chosen, edges = _try_edges(chosen, measured) if measuring else (chosen, None)
+        return chosen, StreamChoice(memory_budget, _describe(candidates), *key, how="the only candidate", edges=edges)
     if not measuring:
         if target.kind.name == "cuda" and result.kernels is not None:
             session.note(f"max_streams='auto' measures schedules on a {target.attrs['arch']} GPU and {timer.where} has "
@@ -223,12 +228,13 @@ def choose_streams(result, session, reuse: str | None = None,
     chosen, priority = candidates[best], None
     if best[0] != 1 and costs is not None:
         chosen, priority = _try_priorities(chosen, costs, measured)
+    chosen, edges = _try_edges(chosen, measured)
     record = StreamChoice(memory_budget, _describe(candidates, dict(zip(keys, rounds.median()))), *best,
                           how=f"measured on {timer.where}: CUDA-graph replays, side by side", priority=priority,
-                          why=decision.why)
+                          why=decision.why, edges=edges)
     measured.session.keep(decision_key, {
         "chosen": list(best), "costs": costs, "prioritized": bool(priority and priority.kept),
-        "plan": _plan_digest(chosen), "record": record.to_dict()})
+        "full_edges": bool(edges and not edges.kept), "plan": _plan_digest(chosen), "record": record.to_dict()})
     return chosen, record
 
 
@@ -236,7 +242,8 @@ def _valid_decision(value) -> bool:
     return (isinstance(value, dict) and isinstance(value.get("chosen"), list) and len(value["chosen"]) == 2
             and isinstance(value["chosen"][0], int) and value["chosen"][1] in ("program", "slack")
             and (value.get("costs") is None or timing_cache.numbers()(value["costs"]))
-            and isinstance(value.get("prioritized"), bool) and isinstance(value.get("plan"), str)
+            and isinstance(value.get("prioritized"), bool) and isinstance(value.get("full_edges", False), bool)
+            and isinstance(value.get("plan"), str)
             and isinstance(value.get("record"), dict))
 
 
@@ -259,6 +266,8 @@ def _decided(result, reuse: str, measured: "_Measured", key) -> tuple[object, St
         return None
     if known["prioritized"]:
         chosen = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
+    if known.get("full_edges", False):
+        chosen = without_programmatic_edges(chosen)
     if _plan_digest(chosen) != known["plan"]:
         return None
     return chosen, StreamChoice.from_dict(known["record"])
@@ -277,6 +286,25 @@ def prioritized(result, durations):
 
     plan = dataclasses.replace(result.plan, stream_priority=critical_stream_priority(result.plan, durations))
     return dataclasses.replace(result, plan=plan)
+
+
+def without_programmatic_edges(result):
+    """``result`` with its plan's edges into TVM's kernels full dependencies (the same kernels: their wait then
+    finds the kernels before them done)."""
+    return dataclasses.replace(result, plan=dataclasses.replace(result.plan, dependent_launch=False))
+
+
+def _try_edges(chosen, measured: _Measured) -> tuple[object, EdgesTrial | None]:
+    """(``chosen`` with programmatic edges into TVM's kernels if :func:`decide` keeps them, the more complex of the
+    two, else without; the trial's record), or (``chosen``, None) where its kernels do not wait first."""
+    if not chosen.plan.dependent_launch:
+        return chosen, None
+    full = without_programmatic_edges(chosen)
+    rounds = measured.replay_ms([full, chosen])
+    decision = decide(rounds, ["full edges", "programmatic edges"])
+    full_ms, programmatic_ms = rounds.median()
+    kept = decision.chosen == 1
+    return (chosen if kept else full), EdgesTrial(full_ms, programmatic_ms, kept, decision.why)
 
 
 def _try_priorities(chosen, costs, measured: _Measured) -> tuple[object, StreamPriority]:

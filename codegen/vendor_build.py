@@ -387,6 +387,13 @@ def link_units(units: list[VendorUnit], objects: list[str], tools: Toolchain) ->
     return cached(out, link, f"nvcc vendor link of {len(units)} units")
 
 
+def units_compiled(arch: str, kernels: Iterable[str] | None = None) -> bool:
+    """Whether every unit a library of ``kernels`` needs (:func:`units_for`) is compiled already for ``arch``: then
+    :func:`build_vendor_library` has at most a link to do."""
+    tools = Toolchain.find(arch)
+    return all(os.path.exists(tools.object_path(u)) for u in units_for(kernels))
+
+
 def build_vendor_library(arch: str, out_path: str | None = None, kernels: Iterable[str] | None = None) -> str:
     """Compile the extension for ``arch`` (e.g. "sm_90"); return the path of the shared library.
 

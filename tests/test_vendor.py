@@ -279,6 +279,30 @@ def test_one_unit_builds_links_and_loads_alone(tmp_path, monkeypatch):
     assert build_vendor_library("sm_90", kernels=[vendor_abi.NORM.prefix]) == path  # the same units: the cached library
 
 
+def test_a_pending_library_compiles_in_the_background_and_wait_gives_it_loaded(tmp_path, monkeypatch):
+    """A cold cache: PendingLibrary starts the units' compile and returns at once (the kernel choice compiles and
+    times TVM's kernels meanwhile); wait() gives the built library, loaded. With its units compiled, a second one
+    has nothing to run in the background."""
+    ok, why = _available()
+    if not ok:
+        pytest.skip(f"cannot build the vendor extension here: {why}")
+    import tvm
+
+    from tvm_nimble.codegen.compile_cache import records
+    from tvm_nimble.compiler.stages import PendingLibrary
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TVM_NIMBLE_CACHE_DIR", str(cache))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    pending = PendingLibrary(target, {vendor_abi.NORM_LAYER_NORM})
+    assert pending.compiling and not records(str(cache))  # running: nvcc takes seconds, the constructor returned
+    path = pending.wait()
+    assert sorted(r.what for r in records(str(cache))) == ["nvcc vendor link of 1 units", "nvcc vendor unit layer_norm"]
+    assert vendor_abi.NORM_LAYER_NORM in vendor.library_functions(ctypes.CDLL(path))
+    again = PendingLibrary(target, {vendor_abi.NORM_LAYER_NORM})
+    assert not again.compiling and again.wait() == path
+
+
 def test_a_unit_that_needs_one_left_out_fails_the_link(tmp_path):
     """The link refuses an undefined symbol: a library missing a unit another calls is a build error, not a
     library that fails to load."""

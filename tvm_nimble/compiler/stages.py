@@ -124,6 +124,33 @@ def vendor_library(target: tvm.target.Target, kernels=None) -> str:
     return _vendor_library(str(target.attrs["arch"]), None if kernels is None else frozenset(kernels))
 
 
+class PendingLibrary:
+    """The vendor extension of some kernels, being compiled in a background thread (its units' nvcc processes) while
+    the caller does other work; :meth:`wait` gives what :func:`vendor_library` gives (loaded in this process)."""
+
+    def __init__(self, target: tvm.target.Target, kernels):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from tvm_nimble.codegen.vendor_build import build_vendor_library, units_compiled
+
+        self.target, self.kernels = target, kernels
+        arch = str(target.attrs["arch"])
+        #: whether units had to be compiled (else nothing runs in the background: the link, if any, waits for wait())
+        self.compiling = not units_compiled(arch, kernels)
+        self._future = None
+        if self.compiling:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nimble-vendor")
+            self._future = pool.submit(build_vendor_library, arch, kernels=kernels)
+            pool.shutdown(wait=False)
+
+    def wait(self) -> str:
+        """The library's path, built and loaded; a failed build raises here its one line, as :func:`vendor_library`
+        does (the build is made again in this thread, from the objects compiled so far)."""
+        if self._future is not None:
+            self._future.exception()  # (waits; an error is raised by the call below)
+        return vendor_library(self.target, self.kernels)
+
+
 def one_vendor_library(modules: dict, target: tvm.target.Target) -> dict:
     """``modules`` (key -> built module: a bucketed model's buckets, a generator's steps) with one vendor extension
     between them, of the units any of their plans calls: an artifact holds one."""

@@ -294,28 +294,31 @@ def without_programmatic_edges(result):
     return dataclasses.replace(result, plan=dataclasses.replace(result.plan, dependent_launch=False))
 
 
+def _side_by_side(simpler, complex_, labels: list[str], measured: _Measured) -> tuple[float, float, bool, str]:
+    """The two plans replayed side by side: (the simpler's ms, the more complex one's, whether :func:`decide` keeps
+    the more complex one, why)."""
+    rounds = measured.replay_ms([simpler, complex_])
+    decision = decide(rounds, labels)
+    simpler_ms, complex_ms = rounds.median()
+    return simpler_ms, complex_ms, decision.chosen == 1, decision.why
+
+
 def _try_edges(chosen, measured: _Measured) -> tuple[object, EdgesTrial | None]:
     """(``chosen`` with programmatic edges into TVM's kernels if :func:`decide` keeps them, the more complex of the
     two, else without; the trial's record), or (``chosen``, None) where its kernels do not wait first."""
     if not chosen.plan.dependent_launch:
         return chosen, None
     full = without_programmatic_edges(chosen)
-    rounds = measured.replay_ms([full, chosen])
-    decision = decide(rounds, ["full edges", "programmatic edges"])
-    full_ms, programmatic_ms = rounds.median()
-    kept = decision.chosen == 1
-    return (chosen if kept else full), EdgesTrial(full_ms, programmatic_ms, kept, decision.why)
+    full_ms, programmatic_ms, kept, why = _side_by_side(full, chosen, ["full edges", "programmatic edges"], measured)
+    return (chosen if kept else full), EdgesTrial(full_ms, programmatic_ms, kept, why)
 
 
 def _try_priorities(chosen, costs, measured: _Measured) -> tuple[object, StreamPriority]:
     """(``chosen`` with critical-path stream priorities if :func:`decide` keeps them, the more complex of the two,
     else ``chosen``; the trial's record); ``costs`` are the kernels' one-stream times (see :func:`kernel_costs`)."""
     candidate = prioritized(chosen, [costs[k] for k in chosen.assignment.order])
-    rounds = measured.replay_ms([chosen, candidate])
-    decision = decide(rounds, ["no priorities", "critical-path priorities"])
-    base_ms, prio_ms = rounds.median()
-    kept = decision.chosen == 1
-    trial = StreamPriority(tuple(int(s) for s in candidate.plan.stream_priority), base_ms, prio_ms, kept,
-                           decision.why)
+    base_ms, prio_ms, kept, why = _side_by_side(chosen, candidate, ["no priorities", "critical-path priorities"],
+                                                measured)
+    trial = StreamPriority(tuple(int(s) for s in candidate.plan.stream_priority), base_ms, prio_ms, kept, why)
     return (candidate if kept else chosen), trial
 

@@ -60,7 +60,10 @@ def _one(onnx_path: str, target: str, kernels: str, precision: str, profile_to: 
 
 def _in_fresh_process(onnx_path: str, target: str, kernels: str, precision: str, cache: str,
                       profile_to: str = "") -> dict:
+    from tvm_nimble import env as nimble_env
+
     env = dict(os.environ, XDG_CACHE_HOME=cache)
+    env.pop(nimble_env.CACHE_DIR, None)  # it would win over XDG_CACHE_HOME: the "cold" build would be warm
     r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels, precision, profile_to],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -70,7 +73,9 @@ def _in_fresh_process(onnx_path: str, target: str, kernels: str, precision: str,
 
 def _vendor_cache() -> str | None:
     """This user's cache of built vendor extensions (copied into each cold cache: building it is not build())."""
-    root = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "tvm-nimble", "vendor")
+    from tvm_nimble import env
+
+    root = env.cache_dir("vendor")
     return root if glob.glob(os.path.join(root, "*", "*.so")) else None
 
 

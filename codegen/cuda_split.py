@@ -85,38 +85,55 @@ def split_units(code: str, unit_bytes: int | None = None) -> list[str] | None:
     return [preamble + "\n" + "\n\n".join(u) + "\n" for u in units]
 
 
-def _parse_ptx(ptx: str) -> tuple[list[str], list[tuple[str, str]]] | None:
-    """(header lines, [(entry name, text)]) of one unit's PTX; None if it has any other top-level statement."""
+def _braces(line: str) -> int:
+    """How far ``line`` opens (+) or closes (-) PTX's brace scopes, its comment left out. An entry's inline asm
+    opens scopes of its own (``{.reg .f16 low,high;`` ... ``}``, cuda_fp16's conversions, the warp shuffles),
+    some closed by a ``}`` at the start of a line, so an entry ends where its depth returns to zero."""
+    code = line.split("//", 1)[0]
+    return code.count("{") - code.count("}")
+
+
+def _parse_ptx(ptx: str) -> tuple[list[str], list[str], list[tuple[str, str]]] | None:
+    """(header lines, declarations, [(entry name, text)]) of one unit's PTX; None if it has any other top-level
+    statement. Declarations: the dynamic shared memory's ``.extern .shared`` array, which every unit that launches
+    with dynamic shared memory declares alike (each kernel gets its own at launch: no state shared across units)."""
     lines = ptx.split("\n")
-    header, entries, current, name = [], [], None, None
+    header, declarations, entries, current, name, depth = [], [], [], None, None, 0
     for line in lines:
         if current is not None:
             current.append(line)
-            if line == "}":
+            depth += _braces(line)
+            if depth == 0 and line.split("//", 1)[0].strip().endswith("}"):
                 entries.append((name, "\n".join(current)))
                 current = None
+            elif depth < 0:
+                return None
             continue
         match = _ENTRY.match(line)
         if match:
-            name, current = match.group(1), [line]
+            name, current, depth = match.group(1), [line], _braces(line)
         elif line.startswith((".version", ".target", ".address_size")):
-            if entries:
+            if entries or declarations:
                 return None
             header.append(line)
+        elif line.startswith(".extern .shared ") and line.endswith("[];"):
+            declarations.append(line)
         elif line.strip() and not line.strip().startswith("//"):
             return None  # a global, an extern or a device function: shared state across units
-    return (header, entries) if current is None else None
+    return (header, declarations, entries) if current is None else None
 
 
 def merge_ptx(parts: list[str]) -> str | None:
-    """The PTX of the units as one module: one header, every entry in unit order, labels numbered by the
-    entry's place in the whole (as one cicc run numbers them); None where a part does not merge."""
+    """The PTX of the units as one module: one header, the units' declarations once each, every entry in unit
+    order, labels numbered by the entry's place in the whole (as one cicc run numbers them); None where a part
+    does not merge."""
     parsed = [_parse_ptx(p) for p in parts]
-    if any(p is None for p in parsed) or len({tuple(h) for h, _ in parsed}) != 1:
+    if any(p is None for p in parsed) or len({tuple(h) for h, _, _ in parsed}) != 1:
         return None
     out = list(parsed[0][0])
+    out += list(dict.fromkeys(d for _, declarations, _ in parsed for d in declarations))
     index = 0
-    for _, entries in parsed:
+    for _, _, entries in parsed:
         for name, text in entries:
             out += ["", f"\t// .globl\t{name}", _LABEL.sub(f"$L__BB{index}_", text)]
             index += 1

@@ -95,3 +95,19 @@ def test_a_kernel_is_scheduled_once_per_process_and_gets_the_same_schedule():
     for mod, lowered in ((model, again), (renamed, other)):  # DLight on every kernel again: the reference
         assert lowered.script() == lower(from_onnx(mod), CUDA).script()
         cache.clear()
+
+
+def test_a_reduced_precision_builds_saturated_casts_fold_with_numpy_and_no_llvm_build(monkeypatch):
+    """The BatchNormalization scales a float16 build computes from constants (saturated, then cast: five operator
+    calls each) are evaluated with numpy, bit for bit FoldConstant's, with no LLVM build (seconds per build)."""
+    from tvm_nimble.relay_passes import fold_constants
+    from tvm_nimble.relay_passes.precision import to_precision
+
+    converted = to_precision(from_onnx(zoo.get_model("densenet")), "float16", fold=False)
+    builds = []
+    real = fold_constants._build_all
+    monkeypatch.setattr(fold_constants, "_build_all", lambda funcs: builds.append(len(funcs)) or real(funcs))
+    batched = BatchedFoldConstant()(converted)
+    assert constant_calls(converted, "operators") > 0 and constant_calls(batched, "operators") == 0
+    assert builds == []
+    assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(batched), relax.transform.FoldConstant()(converted))

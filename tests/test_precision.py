@@ -72,6 +72,44 @@ def test_the_fp32_reference_is_kept_for_the_next_build_of_the_same_model_and_wei
     assert 0 < rebuilt.report.accuracy.rel_l2 < BOUND["bf16"]
 
 
+def test_the_fp32_reference_compiled_by_a_child_process_gives_the_same_report(tmp_path):
+    """A CUDA build compiles its reference in a child process from its import on (here forced on llvm): the child's
+    library gives the error the reference built in the process gives; a child whose module is not the parent's
+    (another model's file) is not used (the reference is built here), and nothing is left in its folder."""
+    import os
+
+    import onnx
+
+    from tvm_nimble.compiler import accuracy
+    from tvm_nimble.compiler.session import BuildSession
+
+    from tvm_nimble.compiler.stock import StockVM, build_stock_vm
+
+    model = zoo.get_model("inception")
+    built = build(model, "llvm", precision="fp16", max_streams=None, timing_cache="off")
+    fp32_mod = import_model(model)
+    x = random_inputs(built.plan, 0)
+    here = StockVM(build_stock_vm(fp32_mod, tvm.target.Target("llvm")), tvm.cpu(), x).outputs()
+    child = accuracy.start_reference(model, None, fp32_mod, BuildSession(built.options), background=True).executable()
+    assert child is not None
+    assert all(np.array_equal(a, b) for a, b in zip(StockVM(child, tvm.cpu(), x).outputs(), here))
+
+    session = BuildSession(built.options)
+    pending = accuracy.start_reference(model, None, fp32_mod, session, background=True)
+    report = accuracy.measure(fp32_mod, built, tvm.cpu(), session, pending)
+    assert report.reference_cached is False and report.rel_l2 == built.report.accuracy.rel_l2 > 0
+    assert not os.path.exists(pending.folder)
+    # cached now in this session: no child is started
+    assert accuracy.start_reference(model, None, fp32_mod, session, background=True) is None
+
+    other = tmp_path / "other.onnx"
+    onnx.save(zoo.get_model("inception", seed=1), str(other))
+    session = BuildSession(built.options)
+    wrong = accuracy.start_reference(str(other), None, fp32_mod, session, background=True)
+    assert wrong.executable() is None and not os.path.exists(wrong.folder)
+    assert accuracy.measure(fp32_mod, built, tvm.cpu(), session, wrong).rel_l2 == built.report.accuracy.rel_l2
+
+
 def _dtypes_by_op(mod):
     """op name -> set of dtypes it computes in, read from the module."""
     seen = {}

@@ -4,10 +4,12 @@ The reference is the same model in float32 run by stock TVM (its default kernels
 the build's target; the inputs are seeded, and a report counts only when the reference's output
 depends on the input (a random-init model can collapse to a constant, and then every build agrees).
 
-Building that reference is a whole stock TVM build (13.5 of a warm googlenet fp16 build's 22.7 s on an
-H100), so its outputs are kept in the build session's cache (:mod:`.session`, kind ``fp32_reference``),
-keyed by the float32 module's structural hash (its weights included), the seeds and the inputs' shapes: the
-next build of the same model on the same GPU, in any precision, measures its error against them.
+Building that reference is a whole stock TVM build (10-17 s of an H100's cold fp16 build of googlenet,
+inception_v3 or resnet50), so its outputs are kept in the build session's cache (:mod:`.session`, kind
+``fp32_reference``), keyed by the float32 module's structural hash (its weights included), the seeds and the
+inputs' shapes: the next build of the same model on the same GPU, in any precision, measures its error against
+them. Where they are not cached, a CUDA build compiles the reference in a child process from its start
+(:func:`start_reference`, :mod:`.reference_build`), beside the kernel choice, instead of after it.
 
 A build whose outputs hold NaN or infinity where float32's are finite (an fp16 overflow) fails, with or without
 ``max_error``: its relative L2 error is NaN, which no bound compares above.
@@ -48,32 +50,58 @@ def unmeasurable(options) -> str | None:
     return None
 
 
-def report(fp32_mod: tvm.IRModule | None, result, session) -> Accuracy:
-    """The accuracy stage of a build session: the report of ``result`` against ``fp32_mod``, measured where the
-    build's target can run here; else the reason it is not."""
+def _why_not(options) -> str | None:
+    """Why a build with ``options`` gets no measured error, as far as the options say (see :func:`report`)."""
+    if not options.compile_kernels:
+        return "kernels were not compiled"
+    return unmeasurable(options)
+
+
+def start_reference(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, session, background: bool | None = None):
+    """The reference of a build of ``model`` (imported as ``fp32_mod`` with ``shape_dict``) being compiled by a child
+    process (:class:`.reference_build.PendingReference`), where the accuracy stage will need it and the session's
+    cache does not have it; else None. ``background``: whether to (default: for a CUDA target, whose reference
+    takes seconds of nvcc)."""
     options = session.options
-    why = unmeasurable(options)
+    if background is None:
+        background = options.is_cuda
+    if not background or options.precision == "fp32" or options.kv_cache is not None or _why_not(options):
+        return None
+    key = reference_key(fp32_mod, session)
+    if key is None or session.cached(key, valid=lambda value: _decoded(value) is not None) is not None:
+        return None
+    from .reference_build import start
+
+    return start(model, shape_dict, fp32_mod, session.target, session.module_hash(fp32_mod))
+
+
+def report(fp32_mod: tvm.IRModule | None, result, session, pending=None) -> Accuracy:
+    """The accuracy stage of a build session: the report of ``result`` against ``fp32_mod``, measured where the
+    build's target can run here; else the reason it is not. ``pending``: :func:`start_reference`'s."""
+    options = session.options
+    why = _why_not(options)
     if fp32_mod is None:
         why = "the build started from a kernel selection, not the model"
-    elif not options.compile_kernels:
-        why = "kernels were not compiled"
     elif result.plan.states:
         why = "a step of generation (its KV cache is state): the generator checks its logits"
     if why is not None:
+        if pending is not None:
+            pending.cancel()
         return Accuracy(options.precision, None, why=why)
-    return measure(fp32_mod, result, tvm.cuda(0) if options.is_cuda else tvm.cpu(), session)
+    return measure(fp32_mod, result, tvm.cuda(0) if options.is_cuda else tvm.cpu(), session, pending)
 
 
-def measure(fp32_mod: tvm.IRModule, result, device, session) -> Accuracy:
+def measure(fp32_mod: tvm.IRModule, result, device, session, pending=None) -> Accuracy:
     """The error of ``result`` (the largest relative L2 over :data:`SEEDS`), whether the reference depends on the
     input, whether it came from the cache, and how many output values are NaN or infinite where the reference's
-    are finite. The reference comes from (and goes to) ``session``'s cache."""
+    are finite. The reference comes from (and goes to) ``session``'s cache, else from ``pending`` (a child's
+    build of it), else it is built here."""
     from tvm_nimble.runtime.loading import NimbleExecutor
     from tvm_nimble.runtime.timing import random_inputs
 
     target = result.options.target
     inputs = [random_inputs(result.plan, seed) for seed in SEEDS]
-    refs, cached = reference_outputs(fp32_mod, inputs, session, device)
+    refs, cached = reference_outputs(fp32_mod, inputs, session, device, pending)
     executor = NimbleExecutor(result, device=device)
     outs = [[o.numpy() for o in executor(*x)] for x in inputs]
     errors = [rel_l2(out, ref) for out, ref in zip(outs, refs)]
@@ -85,17 +113,45 @@ def measure(fp32_mod: tvm.IRModule, result, device, session) -> Accuracy:
                     reference_cached=cached, non_finite=non_finite)
 
 
-def reference_outputs(fp32_mod: tvm.IRModule, inputs: list, session, device) -> tuple[list, bool]:
+def _input_specs(mod: tvm.IRModule) -> list | None:
+    """[[shape, dtype]] of ``mod``'s ``main`` parameters (the model's inputs), None where a shape is not static."""
+    specs = []
+    for p in mod["main"].params:
+        ty = p.ty
+        if not isinstance(ty, tvm.relax.TensorType) or not isinstance(ty.shape, tvm.relax.ShapeExpr) \
+                or not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values):
+            return None
+        specs.append([[int(d) for d in ty.shape.values], str(ty.dtype)])
+    return specs
+
+
+def reference_key(fp32_mod: tvm.IRModule, session, inputs: list | None = None):
+    """The cache key of the reference outputs of ``fp32_mod`` on :data:`SEEDS`' inputs: the inputs' shapes and
+    dtypes from the module's parameters (from ``inputs``, the arrays, where those are not static; None without)."""
+    specs = _input_specs(fp32_mod)
+    if specs is None:
+        if inputs is None:
+            return None
+        specs = [[list(np.shape(x)), str(np.asarray(x).dtype)] for x in inputs[0]]
+    return session.key(REFERENCE_KIND, fp32_mod, seeds=list(SEEDS), inputs=[specs for _ in SEEDS])
+
+
+def reference_outputs(fp32_mod: tvm.IRModule, inputs: list, session, device, pending=None) -> tuple[list, bool]:
     """(stock TVM's float32 outputs of ``fp32_mod`` on each input list of ``inputs``, whether they came from the
-    session's cache). Computed outputs are kept there for the next build (up to :data:`MAX_CACHED_BYTES`)."""
-    key = session.key(REFERENCE_KIND, fp32_mod, seeds=list(SEEDS),
-                      inputs=[[[list(np.shape(x)), str(np.asarray(x).dtype)] for x in xs] for xs in inputs])
+    session's cache). Computed outputs are kept there for the next build (up to :data:`MAX_CACHED_BYTES`); the
+    stock build is ``pending``'s (a child process's) where that made it, else made here."""
+    key = reference_key(fp32_mod, session, inputs)
     found = session.cached(key, valid=lambda value: _decoded(value) is not None)
     if found is not None:
+        if pending is not None:
+            pending.cancel()
         return _decoded(found), True
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
 
-    reference = StockVM(build_stock_vm(fp32_mod, session.target), device, [])
+    executable = pending.executable() if pending is not None else None
+    if executable is None:
+        executable = build_stock_vm(fp32_mod, session.target)
+    reference = StockVM(executable, device, [])
     refs = [_outputs(reference.main(*[tvm.runtime.tensor(x, device) for x in xs])) for xs in inputs]
     if sum(r.nbytes for outs in refs for r in outs) <= MAX_CACHED_BYTES:
         session.keep(key, [[_encode(r) for r in outs] for outs in refs])

@@ -44,11 +44,14 @@ class _State:
     merge_record: MergeChoice | None = None
     selection: Selection | None = None
     result: BuildResult | None = None
+    reference: object = None  # the accuracy report's float32 reference, compiling in a child process (or None)
 
 
 def _import(session, state: _State) -> None:
     with session.phases("import"):
         state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict)
+        if not state.params:  # (a child imports the model file again: bound parameters would not be there)
+            state.reference = accuracy.start_reference(state.model, state.shape_dict, state.fp32_mod, session)
 
 
 def _precision(session, state: _State) -> None:
@@ -93,7 +96,7 @@ def _streams(session, state: _State) -> None:
 def _accuracy(session, state: _State) -> None:
     if session.options.precision != "fp32":
         with session.phases("accuracy"):
-            report = accuracy.report(state.fp32_mod, state.result, session)
+            report = accuracy.report(state.fp32_mod, state.result, session, state.reference)
         state.result = dataclasses.replace(state.result, report=state.result.report.replace(accuracy=report))
         accuracy.check(report, session.options.max_error)
 

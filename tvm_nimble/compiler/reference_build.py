@@ -8,7 +8,9 @@ model, compiles it and exports the library; the accuracy stage loads that librar
 
 A process and not a thread: the kernel choice and the stream choice time kernels from Python (launch, then
 synchronize, per sample), and a thread compiling beside them would take the GIL between a launch and its
-synchronize (DLight's schedules are Python), adding milliseconds to samples of microseconds.
+synchronize (DLight's schedules are Python), adding milliseconds to samples of microseconds. The child runs at a
+lower priority (``nice`` 10) with half the build's nvcc processes, so that the build it runs beside (its timers,
+its own compiles: the critical path) keeps the cores it asks for.
 
 The child's module must be the parent's: it reports its structural hash, and a library of another module (or a
 child that failed) is not used: the accuracy stage then builds the reference itself, as before.
@@ -92,11 +94,15 @@ def start(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, target: tvm.ta
         json.dump({k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}, f)
     with open(os.path.join(folder, "target.json"), "w") as f:
         json.dump(_target_dict(target), f)
+    from tvm_nimble import env
+    from tvm_nimble.codegen.cuda_split import jobs
+
+    child_env = dict(os.environ, **{env.JOBS: str(max(1, jobs() // 2))})
     log = open(os.path.join(folder, "child.log"), "wb")
     with log:
         proc = subprocess.Popen([sys.executable, "-m", __name__, path, os.path.join(folder, "shapes.json"),
                                  os.path.join(folder, "target.json"), folder],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env)
     return PendingReference(proc, folder, module_hash)
 
 
@@ -117,6 +123,7 @@ def _plain(value):
 
 def main(argv: list[str]) -> int:
     model_path, shapes_path, target_path, folder = argv
+    os.nice(10)  # behind the build it runs beside (see the module's docstring); its nvcc processes inherit it
     from .stages import import_model
     from .stock import build_stock_vm
 

@@ -10,16 +10,22 @@ imports the compiler side); ``tests/test_layout.py`` checks that no other module
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import inspect
+import json
 import logging
+import marshal
 import os
 import sys
+import tempfile
+import types
 
 from tvm_nimble import env
 
 # TVMScript's decorator modules; each calls ``inspect.stack()`` once per parsed function.
-_TVMSCRIPT_ENTRIES = ("tvm.tirx.script.parser.entry", "tvm.script.parser.ir.entry")
+_TIR_ENTRY = "tvm.tirx.script.parser.entry"
+_TVMSCRIPT_ENTRIES = (_TIR_ENTRY, "tvm.script.parser.ir.entry")
 TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
 
 
@@ -54,18 +60,131 @@ class _CheapStackInspect:
         return getattr(inspect, name)
 
 
+class _Unstable(Exception):
+    """A value whose text is not the same in every process (an object's address): its parse is not cached."""
+
+
+def _stable(value, depth: int = 0) -> str:
+    """``value`` as text that is the same in every process that made an equal value (see :class:`_ParseCache`)."""
+    if depth > 8:
+        raise _Unstable
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__}({','.join(_stable(v, depth + 1) for v in value)})"
+    if isinstance(value, dict):
+        return "dict(" + ",".join(f"{_stable(k, depth + 1)}:{_stable(v, depth + 1)}" for k, v in
+                                  sorted(value.items(), key=lambda kv: repr(kv[0]))) + ")"
+    if isinstance(value, types.ModuleType):
+        return f"module({value.__name__})"
+    if isinstance(value, types.FunctionType):  # its code, closure and defaults (its globals: the module's source)
+        try:
+            cells = [c.cell_contents for c in value.__closure__ or ()]
+        except ValueError:  # an empty cell
+            raise _Unstable from None
+        code = hashlib.sha256(marshal.dumps(value.__code__)).hexdigest()
+        return f"fn({value.__module__}.{value.__qualname__},{code},{_stable(cells, depth + 1)}," \
+               f"{_stable(value.__defaults__, depth + 1)})"
+    if type(value).__module__.split(".")[0] in ("tvm", "tvm_ffi"):
+        import tvm
+
+        try:  # a TVM object: its JSON (every field, no address)
+            return f"{type(value).__name__}({tvm.ir.save_json(value)})"
+        except Exception:  # noqa: BLE001  (not an Object: a dtype, a device)
+            text = str(value)
+        if " at 0x" in text or "object at" in text:
+            raise _Unstable
+        return f"{type(value).__name__}({text})"
+    raise _Unstable
+
+
+class _ParseCache:
+    """TVMScript functions parsed once per machine: what :func:`cheap_tvmscript_stacks` parses is kept as TVM's
+    JSON in one file per TVM and Python version, under a key of the function's module source (its globals), its
+    own source, its annotations as evaluated where it was defined (``T.Buffer((4,), dtype_a)``: a TVM object of the
+    enclosing scope's values), its defaults, and the values it captures from enclosing scopes (closure cells, the
+    annotation names TVMScript resolves from outer frames), which must all print the same in every process (else
+    the parse is not kept)."""
+
+    def __init__(self, path: str):
+        self.path, self.new, self.hits = path, {}, 0
+        try:
+            with open(path, encoding="utf-8") as f:
+                self.entries = json.load(f)
+        except (OSError, ValueError):
+            self.entries = {}
+        if not isinstance(self.entries, dict):
+            self.entries = {}
+        self._sources: dict = {}
+
+    def key(self, func, extra_vars: dict, kwargs: dict) -> str | None:
+        try:
+            globals_ = func.__globals__
+            captured = {name: value for name, value in extra_vars.items()
+                        if not (name in globals_ and globals_[name] is value)}
+            file = inspect.getsourcefile(func)
+            if file not in self._sources:
+                with open(file, "rb") as f:
+                    self._sources[file] = hashlib.sha256(f.read()).hexdigest()
+            text = "\0".join([func.__module__, func.__qualname__, self._sources[file], inspect.getsource(func),
+                               _stable(captured), _stable(kwargs), _stable(dict(func.__annotations__)),
+                               _stable(func.__defaults__), _stable(func.__kwdefaults__)])
+        except (_Unstable, OSError, TypeError):
+            return None
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def parse(self, real_parse, func, extra_vars: dict, **kwargs):
+        key = self.key(func, extra_vars, kwargs)
+        text = None if key is None else self.entries.get(key)
+        if text is not None:
+            from tvm_ffi.serialization import from_json_graph_str
+
+            try:
+                parsed = from_json_graph_str(text)
+                self.hits += 1
+                return parsed
+            except Exception:  # noqa: BLE001  (a damaged entry: parse again)
+                pass
+        parsed = real_parse(func, extra_vars, **kwargs)
+        if key is not None:
+            import tvm
+
+            self.new[key] = tvm.ir.save_json(parsed)
+        return parsed
+
+    def save(self) -> None:
+        """Write the entries parsed here (with the file's others: the union, written whole and renamed in)."""
+        if not self.new:
+            return
+        folder = os.path.dirname(self.path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tvmscript-")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({**self.entries, **self.new}, f)
+        os.replace(tmp, self.path)
+
+
+def tvmscript_cache_path() -> str:
+    """The parse cache's file (:class:`_ParseCache`) for this TVM and Python."""
+    import tvm
+
+    return env.cache_dir("tvmscript", f"tvm-{tvm.__version__}-py{sys.version_info[0]}{sys.version_info[1]}.json")
+
+
 @contextlib.contextmanager
 def cheap_tvmscript_stacks():
-    """TVMScript's decorators take the call stack with :func:`_cheap_stack` within this context.
+    """TVMScript's decorators take the call stack with :func:`_cheap_stack`, and each function is parsed once per
+    machine (:class:`_ParseCache`), within this context.
 
-    Private: swaps the ``inspect`` name of TVMScript's decorator modules, which offer no option to
-    skip the stack walk. The one place this matters: ``tvm.s_tir.tensor_intrin`` (TVM's tensor-core
-    intrinsics), which DLight's GPU Matmul rule imports the first time it tensorizes a float16 (or int8)
-    matmul. That import parses ~250 TVMScript functions, each taking ``inspect.stack()``, at a cost of
-    (import frames on the stack) x ``len(sys.modules)`` each, which dominates a first fp16 CUDA build
-    (``benchmarks/findings.md``). Only the decorator modules' ``inspect`` name is swapped (the global
-    module is untouched) and it is restored on exit; if TVM's internals move, this is a no-op.
+    Private: swaps the ``inspect`` name of TVMScript's decorator modules, which offer no option to skip the stack
+    walk, and the ``parse`` name of the TIR decorator's module, which has no cache. The one place this matters:
+    ``tvm.s_tir.tensor_intrin`` (TVM's tensor intrinsics), which DLight's GPU Matmul rule imports the first time
+    it tensorizes a float16 (or int8) matmul. That import parses ~250 TVMScript functions: each took
+    ``inspect.stack()`` at a cost of (import frames on the stack) x ``len(sys.modules)``, and the parses
+    themselves take 6-8 s of a first fp16 CUDA build on an H100's host (14-28 s on a 2-core CPU). The names are
+    restored on exit; if TVM's internals move, this is a no-op.
     """
+    cache = None
     with contextlib.ExitStack() as restore:
         for name in _TVMSCRIPT_ENTRIES:
             try:
@@ -75,7 +194,17 @@ def cheap_tvmscript_stacks():
             if getattr(entry, "inspect", None) is inspect:
                 entry.inspect = _CheapStackInspect()
                 restore.callback(setattr, entry, "inspect", inspect)
-        yield
+            real_parse = getattr(entry, "parse", None)
+            if name == _TIR_ENTRY and callable(real_parse):
+                cache = _ParseCache(tvmscript_cache_path())
+                entry.parse = lambda func, extra_vars, _real=real_parse, **kw: cache.parse(_real, func, extra_vars, **kw)
+                restore.callback(setattr, entry, "parse", real_parse)
+        try:
+            yield
+        finally:
+            if cache is not None:
+                with contextlib.suppress(OSError):
+                    cache.save()
 
 
 def import_tensor_intrinsics() -> None:

@@ -36,9 +36,10 @@ from tvm.ir.expr import Constant
 _CALL_TIR = "relax.call_tir"
 #: FoldConstant evaluates on the CPU with this target
 _EVAL_TARGET = "llvm"
-#: the rounds are the depth of constant chains (a BatchNormalization's is three); a bound keeps a
-#: pathological module from looping: what is left goes to FoldConstant unchanged
-MAX_ROUNDS = 16
+#: the rounds are the depth of constant chains (a BatchNormalization's is three, then five to saturate and cast its
+#: scale in a reduced-precision build); a bound keeps a pathological module from looping: what is left goes to
+#: FoldConstant unchanged
+MAX_ROUNDS = 32
 
 
 def _static_tensor(ty) -> tuple[tuple[int, ...], str] | None:
@@ -203,15 +204,16 @@ def fold_function(func: relax.Function, mod: tvm.IRModule) -> tuple[relax.Functi
                     todo.append((bi, pos, *found))
                 elif dataflow[bi] and (call := _operator_call(b.value, constants, shapes)) is not None:
                     ops.append((bi, pos, call))  # FoldConstant folds an operator in a dataflow block only
-        evaluated = [(bi, pos, const) for bi, pos, call in ops
-                     if (const := _numpy_value(call, blocks[bi][pos].value.ty)) is not None]
-        for bi, pos, const in evaluated:
+        by_numpy = {(bi, pos): const for bi, pos, call in ops
+                    if (const := _numpy_value(call, blocks[bi][pos].value.ty)) is not None}
+        for (bi, pos), const in by_numpy.items():
             var = blocks[bi][pos].var
             blocks[bi][pos] = relax.VarBinding(var, const)
             constants[var] = const
-        folded += len(evaluated)
-        if evaluated:  # the next round sees their values (they may feed the rest)
-            continue
+        folded += len(by_numpy)
+        ops = [op for op in ops if (op[0], op[1]) not in by_numpy]
+        if by_numpy and not ops and not todo:
+            continue  # the next round sees their values (they may feed the rest)
         if ops:  # legalized together, as FoldConstant legalizes each, then evaluated with the call_tir ones
             legal_mod, legal = _legalized_calls([c for _, _, c in ops])
             for (bi, pos, _), call in zip(ops, legal):

@@ -159,12 +159,15 @@ def test_build_times_script_on_cpu(tmp_path):
     its own cache directory, in the precision asked for, the same plan both times, the phases recorded; nothing
     left behind."""
     script("experiments/build_times.py", "--models", "zoo:inception", "--small", "--target", "llvm", "--kernels", "tvm",
-           "--precision", "fp16", "--out", str(tmp_path / "bt"), cwd=tmp_path)
-    row, = json.load(open(tmp_path / "bt" / "build_times.json"))
-    assert row["model"] == "incept6" and row["precision"] == "fp16" and row["same_plan"] is True
-    assert all(row[run]["seconds"] > 0 and "lower" in row[run]["phases"] for run in ("cold", "warm"))
-    # the builds were fp16 ones: each measured its error against the fp32 build
-    assert all(0 < row[run]["accuracy"]["rel_l2"] < 5e-2 for run in ("cold", "warm"))
+           "--precision", "fp16", "--batch", "1,2", "--out", str(tmp_path / "bt"), cwd=tmp_path)
+    rows = json.load(open(tmp_path / "bt" / "build_times.json"))
+    assert [(r["model"], r["batch"]) for r in rows] == [("incept6", 1), ("incept6@2", 2)]  # every --batch
+    for row in rows:
+        assert row["precision"] == "fp16" and row["same_plan"] is True
+        assert all(row[run]["seconds"] > 0 and "lower" in row[run]["phases"] for run in ("cold", "warm"))
+        # the builds were fp16 ones: each measured its error against the fp32 build
+        assert all(0 < row[run]["accuracy"]["rel_l2"] < 5e-2 for run in ("cold", "warm"))
+    assert rows[0]["cold"]["plan"] != rows[1]["cold"]["plan"]  # the batch-2 model was built, not batch 1's again
     assert sorted(os.listdir(tmp_path / "bt")) == ["build_times.json"]
 
 

@@ -84,30 +84,28 @@ def main(argv=None):
         print(json.dumps(_one(*sys.argv[2:7])))
         return
     args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True, precision=True)
-    from tvm_nimble.cli.models import load_model
-
     kind = target.kind.name
     if kind == "cuda" and args.kernels == "best":
         from tvm_nimble.codegen.vendor_build import build_vendor_library
 
         build_vendor_library(str(target.attrs["arch"]))  # once, before any timed build
     rows = []
-    for spec in args.models.split(","):
-        name, model = load_model(spec, batch=int(args.batch.split(",")[0]), small=args.small)
-        onnx_path = os.path.join(args.out, f"{name}.onnx")
+    for spec, batch, name, model in gpu_args.models_and_batches(args):
+        label = name if batch == 1 else f"{name}@{batch}"
+        onnx_path = os.path.join(args.out, f"{label}.onnx")
         import onnx
 
         onnx.save(model, onnx_path)
-        cache = os.path.join(args.out, f"cache-{name}")
+        cache = os.path.join(args.out, f"cache-{label}")
         shutil.rmtree(cache, ignore_errors=True)
         vendor = _vendor_cache()
         if vendor:
             shutil.copytree(vendor, os.path.join(cache, "tvm-nimble", "vendor"))
-        row = {"model": name, "kernels": args.kernels, "precision": args.precision, "target": kind}
+        row = {"model": label, "batch": batch, "kernels": args.kernels, "precision": args.precision, "target": kind}
         for run in ("cold", "warm"):
-            profile_to = os.path.join(args.out, f"profile-{run}-{name}.txt") if os.environ.get("BUILD_PROFILE") else ""
+            profile_to = os.path.join(args.out, f"profile-{run}-{label}.txt") if os.environ.get("BUILD_PROFILE") else ""
             row[run] = _in_fresh_process(onnx_path, kind, args.kernels, args.precision, cache, profile_to)
-            print(f"{run} {name}: {row[run]}", flush=True)
+            print(f"{run} {label}: {row[run]}", flush=True)
         row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
         rows.append(row)
         shutil.rmtree(cache, ignore_errors=True)
@@ -115,10 +113,10 @@ def main(argv=None):
         with open(os.path.join(args.out, "build_times.json"), "w") as f:  # after each model: a cut-off call keeps them
             json.dump(rows, f, indent=1)
     secs = lambda r: f"{r['seconds']:8.1f}" if "seconds" in r else f"{'error':>8s}"  # noqa: E731
-    print(f"\n{'model':16s} {'cold s':>8s} {'warm s':>8s}  same plan  cold phases")
+    print(f"\n{'model':20s} {'cold s':>8s} {'warm s':>8s}  same plan  cold phases")
     for r in rows:
         phases = ", ".join(f"{k} {v:.1f}" for k, v in r["cold"].get("phases", {}).items())
-        print(f"{r['model']:16s} {secs(r['cold'])} {secs(r['warm'])}  {str(r['same_plan']):9s}  {phases}")
+        print(f"{r['model']:20s} {secs(r['cold'])} {secs(r['warm'])}  {str(r['same_plan']):9s}  {phases}")
     for r in rows:
         phases = ", ".join(f"{k} {v:.1f}" for k, v in r["warm"].get("phases", {}).items())
         print(f"warm {r['model']}: {phases}; kernel cache {r['warm'].get('kernel_cache')}")

@@ -31,7 +31,9 @@ comma := ,
 # install as tvm_nimble.*), about folders that might shadow it: nothing to act on, ten lines per install
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
+# on a machine with a GPU, also what every CUDA build reuses: the vendor extension and TVM's tensor intrinsics
 install: $(VENV)/.installed
+	$(if $(HAS_GPU),$(PY) -m tvm_nimble.cli prepare,@true)
 
 # Build the built-in Inception-style model with Nimble, run it, check it against stock TVM,
 # print Nimble vs stock TVM VM. CUDA when a GPU is present, CPU (llvm) otherwise.

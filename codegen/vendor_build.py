@@ -345,16 +345,21 @@ def _run_nvcc(cmd: list[str], arch: str) -> None:
                                f"{tail or (r.stderr or r.stdout).strip()[-600:]}")
 
 
-def compile_units(units: list[VendorUnit], tools: Toolchain) -> list[str]:
+def compile_units(units: list[VendorUnit], tools: Toolchain, on_compiled=None) -> list[str]:
     """The units' objects, those not cached compiled side by side (``$TVM_NIMBLE_JOBS`` nvcc processes at once,
-    default this machine's cores: the cuDNN frontend's units alone take minutes), in unit order."""
+    default this machine's cores: the cuDNN frontend's units alone take minutes), in unit order. ``on_compiled``:
+    called with each unit compiled here (not a cached one), as it finishes."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .cuda_split import jobs
 
     def one(unit: VendorUnit) -> str:
-        return cached(tools.object_path(unit), lambda tmp: _run_nvcc(tools.compile_command(unit, tmp), tools.arch),
-                      f"nvcc vendor unit {unit.name}")
+        def compile_to(tmp: str) -> None:
+            _run_nvcc(tools.compile_command(unit, tmp), tools.arch)
+            if on_compiled is not None:
+                on_compiled(unit)
+
+        return cached(tools.object_path(unit), compile_to, f"nvcc vendor unit {unit.name}")
 
     missing = [u for u in units if not os.path.exists(tools.object_path(u))]
     if len(missing) > 1:
@@ -394,17 +399,18 @@ def units_compiled(arch: str, kernels: Iterable[str] | None = None) -> bool:
     return all(os.path.exists(tools.object_path(u)) for u in units_for(kernels))
 
 
-def build_vendor_library(arch: str, out_path: str | None = None, kernels: Iterable[str] | None = None) -> str:
+def build_vendor_library(arch: str, out_path: str | None = None, kernels: Iterable[str] | None = None,
+                         on_compiled=None) -> str:
     """Compile the extension for ``arch`` (e.g. "sm_90"); return the path of the shared library.
 
     ``kernels``: the functions the caller needs (names, or prefixes such as a provider's ``kernel_prefix``):
     only the units defining them are built (:func:`units_for`); None builds every unit. Reuses the cached
     objects and library of the same sources, arch, nvcc and library headers. With ``out_path`` the library is
-    also copied there.
+    also copied there. ``on_compiled``: see :func:`compile_units`.
     """
     tools = Toolchain.find(arch)
     units = units_for(kernels)
-    cached_lib = link_units(units, compile_units(units, tools), tools)
+    cached_lib = link_units(units, compile_units(units, tools, on_compiled), tools)
     if out_path is None:
         return cached_lib
     out_path = os.path.abspath(out_path)

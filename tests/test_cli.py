@@ -126,7 +126,7 @@ def test_usage_errors_exit_2():
     assert r.returncode in (1, 2)
 
 
-@pytest.mark.parametrize("command", ["demo", "zoo", "compile", "run", "explain", "bench", "tune"])
+@pytest.mark.parametrize("command", ["demo", "zoo", "compile", "run", "explain", "bench", "tune", "prepare"])
 def test_help_has_examples(command):
     r = cli(command, "--help")
     assert r.returncode == 0 and "example" in r.stdout
@@ -231,3 +231,20 @@ def test_zoo_errors_are_one_line(tmp_path, args, code, message):
     line = one_line_error(cli(*args, cwd=str(tmp_path)), code)
     assert message in line
     assert not os.listdir(tmp_path)  # nothing written
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_prepare_compiles_the_vendor_units_and_intrinsics_once(tmp_path, monkeypatch):
+    """`prepare` (what `make install` runs on a GPU machine) compiles the vendor units asked for and parses TVM's
+    tensor intrinsics into the machine's caches; a second run has nothing to compile; bad input is one line."""
+    monkeypatch.setenv("TVM_NIMBLE_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("prepare", "--arch", "sm_90", "--kernels", "nimble.norm")
+    assert r.returncode == 0, r.stderr
+    assert "1 of 1 units compiled" in r.stdout and (tmp_path / "cache" / "tvmscript").is_dir()
+    library = r.stdout.strip().splitlines()[-1].rsplit(": ", 1)[1]
+    assert os.path.isfile(library) and library.startswith(str(tmp_path / "cache"))
+    again = cli("prepare", "--arch", "sm_90", "--kernels", "nimble.norm")
+    assert again.returncode == 0 and "0 of 1 units compiled" in again.stdout and library in again.stdout
+    assert "registers nimble.nothing" in one_line_error(cli("prepare", "--arch", "sm_90", "--kernels", "nimble.nothing"))
+    if not os.path.exists("/dev/nvidia0"):  # no GPU: the arch must be given
+        assert "--arch" in one_line_error(cli("prepare"))

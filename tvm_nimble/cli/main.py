@@ -190,6 +190,12 @@ def cmd_zoo(args):
     zoo_run(args)
 
 
+def cmd_prepare(args):
+    from tvm_nimble.cli.prepare import run as prepare_run
+
+    prepare_run(args)
+
+
 def cmd_generate(args):
     from tvm_nimble.cli.generate import run as generate_run
 
@@ -251,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="artifact directory to write")
     p.add_argument("--force", action="store_true", help="replace the artifact already at -o (refused without it)")
     target_opts(p)
+
+    p = add("prepare", cmd_prepare, "compile once, ahead of the first CUDA build, what every later build on this "
+            "machine reuses: the vendor extension (cuDNN, cuBLASLt, our kernels) and TVM's tensor intrinsics",
+            "tvm-nimble prepare --arch sm_90")
+    from tvm_nimble.cli.prepare import add_arguments as prepare_arguments
+    prepare_arguments(p)
 
     p = add("run", cmd_run, "run an artifact on .npy inputs and print (or save) its outputs",
             "tvm-nimble run model.nimble --input input=x.npy --output-dir out/")

@@ -93,7 +93,7 @@ def start(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, target: tvm.ta
     with open(os.path.join(folder, "shapes.json"), "w") as f:
         json.dump({k: [int(d) for d in v] for k, v in (shape_dict or {}).items()}, f)
     with open(os.path.join(folder, "target.json"), "w") as f:
-        json.dump(_target_dict(target), f)
+        f.write(str(target))  # (a Target prints as the JSON it is made from again)
     from tvm_nimble import env
     from tvm_nimble.codegen.cuda_split import jobs
 
@@ -106,21 +106,6 @@ def start(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, target: tvm.ta
     return PendingReference(proc, folder, module_hash)
 
 
-def _target_dict(target: tvm.target.Target) -> dict:
-    """``target`` as the JSON dict ``tvm.target.Target`` takes back."""
-    return _plain(target.export())
-
-
-def _plain(value):
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    if hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if hasattr(value, "__iter__"):
-        return [_plain(v) for v in value]
-    return str(value)
-
-
 def main(argv: list[str]) -> int:
     model_path, shapes_path, target_path, folder = argv
     os.nice(10)  # behind the build it runs beside (see the module's docstring); its nvcc processes inherit it
@@ -130,7 +115,7 @@ def main(argv: list[str]) -> int:
     with open(shapes_path) as f:
         shape_dict = json.load(f) or None
     with open(target_path) as f:
-        target = tvm.target.Target(json.load(f))
+        target = tvm.target.Target(f.read())
     mod = import_model(model_path, None, shape_dict)
     with open(os.path.join(folder, HASH), "w") as f:
         f.write(str(tvm_ffi.structural_hash(mod)))

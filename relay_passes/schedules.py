@@ -239,17 +239,37 @@ class ScheduleCache:
     def schedule(self, func, target, rules: list, rules_key: tuple):
         """``func`` scheduled by the first of ``rules`` that applies (``rules_key`` names them in the key), marked
         scheduled; None where none applies."""
-        key = (hashlib.sha256(tvm.ir.save_json(func).encode()).hexdigest(), str(target), rules_key)
-        if key in self._entries:
-            self.reused += 1
-            return self._entries[key]
-        sch = dlight_apply_rules(func, target, rules)
-        after = None if sch is None else sch[0].mod["main"].with_attr("tirx.is_scheduled", True)
-        if len(self._entries) >= self.max_entries:
+        return self.schedule_all([func], target, rules, rules_key)[0]
+
+    def schedule_all(self, funcs: list, target, rules: list, rules_key: tuple, pool=None,
+                     stock_reductions: bool = False) -> list:
+        """:meth:`schedule` of each of ``funcs`` (PrimFuncs for ``target``), in order. Where ``pool`` (a
+        :class:`.schedule_pool.SchedulePool`, whose workers apply DLight's default rules guarded as ``rules`` are,
+        ``stock_reductions`` as there) is given and :data:`.schedule_pool.MIN_PARALLEL` or more of them are not
+        cached, its workers schedule those; where a worker fails, they are scheduled here."""
+        from .schedule_pool import MIN_PARALLEL, WorkerError
+
+        keys = [(hashlib.sha256(tvm.ir.save_json(f).encode()).hexdigest(), str(target), rules_key) for f in funcs]
+        todo = {}  # key -> the first function with it
+        for key, func in zip(keys, funcs):
+            if key not in self._entries:
+                todo.setdefault(key, func)
+        done = {}
+        if pool is not None and len(todo) >= MIN_PARALLEL:
+            try:
+                done = dict(zip(todo, pool.schedule(list(todo.values()), target, rules_key, stock_reductions)))
+            except WorkerError as e:
+                logging.getLogger("tvm_nimble").warning("scheduling kernels in this process: %s", e)
+        for key, func in todo.items():
+            if key not in done:
+                done[key] = schedule_with(func, target, rules)
+        out = [done[key] if key in done else self._entries[key] for key in keys]
+        if len(self._entries) + len(done) > self.max_entries:
             self._entries.clear()
-        self._entries[key] = after
-        self.scheduled += 1
-        return after
+        self._entries.update(done)
+        self.scheduled += len(done)
+        self.reused += len(funcs) - len(done)
+        return out
 
     def clear(self) -> None:
         """Forget every schedule and reset the counts (tests start from an empty cache)."""
@@ -263,32 +283,54 @@ class ScheduleCache:
 PROCESS_SCHEDULES = ScheduleCache()
 
 
+def schedule_with(func, target, rules: list):
+    """``func`` scheduled by the first of ``rules`` that applies to it for ``target``, marked scheduled; None where
+    none applies."""
+    sch = dlight_apply_rules(func, target, rules)
+    return None if sch is None else sch[0].mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def guarded_rules(schedule_pass: tvm.transform.Pass, stock: bool) -> tuple[list, tuple] | None:
+    """(the rules of DLight's ``ApplyDefaultSchedule`` pass ``schedule_pass``, each a :class:`GuardedRule`, and the
+    key naming them), or None for any other pass. ``stock``: DLight's own short, wide reductions."""
+    rules = default_schedule_rules(schedule_pass)
+    if rules is None:
+        return None
+    guarded = [GuardedRule(r, i == len(rules) - 1, stock) for i, r in enumerate(rules)]
+    return guarded, tuple(type(r).__name__ for r in rules) + (("stock reductions",) if stock else ())
+
+
 def tolerant_default_schedule(schedule_pass: tvm.transform.Pass,
                               cache: ScheduleCache | None = None) -> tvm.transform.Pass:
     """DLight's ``ApplyDefaultSchedule`` pass ``schedule_pass`` with each of its rules a :class:`GuardedRule`, each
-    PrimFunc scheduled once per ``cache`` (default :data:`PROCESS_SCHEDULES`). Any other pass is returned
-    unchanged. ``$NIMBLE_STOCK_REDUCTION_SCHEDULES`` is read here, and is part of the cache's key."""
-    rules = default_schedule_rules(schedule_pass)
-    if rules is None:
-        return schedule_pass
+    PrimFunc scheduled once per ``cache`` (default :data:`PROCESS_SCHEDULES`), a large module's in this process's
+    :func:`.schedule_pool.process_pool` where it has one. Any other pass is returned unchanged.
+    ``$NIMBLE_STOCK_REDUCTION_SCHEDULES`` is read here, and is part of the cache's key."""
     stock = env.stock_reductions()
-    guarded = [GuardedRule(r, i == len(rules) - 1, stock) for i, r in enumerate(rules)]
-    rules_key = tuple(type(r).__name__ for r in rules) + (("stock reductions",) if stock else ())
-    return _scheduled_once(guarded, rules_key, PROCESS_SCHEDULES if cache is None else cache)
+    guarded = guarded_rules(schedule_pass, stock)
+    if guarded is None:
+        return schedule_pass
+    rules, rules_key = guarded
+    return _scheduled_once(rules, rules_key, stock, PROCESS_SCHEDULES if cache is None else cache)
 
 
-def _scheduled_once(rules: list, rules_key: tuple, cache: ScheduleCache) -> tvm.transform.Pass:
+def _scheduled_once(rules: list, rules_key: tuple, stock: bool, cache: ScheduleCache) -> tvm.transform.Pass:
     """``ApplyDefaultSchedule``'s module pass with ``rules``, through ``cache``: every PrimFunc not scheduled yet
-    gets its schedule from the cache, or from the rules once."""
+    gets its schedule from the cache, or from the rules once (in the process's schedule pool where it has one)."""
+    from .schedule_pool import process_pool
 
     @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
     def _pass(mod, _ctx):
-        updated = {}
+        by_target: dict = {}  # str(target) -> (target, [(gv, func)])
         for gv, func in mod.functions_items():
             if isinstance(func, tirx.PrimFunc) and not dlight_is_scheduled(func):
-                after = cache.schedule(func, dlight_target(func), rules, rules_key)
-                if after is not None:
-                    updated[gv] = after
+                target = dlight_target(func)
+                by_target.setdefault(str(target), (target, []))[1].append((gv, func))
+        updated = {}
+        for target, items in by_target.values():
+            scheduled = cache.schedule_all([f for _, f in items], target, rules, rules_key, pool=process_pool(),
+                                           stock_reductions=stock)
+            updated.update((gv, after) for (gv, _), after in zip(items, scheduled) if after is not None)
         for gv, func in updated.items():
             mod[gv] = func
         return mod

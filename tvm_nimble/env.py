@@ -18,6 +18,9 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
 ``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
 ``NIMBLE_STOCK_REDUCTION_SCHEDULES``  ``1``: TVM's own reduction schedules instead of ours (an experiment;
                                    measured apart in the timing cache)
+``NIMBLE_SCHEDULE_POOL``           ``0``: DLight's default schedules computed in the build's own process, one kernel
+                                   after another, not in worker processes (``relay_passes.schedule_pool``); the A/B
+                                   switch of the build-time measurements
 ``NIMBLE_PDL``                     ``0``: no programmatic dependent launch on sm_90+ (neither our vendor kernels' launch
                                    attribute nor the CUDA graph's programmatic edges into TVM's kernels); the A/B
                                    switch of the decode benchmarks
@@ -39,6 +42,7 @@ VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
 STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
 PDL = "NIMBLE_PDL"
+SCHEDULE_POOL = "NIMBLE_SCHEDULE_POOL"
 CUDNN_FRONTEND_INCLUDE = "CUDNN_FRONTEND_INCLUDE"
 
 
@@ -91,6 +95,11 @@ def dependent_launch() -> bool:
     """Whether programmatic dependent launch is wanted (``NIMBLE_PDL`` is not ``0``; the vendor extension reads the
     same variable)."""
     return os.environ.get(PDL, "1") != "0"
+
+
+def schedule_pool() -> bool:
+    """Whether DLight's schedules may be computed in worker processes (``NIMBLE_SCHEDULE_POOL`` is not ``0``)."""
+    return os.environ.get(SCHEDULE_POOL, "1") != "0"
 
 
 def cuda_homes() -> list[str]:

@@ -16,10 +16,10 @@ import traceback
 from dataclasses import dataclass
 
 from tvm_nimble.errors import NimbleError
-
-from . import accuracy, buckets, stages
+from tvm_nimble.relay_passes import schedule_pool
 from tvm_nimble.relay_passes.kv_cache import cache_step
 
+from . import accuracy, buckets, stages
 from .frontend.onnx_import import one_line, weights_as_inputs
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
@@ -48,6 +48,8 @@ class _State:
 
 
 def _import(session, state: _State) -> None:
+    if session.target.kind.name == "cuda" and (pool := schedule_pool.process_pool()) is not None:
+        pool.warm()  # the workers that will schedule the kernels start while the model is imported
     with session.phases("import"):
         state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict)
         if not state.params:  # (a child imports the model file again: bound parameters would not be there)

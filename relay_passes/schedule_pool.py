@@ -1,0 +1,231 @@
+"""DLight's default schedules computed in worker processes, a large module's kernels in parallel.
+
+DLight's rules are Python and take tens of milliseconds a kernel: a cold fp16 build of a 200-kernel CNN spends
+10-20 s of its kernel choice in them, one kernel after another, while the GPU machine's other cores wait for the
+nvcc runs that follow. A schedule is a function of the PrimFunc, the target and the rules alone
+(:class:`.schedules.ScheduleCache` keys it so), so a worker can compute it from the function's JSON and send the
+scheduled function's JSON back: the same function this process's rules give (names included, so the CUDA source
+and the compiled-kernel cache's keys are the same; a test compares the two).
+
+    pool = process_pool()          # None where this machine has too few cores (or TVM_NIMBLE_JOBS says so)
+    pool.warm()                    # workers start importing TVM while the build imports its model
+    pool.schedule(funcs, target, rules_key, stock_reductions)   # [scheduled PrimFunc or None], in order
+
+The workers are ``python -m tvm_nimble.relay_passes.schedule_pool`` processes reading one JSON request a line on
+stdin and answering one line on stdout, not ``multiprocessing``'s: its spawn start method runs the user's main
+script again in every worker (a script that builds at its top level would build again there). A worker that
+fails (it died, it answered something else, the rules raised there) gives its share back: those kernels are
+scheduled here, as without a pool, and the pool is closed for the rest of the process.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import tvm
+
+#: workers at most (the machine's cores less one, by ``TVM_NIMBLE_JOBS``); under 2 there is no pool
+MAX_WORKERS = 16
+#: fewer kernels than this to schedule are scheduled here: a round trip per kernel would not pay
+MIN_PARALLEL = 8
+#: kernels per request: fewer round trips, still enough requests to keep every worker busy
+BATCH = 4
+
+_log = logging.getLogger("tvm_nimble")
+
+
+class WorkerError(RuntimeError):
+    """A worker could not answer (it died, or answered what this process cannot read)."""
+
+
+class _Worker:
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+
+    def ask(self, request: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (OSError, ValueError) as e:
+            raise WorkerError(f"schedule worker {self.proc.pid}: {e}") from e
+        if not line:
+            raise WorkerError(f"schedule worker {self.proc.pid} exited (code {self.proc.poll()})")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError as e:
+            raise WorkerError(f"schedule worker {self.proc.pid} answered {line[:80]!r}") from e
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class SchedulePool:
+    """``workers`` worker processes scheduling PrimFuncs with DLight's default rules (see the module's docstring).
+    Thread-safe; the workers start on :meth:`warm` or the first :meth:`schedule`, and stop on :meth:`close` (at
+    the latest when this process exits)."""
+
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise ValueError(f"a schedule pool needs at least one worker, got {workers}")
+        self.workers = workers
+        self._idle: queue.Queue | None = None
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        #: stopped (:meth:`close`), and stopped because a worker failed
+        self.closed = self.failed = False
+
+    def warm(self) -> None:
+        """Start the workers (each imports TVM and its tensor intrinsics, a second or two) if not started."""
+        with self._lock:
+            if self._idle is not None or self.closed:
+                return
+            self._idle = queue.Queue()
+            for _ in range(self.workers):
+                w = _Worker()
+                self._all.append(w)
+                self._idle.put(w)
+            atexit.register(self.close)
+
+    def schedule(self, funcs: list, target: tvm.target.Target, rules_key: tuple, stock_reductions: bool) -> list:
+        """Each of ``funcs`` (PrimFuncs for ``target``) scheduled by the first of DLight's default rules for
+        ``target`` that applies, guarded as :class:`.schedules.GuardedRule` does (``stock_reductions`` as there),
+        and marked scheduled; None where no rule applies. ``rules_key`` names the rules this process would apply:
+        a worker whose rules differ fails the call. Raises :class:`WorkerError` where a worker fails; the pool is
+        then closed."""
+        self.warm()
+        if self.closed:
+            raise WorkerError("the schedule pool is closed")
+        payload = {"target": str(target), "rules": list(rules_key), "stock": bool(stock_reductions)}
+        batches = [range(i, min(i + BATCH, len(funcs))) for i in range(0, len(funcs), BATCH)]
+        out: list = [None] * len(funcs)
+
+        def run(batch: range) -> None:
+            worker = self._idle.get()  # as many threads as workers: one is always idle here
+            try:
+                reply = worker.ask({**payload, "funcs": [tvm.ir.save_json(funcs[i]) for i in batch]})
+            finally:
+                self._idle.put(worker)
+            if "error" in reply:
+                raise WorkerError(f"schedule worker {worker.proc.pid}: {reply['error']}")
+            for i, text in zip(batch, reply["funcs"], strict=True):
+                out[i] = None if text is None else tvm.ir.load_json(text)
+
+        try:
+            with ThreadPoolExecutor(self.workers) as threads:
+                for done in [threads.submit(run, b) for b in batches]:
+                    done.result()
+        except Exception as e:
+            self.failed = True
+            self.close()
+            raise e if isinstance(e, WorkerError) else WorkerError(f"{type(e).__name__}: {e}") from e
+        return out
+
+    def close(self) -> None:
+        """Stop the workers; :meth:`schedule` fails from then on."""
+        with self._lock:
+            self.closed = True
+            workers, self._all = self._all, []
+        for w in workers:
+            w.close()
+
+
+_PROCESS_POOL: SchedulePool | None = None
+_PROCESS_LOCK = threading.Lock()
+
+
+def pool_size() -> int:
+    """The workers a process-wide pool gets: ``TVM_NIMBLE_JOBS`` (else the cores) less one, at most
+    :data:`MAX_WORKERS`; 0 (no pool) under 2, or where ``NIMBLE_SCHEDULE_POOL=0``."""
+    from tvm_nimble import env
+    from tvm_nimble.codegen.cuda_split import jobs
+
+    if not env.schedule_pool():
+        return 0
+    n = min(jobs() - 1, MAX_WORKERS)
+    return n if n >= 2 else 0
+
+
+def process_pool() -> SchedulePool | None:
+    """This process's pool of :func:`pool_size` workers, or None where that is 0 or the pool failed. Made the first
+    time; made again where the size changed (``TVM_NIMBLE_JOBS`` set since) or it was closed without failing."""
+    global _PROCESS_POOL
+    with _PROCESS_LOCK:
+        n = pool_size()
+        old = _PROCESS_POOL
+        if old is not None and old.failed:
+            return None
+        if old is not None and (old.workers != n or old.closed):
+            old.close()
+            old = _PROCESS_POOL = None
+        if n == 0:
+            return None
+        if old is None:
+            _PROCESS_POOL = SchedulePool(n)
+        return _PROCESS_POOL
+
+
+# --- the worker ---------------------------------------------------------------------------------------------------
+
+def _worker_rules(target: tvm.target.Target, stock: bool, cache: dict) -> tuple[list, tuple]:
+    from .pipeline import DEFAULT_SCHEDULE, backend_for
+    from .schedules import guarded_rules
+
+    key = (str(target), stock)
+    if key not in cache:
+        with target:
+            passes = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE]
+        if len(passes) != 1:
+            raise RuntimeError(f"{len(passes)} {DEFAULT_SCHEDULE} passes in the pipeline of {target.kind.name}")
+        cache[key] = guarded_rules(passes[0], stock)
+    return cache[key]
+
+
+def serve(stdin=None, stdout=None) -> None:
+    """The worker's loop: a request a line (``target``, ``rules``, ``stock``, ``funcs``: PrimFunc JSONs), an
+    answer a line (``funcs``: the scheduled JSONs or null, or ``error``), until stdin ends."""
+    from .schedules import schedule_with
+    from .tvm_compat import import_tensor_intrinsics
+
+    if stdout is None:  # the answers get fd 1 to themselves; anything else printing to stdout goes to stderr
+        stdout = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    stdin = stdin or sys.stdin
+    import_tensor_intrinsics()  # what DLight's Matmul rule imports for its first half-precision matmul
+    cache: dict = {}
+    for line in stdin:
+        try:
+            request = json.loads(line)
+            target = tvm.target.Target(request["target"])
+            rules, rules_key = _worker_rules(target, request["stock"], cache)
+            if list(rules_key) != request["rules"]:
+                raise RuntimeError(f"the worker's rules {rules_key} are not the caller's {request['rules']}")
+            answer = []
+            with target:
+                for text in request["funcs"]:
+                    after = schedule_with(tvm.ir.load_json(text), target, rules)
+                    answer.append(None if after is None else tvm.ir.save_json(after))
+            reply = {"funcs": answer}
+        except Exception as e:  # noqa: BLE001  (the caller schedules these kernels itself, and sees the error there)
+            reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        stdout.write(json.dumps(reply) + "\n")
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    serve()

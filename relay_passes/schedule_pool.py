@@ -84,6 +84,7 @@ class SchedulePool:
         if workers < 1:
             raise ValueError(f"a schedule pool needs at least one worker, got {workers}")
         self.workers = workers
+        self.pid = os.getpid()  # a forked child does not share the workers' pipes with its parent: it makes its own
         self._idle: queue.Queue | None = None
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -168,6 +169,8 @@ def process_pool() -> SchedulePool | None:
     with _PROCESS_LOCK:
         n = pool_size()
         old = _PROCESS_POOL
+        if old is not None and old.pid != os.getpid():
+            old = _PROCESS_POOL = None  # made by the process this one was forked from: its workers are the parent's
         if old is not None and old.failed:
             return None
         if old is not None and (old.workers != n or old.closed):

@@ -28,7 +28,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.native_libs import load_tvm_cuda_runtime
 
 from .compile_cache import cached
-from .cuda_split import compile_ptx_units, fatbin_from_ptx, jobs, merge_ptx, ptxas_options, split_units
+from .cuda_split import compile_ptx_units, fatbin_from_ptx, merge_ptx, ptxas_options, split_units
 
 #: in the fatbin cache's key: a fatbin made from merged PTX holds other PTX text (the same machine code)
 #: than one nvcc run's, and a build reads back what this version makes
@@ -145,7 +145,7 @@ def fatbin_compilation(target: tvm.target.Target):
         return
     arch = _arch(target, nvcc)
     load_cuda_runtime()
-    workers = jobs()  # a bad $TVM_NIMBLE_JOBS is one line here, not an error inside TVM's callback
+    workers = env.jobs()  # a bad $TVM_NIMBLE_JOBS is one line here, not an error inside TVM's callback
     previous = tvm_ffi.get_global_func("tvm_callback_cuda_compile", allow_missing=True)
 
     def compile_fatbin(code, *_):

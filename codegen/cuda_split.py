@@ -20,7 +20,6 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from tvm_nimble import env
 from tvm_nimble.relay_passes.tvm_compat import nvcc_ptxas_flags
 
 _KERNEL = 'extern "C" __global__'
@@ -29,22 +28,6 @@ _KERNEL = 'extern "C" __global__'
 UNIT_BYTES = 512 * 1024
 _ENTRY = re.compile(r"^\.visible \.entry (\w+)\(")
 _LABEL = re.compile(r"\$L__BB\d+_")
-
-
-def jobs() -> int:
-    """How many compiler processes a build runs at once: ``$TVM_NIMBLE_JOBS``, else this machine's cores."""
-    value = (env.get(env.JOBS) or "").strip()
-    if value:
-        try:
-            n = int(value)
-        except ValueError:
-            n = 0
-        if n < 1:
-            from tvm_nimble.errors import NimbleError
-
-            raise NimbleError(f"TVM_NIMBLE_JOBS must be a whole number of processes >= 1, got {value!r}")
-        return n
-    return os.cpu_count() or 1
 
 
 def split_units(code: str, unit_bytes: int | None = None) -> list[str] | None:

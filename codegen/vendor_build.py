@@ -351,7 +351,6 @@ def compile_units(units: list[VendorUnit], tools: Toolchain, on_compiled=None) -
     called with each unit compiled here (not a cached one), as it finishes."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .cuda_split import jobs
 
     def one(unit: VendorUnit) -> str:
         def compile_to(tmp: str) -> None:
@@ -363,7 +362,7 @@ def compile_units(units: list[VendorUnit], tools: Toolchain, on_compiled=None) -
 
     missing = [u for u in units if not os.path.exists(tools.object_path(u))]
     if len(missing) > 1:
-        with ThreadPoolExecutor(max_workers=max(1, min(len(missing), jobs()))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(missing), env.jobs()))) as pool:
             for future in [pool.submit(one, u) for u in missing]:
                 future.result()
     return [one(u) for u in units]

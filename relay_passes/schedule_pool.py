@@ -154,11 +154,10 @@ def pool_size() -> int:
     """The workers a process-wide pool gets: ``TVM_NIMBLE_JOBS`` (else the cores) less one, at most
     :data:`MAX_WORKERS`; 0 (no pool) under 2, or where ``NIMBLE_SCHEDULE_POOL=0``."""
     from tvm_nimble import env
-    from tvm_nimble.codegen.cuda_split import jobs
 
     if not env.schedule_pool():
         return 0
-    n = min(jobs() - 1, MAX_WORKERS)
+    n = min(env.jobs() - 1, MAX_WORKERS)
     return n if n >= 2 else 0
 
 

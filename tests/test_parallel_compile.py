@@ -7,7 +7,7 @@ import pytest
 import tvm
 
 import tvm_nimble
-from tvm_nimble import zoo
+from tvm_nimble import env, zoo
 from tvm_nimble.codegen import cuda_compile, cuda_split
 from tvm_nimble.codegen.cuda_split import ptxas_options
 
@@ -86,4 +86,4 @@ def test_parallel_compilation_gives_a_byte_identical_library(tmp_path, monkeypat
 def test_a_bad_job_count_is_one_line(monkeypatch):
     monkeypatch.setenv("TVM_NIMBLE_JOBS", "many")
     with pytest.raises(tvm_nimble.NimbleError, match="TVM_NIMBLE_JOBS"):
-        cuda_split.jobs()
+        env.jobs()

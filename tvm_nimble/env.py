@@ -86,6 +86,21 @@ def vendor_opt_level() -> int:
     return 3 if level is None else level
 
 
+def jobs() -> int:
+    """How many compiler processes a build runs at once: ``TVM_NIMBLE_JOBS``, else this machine's cores; one line
+    when it is not a whole number >= 1."""
+    value = (os.environ.get(JOBS) or "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise NimbleError(f"{JOBS} must be a whole number of processes >= 1, got {value!r}")
+    return n
+
+
 def stock_reductions() -> bool:
     """Whether the experiment switch for TVM's own reduction schedules is on."""
     return bool(os.environ.get(STOCK_REDUCTIONS))

@@ -95,9 +95,8 @@ def start(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, target: tvm.ta
     with open(os.path.join(folder, "target.json"), "w") as f:
         f.write(str(target))  # (a Target prints as the JSON it is made from again)
     from tvm_nimble import env
-    from tvm_nimble.codegen.cuda_split import jobs
 
-    child_env = dict(os.environ, **{env.JOBS: str(max(1, jobs() // 2))})
+    child_env = dict(os.environ, **{env.JOBS: str(max(1, env.jobs() // 2))})
     log = open(os.path.join(folder, "child.log"), "wb")
     with log:
         proc = subprocess.Popen([sys.executable, "-m", __name__, path, os.path.join(folder, "shapes.json"),

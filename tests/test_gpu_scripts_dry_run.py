@@ -171,6 +171,17 @@ def test_build_times_script_on_cpu(tmp_path):
     assert sorted(os.listdir(tmp_path / "bt")) == ["build_times.json"]
 
 
+def test_schedule_pool_script_on_cpu(tmp_path):
+    """The schedule_pool experiment (#55) on the CPU (its kernels are lowered for sm_90 without a GPU): a model's
+    kernels scheduled here and by two workers, cold and warm, every schedule the same."""
+    out = script("experiments/schedule_pool.py", "--models", "zoo:inception", "--small", "--workers", "2",
+                 "--out", str(tmp_path / "sp"), cwd=tmp_path)
+    (row,) = json.load(open(tmp_path / "sp" / "schedule_pool.json"))
+    assert row["identical"] is True and row["pool_failed"] is False and row["workers"] == 2
+    assert row["kernels"] >= 8 and row["serial_s"] > 0 and row["pool_warm_s"] > 0
+    assert "identical" in out.splitlines()[0]
+
+
 def test_training_profile_script_on_cpu(tmp_path):
     """The training_profile experiment (#34), dry-run on llvm: the bench's step built one-stream and widest,
     one step each, the same first loss from both schedules."""

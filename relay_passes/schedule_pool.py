@@ -11,8 +11,8 @@ and the compiled-kernel cache's keys are the same; a test compares the two).
     pool.warm()                    # workers start importing TVM while the build imports its model
     pool.schedule(funcs, target, rules_key, stock_reductions)   # [scheduled PrimFunc or None], in order
 
-The workers are ``python -m tvm_nimble.relay_passes.schedule_pool`` processes reading one JSON request a line on
-stdin and answering one line on stdout, not ``multiprocessing``'s: its spawn start method runs the user's main
+The workers are ``python -m tvm_nimble.relay_passes.schedule_worker`` processes reading one JSON request a line
+on stdin and answering one line on stdout, not ``multiprocessing``'s: its spawn start method runs the user's main
 script again in every worker (a script that builds at its top level would build again there). A worker that
 fails (it died, it answered something else, the rules raised there) gives its share back: those kernels are
 scheduled here, as without a pool, and the pool is closed for the rest of the process.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import os
 import queue
 import subprocess
@@ -31,14 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tvm
 
+#: what each worker runs (``python -m``): it reads a request a line and answers a line (see its docstring)
+WORKER_MODULE = "tvm_nimble.relay_passes.schedule_worker"
 #: workers at most (the machine's cores less one, by ``TVM_NIMBLE_JOBS``); under 2 there is no pool
 MAX_WORKERS = 16
 #: fewer kernels than this to schedule are scheduled here: a round trip per kernel would not pay
 MIN_PARALLEL = 8
 #: kernels per request: fewer round trips, still enough requests to keep every worker busy
 BATCH = 4
-
-_log = logging.getLogger("tvm_nimble")
 
 
 class WorkerError(RuntimeError):
@@ -47,7 +46,7 @@ class WorkerError(RuntimeError):
 
 class _Worker:
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
     def ask(self, request: dict) -> dict:
@@ -180,54 +179,3 @@ def process_pool() -> SchedulePool | None:
         if old is None:
             _PROCESS_POOL = SchedulePool(n)
         return _PROCESS_POOL
-
-
-# --- the worker ---------------------------------------------------------------------------------------------------
-
-def _worker_rules(target: tvm.target.Target, stock: bool, cache: dict) -> tuple[list, tuple]:
-    from .pipeline import DEFAULT_SCHEDULE, backend_for
-    from .schedules import guarded_rules
-
-    key = (str(target), stock)
-    if key not in cache:
-        with target:
-            passes = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE]
-        if len(passes) != 1:
-            raise RuntimeError(f"{len(passes)} {DEFAULT_SCHEDULE} passes in the pipeline of {target.kind.name}")
-        cache[key] = guarded_rules(passes[0], stock)
-    return cache[key]
-
-
-def serve(stdin=None, stdout=None) -> None:
-    """The worker's loop: a request a line (``target``, ``rules``, ``stock``, ``funcs``: PrimFunc JSONs), an
-    answer a line (``funcs``: the scheduled JSONs or null, or ``error``), until stdin ends."""
-    from .schedules import schedule_with
-    from .tvm_compat import import_tensor_intrinsics
-
-    if stdout is None:  # the answers get fd 1 to themselves; anything else printing to stdout goes to stderr
-        stdout = os.fdopen(os.dup(1), "w")
-        os.dup2(2, 1)
-    stdin = stdin or sys.stdin
-    import_tensor_intrinsics()  # what DLight's Matmul rule imports for its first half-precision matmul
-    cache: dict = {}
-    for line in stdin:
-        try:
-            request = json.loads(line)
-            target = tvm.target.Target(request["target"])
-            rules, rules_key = _worker_rules(target, request["stock"], cache)
-            if list(rules_key) != request["rules"]:
-                raise RuntimeError(f"the worker's rules {rules_key} are not the caller's {request['rules']}")
-            answer = []
-            with target:
-                for text in request["funcs"]:
-                    after = schedule_with(tvm.ir.load_json(text), target, rules)
-                    answer.append(None if after is None else tvm.ir.save_json(after))
-            reply = {"funcs": answer}
-        except Exception as e:  # noqa: BLE001  (the caller schedules these kernels itself, and sees the error there)
-            reply = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-        stdout.write(json.dumps(reply) + "\n")
-        stdout.flush()
-
-
-if __name__ == "__main__":
-    serve()

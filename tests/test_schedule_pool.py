@@ -25,8 +25,8 @@ def _fused_kernels(model, precision: str) -> list:
 
 
 def _rules():
-    schedule = [p for p in backend_for(CUDA).legalize_passes(CUDA) if p.info.name == DEFAULT_SCHEDULE]
-    return guarded_rules(schedule[0], False)
+    default_pass = [p for p in backend_for(CUDA).legalize_passes(CUDA) if p.info.name == DEFAULT_SCHEDULE]
+    return guarded_rules(default_pass[0], False)
 
 
 def _same(a, b) -> bool:
@@ -75,7 +75,7 @@ def test_a_worker_that_fails_costs_time_not_kernels():
     workers = psutil.Process().children()
     assert len(workers) >= 2
     for w in workers:
-        if "schedule_pool" in " ".join(w.cmdline()):
+        if schedule_pool.WORKER_MODULE in w.cmdline():
             w.kill()
     again = ScheduleCache().schedule_all(funcs, CUDA, rules, key, pool=killed)
     assert killed.failed

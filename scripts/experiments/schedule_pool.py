@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     from tvm_nimble.relay_passes.tvm_compat import import_tensor_intrinsics
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    schedule = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE][0]
-    rules, key = guarded_rules(schedule, False)
+    default_pass = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE][0]
+    rules, key = guarded_rules(default_pass, False)
     workers = args.workers or schedule_pool.pool_size()
     if workers < 1:
         print("no pool on this machine (TVM_NIMBLE_JOBS or the cores): give --workers", file=sys.stderr)

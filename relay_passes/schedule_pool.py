@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tvm
 
+from tvm_nimble import env
+
 #: what each worker runs (``python -m``): it reads a request a line and answers a line (see its docstring)
 WORKER_MODULE = "tvm_nimble.relay_passes.schedule_worker"
 #: workers at most (the machine's cores less one, by ``TVM_NIMBLE_JOBS``); under 2 there is no pool
@@ -152,8 +154,6 @@ _PROCESS_LOCK = threading.Lock()
 def pool_size() -> int:
     """The workers a process-wide pool gets: ``TVM_NIMBLE_JOBS`` (else the cores) less one, at most
     :data:`MAX_WORKERS`; 0 (no pool) under 2, or where ``NIMBLE_SCHEDULE_POOL=0``."""
-    from tvm_nimble import env
-
     if not env.schedule_pool():
         return 0
     n = min(env.jobs() - 1, MAX_WORKERS)

@@ -32,6 +32,7 @@ from tvm.s_tir.schedule import ScheduleError
 
 from tvm_nimble import env
 
+from .schedule_pool import MIN_PARALLEL, WorkerError, process_pool
 from .tvm_compat import default_schedule_rules, dlight_apply_rules, dlight_is_scheduled, dlight_target
 
 #: DLight rules that give each output (row) of a reduction its own thread block, the reduction across its threads
@@ -245,10 +246,8 @@ class ScheduleCache:
                      stock_reductions: bool = False) -> list:
         """:meth:`schedule` of each of ``funcs`` (PrimFuncs for ``target``), in order. Where ``pool`` (a
         :class:`.schedule_pool.SchedulePool`, whose workers apply DLight's default rules guarded as ``rules`` are,
-        ``stock_reductions`` as there) is given and :data:`.schedule_pool.MIN_PARALLEL` or more of them are not
+        ``stock_reductions`` as there) is given and :data:`~.schedule_pool.MIN_PARALLEL` or more of them are not
         cached, its workers schedule those; where a worker fails, they are scheduled here."""
-        from .schedule_pool import MIN_PARALLEL, WorkerError
-
         keys = [(hashlib.sha256(tvm.ir.save_json(f).encode()).hexdigest(), str(target), rules_key) for f in funcs]
         todo = {}  # key -> the first function with it
         for key, func in zip(keys, funcs):
@@ -317,8 +316,6 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass,
 def _scheduled_once(rules: list, rules_key: tuple, stock: bool, cache: ScheduleCache) -> tvm.transform.Pass:
     """``ApplyDefaultSchedule``'s module pass with ``rules``, through ``cache``: every PrimFunc not scheduled yet
     gets its schedule from the cache, or from the rules once (in the process's schedule pool where it has one)."""
-    from .schedule_pool import process_pool
-
     @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
     def _pass(mod, _ctx):
         by_target: dict = {}  # str(target) -> (target, [(gv, func)])

@@ -247,7 +247,7 @@ class ScheduleCache:
         """:meth:`schedule` of each of ``funcs`` (PrimFuncs for ``target``), in order. Where ``pool`` (a
         :class:`.schedule_pool.SchedulePool`, whose workers apply DLight's default rules guarded as ``rules`` are,
         ``stock_reductions`` as there) is given and :data:`~.schedule_pool.MIN_PARALLEL` or more of them are not
-        cached, its workers schedule those; where a worker fails, they are scheduled here."""
+        cached, its workers and this thread schedule those (a failing worker's share here)."""
         keys = [(hashlib.sha256(tvm.ir.save_json(f).encode()).hexdigest(), str(target), rules_key) for f in funcs]
         todo = {}  # key -> the first function with it
         for key, func in zip(keys, funcs):
@@ -255,9 +255,10 @@ class ScheduleCache:
                 todo.setdefault(key, func)
         done = {}
         if pool is not None and len(todo) >= MIN_PARALLEL:
-            try:
-                done = dict(zip(todo, pool.schedule(list(todo.values()), target, rules_key, stock_reductions)))
-            except WorkerError as e:
+            try:  # this thread schedules too, and takes back what a failing worker had
+                done = dict(zip(todo, pool.schedule(list(todo.values()), target, rules_key, stock_reductions,
+                                                    here=lambda f: schedule_with(f, target, rules))))
+            except WorkerError as e:  # (a pool closed since it was handed over)
                 logging.getLogger("tvm_nimble").warning("scheduling kernels in this process: %s", e)
         for key, func in todo.items():
             if key not in done:

@@ -1,7 +1,9 @@
 """CUDA kernels compiled in parts by parallel nvcc processes (codegen/cuda_split.py): the machine code is
-one nvcc run's, and the library is the same bytes whatever the number of workers."""
+one nvcc run's, kernel for kernel (each kernel's code and resource sections of the cubin, read from its ELF), and the
+library is the same bytes whatever the number of workers."""
 import os
 import shutil
+import struct
 
 import pytest
 import tvm
@@ -47,9 +49,32 @@ def _merged_equals_one_nvcc_run(source: str, unit_bytes: int) -> list[str]:
     parts = cuda_split.compile_ptx_units(units, lambda u: _nvcc(u, "ptx").decode(), 2)
     merged = cuda_split.merge_ptx(parts)
     assert merged is not None, "the units' PTX did not merge: the build compiles the source in one nvcc run"
-    whole = _nvcc(source, "cubin")
-    assert cuda_split.fatbin_from_ptx(merged, shutil.which("nvcc"), "sm_90", ptxas_options(), "cubin") == bytes(whole)
+    whole = _machine_code(_nvcc(source, "cubin"))
+    assert _machine_code(cuda_split.fatbin_from_ptx(merged, shutil.which("nvcc"), "sm_90", ptxas_options(),
+                                                    "cubin")) == whole
+    defined = [l for l in source.split("\n") if l.startswith(cuda_split._KERNEL) and l.endswith("{")]
+    assert sum(name.startswith(".text.") for name in whole) == len(defined)  # every kernel's code compared
     return parts
+
+
+#: the sections of a cubin that hold no kernel's code or resources: the symbol table (its order is ptxas's thread
+#: order under --split-compile) and ptxas's note of its own options
+_NOT_CODE = (".symtab", ".strtab", ".note.nv.tkinfo")
+
+
+def _machine_code(cubin: bytes) -> dict[str, bytes]:
+    """Every section of the ELF ``cubin`` by name (each kernel's ``.text.NAME``, ``.nv.info.NAME``, shared and
+    constant memory, ...), but :data:`_NOT_CODE`; a section without file contents (NOBITS) by its size."""
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    entsize, count, names_at = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+    strings = headers[names_at][4]
+
+    def name(offset: int) -> str:
+        return cubin[strings + offset:cubin.index(b"\0", strings + offset)].decode()
+
+    sections = {name(h[0]): (cubin[h[4]:h[4] + h[5]] if h[1] != 8 else bytes(str(h[5]), "ascii")) for h in headers}
+    return {k: v for k, v in sections.items() if k not in _NOT_CODE}
 
 
 def test_parts_compile_to_one_nvcc_runs_machine_code(cuda_source):

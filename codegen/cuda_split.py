@@ -153,10 +153,12 @@ def fatbin_from_ptx(ptx: str, nvcc: str, arch: str, ptxas_options: list[str], fm
         src, out = os.path.join(tmp, "kernels.ptx"), os.path.join(tmp, f"kernels.{fmt}")
         with open(src, "w") as f:
             f.write(ptx)
-        options = [*ptxas_options, f"--split-compile={PTXAS_THREADS}"]
-        cmd = [nvcc, f"--{fmt}", "-O3", "-arch", arch, f"--ptxas-options={','.join(options)}", "-o", out, src]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
+        for options in ([*ptxas_options, f"--split-compile={PTXAS_THREADS}"], ptxas_options):
+            cmd = [nvcc, f"--{fmt}", "-O3", "-arch", arch, f"--ptxas-options={','.join(options)}", "-o", out, src]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode == 0:
+                break  # (else once more on one thread: a ptxas older than --split-compile)
+        else:
             raise RuntimeError(f"nvcc failed on the merged PTX: {(r.stderr or r.stdout).strip()[-600:]}")
         with open(out, "rb") as f:
             return f.read()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import queue
 import subprocess
@@ -161,6 +162,7 @@ class SchedulePool:
             self.close()
             if here is None:
                 raise errors[0]
+            logging.getLogger("tvm_nimble").warning("DLight's schedules in this process from now on: %s", errors[0])
             while (batch := take()) is not None:  # given back after this thread had run out of batches
                 for i in batch:
                     out[i] = here(funcs[i])

@@ -58,9 +58,10 @@ def test_the_workers_schedule_every_kernel_as_this_process_does(pool, name, prec
     assert cache.scheduled == len(distinct) and cache.reused == len(funcs) - len(distinct)
 
 
-def test_a_worker_that_fails_costs_time_not_kernels():
-    """A request the workers refuse (rules this process does not have) is a WorkerError, and the cache schedules
-    those kernels itself; a worker killed mid-build: the same. Either way the pool is closed for good."""
+def test_a_worker_that_fails_costs_time_not_kernels(caplog):
+    """A request the workers refuse (rules this process does not have) is a WorkerError; workers killed before a
+    module's kernels: this process schedules them all, the same kernels, and says so. Either way the pool is closed
+    for good."""
     funcs = _fused_kernels(zoo.densenet(), "fp32")
     rules, key = _rules()
     here = ScheduleCache().schedule_all(funcs, CUDA, rules, key)
@@ -77,8 +78,10 @@ def test_a_worker_that_fails_costs_time_not_kernels():
     for w in workers:
         if schedule_pool.WORKER_MODULE in w.cmdline():
             w.kill()
-    again = ScheduleCache().schedule_all(funcs, CUDA, rules, key, pool=killed)
+    with caplog.at_level("WARNING", logger="tvm_nimble"):
+        again = ScheduleCache().schedule_all(funcs, CUDA, rules, key, pool=killed)
     assert killed.failed
+    assert "DLight's schedules in this process from now on" in caplog.text  # said once, in one line
     assert all(_same(a, b) for a, b in zip(here, again, strict=True))
 
 

@@ -11,6 +11,7 @@ import concurrent.futures
 import csv
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -187,9 +188,19 @@ class Served:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768 on): one the kernel gave out as ephemeral could be taken by
+    one of Ray's own processes, which open dozens of sockets between this call and Serve's proxy binding it (it
+    failed a CI run with "Failed to bind to address")."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 @pytest.fixture(scope="module")

@@ -351,7 +351,6 @@ def compile_units(units: list[VendorUnit], tools: Toolchain, on_compiled=None) -
     called with each unit compiled here (not a cached one), as it finishes."""
     from concurrent.futures import ThreadPoolExecutor
 
-
     def one(unit: VendorUnit) -> str:
         def compile_to(tmp: str) -> None:
             _run_nvcc(tools.compile_command(unit, tmp), tools.arch)

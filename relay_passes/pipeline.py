@@ -23,7 +23,7 @@ from .concat_in_place import ConcatInPlace, FlattenConcats
 from .merge_siblings import SplitViews
 from .fold_constants import BatchedFoldConstant
 from .precision import round_once_per_kernel, widen_elementwise
-from .schedules import tolerant_default_schedule
+from .schedules import guarded_rules, tolerant_default_schedule
 from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks
 
 #: the pass that ends TVM's GPU legalization: DLight's default schedules (the CPU backend has none)
@@ -69,6 +69,16 @@ def _legalize(target: tvm.target.Target) -> tuple[list, list]:
     fuse = [q for p in fuse for q in ([p, round_once_per_kernel] if p.info.name == "FuseOps" else
                                       [BatchedFoldConstant(), p] if p.info.name == "FoldConstant" else [p])]
     return [widen_elementwise] + list(backend.library_dispatch_passes(target)) + fuse, schedule
+
+
+def default_schedule_rules(target: tvm.target.Target, stock: bool) -> tuple[list, tuple]:
+    """(DLight's default rules of ``target``'s GPU pipeline, guarded as the pipeline applies them, and the key naming
+    them: :func:`.schedules.guarded_rules`); ``stock``: DLight's own short, wide reductions."""
+    with target:
+        passes = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE]
+    if len(passes) != 1:
+        raise ValueError(f"{len(passes)} {DEFAULT_SCHEDULE} passes in the pipeline of {target.kind.name}")
+    return guarded_rules(passes[0], stock)
 
 
 def fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:

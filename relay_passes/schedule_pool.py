@@ -9,7 +9,7 @@ and the compiled-kernel cache's keys are the same; a test compares the two).
 
     pool = process_pool()          # None where this machine has too few cores (or TVM_NIMBLE_JOBS says so)
     pool.warm()                    # workers start importing TVM while the build imports its model
-    pool.schedule(funcs, target, rules_key, stock_reductions, here=schedule_one)   # [PrimFunc or None], in order
+    pool.schedule(texts, target, rules_key, stock_reductions, here=schedule_one)   # [PrimFunc or None], in order
 
 The calling thread takes batches of kernels too (``here``), so a module met while the workers still start (each
 imports TVM: 6-9 s for 15 of them on an H200's host) is never scheduled slower than in the process alone.
@@ -103,14 +103,14 @@ class SchedulePool:
             self._all = [_Worker() for _ in range(self.workers)]
             atexit.register(self.close)
 
-    def schedule(self, funcs: list, target: tvm.target.Target, rules_key: tuple, stock_reductions: bool,
+    def schedule(self, texts: list[str], target: tvm.target.Target, rules_key: tuple, stock_reductions: bool,
                  here=None) -> list:
-        """Each of ``funcs`` (PrimFuncs for ``target``) scheduled by the first of DLight's default rules for
-        ``target`` that applies, guarded as :class:`.schedules.GuardedRule` does (``stock_reductions`` as there),
+        """Each of the PrimFuncs for ``target`` whose JSON ``texts`` holds (``tvm.ir.save_json``: the caller has it
+        already, for its cache's keys) scheduled by the first of DLight's default rules for ``target`` that applies, guarded as :class:`.schedules.GuardedRule` does (``stock_reductions`` as there),
         and marked scheduled; None where no rule applies. ``rules_key`` names the rules this process would apply:
         a worker whose rules differ fails.
 
-        ``here``: a function scheduling one PrimFunc in this process the same way. The calling thread then takes
+        ``here``: a function scheduling the PrimFunc of ``texts[i]`` in this process the same way, given ``i``. The calling thread then takes
         batches too, until none is left (while the workers start, it does all the work: never slower than
         scheduling here), and takes back the batches of a worker that fails. Without it, a worker's failure raises
         :class:`WorkerError`. Either way a failure closes the pool."""
@@ -119,9 +119,9 @@ class SchedulePool:
             raise WorkerError("the schedule pool is closed")
         payload = {"target": str(target), "rules": list(rules_key), "stock": bool(stock_reductions)}
         pending: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(0, len(funcs), BATCH):
-            pending.put(range(i, min(i + BATCH, len(funcs))))
-        out: list = [None] * len(funcs)
+        for i in range(0, len(texts), BATCH):
+            pending.put(range(i, min(i + BATCH, len(texts))))
+        out: list = [None] * len(texts)
         errors: list[BaseException] = []
 
         def take():
@@ -133,7 +133,7 @@ class SchedulePool:
         def drain(worker: _Worker) -> None:
             while (batch := take()) is not None:
                 try:
-                    reply = worker.ask({**payload, "funcs": [tvm.ir.save_json(funcs[i]) for i in batch]})
+                    reply = worker.ask({**payload, "funcs": [texts[i] for i in batch]})
                     if "error" in reply:
                         raise WorkerError(f"schedule worker {worker.proc.pid}: {reply['error']}")
                     done = [None if text is None else tvm.ir.load_json(text) for text in reply["funcs"]]
@@ -153,7 +153,7 @@ class SchedulePool:
             try:
                 while here is not None and (batch := take()) is not None:
                     for i in batch:
-                        out[i] = here(funcs[i])
+                        out[i] = here(i)
             finally:
                 for t in threads:
                     t.join()
@@ -165,7 +165,7 @@ class SchedulePool:
             logging.getLogger("tvm_nimble").warning("DLight's schedules in this process from now on: %s", errors[0])
             while (batch := take()) is not None:  # given back after this thread had run out of batches
                 for i in batch:
-                    out[i] = here(funcs[i])
+                    out[i] = here(i)
         return out
 
     def close(self) -> None:

@@ -15,32 +15,23 @@ import sys
 
 import tvm
 
-from .pipeline import DEFAULT_SCHEDULE, backend_for
-from .schedules import guarded_rules, schedule_with
+from .pipeline import default_schedule_rules
+from .schedules import schedule_with
 from .tvm_compat import import_tensor_intrinsics
-
-
-def _rules(target: tvm.target.Target, stock: bool, cache: dict) -> tuple[list, tuple]:
-    """(the guarded rules of ``target``'s pipeline, their key), made once per (target, stock) in ``cache``."""
-    key = (str(target), stock)
-    if key not in cache:
-        with target:
-            passes = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE]
-        if len(passes) != 1:
-            raise RuntimeError(f"{len(passes)} {DEFAULT_SCHEDULE} passes in the pipeline of {target.kind.name}")
-        cache[key] = guarded_rules(passes[0], stock)
-    return cache[key]
 
 
 def serve(stdin, stdout) -> None:
     """Answer each request line of ``stdin`` on ``stdout`` (see the module's docstring) until ``stdin`` ends."""
     import_tensor_intrinsics()  # what DLight's Matmul rule imports for its first half-precision matmul
-    cache: dict = {}
+    rules_of: dict = {}  # (target JSON, stock) -> (rules, key)
     for line in stdin:
         try:
             request = json.loads(line)
             target = tvm.target.Target(request["target"])
-            rules, rules_key = _rules(target, request["stock"], cache)
+            key = (request["target"], request["stock"])
+            if key not in rules_of:
+                rules_of[key] = default_schedule_rules(target, request["stock"])
+            rules, rules_key = rules_of[key]
             if list(rules_key) != request["rules"]:
                 raise RuntimeError(f"the worker's rules {rules_key} are not the caller's {request['rules']}")
             answer = []

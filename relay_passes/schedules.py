@@ -248,19 +248,21 @@ class ScheduleCache:
         :class:`.schedule_pool.SchedulePool`, whose workers apply DLight's default rules guarded as ``rules`` are,
         ``stock_reductions`` as there) is given and :data:`~.schedule_pool.MIN_PARALLEL` or more of them are not
         cached, its workers and this thread schedule those (a failing worker's share here)."""
-        keys = [(hashlib.sha256(tvm.ir.save_json(f).encode()).hexdigest(), str(target), rules_key) for f in funcs]
-        todo = {}  # key -> the first function with it
-        for key, func in zip(keys, funcs):
+        texts = [tvm.ir.save_json(f) for f in funcs]
+        keys = [(hashlib.sha256(t.encode()).hexdigest(), str(target), rules_key) for t in texts]
+        todo = {}  # key -> (the first function with it, its JSON)
+        for key, func, text in zip(keys, funcs, texts):
             if key not in self._entries:
-                todo.setdefault(key, func)
+                todo.setdefault(key, (func, text))
         done = {}
         if pool is not None and len(todo) >= MIN_PARALLEL:
+            pending = list(todo.values())
             try:  # this thread schedules too, and takes back what a failing worker had
-                done = dict(zip(todo, pool.schedule(list(todo.values()), target, rules_key, stock_reductions,
-                                                    here=lambda f: schedule_with(f, target, rules))))
+                done = dict(zip(todo, pool.schedule([t for _, t in pending], target, rules_key, stock_reductions,
+                                                    here=lambda i: schedule_with(pending[i][0], target, rules))))
             except WorkerError as e:  # (a pool closed since it was handed over)
                 logging.getLogger("tvm_nimble").warning("scheduling kernels in this process: %s", e)
-        for key, func in todo.items():
+        for key, (func, _) in todo.items():
             if key not in done:
                 done[key] = schedule_with(func, target, rules)
         out = [done[key] if key in done else self._entries[key] for key in keys]

@@ -11,8 +11,8 @@ from tvm_nimble.compiler.frontend import from_onnx
 from tvm_nimble.compiler.options import BuildOptions
 from tvm_nimble.compiler.stages import apply_precision, lower
 from tvm_nimble.relay_passes import schedule_pool
-from tvm_nimble.relay_passes.pipeline import DEFAULT_SCHEDULE, backend_for, fusion_passes, run_passes
-from tvm_nimble.relay_passes.schedules import PROCESS_SCHEDULES, ScheduleCache, guarded_rules
+from tvm_nimble.relay_passes.pipeline import default_schedule_rules, fusion_passes, run_passes
+from tvm_nimble.relay_passes.schedules import PROCESS_SCHEDULES, ScheduleCache
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -25,8 +25,7 @@ def _fused_kernels(model, precision: str) -> list:
 
 
 def _rules():
-    default_pass = [p for p in backend_for(CUDA).legalize_passes(CUDA) if p.info.name == DEFAULT_SCHEDULE]
-    return guarded_rules(default_pass[0], False)
+    return default_schedule_rules(CUDA, False)
 
 
 def _same(a, b) -> bool:
@@ -68,7 +67,7 @@ def test_a_worker_that_fails_costs_time_not_kernels(caplog):
 
     refusing = schedule_pool.SchedulePool(2)
     with pytest.raises(schedule_pool.WorkerError, match="rules"):
-        refusing.schedule(funcs, CUDA, ("NotARule",), False)
+        refusing.schedule([tvm.ir.save_json(f) for f in funcs], CUDA, ("NotARule",), False)
     assert refusing.failed
 
     killed = schedule_pool.SchedulePool(2)

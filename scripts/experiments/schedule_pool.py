@@ -37,13 +37,12 @@ def main(argv=None) -> int:
     from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.stages import apply_precision, import_model
     from tvm_nimble.relay_passes import schedule_pool
-    from tvm_nimble.relay_passes.pipeline import DEFAULT_SCHEDULE, backend_for, fusion_passes, run_passes
-    from tvm_nimble.relay_passes.schedules import ScheduleCache, guarded_rules
+    from tvm_nimble.relay_passes.pipeline import default_schedule_rules, fusion_passes, run_passes
+    from tvm_nimble.relay_passes.schedules import ScheduleCache
     from tvm_nimble.relay_passes.tvm_compat import import_tensor_intrinsics
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    default_pass = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE][0]
-    rules, key = guarded_rules(default_pass, False)
+    rules, key = default_schedule_rules(target, False)
     workers = args.workers or schedule_pool.pool_size()
     if workers < 1:
         print("no pool on this machine (TVM_NIMBLE_JOBS or the cores): give --workers", file=sys.stderr)

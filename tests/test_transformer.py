@@ -161,8 +161,8 @@ def test_a_gemm_whose_output_rows_are_unaligned_computes_padded_columns(rows, n,
     head: 5x slower): from 16 rows and 2^24 multiply-adds on, the call computes N rounded up to 16 bytes of columns
     of zero-padded weights and the chain's value is its first N (a slice TVM fuses with what follows: the cast to the
     float32 output in a 16-bit build). Fewer rows (a decode step's, the GEMV's), a small GEMM (a classifier's few
-    classes, where the slice's launch would cost what alignment gains) and aligned rows keep N. Against the ONNX
-    reference."""
+    classes, where the slice's launch would cost what alignment gains) and aligned rows keep N. A 16-bit GEMM whose
+    float32 rows are aligned writes the float32 output itself (no kernel after it). Against the ONNX reference."""
     from tvm_nimble.relay_passes.precision import to_precision
     from tvm_nimble.relay_passes.providers.chains import Columns
 
@@ -175,15 +175,37 @@ def test_a_gemm_whose_output_rows_are_unaligned_computes_padded_columns(rows, n,
     assert call.args[0].global_symbol == MATMUL and ("add" in offload.signature) == bias
     assert offload.value[1] == (Columns(n) if padded else None)
     assert int(call.ty_args[0].fields[0].shape[-1]) == (padded or n)
+    writes_float32 = dtype == "float32" or n % 4 == 0
+    assert str(call.ty_args[0].fields[0].dtype) == ("float32" if writes_float32 else dtype)
     result = build(OffloadToVendor()(mod), "llvm")
     kernels = [l.kernel for l in result.plan.launches]
     after = kernels[kernels.index(MATMUL) + 1:]  # one kernel slices and casts (fp16) the padded output
-    assert kernels.count(MATMUL) == 1 and len(after) == (1 if padded or dtype != "float32" else 0)
+    assert kernels.count(MATMUL) == 1 and len(after) == (0 if writes_float32 and not padded else 1)
     assert all(("strided_slice" in k) == bool(padded) for k in after)
     out = NimbleExecutor(result)(x)[0].numpy()
     assert out.shape == ref.shape and out.dtype == np.float32
     tol = 1e-5 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_a_16_bit_gemm_keeps_its_dtype_where_its_cast_up_feeds_more_work(vendor_reference):
+    """The float32 cast of a 16-bit GEMM's result that feeds more work (the softmax a 16-bit build computes in
+    float32) is not the call's: TVM fuses the cast into that kernel's reads, half the bytes a float32 result would
+    take. Against the ONNX reference."""
+    from tvm_nimble.relay_passes.precision import to_precision
+
+    head = _head(64, 1032, False, False)
+    g = head.graph
+    g.node[0].output[0] = "h"
+    g.node.append(helper.make_node("Softmax", ["h"], ["y"], axis=-1))
+    x = np.random.default_rng(8).standard_normal((1, 64, 256)).astype(np.float32)
+    ref = ReferenceEvaluator(head).run(None, {"x": x})[0]
+    mod = to_precision(from_onnx(head), "float16")
+    (offload,) = find_offloads(mod["main"])
+    assert str(offload.value[0].ty_args[0].fields[0].dtype) == "float16"
+    out = NimbleExecutor(build(OffloadToVendor()(mod), "llvm"))(x)[0].numpy()
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("shape", [(4, 1, 1), (1, 4, 1, 1), (4,), (1, 4), (4, 1)])

@@ -72,7 +72,7 @@ def latency(ex, iters: int = 200) -> float:
     return float(np.median(samples))
 
 
-def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32") -> dict:
+def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32", merge: str = "off") -> dict:
     from tvm_nimble.cli.bench import model_builders
     from tvm_nimble.compiler.build import build
     from tvm_nimble.runtime.loading import NimbleExecutor
@@ -86,9 +86,9 @@ def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32") 
     model = onnx_builder(batch=batch)
     from tvm_nimble.runtime.timing import random_inputs
 
-    out = {"model": name, "batch": batch, "kernels": kernels, "precision": precision}
+    out = {"model": name, "batch": batch, "kernels": kernels, "precision": precision, "merge": merge}
     for label, streams in (("single", 1), ("multi", None)):
-        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels, precision=precision)
+        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels, precision=precision, merge=merge)
         plan = result.plan
         ex = NimbleExecutor(result, mode="cuda-graph")
         for i, x in enumerate(random_inputs(plan, 0)):
@@ -127,6 +127,7 @@ def main():
     ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--merge", default="off", choices=["off", "on", "auto"], help="sibling GEMMs merged (build's merge)")
     ap.add_argument("--out", default="out/profile")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -134,7 +135,7 @@ def main():
     for spec in args.models.split(","):
         name = spec.split(":", 1)[-1]
         try:
-            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch, args.precision)
+            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch, args.precision, args.merge)
         except Exception as err:  # one line per model, then the next one
             print(f"{name}: failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
             continue

@@ -411,13 +411,41 @@ def _view_call(base, offset: int, ty) -> relax.Call:
         tvm.ir.StringImm(str(ty.dtype)), ty_args=ty)
 
 
+#: operators TVM fuses a strided slice into (injective and element-wise: the slice becomes part of the kernel's reads)
+_FUSES_A_SLICE = frozenset(f"relax.{n}" for n in (
+    "reshape", "permute_dims", "astype", "strided_slice", "squeeze", "expand_dims", "broadcast_to", "concat", "add",
+    "subtract", "multiply", "divide", "negative", "exp", "sigmoid", "tanh", "nn.silu"))
+
+
+def _readers(func: relax.Function) -> dict:
+    """var -> the values of ``func``'s bindings that read it, once per read (a var the function returns: None)."""
+    readers: dict = {}
+
+    def reads(value):
+        def visit(e):
+            if isinstance(e, relax.Var):
+                readers.setdefault(e, []).append(value)
+        return visit
+
+    for block in func.body.blocks:
+        for b in block.bindings:
+            relax.analysis.post_order_visit(b.value, reads(b.value))
+    relax.analysis.post_order_visit(func.body.body, reads(None))
+    return readers
+
+
 def split_views(func: relax.Function) -> tuple[relax.Function, int]:
     """(``func`` with each ``split`` whose parts are contiguous and aligned read as slices of its input,
-    how many were). A part of a split along axis ``a`` is contiguous when every axis before ``a`` has
+    how many splits are gone). A part of a split along axis ``a`` is contiguous when every axis before ``a`` has
     extent 1 (channels of an NCHW tensor at batch 1); each must start on a :data:`SLICE_ALIGN` byte
     boundary, as in :mod:`.concat_in_place`. The parts become ``nimble.slice_view`` calls, which the
     launch plan reads as views of the split's input: no kernel, and a reader of a part depends on the
-    writer of the input."""
+    writer of the input.
+
+    Any other split whose parts are read only by element-wise and injective operators (a merged Q/K/V GEMM's q and
+    k, read by the rotary embedding; v read in place by the attention call, not through the split) becomes one
+    strided slice a part read, which TVM fuses into each reader's kernel: no split kernel copying every part (one
+    launch a decoder layer), and a part nobody reads is not copied at all."""
     items: dict = {}  # split var -> {index: item var}
     splits: dict = {}
     for block in func.body.blocks:
@@ -426,25 +454,28 @@ def split_views(func: relax.Function) -> tuple[relax.Function, int]:
                 splits[b.var] = b.value
             elif isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in splits:
                 items.setdefault(b.value.tuple_value, {})[int(b.value.index)] = b.var
-    views: dict = {}  # item var -> slice_view call
+    readers = _readers(func) if splits else {}
+    views: dict = {}  # item var -> slice_view call, or the strided slice its readers fuse
     for var, call in splits.items():
         shape = known_shape(call.args[0])
         if shape is None or not isinstance(call.args[0], relax.Var):
             continue
         axis = int(call.attrs.axis) % len(shape)
-        if math.prod(shape[:axis]) != 1:
-            continue
         parts = var.ty.fields
+        bounds, start = [], 0
+        for p in parts:
+            bounds.append((start, start + int(p.shape.values[axis])))
+            start = bounds[-1][1]
         bits = tvm.runtime.DataType(str(parts[0].dtype)).bits
         inner = math.prod(shape[axis + 1:])
-        offsets, start = [], 0
-        for p in parts:
-            offsets.append(start * inner * bits // 8)
-            start += int(p.shape.values[axis])
-        if any(o % SLICE_ALIGN for o in offsets):
-            continue
-        for i, item in items.get(var, {}).items():
-            views[item] = _view_call(call.args[0], offsets[i], parts[i])
+        if math.prod(shape[:axis]) == 1 and not any(b * inner * bits // 8 % SLICE_ALIGN for b, _ in bounds):
+            for i, item in items.get(var, {}).items():
+                views[item] = _view_call(call.args[0], bounds[i][0] * inner * bits // 8, parts[i])
+        elif (len(readers.get(var, ())) == len(items.get(var, {})) and items.get(var)
+              and all(operator_of(r) in _FUSES_A_SLICE for item in items[var].values()
+                      for r in readers.get(item, [None]))):
+            for i, item in items[var].items():
+                views[item] = relax.op.strided_slice(call.args[0], [axis], [bounds[i][0]], [bounds[i][1]])
     if not views:
         return func, 0
     blocks = []

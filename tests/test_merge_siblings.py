@@ -283,6 +283,33 @@ def test_on_cuda_berts_merged_qkv_is_one_cublaslt_call_and_attention_stays_fused
     assert sum(l.kernel == SDPA_BIAS for l in module.plan.launches) == 2
 
 
+def test_a_decoders_merged_qkv_parts_are_read_by_the_kernels_that_use_them(vendor_ok):
+    """A Llama layer's Q, K and V (16 rows) merge into one GEMM whose parts are strided along the last axis: q and k
+    are read by the rotary embedding's kernels through strided slices fused into them, and v by the attention call in
+    place (CUDA) or by TVM's kernels (llvm): no split kernel copying the parts, one launch a layer fewer than a split.
+    Against the ONNX reference and the unmerged build."""
+    from decoder_models import tiny_llama_onnx
+
+    model = tiny_llama_onnx(dynamic=False)
+    ids = np.random.default_rng(0).integers(0, 256, (1, 16)).astype(np.int64)
+    inputs = {"input_ids": ids, "attention_mask": np.ones((1, 16), np.int64)}
+    ref = ReferenceEvaluator(model).run(None, inputs)[0]
+    layers = 2
+    module = build(model, "llvm", merge="on")
+    # (gate/up's split too: its parts are read by the SiLU's kernel)
+    assert module.report.splits_as_views == 2 * layers and not [l for l in module.plan.launches if "split" in l.kernel]
+    out = _run(module, inputs)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, _run(build(model, "llvm"), inputs), rtol=1e-5, atol=1e-5)
+    plain = build(model, CUDA, kernels="vendor", precision="fp16", compile_kernels=False)
+    merged_qkv = build(model, CUDA, kernels="vendor", precision="fp16", compile_kernels=False, merge="on")
+    gemms = lambda r: sum(l.kernel == MATMUL for l in r.plan.launches)  # noqa: E731
+    assert gemms(plain) - gemms(merged_qkv) == 3 * layers  # Q/K/V as one, gate/up as one
+    assert merged_qkv.report.splits_as_views == 2 * layers
+    assert not [l for l in merged_qkv.plan.launches if l.kernel.startswith("split")]
+    assert len(plain.plan.launches) - len(merged_qkv.plan.launches) == 3 * layers
+
+
 def test_merge_option_values_and_auto_without_a_gpu():
     with pytest.raises(NimbleError, match=r"^merge must be one of \('off', 'on', 'auto'\), got 'yes'$"):
         BuildOptions.create("llvm", merge="yes")

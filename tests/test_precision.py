@@ -110,6 +110,26 @@ def test_the_fp32_reference_compiled_by_a_child_process_gives_the_same_report(tm
     assert accuracy.measure(fp32_mod, built, tvm.cpu(), session, wrong).rel_l2 == built.report.accuracy.rel_l2
 
 
+def test_a_model_over_protobufs_limit_gets_no_child_reference():
+    """A ModelProto over protobuf's 2 GB limit (a 0.5B decoder in float32) cannot be written for a child: no child is
+    started (the accuracy stage builds the reference itself) where sizing it raised "Failed to serialize proto" and
+    failed the build. Its weights' size comes from their dims (here 4 GiB of dims with no data)."""
+    from onnx import TensorProto, helper
+
+    from tvm_nimble.compiler.reference_build import start
+
+    target = tvm.target.Target("llvm")
+    small = zoo.get_model("inception")
+    fp32_mod = import_model(small)
+    pending = start(small, None, fp32_mod, target, "0")
+    assert pending is not None
+    pending.cancel()
+    huge = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 29, 2])
+    big = helper.make_model(helper.make_graph([], "big", [], [], initializer=[huge]))
+    assert start(big, None, fp32_mod, target, "0") is None
+    assert start(small, None, fp32_mod, target, "0", limit=1000) is None
+
+
 def _dtypes_by_op(mod):
     """op name -> set of dtypes it computes in, read from the module."""
     seen = {}

@@ -73,16 +73,23 @@ def _discard(proc: subprocess.Popen, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+#: the largest ModelProto handed to a child (written to a file for it): protobuf's 2 GB limit, less a margin
+CHILD_MODEL_BYTES = (1 << 31) - (1 << 20)
+
+
 def start(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, target: tvm.target.Target,
-          module_hash: str) -> PendingReference | None:
+          module_hash: str, limit: int = CHILD_MODEL_BYTES) -> PendingReference | None:
     """A child process compiling the reference of ``model`` (an ONNX ModelProto or a path to one; None for anything
-    else: an IRModule, which a child cannot import), whose import is ``fp32_mod`` (``module_hash``: its structural
-    hash) with ``shape_dict``, for ``target``."""
+    else: an IRModule, which a child cannot import, or a ModelProto over ``limit`` bytes, which protobuf cannot
+    serialize: a 0.5B decoder in float32), whose import is ``fp32_mod`` (``module_hash``: its structural hash) with
+    ``shape_dict``, for ``target``."""
     import onnx
+
+    from .frontend.onnx_import import fits_in_memory_checks
 
     if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
         path = os.path.abspath(model)
-    elif isinstance(model, onnx.ModelProto) and model.ByteSize() < (1 << 31) - (1 << 20):
+    elif isinstance(model, onnx.ModelProto) and fits_in_memory_checks(model, limit):
         path = None
     else:
         return None

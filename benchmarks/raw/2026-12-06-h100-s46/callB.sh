@@ -7,3 +7,4 @@ DEADLINE=${DEADLINE:-585} OUT=$OUT bash scripts/gpu_session.sh \
   "bench 250 --models hf:llama-0.5b@512 --precision bf16 --kernels best --merge auto --skip tvm-vm,tvm-vm-cudagraph,torch-eager,ort-cuda,ort-cuda-graph,tensorrt"
 cp /tmp/nimble-work/bench/results.csv $OUT/results.csv 2>/dev/null
 tail -30 $OUT/session.log
+# ran as: DEADLINE=470 bash benchmarks/raw/2026-12-06-s46/callB.sh

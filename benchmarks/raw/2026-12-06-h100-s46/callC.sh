@@ -1,0 +1,3 @@
+# session 46, device call C (calls A/B's machine, warm): the 0.5B decoder at 512 tokens, fp16, merge=off, Nimble's
+# systems alone (the kernel choice's timings cached by call B): merged against separate siblings on one machine
+. .device/setup.sh >/dev/null 2>&1; DEADLINE=260 OUT=$OUT bash scripts/gpu_session.sh "bench 240 --models hf:llama-0.5b@512 --precision fp16 --kernels best --merge off --skip tvm-vm,tvm-vm-cudagraph,torch-eager,torch-cudagraph,torch-compile,ort-cuda,ort-cuda-graph,tensorrt" >/dev/null 2>&1; grep "stream cap\|build seconds\|batch 1:\|kernel choice" $OUT/session.log | cut -c1-600

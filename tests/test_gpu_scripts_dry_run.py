@@ -201,3 +201,16 @@ def test_artifact_reload_script_on_cpu(tmp_path):
     rows = json.load(open(tmp_path / "ar" / "artifact_reload.json"))
     assert [r["precision"] for r in rows] == ["bf16", "fp16"]
     assert all(r["reloaded"] and r["finite"] and r["vs_build"] == 0.0 for r in rows), rows
+
+
+def test_length_distribution_script_on_cpu(tmp_path):
+    """The length_distribution experiment (#52), dry-run on llvm with the tiny GPT-2: the bucketed artifact's logits
+    checked against PyTorch's at three lengths, every request timed, each bucket's share and percentiles recorded."""
+    out = script("experiments/length_distribution.py", "--models", "hf:gpt2-tiny", "--target", "llvm", "--requests",
+                 "30", "--buckets", "8,16", "--max-length", "16", "--out", str(tmp_path / "ld"), cwd=tmp_path)
+    report = json.load(open(tmp_path / "ld" / "length_distribution.json"))
+    (row,) = report["models"]["hf:gpt2-tiny"]["systems"].values()
+    assert row["max_rel_err"] <= 1e-3 and row["p50_ms"] <= row["p99_ms"]
+    assert sum(b["requests"] for b in row["by_bucket"].values()) == 30 and set(row["by_bucket"]) <= {"8", "16"}
+    assert "prompts of bucket 16: nimble-buckets p50" in out
+    assert 0 <= row["gc"]["requests"] <= 30 and row["gc"]["ms"] >= 0 and "garbage collections within requests" in out

@@ -12,7 +12,8 @@ PyTorch's float32 eager output of the same prompt (relative L2, with the bench's
     python3 scripts/experiments/length_distribution.py --models hf:gpt2-tiny --target llvm --requests 50 \\
         --buckets 8,16 --max-length 16 --out DIR
 
-Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms; the build seconds) and prints a table.
+Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms, p50/p99 per bucket, the requests a garbage
+collection ran in and its milliseconds; the build seconds) and prints a table.
 """
 from __future__ import annotations
 
@@ -29,6 +30,38 @@ TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 2e-2, "bf16": 1e-1}  # relative
 def _rel_l2(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+class _GcClock:
+    """The milliseconds Python's garbage collector ran since ``total`` was last reset (``gc.callbacks``): a
+    collection inside a timed request is host time no replay explains."""
+
+    def __init__(self):
+        import gc
+
+        self.total, self._start, self._gc = 0.0, None, gc
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase, _info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.total += (time.perf_counter() - self._start) * 1e3
+            self._start = None
+
+    def close(self):
+        self._gc.callbacks.remove(self._tick)
+
+
+def _by_bucket(times: np.ndarray, bucket_of: np.ndarray, buckets) -> dict:
+    """Each bucket's requests' count and p50/p99 (ms): where in the length range a system's tail comes from."""
+    out = {}
+    for b in sorted(buckets):
+        t = times[bucket_of[:len(times)] == b]
+        if len(t):
+            out[str(b)] = {"requests": int(len(t)), "p50_ms": float(np.percentile(t, 50)),
+                           "p99_ms": float(np.percentile(t, 99))}
+    return out
 
 
 def _feeds(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -251,15 +284,24 @@ def main(argv=None):
             for n in buckets:
                 s(rng.integers(0, vocab, size=min(n, args.max_length)))
         times = {s.name: [] for s in checked}
+        collected = {s.name: [] for s in checked}  # the milliseconds of Python's garbage collections within a request
+        gc_ms = _GcClock()
         for i, ids in enumerate(prompts if checked else []):
             for s in checked[i % len(checked):] + checked[:i % len(checked)]:  # who goes first rotates
+                gc_ms.total = 0.0
                 start = time.perf_counter()
                 s(ids)
                 times[s.name].append((time.perf_counter() - start) * 1e3)
+                collected[s.name].append(gc_ms.total)
+        gc_ms.close()
+        bucket_of = np.array([next(b for b in sorted(buckets) if b >= n) for n in lengths])
         rows = {name: {"p50_ms": float(np.percentile(t, 50)), "p90_ms": float(np.percentile(t, 90)),
                        "p99_ms": float(np.percentile(t, 99)), "mean_ms": float(np.mean(t)),
                        "build_s": next(s.build_s for s in checked if s.name == name),
-                       "max_rel_err": max(errors[name])} for name, t in times.items()}
+                       "max_rel_err": max(errors[name]),
+                       "by_bucket": _by_bucket(np.asarray(t), bucket_of, buckets),
+                       "gc": {"requests": int(np.count_nonzero(collected[name])),
+                              "ms": float(np.sum(collected[name]))}} for name, t in times.items()}
         report["models"][spec] = {"systems": rows, "notes": notes,
                                   "unchecked_errors": {k: v for k, v in errors.items() if k not in rows}}
         print(f"{spec} {args.precision}, {args.requests} prompts of {args.min_length}..{args.max_length} tokens, "
@@ -268,6 +310,12 @@ def main(argv=None):
         for name, r in rows.items():
             print(f"  {name:28s} {r['p50_ms']:8.3f} {r['p90_ms']:8.3f} {r['p99_ms']:8.3f} {r['build_s']:8.1f} "
                   f"{r['max_rel_err']:9.2e}")
+        for b in sorted(buckets):
+            print(f"  prompts of bucket {b}: " + ", ".join(
+                f"{name} p50 {r['by_bucket'][str(b)]['p50_ms']:.3f} p99 {r['by_bucket'][str(b)]['p99_ms']:.3f}"
+                for name, r in rows.items() if str(b) in r["by_bucket"]))
+        print("  garbage collections within requests: " + ", ".join(
+            f"{name} {r['gc']['requests']} ({r['gc']['ms']:.2f} ms)" for name, r in rows.items()))
         for n in notes:
             print(f"  note: {n}")
     with open(os.path.join(args.out, "length_distribution.json"), "w") as f:

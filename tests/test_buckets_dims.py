@@ -249,3 +249,26 @@ def test_cli_compile_and_run_with_buckets(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:  # a usage error: exit code 2
         main(["compile", src, "-o", str(tmp_path / "bad"), "--buckets", "sequence_length"])
     assert err.value.code == 2
+
+
+@pytest.mark.parametrize("width", [4, 64])
+def test_a_short_input_leaves_zeros_after_its_prefix_in_the_bucket(width):
+    """A shorter input after a longer one in the same bucket: the positions past its extent are zeros again, not what
+    the longer one left there, whether the bucket's buffer is small enough to be padded on the host and copied once
+    (width 4: 8 KB at 512 positions) or is the prefix copied and the rest zeroed on the device (width 64: 128 KB).
+    Outputs against numpy."""
+    from tvm_nimble.runtime import bucketed
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n", width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n", width])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ex = NimbleExecutor(tvm_nimble.build(model, "llvm", buckets={"n": [64, 512]}))
+    assert (width * 512 * 4 <= bucketed.HOST_PAD_BYTES) == (width == 4)
+    rng = np.random.default_rng(0)
+    for n in (500, 300):
+        x = rng.standard_normal((1, n, width)).astype(np.float32) + 1
+        np.testing.assert_array_equal(ex(x)[0].numpy(), np.maximum(x, 0))
+        held = ex.bucket(512).input_views()[0].numpy()
+        np.testing.assert_array_equal(held[0, :n], x[0])
+        assert not held[0, n:].any()

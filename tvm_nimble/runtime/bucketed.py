@@ -10,6 +10,7 @@ several runs).
 """
 from __future__ import annotations
 
+import math
 import threading
 from threading import current_thread
 
@@ -122,14 +123,15 @@ class BucketedExecutor(ChecksInputs):
         return self.space.key_for(self.space.key(extent))
 
     def _fill(self, bucket: Executor, srcs: list) -> None:
-        """Copy the inputs ``srcs`` into ``bucket``'s input buffers, zeros past their extent: a real prefix of the
-        buffer is a copy and a device-to-device zero fill of the rest (whatever an earlier run left there);
-        any other padding is made on the host."""
+        """Copy the inputs ``srcs`` into ``bucket``'s input buffers, zeros past their extent: a host array padded on
+        the host and copied once where the buffer is small (a prompt's ids and mask: :data:`HOST_PAD_BYTES`); a
+        larger real prefix of the buffer is a copy and a device-to-device zero fill of the rest (whatever an earlier
+        run left there); any other padding is made on the host."""
         for src, dst in zip(srcs, bucket.input_views()):
             real, full = list(src.shape), list(dst.shape)
             if real == full:
                 _copy(src, dst)
-            elif prefix_of(real, full):
+            elif prefix_of(real, full) and not (isinstance(src, np.ndarray) and _nbytes(dst) <= HOST_PAD_BYTES):
                 head = tensor_view(dst, real, str(dst.dtype), 0)
                 _copy(src, head)
                 used = _nbytes(head)
@@ -302,12 +304,18 @@ class BucketedExecutor(ChecksInputs):
         return f"BucketedExecutor(buckets={buckets!r}, mode={getattr(self, 'mode', None)!r})"
 
 
+#: an input buffer of at most this many bytes is padded on the host and copied once (one copy, where a prefix copy and
+#: a device-side zero fill are two, and two tensor views made a call); a larger one (a batch of images) is not
+#: padded through a host buffer of its bucket's size
+HOST_PAD_BYTES = 1 << 16
+
+
 def _nbytes(t) -> int:
     """Bytes of the contiguous tensor ``t``."""
     import tvm
 
     dtype = tvm.runtime.DataType(str(t.dtype))
-    return int(np.prod(t.shape)) * ((dtype.bits * dtype.lanes + 7) // 8)
+    return math.prod(int(d) for d in t.shape) * ((dtype.bits * dtype.lanes + 7) // 8)
 
 
 def _copy(src, dst) -> None:

@@ -6,6 +6,7 @@ The GPU machine is expensive to reach; this keeps its scripts from rotting betwe
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -212,5 +213,9 @@ def test_length_distribution_script_on_cpu(tmp_path):
     (row,) = report["models"]["hf:gpt2-tiny"]["systems"].values()
     assert row["max_rel_err"] <= 1e-3 and row["p50_ms"] <= row["p99_ms"]
     assert sum(b["requests"] for b in row["by_bucket"].values()) == 30 and set(row["by_bucket"]) <= {"8", "16"}
+    model = report["models"]["hf:gpt2-tiny"]
+    assert len(model["lengths"]) == 30 and all(8 <= n <= 16 for n in model["lengths"])
+    (times,) = model["times_ms"].values()
+    assert len(times) == 30 and abs(statistics.median(times) - row["p50_ms"]) < 1e-3
     assert "prompts of bucket 16: nimble-buckets p50" in out
     assert 0 <= row["gc"]["requests"] <= 30 and row["gc"]["ms"] >= 0 and "garbage collections within requests" in out

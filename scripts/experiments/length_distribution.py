@@ -13,7 +13,8 @@ PyTorch's float32 eager output of the same prompt (relative L2, with the bench's
         --buckets 8,16 --max-length 16 --out DIR
 
 Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms, p50/p99 per bucket, the requests a garbage
-collection ran in and its milliseconds; the build seconds) and prints a table.
+collection ran in and its milliseconds; the build seconds; every request's length and each system's time for it)
+and prints a table.
 """
 from __future__ import annotations
 
@@ -303,7 +304,9 @@ def main(argv=None):
                        "gc": {"requests": int(np.count_nonzero(collected[name])),
                               "ms": float(np.sum(collected[name]))}} for name, t in times.items()}
         report["models"][spec] = {"systems": rows, "notes": notes,
-                                  "unchecked_errors": {k: v for k, v in errors.items() if k not in rows}}
+                                  "unchecked_errors": {k: v for k, v in errors.items() if k not in rows},
+                                  "lengths": [int(n) for n in lengths],  # each request's, in order, and its times:
+                                  "times_ms": {k: [round(x, 4) for x in t] for k, t in times.items()}}
         print(f"{spec} {args.precision}, {args.requests} prompts of {args.min_length}..{args.max_length} tokens, "
               f"buckets {buckets}")
         print(f"  {'system':28s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'build s':>8s} {'rel err':>9s}")

@@ -106,14 +106,15 @@ class SchedulePool:
     def schedule(self, texts: list[str], target: tvm.target.Target, rules_key: tuple, stock_reductions: bool,
                  here=None) -> list:
         """Each of the PrimFuncs for ``target`` whose JSON ``texts`` holds (``tvm.ir.save_json``: the caller has it
-        already, for its cache's keys) scheduled by the first of DLight's default rules for ``target`` that applies, guarded as :class:`.schedules.GuardedRule` does (``stock_reductions`` as there),
-        and marked scheduled; None where no rule applies. ``rules_key`` names the rules this process would apply:
-        a worker whose rules differ fails.
+        already, for its cache's keys) scheduled by the first of DLight's default rules for ``target`` that applies,
+        guarded as :class:`.schedules.GuardedRule` does (``stock_reductions`` as there), and marked scheduled; None
+        where no rule applies. ``rules_key`` names the rules this process would apply: a worker whose rules differ
+        fails.
 
-        ``here``: a function scheduling the PrimFunc of ``texts[i]`` in this process the same way, given ``i``. The calling thread then takes
-        batches too, until none is left (while the workers start, it does all the work: never slower than
-        scheduling here), and takes back the batches of a worker that fails. Without it, a worker's failure raises
-        :class:`WorkerError`. Either way a failure closes the pool."""
+        ``here``: a function scheduling the PrimFunc of ``texts[i]`` in this process the same way, given ``i``. The
+        calling thread then takes batches too, until none is left (while the workers start, it does all the work:
+        never slower than scheduling here), and takes back the batches of a worker that fails. Without it, a
+        worker's failure raises :class:`WorkerError`. Either way a failure closes the pool."""
         self.warm()
         if self.closed:
             raise WorkerError("the schedule pool is closed")

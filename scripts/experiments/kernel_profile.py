@@ -88,7 +88,8 @@ def profile_model(spec: str, kernels: str, batch: int, precision: str = "fp32", 
 
     out = {"model": name, "batch": batch, "kernels": kernels, "precision": precision, "merge": merge}
     for label, streams in (("single", 1), ("multi", None)):
-        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels, precision=precision, merge=merge)
+        result = build(model, {"kind": "cuda"}, max_streams=streams, kernels=kernels, precision=precision,
+                       merge=merge)
         plan = result.plan
         ex = NimbleExecutor(result, mode="cuda-graph")
         for i, x in enumerate(random_inputs(plan, 0)):
@@ -127,7 +128,8 @@ def main():
     ap.add_argument("--kernels", default="vendor", choices=["tvm", "vendor", "best"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--merge", default="off", choices=["off", "on", "auto"], help="sibling GEMMs merged (build's merge)")
+    ap.add_argument("--merge", default="off", choices=["off", "on", "auto"],
+                    help="sibling GEMMs merged (build's merge)")
     ap.add_argument("--out", default="out/profile")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -135,7 +137,8 @@ def main():
     for spec in args.models.split(","):
         name = spec.split(":", 1)[-1]
         try:
-            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch, args.precision, args.merge)
+            r = profile_model(spec if ":" in spec else f"tv:{spec}", args.kernels, args.batch, args.precision,
+                              args.merge)
         except Exception as err:  # one line per model, then the next one
             print(f"{name}: failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
             continue

@@ -219,3 +219,5 @@ def test_length_distribution_script_on_cpu(tmp_path):
     assert len(times) == 30 and abs(statistics.median(times) - row["p50_ms"]) < 1e-3
     assert "prompts of bucket 16: nimble-buckets p50" in out
     assert 0 <= row["gc"]["requests"] <= 30 and row["gc"]["ms"] >= 0 and "garbage collections within requests" in out
+    assert set(row["replay_p50_ms"]) == {"8", "16"} and all(ms > 0 for ms in row["replay_p50_ms"].values())
+    assert "nimble-buckets replay alone p50 per bucket: 8 " in out

@@ -12,7 +12,8 @@ PyTorch's float32 eager output of the same prompt (relative L2, with the bench's
     python3 scripts/experiments/length_distribution.py --models hf:gpt2-tiny --target llvm --requests 50 \\
         --buckets 8,16 --max-length 16 --out DIR
 
-Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms, p50/p99 per bucket, the requests a garbage
+Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms, p50/p99 per bucket, the p50 of each
+bucket's replay alone where the system has one (what a request adds to it is host work), the requests a garbage
 collection ran in and its milliseconds; the build seconds; every request's length and each system's time for it)
 and prints a table.
 """
@@ -99,6 +100,17 @@ class NimbleBuckets:
     def logits(self, ids):
         return self(ids).numpy()
 
+    def replay_ms(self, bucket: int, reps: int) -> list[float]:
+        """Host wall times of the bucket's replay alone (launch and wait, the inputs left as they are)."""
+        axis = self.executor.space.names.index("sequence_length")
+        ex = self.executor.bucket(next(k for k in self.executor.keys if k[axis] == bucket))
+        out = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            ex.replay()
+            out.append((time.perf_counter() - start) * 1e3)
+        return out
+
 
 class TorchPerBucket:
     """PyTorch (SDPA attention) with one CUDA graph captured per bucket; a prompt is padded to its bucket.
@@ -151,6 +163,17 @@ class TorchPerBucket:
 
     def logits(self, ids):
         return self(ids).float().cpu().numpy()
+
+    def replay_ms(self, bucket: int, reps: int) -> list[float]:
+        """Host wall times of the bucket's graph replay alone (launch and wait)."""
+        graph = self.graphs[bucket][0]
+        out = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            graph.replay()
+            self.torch.cuda.synchronize()
+            out.append((time.perf_counter() - start) * 1e3)
+        return out
 
 
 class TorchDynamic:
@@ -300,12 +323,15 @@ def main(argv=None):
                 times[s.name].append((time.perf_counter() - start) * 1e3)
                 collected[s.name].append(gc_ms.total)
         gc_ms.close()
+        replays = {s.name: {str(b): float(np.median(s.replay_ms(b, 50))) for b in buckets}
+                   for s in checked if hasattr(s, "replay_ms")}  # a bucket's run alone: the rest of a request is host
         bucket_of = np.array([_bucket(n, buckets) for n in lengths])
         rows = {name: {"p50_ms": float(np.percentile(t, 50)), "p90_ms": float(np.percentile(t, 90)),
                        "p99_ms": float(np.percentile(t, 99)), "mean_ms": float(np.mean(t)),
                        "build_s": next(s.build_s for s in checked if s.name == name),
                        "max_rel_err": max(errors[name]),
                        "by_bucket": _by_bucket(np.asarray(t), bucket_of, buckets),
+                       "replay_p50_ms": replays.get(name, {}),
                        "gc": {"requests": int(np.count_nonzero(collected[name])),
                               "ms": float(np.sum(collected[name]))}} for name, t in times.items()}
         report["models"][spec] = {"systems": rows, "notes": notes,
@@ -322,6 +348,10 @@ def main(argv=None):
             print(f"  prompts of bucket {b}: " + ", ".join(
                 f"{name} p50 {r['by_bucket'][str(b)]['p50_ms']:.3f} p99 {r['by_bucket'][str(b)]['p99_ms']:.3f}"
                 for name, r in rows.items() if str(b) in r["by_bucket"]))
+        for name, r in rows.items():
+            if r["replay_p50_ms"]:
+                print(f"  {name} replay alone p50 per bucket: " + ", ".join(
+                    f"{b} {ms:.3f}" for b, ms in r["replay_p50_ms"].items()))
         print("  garbage collections within requests: " + ", ".join(
             f"{name} {r['gc']['requests']} ({r['gc']['ms']:.2f} ms)" for name, r in rows.items()))
         for n in notes:

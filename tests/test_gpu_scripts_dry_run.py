@@ -221,3 +221,4 @@ def test_length_distribution_script_on_cpu(tmp_path):
     assert 0 <= row["gc"]["requests"] <= 30 and row["gc"]["ms"] >= 0 and "garbage collections within requests" in out
     assert set(row["replay_p50_ms"]) == {"8", "16"} and all(ms > 0 for ms in row["replay_p50_ms"].values())
     assert "nimble-buckets replay alone p50 per bucket: 8 " in out
+    assert set(row["build_phases_s"]) == {"1x8", "1x16"} and "nimble-buckets build of bucket 1x16: import" in out

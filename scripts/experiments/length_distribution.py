@@ -13,7 +13,7 @@ PyTorch's float32 eager output of the same prompt (relative L2, with the bench's
         --buckets 8,16 --max-length 16 --out DIR
 
 Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms, p50/p99 per bucket, the p50 of each
-bucket's replay alone where the system has one (what a request adds to it is host work), the requests a garbage
+bucket's replay alone where the system has one and the phases of each bucket's build (what a request adds to it is host work), the requests a garbage
 collection ran in and its milliseconds; the build seconds; every request's length and each system's time for it)
 and prints a table.
 """
@@ -91,6 +91,7 @@ class NimbleBuckets:
         self.executor = tvm_nimble.NimbleExecutor(result)
         self.dev = tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
         self.build_s = time.perf_counter() - start
+        self.phases = {result.space.label(k): m.info.get("phases", {}) for k, m in result.buckets.items()}
 
     def __call__(self, ids):
         out = self.executor(*_feeds(ids), copy=False)[0]
@@ -329,6 +330,7 @@ def main(argv=None):
         rows = {name: {"p50_ms": float(np.percentile(t, 50)), "p90_ms": float(np.percentile(t, 90)),
                        "p99_ms": float(np.percentile(t, 99)), "mean_ms": float(np.mean(t)),
                        "build_s": next(s.build_s for s in checked if s.name == name),
+                       "build_phases_s": next(getattr(s, "phases", {}) for s in checked if s.name == name),
                        "max_rel_err": max(errors[name]),
                        "by_bucket": _by_bucket(np.asarray(t), bucket_of, buckets),
                        "replay_p50_ms": replays.get(name, {}),
@@ -352,6 +354,9 @@ def main(argv=None):
             if r["replay_p50_ms"]:
                 print(f"  {name} replay alone p50 per bucket: " + ", ".join(
                     f"{b} {ms:.3f}" for b, ms in r["replay_p50_ms"].items()))
+        for name, r in rows.items():
+            for label, phases in r["build_phases_s"].items():  # where a bucketed build's seconds went
+                print(f"  {name} build of bucket {label}: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
         print("  garbage collections within requests: " + ", ".join(
             f"{name} {r['gc']['requests']} ({r['gc']['ms']:.2f} ms)" for name, r in rows.items()))
         for n in notes:

@@ -14,6 +14,14 @@
 //       the same with cuDNN's causal mask on top (key j > query i), for a mask that masks those keys already (the
 //       provider proves it from the model): cuDNN skips the tiles above the diagonal. Where cuDNN refuses the causal
 //       mask beside the bias, the call runs without it (the bias alone gives the same result).
+//   nimble.attention.cudnn_key_causal_sdpa(q, k, v, bias, attrs, y, workspace)
+//       y = softmax(scale * q·kᵀ + bias + causal) · v: cuDNN's causal mask (key j > query i) is part of the
+//       function, not an optimization: the bias is a decoder's padding mask alone, one row of keys broadcast over
+//       the query rows (mask stride along the queries 0), which cuDNN reads as a [Bm, Hm, 1, Sk] tensor instead of
+//       a whole [Sq, Sk] plane per head. Where cuDNN refuses the causal mask the call fails with one line.
+//
+// A mask broadcast over the query rows (stride 0: BERT's padding mask, the key mask above) is handed to cuDNN as
+// one row that it broadcasts, where it is fp32 with contiguous keys; only other masks are converted.
 //
 // The operation graph and its execution plan are built on the first call of a configuration (the
 // executor's live run before capture) and cached; a call then only executes the plan on the current
@@ -46,6 +54,7 @@ namespace fe = cudnn_frontend;
 constexpr const char* kCudnnSdpa = "nimble.attention.cudnn_sdpa";
 constexpr const char* kCudnnBiasSdpa = "nimble.attention.cudnn_bias_sdpa";
 constexpr const char* kCudnnBiasCausalSdpa = "nimble.attention.cudnn_bias_causal_sdpa";
+constexpr const char* kCudnnKeyCausalSdpa = "nimble.attention.cudnn_key_causal_sdpa";
 enum : int64_t { kUidQ = 1, kUidK = 2, kUidV = 3, kUidO = 4, kUidBias = 5 };
 
 // How a call hands its mask to cuDNN: none, the caller's fp32 tensor as it is, or converted into the workspace
@@ -99,12 +108,14 @@ std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, BiasMode b
   auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(false).set_attn_scale(p.scale);
   if (bias != kNoBias) {
     const int64_t Bm = p.m_sb ? p.B : 1, Hm = p.m_sh ? p.H : 1;
-    auto attrs = fe::graph::Tensor_attributes().set_name("bias").set_uid(kUidBias).set_dim({Bm, Hm, p.Sq, p.Sk});
-    if (bias == kBiasAsIs) {  // the caller's fp32 mask, its rows contiguous (BiasAsIs); a size-1 dim packed
-      const int64_t sh = Hm == 1 ? p.Sq * p.m_sq : p.m_sh, sb = Bm == 1 ? Hm * sh : p.m_sb;
-      attrs.set_stride({sb, sh, p.m_sq, 1}).set_data_type(fe::DataType_t::FLOAT);
+    auto attrs = fe::graph::Tensor_attributes().set_name("bias").set_uid(kUidBias);
+    if (bias == kBiasAsIs) {  // the caller's fp32 mask, its rows contiguous (BiasAsIs); a size-1 dim packed, and
+      // a mask broadcast over the query rows one row of keys, which cuDNN broadcasts
+      const int64_t Sqm = p.m_sq ? p.Sq : 1, sq = p.m_sq ? p.m_sq : p.Sk;
+      const int64_t sh = Hm == 1 ? Sqm * sq : p.m_sh, sb = Bm == 1 ? Hm * sh : p.m_sb;
+      attrs.set_dim({Bm, Hm, Sqm, p.Sk}).set_stride({sb, sh, sq, 1}).set_data_type(fe::DataType_t::FLOAT);
     } else {  // the converted copy: contiguous, of q's dtype
-      attrs.set_stride({Hm * p.Sq * p.Sk, p.Sq * p.Sk, p.Sk, 1});
+      attrs.set_dim({Bm, Hm, p.Sq, p.Sk}).set_stride({Hm * p.Sq * p.Sk, p.Sq * p.Sk, p.Sk, 1});
     }
     auto b = graph.tensor(attrs);
     options.set_bias(b);
@@ -121,19 +132,21 @@ std::unique_ptr<SdpaGraph> BuildGraph(const SdpaParams& p, int dtype, BiasMode b
   return g;
 }
 
-// cuDNN reads an fp32 mask as it is when its rows are contiguous (and 16-byte aligned) and it is not broadcast along
-// the query rows; anything else is converted (as is every mask under NIMBLE_CUDNN_BIAS_CONVERT=1)
+// cuDNN reads an fp32 mask as it is when its rows are contiguous (and 16-byte aligned), whole rows apart or one row
+// broadcast over the queries; anything else is converted (as is every mask under NIMBLE_CUDNN_BIAS_CONVERT=1)
 bool BiasAsIs(const SdpaParams& p, int mask_dtype, const void* m) {
   const char* env = std::getenv("NIMBLE_CUDNN_BIAS_CONVERT");
   if (env != nullptr && env[0] == '1') return false;
-  return mask_dtype == kF32 && p.m_sk == 1 && p.m_sq >= p.Sk && p.m_sq % 4 == 0 && p.m_sh % 4 == 0 &&
-         p.m_sb % 4 == 0 && PtrAlign(m) >= 16;
+  return mask_dtype == kF32 && p.m_sk == 1 && (p.m_sq >= p.Sk || (p.m_sq == 0 && p.Sk % 4 == 0)) &&
+         p.m_sq % 4 == 0 && p.m_sh % 4 == 0 && p.m_sb % 4 == 0 && PtrAlign(m) >= 16;
 }
 
 int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// causal: cuDNN's causal mask where it takes it beside the bias (else the call runs without it); causal_only: the
+// causal mask is part of the call (cudnn_key_causal_sdpa), never left out
 void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, bool causal, Shape attrs,
-         TensorView y, TensorView workspace) {
+         TensorView y, TensorView workspace, bool causal_only = false) {
   int dtype = 0;
   const SdpaParams p = CheckSdpa(op, q, k, v, bias, attrs, y, workspace, &dtype);
   if (dtype == kF32) FailValue(op, "cuDNN's fused attention is fp16/bf16 here; float32 takes nimble.attention.sdpa");
@@ -165,7 +178,8 @@ void Run(const char* op, TensorView q, TensorView k, TensorView v, const TensorV
   // the configurations in order of preference, the last the one without a fallback: with the causal mask (where
   // asked) before without it, the fp32 bias as it is before converted; a refusal is remembered
   std::vector<std::pair<BiasMode, bool>> tries;
-  for (bool c : causal ? std::vector<bool>{true, false} : std::vector<bool>{false}) {
+  for (bool c : causal_only ? std::vector<bool>{true} : causal ? std::vector<bool>{true, false}
+                                                                 : std::vector<bool>{false}) {
     if (mode == kBiasAsIs) tries.push_back({kBiasAsIs, c});
     tries.push_back({mode == kNoBias ? kNoBias : kBiasConverted, c});
   }
@@ -223,11 +237,17 @@ void CudnnBiasCausalSdpa(TensorView q, TensorView k, TensorView v, TensorView bi
   Run(kCudnnBiasCausalSdpa, q, k, v, &bias, true, attrs, y, workspace);
 }
 
+void CudnnKeyCausalSdpa(TensorView q, TensorView k, TensorView v, TensorView bias, Shape attrs, TensorView y,
+                        TensorView workspace) {
+  Run(kCudnnKeyCausalSdpa, q, k, v, &bias, true, attrs, y, workspace, /*causal_only=*/true);
+}
+
 __attribute__((constructor)) void RegisterCudnnAttention() {
   try {
     Register(kCudnnSdpa, CudnnSdpa);
     Register(kCudnnBiasSdpa, CudnnBiasSdpa);
     Register(kCudnnBiasCausalSdpa, CudnnBiasCausalSdpa);
+    Register(kCudnnKeyCausalSdpa, CudnnKeyCausalSdpa);
   } catch (const std::exception& e) {  // never let an exception escape dlopen
     std::fprintf(stderr, "tvm-nimble vendor extension: registration failed: %s\n", e.what());
   }

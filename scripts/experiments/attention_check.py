@@ -6,7 +6,8 @@ mask at finfo(fp32).min, as the precision policy leaves a transformers mask).
 cuDNN's SDPA is checked and timed on the 16-bit cases: without a mask (nimble.attention.cudnn_sdpa), and with one or
 grouped K/V heads (cudnn_bias_sdpa; an fp32 causal mask read as it is, any other converted first, and every case
 once more with NIMBLE_CUDNN_BIAS_CONVERT=1, the conversion forced; the causal cases also with cuDNN's causal mask on
-top, cudnn_bias_causal_sdpa).
+top, cudnn_bias_causal_sdpa, and the padding mask alone as one row of keys with cuDNN's causal mask as part of the
+call, cudnn_key_causal_sdpa; PyTorch's own causal kernel without a mask, ``is_causal=True``, timed beside them).
 
 The tile kernel is checked and timed with the rows per block it chooses, then with each R it can take
 (NIMBLE_ATTENTION_TILE_ROWS=8, 16, 32; an R whose shared memory does not fit is skipped). A case whose
@@ -46,6 +47,7 @@ CASES = [
     # decoders' full sequences: a causal + padding mask [B, 1, S, S] (cuDNN reads it as it is in fp32)
     ("gpt2_128", 1, 12, 128, 64, False, "causal"), ("gpt2_512", 1, 12, 512, 64, False, "causal"),
     ("qwen_gqa_128", 1, 14, 128, 64, False, "causal", 128, 7),
+    ("qwen_gqa_512", 1, 14, 512, 64, False, "causal", 512, 7),
 ]
 CUDNN_CONVERT_ENV = "NIMBLE_CUDNN_BIAS_CONVERT"
 
@@ -81,6 +83,7 @@ def main(argv=None) -> int:
     cudnn_sdpa = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_SDPA)
     cudnn_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_BIAS_SDPA)
     cudnn_causal = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA)
+    cudnn_key_causal = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA)
     tile = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA)
     tile_bias = tvm_ffi.get_global_func(vendor_abi.ATTENTION_TILE_SDPA_BIAS)
     cluster = tvm_ffi.get_global_func(vendor_abi.ATTENTION_CLUSTER_SDPA)
@@ -116,10 +119,12 @@ def main(argv=None) -> int:
                 offs = [0, 0, 0]
                 st = [S * H * D, D, H * D]
                 kst = [Sk * hkv * D, D, hkv * D]
-            mask = None
+            mask = key_mask = None
             if masked:
                 keep = torch.ones(B, Sk, device="cuda")
                 keep[:, Sk - Sk // 4:] = 0  # the last quarter is padding
+                low = -10000.0 if dtype == torch.float32 else torch.finfo(torch.float32).min
+                key_mask = ((1.0 - keep) * low).view(B, 1, 1, Sk)  # the padding alone: one row of keys
                 if masked == "causal":  # and key j > query i + Sk - S masked: [B, 1, S, Sk]
                     keep = keep.view(B, 1, 1, Sk) * torch.ones(S, Sk, device="cuda").tril(Sk - S)
                 low = -10000.0 if dtype == torch.float32 else torch.finfo(torch.float32).min
@@ -138,14 +143,18 @@ def main(argv=None) -> int:
             if group > 1:
                 attrs.append(group)
             shape = tvm_ffi.Shape(attrs)
+            key_shape = tvm_ffi.Shape(attrs[:21] + [Sk, 0, 0, 1] + attrs[25:])  # the mask strides of key_mask
             targs = [t(x) for x in tensors]
             stream = torch.cuda.current_stream().cuda_stream
 
-            def caller(plain, biased, workspace=ws):  # one of our calls on this case's operands and attrs
+            def caller(plain, biased, workspace=ws, keys=False):  # one of our calls on this case's operands and attrs
+                # keys: the padding mask alone (one row of keys broadcast over the queries), for cudnn_key_causal_sdpa
+                m, a = (key_mask, key_shape) if keys else (mask, shape)
+
                 def call():
                     with tvm_ffi.use_raw_stream(dev, stream):
                         if masked:
-                            biased(*targs, t(mask), shape, t(y), t(workspace))
+                            biased(*targs, t(m), a, t(y), t(workspace))
                         else:
                             plain(*targs, shape, t(y), t(workspace))
                 return call
@@ -213,14 +222,21 @@ def main(argv=None) -> int:
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             if dtype != torch.float32 and masked and S > 1 and D % 8 == 0:  # cuDNN with the mask
                 variants = [("cudnn_bias", cudnn_bias, False), ("cudnn_bias_converted", cudnn_bias, True)]
+                variants = [v + (False,) for v in variants]
                 if masked == "causal":  # and cuDNN's causal mask on top, as the provider emits it for decoders
-                    variants.append(("cudnn_bias_causal", cudnn_causal, False))
-                for key, fn, convert in variants:
+                    variants.append(("cudnn_bias_causal", cudnn_causal, False, False))
+                    if S == Sk:  # the padding mask alone, cuDNN's causal mask part of the call
+                        variants.append(("cudnn_key_causal", cudnn_key_causal, False, True))
+                        row["torch_causal_kernel_us"], _ = gpu_args.kernel_us(
+                            lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale))
+                        print(f"  PyTorch is_causal=True, no mask: {row['torch_causal_kernel_us']:.1f} us kernel",
+                              flush=True)
+                for key, fn, convert, keys in variants:
                     if convert:
                         os.environ[CUDNN_CONVERT_ENV] = "1"
                     try:
                         (row[f"{key}_rel_l2"], row[f"{key}_us"], row[f"{key}_kernel_us"],
-                         row[f"{key}_kernels"]) = checked(caller(cudnn_sdpa, fn, big_ws))
+                         row[f"{key}_kernels"]) = checked(caller(cudnn_sdpa, fn, big_ws, keys))
                     except Exception as e:  # noqa: BLE001
                         row[f"{key}_error"] = " ".join(str(e).split())[:300]
                     finally:
@@ -264,7 +280,7 @@ def main(argv=None) -> int:
         elif "cudnn_error" in r:
             ok = False
             extra += f"  cuDNN SDPA error: {r['cudnn_error']}"
-        for key in ("cudnn_bias", "cudnn_bias_converted", "cudnn_bias_causal"):
+        for key in ("cudnn_bias", "cudnn_bias_converted", "cudnn_bias_causal", "cudnn_key_causal"):
             if f"{key}_us" in r:
                 ok &= r[f"{key}_rel_l2"] < bound
                 extra += f"  {key} {r[f'{key}_rel_l2']:.2e} {r[f'{key}_us']:.2f} us"

@@ -95,6 +95,9 @@ ATTENTION_CUDNN_BIAS_SDPA = "nimble.attention.cudnn_bias_sdpa"
 #: the same with cuDNN's causal mask on top (key j > query i masked: a mask that masks them already, cuDNN skipping
 #: those tiles), same arguments
 ATTENTION_CUDNN_BIAS_CAUSAL_SDPA = "nimble.attention.cudnn_bias_causal_sdpa"
+#: cuDNN's SDPA with its causal mask as part of the call and a padding mask of keys alone (one row broadcast over the
+#: query rows: mask stride 0 along them), a decoder's causal + padding mask split in two, same arguments
+ATTENTION_CUDNN_KEY_CAUSAL_SDPA = "nimble.attention.cudnn_key_causal_sdpa"
 ATTENTION_SPLIT_SDPA = "nimble.attention.split_sdpa"
 ATTENTION_SPLIT_SDPA_BIAS = "nimble.attention.split_sdpa_bias"
 ATTENTION_TILE_SDPA = "nimble.attention.tile_sdpa"
@@ -109,7 +112,7 @@ ATTENTION_APPEND_SDPA_BIAS = "nimble.attention.append_sdpa_bias"
 ATTENTION_APPEND_ROPE_SDPA_BIAS = "nimble.attention.append_rope_sdpa_bias"
 ATTENTION = VendorLibrary("attention", kernels=(
     ATTENTION_SDPA, ATTENTION_SDPA_BIAS, ATTENTION_CUDNN_SDPA, ATTENTION_CUDNN_BIAS_SDPA,
-    ATTENTION_CUDNN_BIAS_CAUSAL_SDPA, ATTENTION_SPLIT_SDPA,
+    ATTENTION_CUDNN_BIAS_CAUSAL_SDPA, ATTENTION_CUDNN_KEY_CAUSAL_SDPA, ATTENTION_SPLIT_SDPA,
     ATTENTION_SPLIT_SDPA_BIAS, ATTENTION_TILE_SDPA, ATTENTION_TILE_SDPA_BIAS, ATTENTION_CLUSTER_SDPA,
     ATTENTION_CLUSTER_SDPA_BIAS, ATTENTION_APPEND_SDPA_BIAS, ATTENTION_APPEND_ROPE_SDPA_BIAS))
 

@@ -231,6 +231,35 @@ def test_cudnn_takes_its_causal_mask_only_where_the_model_masks_later_keys(causa
     np.testing.assert_allclose(out, ref, atol=1e-2)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["gpt2", "qwen"])
+def test_a_decoders_padding_reaches_cudnn_as_one_row_of_keys(decoders, kind, precision, vendor_reference):
+    """Provider cudnn_key_mask: each layer's causal call reads the padding part of the mask alone, one [1, 1, 1, S]
+    row of keys computed once for all layers (mask strides 0 but along the keys), with cuDNN's causal mask part of
+    the call (cudnn_key_causal_sdpa); no [S, S] plane is computed any more. The module on llvm (the calls as their
+    numpy contract) computes what the ONNX model does for every query that sees a key, and the left padding's rows
+    that see none stay finite."""
+    model = decoders[kind]
+    mod, options = _imported(model, precision)
+    offloaded = stages.offload(mod, options, providers=[attention.CUDNN_BIAS_PROVIDER, attention.KEY_MASK_PROVIDER])
+    assert not _attention_calls(offloaded, attention.CUDNN_BIAS_CAUSAL_SDPA)
+    calls = _attention_calls(offloaded, attention.CUDNN_KEY_CAUSAL_SDPA)
+    assert len(calls) == LAYERS
+    for _q, _k, _v, mask, attrs, *_rest in calls:
+        assert mask.same_as(calls[0][3]) and mask.ty.dtype == "float32"
+        assert [int(d) for d in mask.ty.shape.values] == [1, 1, 1, SEQ]
+        assert [int(x) for x in attrs.values][21:25] == [0, 0, 0, 1]
+    planes = [b.var for block in offloaded["main"].body.blocks for b in block.bindings  # a mask: bool or fp32, no heads
+              if isinstance(b.var.ty, relax.TensorType) and b.var.ty.shape is not None and b.var.ty.dtype in
+              ("bool", "float32") and [int(d) for d in b.var.ty.shape.values][-3:] == [1, SEQ, SEQ]]
+    assert not planes, planes
+    feeds = _inputs()
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    out = NimbleExecutor(build(offloaded, "llvm", max_streams=1))(**feeds)[0].numpy().astype(np.float32)
+    assert np.isfinite(out).all()
+    assert _rel(out, ref, slice(3, None)) < (1e-2 if precision == "fp16" else 3e-2)
+
+
 @pytest.mark.parametrize("mask", [LEFT_PADDED, np.zeros((1, SEQ), np.int64)], ids=["left-padded", "all-masked"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("kind", ["gpt2", "qwen"])

@@ -10,6 +10,7 @@ from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from tvm_nimble.relay_passes.cache_in_attention import APPEND as APPEND_SDPA_BIAS, ROPE as APPEND_ROPE_SDPA_BIAS
 from tvm_nimble.relay_passes.providers.attention import (CLUSTER_SDPA, CLUSTER_SDPA_BIAS, CUDNN_BIAS_CAUSAL_SDPA,
+                                                        CUDNN_KEY_CAUSAL_SDPA,
                                                           CUDNN_BIAS_SDPA, CUDNN_SDPA, SDPA, SDPA_BIAS, SPLIT_SDPA,
                                                           SPLIT_SDPA_BIAS, TILE_SDPA, TILE_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
@@ -111,7 +112,7 @@ def _view(flat, offset, strides, shape):
 def np_sdpa(q, k, v, bias, attrs, causal: bool = False):
     """codegen/vendor/attention.cu's contract: softmax(scale * q·kᵀ + bias) · v in float64, y [B, H, Sq, Dv]
     laid out by the y strides (returned flat); query head h reads KV head h // group (attrs' entry 26, 1 when absent), and a
-    row whose scores are all -inf outputs 0. ``causal`` (cudnn_bias_causal_sdpa): key j > query i masked too."""
+    row whose scores are all -inf outputs 0. ``causal`` (cudnn_bias_causal_sdpa, cudnn_key_causal_sdpa): key j > query i masked too."""
     B, H, Sq, Sk, D, Dv = attrs[:6]
     group = attrs[26] if len(attrs) > 26 else 1
     qv = _view(q.ravel(), attrs[6], attrs[7:10], (B, H, Sq, D)).astype(np.float64)
@@ -280,7 +281,7 @@ def reference_functions():
              CONV2D: conv, CONV2D_ADD: conv_add, CONV2D_BWD_DATA: conv_bwd_data, CONV2D_BWD_FILTER: conv_bwd_filter,
              MATMUL: matmul, MATMUL_ADD: matmul_add, BATCHED_MATMUL: batched_matmul, SDPA: sdpa,
              SDPA_BIAS: sdpa_bias, CUDNN_SDPA: sdpa, CUDNN_BIAS_SDPA: sdpa_bias,
-             CUDNN_BIAS_CAUSAL_SDPA: causal_sdpa_bias, SPLIT_SDPA: sdpa,
+             CUDNN_BIAS_CAUSAL_SDPA: causal_sdpa_bias, CUDNN_KEY_CAUSAL_SDPA: causal_sdpa_bias, SPLIT_SDPA: sdpa,
              SPLIT_SDPA_BIAS: sdpa_bias,
              TILE_SDPA: sdpa, TILE_SDPA_BIAS: sdpa_bias, CLUSTER_SDPA: sdpa, CLUSTER_SDPA_BIAS: sdpa_bias,
              APPEND_SDPA_BIAS: append_sdpa_bias, APPEND_ROPE_SDPA_BIAS: append_rope_sdpa_bias,

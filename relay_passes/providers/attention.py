@@ -39,6 +39,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..cache_in_attention import CacheWriteInAttention, RotaryInAttention
+from ..key_mask import KeyMaskInAttention
 from .chains import const_value, dtype_of, float32_bits, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
@@ -49,6 +50,7 @@ CUDNN_BIAS_SDPA = vendor_abi.ATTENTION_CUDNN_BIAS_SDPA
 #: the same where the mask masks every key after its query whatever the inputs (:func:`masks_later_keys`): cuDNN's
 #: causal mask on top of it, which skips the key tiles above the diagonal
 CUDNN_BIAS_CAUSAL_SDPA = vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA
+CUDNN_KEY_CAUSAL_SDPA = vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
 SPLIT_SDPA = vendor_abi.ATTENTION_SPLIT_SDPA
 SPLIT_SDPA_BIAS = vendor_abi.ATTENTION_SPLIT_SDPA_BIAS
@@ -356,25 +358,31 @@ def masks_later_keys(chains, bias, Sq: int, Sk: int) -> bool:
     that keep the [Sq, Sk] plane) the logical and of anything with a constant that is False above its diagonal, as
     transformers' decoders export their causal + padding mask. Such a call may also take cuDNN's causal mask, which
     skips the tiles above the diagonal; the bias still masks them, so the result is the same either way."""
+    return causal_parts(chains, bias, Sq, Sk) is not None
+
+
+def causal_parts(chains, bias, Sq: int, Sk: int):
+    """(the mask's value beyond ``0``, the and's other operand) where :func:`masks_later_keys` holds for ``bias``;
+    else None. The other operand is what the causal constant is and-ed with: a decoder's padding mask."""
     plane = (Sq, Sk)
     if Sq != Sk or Sq < 2:
-        return False  # (a step with a past: its keys are not aligned with its queries from the top left)
+        return None  # (a step with a past: its keys are not aligned with its queries from the top left)
     where = _through_views(chains, bias, plane)
     if operator_of(where) != "relax.where":
-        return False
+        return None
     cond, keep, drop = where.args
     keep, drop = chains.const(keep), chains.const(drop)
     if keep is None or drop is None or keep.size == 0 or np.any(keep != 0) or not np.all(drop <= _MASKED):
-        return False
+        return None
     both = _through_views(chains, cond, plane)
     if operator_of(both) != "relax.logical_and":
-        return False
+        return None
     later = np.triu(np.ones(plane, bool), k=1)
-    for operand in both.args:
+    for i, operand in enumerate(both.args):
         c = chains.const(operand)
         if c is not None and c.ndim >= 2 and tuple(c.shape[-2:]) == plane and not np.any(c[..., later]):
-            return True
-    return False
+            return float(np.max(drop)), both.args[1 - i]
+    return None
 
 
 def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[str, str] = (SDPA, SDPA_BIAS),
@@ -576,6 +584,14 @@ ROPE_PROVIDER = register(Provider(
     name="attention_rope", title="the rotary embedding in the decode attention",
     kernel_prefix=vendor_abi.family(vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS), dtypes=_DTYPES,
     layouts=("row-major",), rewrite=RotaryInAttention()))
+
+#: a decoder's causal + padding mask handed to cuDNN in two parts: the padding as one row of keys, the causal part as
+#: cuDNN's own mask (``cudnn_key_causal_sdpa``), in place of the whole [S, S] plane a head reads; a rewrite of the calls
+#: cudnn_bias_sdpa made (:mod:`tvm_nimble.relay_passes.key_mask`); only when named until measured on a GPU
+KEY_MASK_PROVIDER = register(Provider(
+    name="cudnn_key_mask", title="cuDNN's causal mask and a padding mask of keys",
+    kernel_prefix=vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA, dtypes=_HALF, layouts=("row-major",),
+    by_default=False, rewrite=KeyMaskInAttention()))
 
 #: the key-split attention kernel for fp32 (32 query rows and a chunk of at most 64 keys per block, a query tile's
 #: chunks on the blocks of one thread-block cluster, merged through distributed shared memory), for the batch-1

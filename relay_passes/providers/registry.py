@@ -42,6 +42,7 @@ PRIORITY = (
     "attention_cluster",
     "attention_append",  # a decode step's KV cache write inside its attention call (after the offload, no matcher)
     "attention_rope",  # and the rotary embedding of its q and new key (after attention_append)
+    "cudnn_key_mask",  # a decoder's padding mask as one row of keys, cuDNN's causal mask part of the call (rewrite)
     # a decode step's few rows (16-bit, at most 8 rows), before cuBLASLt: what kernels="best" chose for them on every
     # decode step measured (benchmarks/findings.md, 'A decode step's Linears on our GEMV in kernels="vendor"')
     "gemv_glu",  # a gated MLP's gate/up projection and its SiLU gate, the norm before it in its prologue (one row)

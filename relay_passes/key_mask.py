@@ -1,0 +1,95 @@
+"""A decoder's causal + padding mask handed to cuDNN in two parts: the padding as one row of keys, the causal part
+as cuDNN's own mask.
+
+transformers' decoders export one additive mask plane, ``where(causal & padding, 0, finfo(float32).min)`` of
+[B, 1, S, S], which the attention adds to every head's scores. :func:`.providers.attention.masks_later_keys` proves
+such a plane causal whatever the inputs, and cuDNN's SDPA then takes its causal mask on top of it
+(``cudnn_bias_causal_sdpa``: the tiles above the diagonal skipped), but still reads the whole plane, S² floats for
+each head. :func:`key_mask_in_attention` (provider ``cudnn_key_mask``) computes the padding part alone,
+``where(padding, 0, min)`` of [B, 1, 1, S], once for all the calls that read the plane, and calls
+``cudnn_key_causal_sdpa``, whose causal mask is part of the call and which reads the padding as one row of keys
+broadcast over the queries. A query that sees a key gets the same scores; one that sees none (left padding) averages
+the keys up to it, as cuDNN's causal mask on top of the plane already made it do. The plane's kernel goes where no
+other operator reads it. It runs after the offload, on the calls the kernel choice kept.
+"""
+from __future__ import annotations
+
+from tvm import relax
+
+from tvm_nimble.contract import vendor_abi
+
+from .cache_in_attention import _extern_name, _rewrite_pass
+from .providers.chains import Chains, dtype_of, ints, known_shape, use_counts
+
+TAKES = vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA
+KEY_CAUSAL = vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA
+#: the attrs' mask strides (b, h, q, k): codegen/vendor/sdpa_args.h
+_MASK = slice(21, 25)
+
+
+def _key_rows(chains: Chains, bias, attrs: list[int]):
+    """(the bindings that compute ``bias``'s padding part as [Bm, Hm, 1, Sk] rows of keys, their var, its mask strides)
+    where ``bias`` is a causal + padding plane whose padding is broadcast over the query rows; else None."""
+    from .providers.attention import causal_parts  # (the provider module registers this rewrite)
+
+    B, H, Sq, Sk = attrs[:4]
+    parts = causal_parts(chains, bias, Sq, Sk)
+    if parts is None:
+        return None
+    drop, keys = parts
+    shape = known_shape(keys)
+    if shape is None or not shape or shape[-1] != Sk or (len(shape) > 1 and shape[-2] != 1) \
+            or any(d != 1 for d in shape[:-4]) or dtype_of(keys) != "bool":
+        return None
+    xb, xh = ([1, 1] + list(shape[:-2]))[-2:]
+    if xb not in (1, B) or xh not in (1, H):
+        return None
+    rows, dtype = [xb, xh, 1, Sk], dtype_of(bias)
+    cond = relax.DataflowVar(f"{bias.name}_keys_kept", relax.TensorType(rows, "bool"))
+    mask = relax.DataflowVar(f"{bias.name}_keys", relax.TensorType(rows, dtype))
+    bindings = [relax.VarBinding(cond, relax.op.reshape(keys, rows)),
+                relax.VarBinding(mask, relax.op.where(cond, relax.const(0.0, dtype), relax.const(drop, dtype)))]
+    return bindings, mask, [xh * Sk if xb > 1 else 0, Sk if xh > 1 else 0, 0, 1]
+
+
+def key_mask_in_attention(func: relax.Function, _mod=None) -> tuple[relax.Function, int]:
+    """``func`` with each ``cudnn_bias_causal_sdpa`` call whose mask is a causal + padding plane (padding broadcast
+    over the query rows) as a ``cudnn_key_causal_sdpa`` call reading the padding as rows of keys, computed once per
+    plane (see the module docstring), and how many it made."""
+    uses = use_counts(func)
+    blocks, made = [], 0
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        chains = Chains(block, uses)
+        keyed: dict = {}  # a plane -> (its rows' var, their strides), or None where it has no padding part to split
+        bindings = []
+        for b in block.bindings:
+            value = b.value
+            if _extern_name(value) == TAKES:
+                q, k, v, bias, attrs = value.args[1].fields
+                a = ints(attrs.values)
+                if bias not in keyed:
+                    found = _key_rows(chains, bias, a)
+                    keyed[bias] = None if found is None else found[1:]
+                    bindings += found[0] if found is not None else []
+                if keyed[bias] is not None:
+                    mask, strides = keyed[bias]
+                    args = [q, k, v, mask, relax.ShapeExpr(a[:_MASK.start] + strides + a[_MASK.stop:])]
+                    call = relax.op.call_dps_packed(KEY_CAUSAL, relax.Tuple(args), list(value.ty.fields))
+                    bindings.append(relax.VarBinding(b.var, call))
+                    made += 1
+                    continue
+            bindings.append(b)
+        blocks.append(relax.DataflowBlock(bindings))
+    if not made:
+        return func, 0
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs,
+                          func.span), made
+
+
+def KeyMaskInAttention():
+    """Module pass: :func:`key_mask_in_attention` on every Relax function, then dead-code elimination (the planes no
+    operator reads any more)."""
+    return _rewrite_pass(key_mask_in_attention, "nimble.KeyMaskInAttention")

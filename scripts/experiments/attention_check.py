@@ -19,6 +19,7 @@ Q, K and V are read the way the provider hands them over: as strided views of on
 [B, S, H, D]; a padding mask [B, 1, 1, S] for the BERT shapes.
 
     bash scripts/gpu_session.sh "experiment attention_check 120"
+    bash scripts/gpu_session.sh "experiment attention_check 60 --cases gpt2_512,qwen_gqa_512 --dtypes float16"
 
 Writes DIR/attention_check.json; prints per case the relative L2 error against float64 and the
 microseconds per call (kernels back to back, the host enqueue hidden behind a GPU sleep), and each kernel's own
@@ -69,6 +70,12 @@ def tile_bytes(rows: int, sk: int, d: int, dv: int) -> int:
 
 
 def main(argv=None) -> int:
+    import argparse
+
+    only = argparse.ArgumentParser(add_help=False)
+    only.add_argument("--cases", help="NAME,... of CASES (default: all)")
+    only.add_argument("--dtypes", default="float32,float16,bfloat16", help="of float32, float16, bfloat16")
+    only, argv = only.parse_known_args(argv)
     args = gpu_args.parse_kernel_bench(__doc__, argv, "out/attention_check")
     import torch
     import torch.nn.functional as F
@@ -99,8 +106,9 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     rows = []
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for name, B, H, S, D, packed, masked, *rest in CASES:
+    cases = [c for c in CASES if only.cases is None or c[0] in only.cases.split(",")]
+    for dtype in [getattr(torch, d) for d in only.dtypes.split(",")]:
+        for name, B, H, S, D, packed, masked, *rest in cases:
             Sk = rest[0] if rest else S
             group = rest[1] if len(rest) > 1 else 1
             scale = D ** -0.5

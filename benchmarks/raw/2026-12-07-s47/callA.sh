@@ -6,7 +6,7 @@
 # is_causal
 . .device/setup.sh >/dev/null 2>&1
 DEADLINE=${DEADLINE:-585} OUT=$OUT bash scripts/gpu_session.sh "vendor 110" \
-  "experiment length_distribution 240 --models hf:gpt2 --precision fp16" \
-  "experiment attention_check 200"
+  "experiment attention_check 80 --cases bert_base,gpt2_128,gpt2_512,qwen_gqa_128,qwen_gqa_512 --dtypes float16,bfloat16" \
+  "experiment length_distribution 240 --models hf:gpt2 --precision fp16"
 grep -E "^(gpt2_|qwen_)|cudnn_key_causal|is_causal|cudnn_bias_causal" $OUT/session.log | cut -c1-300 | tail -40
 tail -25 $OUT/session.log | cut -c1-300

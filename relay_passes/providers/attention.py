@@ -362,8 +362,8 @@ def masks_later_keys(chains, bias, Sq: int, Sk: int) -> bool:
 
 
 def causal_parts(chains, bias, Sq: int, Sk: int):
-    """(the mask's value beyond ``0``, the and's other operand) where :func:`masks_later_keys` holds for ``bias``;
-    else None. The other operand is what the causal constant is and-ed with: a decoder's padding mask."""
+    """(the value the mask gives a masked key, the and's other operand) where :func:`masks_later_keys` holds for
+    ``bias``; else None. The other operand is what the causal constant is and-ed with: a decoder's padding mask."""
     plane = (Sq, Sk)
     if Sq != Sk or Sq < 2:
         return None  # (a step with a past: its keys are not aligned with its queries from the top left)

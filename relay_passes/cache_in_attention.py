@@ -31,7 +31,7 @@ APPEND = vendor_abi.ATTENTION_APPEND_SDPA_BIAS
 _SQ = 2
 
 
-def _extern_name(call) -> str | None:
+def extern_name(call) -> str | None:
     if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_dps_packed":
         callee = call.args[0]
         if isinstance(callee, relax.ExternFunc):
@@ -106,7 +106,7 @@ def cache_write_in_attention(func: relax.Function, mod: tvm.IRModule) -> tuple[r
 
     def replace(b, bound):
         value = b.value
-        if _extern_name(value) not in TAKES:
+        if extern_name(value) not in TAKES:
             return None
         args = list(value.args[1].fields)
         attrs = args[-1]
@@ -133,7 +133,7 @@ def _only_read_through(wk: _Write, wv: _Write, k, v, bound: dict, uses: dict) ->
     return all(uses.get(w.call_var) == 1 for w in (wk, wv))
 
 
-def _rewrite_pass(rewrite, name: str) -> tvm.transform.Pass:
+def rewrite_pass(rewrite, name: str) -> tvm.transform.Pass:
     """Module pass: ``rewrite(func, mod) -> (func, made)`` on every Relax function, then dead-code elimination (what
     the calls it made replaced)."""
 
@@ -155,7 +155,7 @@ def _rewrite_pass(rewrite, name: str) -> tvm.transform.Pass:
 def CacheWriteInAttention() -> tvm.transform.Pass:
     """Module pass: :func:`cache_write_in_attention` on every Relax function, then dead-code elimination (the cache
     writes it replaced)."""
-    return _rewrite_pass(cache_write_in_attention, "nimble.CacheWriteInAttention")
+    return rewrite_pass(cache_write_in_attention, "nimble.CacheWriteInAttention")
 
 
 # ---- the rotary embedding of q and the new key inside the append call -------------------------------------------
@@ -246,7 +246,7 @@ def rotary_in_attention(func: relax.Function) -> tuple[relax.Function, int]:
 
     def replace(b, bound):
         value = b.value
-        if _extern_name(value) != APPEND:
+        if extern_name(value) != APPEND:
             return None
         q, kc, vc, bias, kn, vn, pos, attrs = value.args[1].fields
         a = ints(attrs.values)
@@ -270,4 +270,4 @@ def rotary_in_attention(func: relax.Function) -> tuple[relax.Function, int]:
 def RotaryInAttention() -> tvm.transform.Pass:
     """Module pass: :func:`rotary_in_attention` on every Relax function (after :func:`CacheWriteInAttention`), then
     dead-code elimination (the rotary kernels it replaced)."""
-    return _rewrite_pass(lambda func, _mod: rotary_in_attention(func), "nimble.RotaryInAttention")
+    return rewrite_pass(lambda func, _mod: rotary_in_attention(func), "nimble.RotaryInAttention")

@@ -10,28 +10,70 @@ each head. :func:`key_mask_in_attention` (provider ``cudnn_key_mask``) computes 
 ``cudnn_key_causal_sdpa``, whose causal mask is part of the call and which reads the padding as one row of keys
 broadcast over the queries. A query that sees a key gets the same scores; one that sees none (left padding) averages
 the keys up to it, as cuDNN's causal mask on top of the plane already made it do. The plane's kernel goes where no
-other operator reads it. It runs after the offload, on the calls the kernel choice kept.
+other operator reads it. It runs after the offload, on the calls the kernel choice kept. :func:`causal_parts`, the
+proof that a mask is such a plane, is here too: the attention provider's ``masks_later_keys`` asks it.
 """
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
 
-from .cache_in_attention import _extern_name, _rewrite_pass
-from .providers.chains import Chains, dtype_of, ints, known_shape, use_counts
+from .cache_in_attention import extern_name, rewrite_pass
+from .providers.chains import Chains, dtype_of, ints, known_shape, operator_of, use_counts
 
 TAKES = vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA
 KEY_CAUSAL = vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA
 #: the attrs' mask strides (b, h, q, k): codegen/vendor/sdpa_args.h
 _MASK = slice(21, 25)
 
+#: what a mask's value passes through between the model's boolean mask and the attention (views of the same [Sq, Sk]
+#: plane, casts): a walk through them keeps which keys each query may see
+_MASK_VIEWS = ("relax.astype", "relax.broadcast_to", "relax.reshape", "relax.expand_dims")
+#: a mask value this far below any score masks its key (transformers' exports use finfo(float32).min)
+_MASKED = -1e4
+
+
+def _through_views(chains, expr, plane: tuple):
+    """``expr``'s value, through :data:`_MASK_VIEWS` whose result keeps ``plane`` ([Sq, Sk]) as its last two dims."""
+    for _ in range(16):
+        value = chains.value.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        shape = known_shape(value)
+        if operator_of(value) not in _MASK_VIEWS or shape is None or tuple(shape[-2:]) != plane:
+            return value
+        expr = value.args[0]
+    return None
+
+
+def causal_parts(chains, bias, Sq: int, Sk: int):
+    """(the value the mask gives a masked key, the and's other operand) where the additive mask ``bias`` masks every key
+    after its query whatever the inputs (:func:`.providers.attention.masks_later_keys`); else None. The other operand
+    is what the causal constant is and-ed with: a decoder's padding mask."""
+    plane = (Sq, Sk)
+    if Sq != Sk or Sq < 2:
+        return None  # (a step with a past: its keys are not aligned with its queries from the top left)
+    where = _through_views(chains, bias, plane)
+    if operator_of(where) != "relax.where":
+        return None
+    cond, keep, drop = where.args
+    keep, drop = chains.const(keep), chains.const(drop)
+    if keep is None or drop is None or keep.size == 0 or np.any(keep != 0) or not np.all(drop <= _MASKED):
+        return None
+    both = _through_views(chains, cond, plane)
+    if operator_of(both) != "relax.logical_and":
+        return None
+    later = np.triu(np.ones(plane, bool), k=1)
+    for i, operand in enumerate(both.args):
+        c = chains.const(operand)
+        if c is not None and c.ndim >= 2 and tuple(c.shape[-2:]) == plane and not np.any(c[..., later]):
+            return float(np.max(drop)), both.args[1 - i]
+    return None
+
 
 def _key_rows(chains: Chains, bias, attrs: list[int]):
     """(the bindings that compute ``bias``'s padding part as [Bm, Hm, 1, Sk] rows of keys, their var, its mask strides)
     where ``bias`` is a causal + padding plane whose padding is broadcast over the query rows; else None."""
-    from .providers.attention import causal_parts  # (the provider module registers this rewrite)
-
     B, H, Sq, Sk = attrs[:4]
     parts = causal_parts(chains, bias, Sq, Sk)
     if parts is None:
@@ -67,7 +109,7 @@ def key_mask_in_attention(func: relax.Function, _mod=None) -> tuple[relax.Functi
         bindings = []
         for b in block.bindings:
             value = b.value
-            if _extern_name(value) == TAKES:
+            if extern_name(value) == TAKES:
                 q, k, v, bias, attrs = value.args[1].fields
                 a = ints(attrs.values)
                 if bias not in keyed:
@@ -92,4 +134,4 @@ def key_mask_in_attention(func: relax.Function, _mod=None) -> tuple[relax.Functi
 def KeyMaskInAttention():
     """Module pass: :func:`key_mask_in_attention` on every Relax function, then dead-code elimination (the planes no
     operator reads any more)."""
-    return _rewrite_pass(key_mask_in_attention, "nimble.KeyMaskInAttention")
+    return rewrite_pass(key_mask_in_attention, "nimble.KeyMaskInAttention")

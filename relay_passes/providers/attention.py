@@ -39,7 +39,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from ..cache_in_attention import CacheWriteInAttention, RotaryInAttention
-from ..key_mask import KeyMaskInAttention
+from ..key_mask import KeyMaskInAttention, causal_parts
 from .chains import const_value, dtype_of, float32_bits, ints, known_shape, operator_of, other_operand
 from .registry import Provider, register
 
@@ -334,24 +334,6 @@ def _reaches_softmax(chains, var, steps: int = 4) -> bool:
     return False
 
 
-#: what a mask's value passes through between the model's boolean mask and the attention (views of the same [Sq, Sk]
-#: plane, casts): a walk through them keeps which keys each query may see
-_MASK_VIEWS = ("relax.astype", "relax.broadcast_to", "relax.reshape", "relax.expand_dims")
-#: a mask value this far below any score masks its key (transformers' exports use finfo(float32).min)
-_MASKED = -1e4
-
-
-def _through_views(chains, expr, plane: tuple):
-    """``expr``'s value, through :data:`_MASK_VIEWS` whose result keeps ``plane`` ([Sq, Sk]) as its last two dims."""
-    for _ in range(16):
-        value = chains.value.get(expr, expr) if isinstance(expr, relax.Var) else expr
-        shape = known_shape(value)
-        if operator_of(value) not in _MASK_VIEWS or shape is None or tuple(shape[-2:]) != plane:
-            return value
-        expr = value.args[0]
-    return None
-
-
 def masks_later_keys(chains, bias, Sq: int, Sk: int) -> bool:
     """Whether the additive mask ``bias`` masks every key after its query (key j > query i) whatever the model's
     inputs: ``where(allowed, 0, m)`` with ``m`` at most -1e4 and ``allowed`` (through casts, broadcasts and reshapes
@@ -359,30 +341,6 @@ def masks_later_keys(chains, bias, Sq: int, Sk: int) -> bool:
     transformers' decoders export their causal + padding mask. Such a call may also take cuDNN's causal mask, which
     skips the tiles above the diagonal; the bias still masks them, so the result is the same either way."""
     return causal_parts(chains, bias, Sq, Sk) is not None
-
-
-def causal_parts(chains, bias, Sq: int, Sk: int):
-    """(the value the mask gives a masked key, the and's other operand) where :func:`masks_later_keys` holds for
-    ``bias``; else None. The other operand is what the causal constant is and-ed with: a decoder's padding mask."""
-    plane = (Sq, Sk)
-    if Sq != Sk or Sq < 2:
-        return None  # (a step with a past: its keys are not aligned with its queries from the top left)
-    where = _through_views(chains, bias, plane)
-    if operator_of(where) != "relax.where":
-        return None
-    cond, keep, drop = where.args
-    keep, drop = chains.const(keep), chains.const(drop)
-    if keep is None or drop is None or keep.size == 0 or np.any(keep != 0) or not np.all(drop <= _MASKED):
-        return None
-    both = _through_views(chains, cond, plane)
-    if operator_of(both) != "relax.logical_and":
-        return None
-    later = np.triu(np.ones(plane, bool), k=1)
-    for i, operand in enumerate(both.args):
-        c = chains.const(operand)
-        if c is not None and c.ndim >= 2 and tuple(c.shape[-2:]) == plane and not np.any(c[..., later]):
-            return float(np.max(drop)), both.args[1 - i]
-    return None
 
 
 def attention_chain(ctx, chains, var, call, cudnn: bool = False, kernels: tuple[str, str] = (SDPA, SDPA_BIAS),

@@ -1,3 +1,4 @@
+# ran as: DEADLINE=500 bash benchmarks/raw/2026-12-07-h100-s47/callA.sh (585 s of device time left after eleven failed starts)
 # session 47, device call A (after staging TVM and the cuDNN frontend, no ONNX Runtime): the vendor extension; prompts
 # of 8..512 tokens, 2,000 requests at batch 1 (#52): GPT-2 fp16, one bucketed artifact against PyTorch with a CUDA graph
 # per bucket and torch.compile with dynamic shapes, every request's time kept (where the 512 bucket's tail comes from);

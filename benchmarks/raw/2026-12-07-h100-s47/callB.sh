@@ -1,0 +1,5 @@
+# session 47, device call B (call A's machine, warm, 107 s of device time left after it): GPT-2 at 512 tokens in fp16,
+# Nimble's systems and torch.compile with the default providers, then Nimble's with the decoder's mask as one row of
+# keys and cuDNN's causal mask (provider cudnn_key_mask) added; the second build's kernel timings come from the first's
+# cache. As run:
+. .device/setup.sh >/dev/null 2>&1; P=cudnn,cudnn_graph,depthwise,cudnn_sdpa,cudnn_bias_sdpa,attention,attention_split,attention_tile,attention_cluster,attention_append,attention_rope,gemv_glu,gemv_norm,gemv,cublaslt,simt_gemm; S=tvm-vm,tvm-vm-cudagraph,torch-eager,torch-cudagraph,ort-cuda,ort-cuda-graph,tensorrt,nimble-multi-stream-nograph; DEADLINE=195 OUT=$OUT bash scripts/gpu_session.sh "bench 100 --models hf:gpt2@512 --precision fp16 --kernels best --skip $S" "bench 80 --models hf:gpt2@512 --precision fp16 --kernels best --skip $S,torch-compile --providers $P,cudnn_key_mask" >/dev/null 2>&1; cp /tmp/nimble-work/bench/results.csv $OUT/ 2>/dev/null; grep -E "hf-gpt2|nimble-auto|torch-compile|kernels by|cudnn_key|rc=" $OUT/session.log | cut -c1-250 | tail -30

@@ -325,7 +325,7 @@ def test_grouped_query_attention_reads_each_kv_head_once(decoders):
     model = decoders["qwen"]
     mod, options = _imported(model, "fp16")
     lowered = stages.lower(stages.offload(mod, options.replace(kernels="vendor")), options.target)
-    calls = _attention_calls(lowered, attention.CUDNN_BIAS_CAUSAL_SDPA)  # fp16: cuDNN's, ahead of ours
+    calls = _attention_calls(lowered, attention.CUDNN_KEY_CAUSAL_SDPA)  # fp16: cuDNN's, ahead of ours
     assert len(calls) == LAYERS
     for _q, k, v, _mask, attrs, *_outputs in calls:
         values = [int(x) for x in attrs.values]

@@ -27,27 +27,32 @@ def _rel(a, b):
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("kernels", ["vendor", "best", "cudnn-mask"])
+@pytest.mark.parametrize("kernels", ["vendor", "best", "cudnn-mask", "cudnn-key-mask"])
 @pytest.mark.parametrize("precision", list(BOUND))
 @pytest.mark.parametrize("spec", ["hf:gpt2-tiny@40", "hf:llama-tiny@40"])
 def test_decoders_match_pytorch_with_their_attention_fused(gpu_arch, spec, precision, kernels):
     """``cudnn-mask``: every attention on cuDNN's SDPA with the mask (provider cudnn_bias_sdpa, which kernels="best"
-    measures against ours), the GEMMs on cuBLASLt."""
+    measures against ours), the GEMMs on cuBLASLt; ``cudnn-key-mask``: the same with the padding as one row of keys and
+    cuDNN's causal mask part of the call (provider cudnn_key_mask), left padding included."""
     from tvm_nimble import NimbleExecutor, build, zoo
     from tvm_nimble.contract import vendor_abi
 
-    if kernels == "cudnn-mask" and precision == "fp32":
+    if kernels.startswith("cudnn") and precision == "fp32":
         pytest.skip("cuDNN's SDPA is fp16/bf16")
     model, module, torch = _model(spec)
     feeds = zoo.random_inputs(model, seed=0)
     with torch.no_grad():
         expected = module(*[torch.from_numpy(v) for v in feeds.values()]).numpy().astype(np.float64)
     target = {"kind": "cuda", "arch": gpu_arch}
-    if kernels == "cudnn-mask":
-        result = build(model, target, kernels="vendor", precision=precision, providers=("cudnn_bias_sdpa", "cublaslt"))
+    if kernels.startswith("cudnn"):
+        keys = kernels == "cudnn-key-mask"
+        result = build(model, target, kernels="vendor", precision=precision,
+                       providers=("cudnn_bias_sdpa", "cublaslt") + (("cudnn_key_mask",) if keys else ()))
         attention = [l.kernel for l in result.plan.launches if l.kernel.startswith(vendor_abi.ATTENTION.prefix)]
-        # the exports' mask is causal whatever the inputs: the variant with cuDNN's causal mask on top
-        assert attention and set(attention) == {vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA}, attention
+        # the exports' mask is causal whatever the inputs: the variant with cuDNN's causal mask on top, or (keys) with
+        # cuDNN's causal mask and the padding alone
+        assert attention and set(attention) == {vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA if keys
+                                                else vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA}, attention
     else:
         result = build(model, target, kernels=kernels, precision=precision)
     if kernels == "vendor":

@@ -279,6 +279,8 @@ def main(argv=None):
     ap.add_argument("--min-length", type=int, default=8)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="stop the timed loop after this long (0: never), keeping the requests timed so far")
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -316,7 +318,13 @@ def main(argv=None):
         times = {s.name: [] for s in checked}
         collected = {s.name: [] for s in checked}  # the milliseconds of Python's garbage collections within a request
         gc_ms = _GcClock()
+        began = time.perf_counter()
         for i, ids in enumerate(prompts if checked else []):
+            if i and args.max_seconds and time.perf_counter() - began > args.max_seconds:
+                notes.append(f"the timed loop stopped after {i} of {len(prompts)} requests (--max-seconds "
+                             f"{args.max_seconds:g})")
+                lengths = lengths[:i]
+                break
             for s in checked[i % len(checked):] + checked[:i % len(checked)]:  # who goes first rotates
                 gc_ms.total = 0.0
                 start = time.perf_counter()

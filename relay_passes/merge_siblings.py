@@ -38,6 +38,7 @@ from tvm import relax
 from tvm_nimble.contract.markers import SLICE_VIEW
 from tvm_nimble.contract.plan import SLICE_ALIGN
 
+from .merge_heads import merge_heads
 from .providers.chains import Chains, activation, ints, known_shape, operator_of, use_counts
 
 _ACT_NAMES = {1: "relu", 2: "relu6"}
@@ -385,7 +386,8 @@ def merge_siblings(func: relax.Function, select=None) -> tuple[relax.Function, l
 
 def MergeSiblings(select=None, groups: list | None = None, func_name: str = "main") -> tvm.transform.Pass:
     """Module pass: common subexpressions eliminated (so siblings reading equal expressions read one
-    value), then :func:`merge_siblings` on ``func_name``; every group found is appended to ``groups``."""
+    value), then :func:`merge_siblings` on ``func_name`` and, where it merged, :func:`.merge_heads.merge_heads` on the
+    parts; every group found is appended to ``groups``."""
 
     @tvm.transform.module_pass(opt_level=0, name="nimble.MergeSiblings")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -395,6 +397,7 @@ def MergeSiblings(select=None, groups: list | None = None, func_name: str = "mai
             groups.extend(found)
         if func is mod[func_name]:
             return mod
+        func, _ = merge_heads(func)  # the merged parts' alike per-head chains (q's and k's rotary) as one
         mod = mod.clone()
         mod[func_name] = func
         return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))

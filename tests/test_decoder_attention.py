@@ -260,6 +260,30 @@ def test_a_decoders_padding_reaches_cudnn_as_one_row_of_keys(decoders, kind, pre
     assert _rel(out, ref, slice(3, None)) < (1e-2 if precision == "fp16" else 3e-2)
 
 
+def test_merged_qkv_rotated_as_one_reaches_cudnn_through_the_heads_split(decoders, vendor_reference):
+    """Qwen2 merged (Q/K/V one GEMM, merge_siblings) in fp16: q and k are rotated by one chain over all six heads
+    (merge_heads), and the cuDNN attention reads q (heads 0-3) and k (heads 4-5) from its result in place through the
+    split along the heads (q offset 0, k offset 4 heads); the module on llvm, the calls as their numpy contract,
+    computes what the ONNX model does."""
+    from tvm_nimble.compiler.merge_choice import merged
+
+    model = decoders["qwen"]
+    mod, options = _imported(model, "fp16")
+    mod, _groups = merged(mod)
+    offloaded = stages.offload(mod, options, providers=[attention.CUDNN_BIAS_PROVIDER, attention.KEY_MASK_PROVIDER])
+    calls = _attention_calls(offloaded, attention.CUDNN_KEY_CAUSAL_SDPA)
+    assert len(calls) == LAYERS
+    for q, k, _v, _mask, attrs, *_rest in calls:
+        values = [int(x) for x in attrs.values]
+        assert q.same_as(k) and [int(d) for d in q.ty.shape.values] == [1, HEADS + KV_HEADS, SEQ, 16]
+        assert values[6] == 0 and values[10] == HEADS * SEQ * 16  # q and k offsets in the rotated heads
+    feeds = _inputs()
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    out = NimbleExecutor(build(offloaded, "llvm", max_streams=1))(**feeds)[0].numpy().astype(np.float32)
+    assert np.isfinite(out).all()
+    assert _rel(out, ref, slice(3, None)) < 1e-2
+
+
 @pytest.mark.parametrize("mask", [LEFT_PADDED, np.zeros((1, SEQ), np.int64)], ids=["left-padded", "all-masked"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("kind", ["gpt2", "qwen"])

@@ -284,10 +284,12 @@ def test_on_cuda_berts_merged_qkv_is_one_cublaslt_call_and_attention_stays_fused
 
 
 def test_a_decoders_merged_qkv_parts_are_read_by_the_kernels_that_use_them(vendor_ok):
-    """A Llama layer's Q, K and V (16 rows) merge into one GEMM whose parts are strided along the last axis: q and k
-    are read by the rotary embedding's kernels through strided slices fused into them, and v by the attention call in
-    place (CUDA) or by TVM's kernels (llvm): no split kernel copying the parts, one launch a layer fewer than a split.
-    Against the ONNX reference and the unmerged build."""
+    """A Llama layer's Q, K and V (16 rows) merge into one GEMM whose parts are strided along the last axis: q and k,
+    adjacent parts with the same rotary embedding per head, are rotated by one kernel over all their heads
+    (``merge_heads``) that reads them through a strided slice fused into it, and split along the heads again; v is
+    read by the attention call in place (CUDA) or by TVM's kernels (llvm): no split kernel copying any part, and a
+    layer on CUDA has three GEMMs and four launches fewer than unmerged (the rotary kernels two before). Against the
+    ONNX reference and the unmerged build."""
     from decoder_models import tiny_llama_onnx
 
     model = tiny_llama_onnx(dynamic=False)
@@ -296,8 +298,8 @@ def test_a_decoders_merged_qkv_parts_are_read_by_the_kernels_that_use_them(vendo
     ref = ReferenceEvaluator(model).run(None, inputs)[0]
     layers = 2
     module = build(model, "llvm", merge="on")
-    # (gate/up's split too: its parts are read by the SiLU's kernel)
-    assert module.report.splits_as_views == 2 * layers and not [l for l in module.plan.launches if "split" in l.kernel]
+    # (the heads' split of the rotated q and k, and gate/up's split too: its parts are read by the SiLU's kernel)
+    assert module.report.splits_as_views == 3 * layers and not [l for l in module.plan.launches if "split" in l.kernel]
     out = _run(module, inputs)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(out, _run(build(model, "llvm"), inputs), rtol=1e-5, atol=1e-5)
@@ -307,7 +309,7 @@ def test_a_decoders_merged_qkv_parts_are_read_by_the_kernels_that_use_them(vendo
     assert gemms(plain) - gemms(merged_qkv) == 3 * layers  # Q/K/V as one, gate/up as one
     assert merged_qkv.report.splits_as_views == 2 * layers
     assert not [l for l in merged_qkv.plan.launches if l.kernel.startswith("split")]
-    assert len(plain.plan.launches) - len(merged_qkv.plan.launches) == 3 * layers
+    assert len(plain.plan.launches) - len(merged_qkv.plan.launches) == 4 * layers
 
 
 def test_merge_option_values_and_auto_without_a_gpu():

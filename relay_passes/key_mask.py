@@ -21,7 +21,7 @@ from tvm import relax
 from tvm_nimble.contract import vendor_abi
 
 from .cache_in_attention import extern_name, rewrite_pass
-from .providers.chains import Chains, dtype_of, ints, known_shape, operator_of, use_counts
+from .providers.chains import Chains, dtype_of, ints, known_shape, operator_of, rewrite_dataflow_blocks
 
 TAKES = vendor_abi.ATTENTION_CUDNN_BIAS_CAUSAL_SDPA
 KEY_CAUSAL = vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA
@@ -98,37 +98,32 @@ def key_mask_in_attention(func: relax.Function, _mod=None) -> tuple[relax.Functi
     """``func`` with each ``cudnn_bias_causal_sdpa`` call whose mask is a causal + padding plane (padding broadcast
     over the query rows) as a ``cudnn_key_causal_sdpa`` call reading the padding as rows of keys, computed once per
     plane (see the module docstring), and how many it made."""
-    uses = use_counts(func)
-    blocks, made = [], 0
-    for block in func.body.blocks:
-        if not isinstance(block, relax.DataflowBlock):
-            blocks.append(block)
-            continue
-        chains = Chains(block, uses)
-        keyed: dict = {}  # a plane -> (its rows' var, their strides), or None where it has no padding part to split
-        bindings = []
-        for b in block.bindings:
-            value = b.value
-            if extern_name(value) == TAKES:
-                q, k, v, bias, attrs = value.args[1].fields
-                a = ints(attrs.values)
-                if bias not in keyed:
-                    found = _key_rows(chains, bias, a)
-                    keyed[bias] = None if found is None else found[1:]
-                    bindings += found[0] if found is not None else []
-                if keyed[bias] is not None:
-                    mask, strides = keyed[bias]
-                    args = [q, k, v, mask, relax.ShapeExpr(a[:_MASK.start] + strides + a[_MASK.stop:])]
-                    call = relax.op.call_dps_packed(KEY_CAUSAL, relax.Tuple(args), list(value.ty.fields))
-                    bindings.append(relax.VarBinding(b.var, call))
-                    made += 1
-                    continue
-            bindings.append(b)
-        blocks.append(relax.DataflowBlock(bindings))
-    if not made:
-        return func, 0
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs,
-                          func.span), made
+    return rewrite_dataflow_blocks(func, _key_rows_block)
+
+
+def _key_rows_block(block, uses) -> tuple:
+    """One dataflow block of :func:`key_mask_in_attention` and how many calls it rewrote."""
+    chains = Chains(block, uses)
+    keyed: dict = {}  # a plane -> (its rows' var, their strides), or None where it has no padding part to split
+    bindings, made = [], 0
+    for b in block.bindings:
+        value = b.value
+        if extern_name(value) == TAKES:
+            q, k, v, bias, attrs = value.args[1].fields
+            a = ints(attrs.values)
+            if bias not in keyed:
+                found = _key_rows(chains, bias, a)
+                keyed[bias] = None if found is None else found[1:]
+                bindings += found[0] if found is not None else []
+            if keyed[bias] is not None:
+                mask, strides = keyed[bias]
+                args = [q, k, v, mask, relax.ShapeExpr(a[:_MASK.start] + strides + a[_MASK.stop:])]
+                call = relax.op.call_dps_packed(KEY_CAUSAL, relax.Tuple(args), list(value.ty.fields))
+                bindings.append(relax.VarBinding(b.var, call))
+                made += 1
+                continue
+        bindings.append(b)
+    return relax.DataflowBlock(bindings), made
 
 
 def KeyMaskInAttention():

@@ -20,7 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .providers.chains import Chains, Substitute, const_value, ints, known_shape, operator_of, use_counts
+from .providers.chains import Chains, Substitute, const_value, ints, known_shape, operator_of, rewrite_dataflow_blocks
 
 #: operators a per-head chain may hold: element-wise ones, and slices / concats off the head axis
 _PER_HEAD = frozenset(f"relax.{n}" for n in ("add", "subtract", "multiply", "negative", "astype", "strided_slice",
@@ -147,19 +147,7 @@ def _alike(chains: Chains, x: _Chain, y: _Chain) -> bool:
 def merge_heads(func: relax.Function) -> tuple[relax.Function, int]:
     """``func`` with each pair of adjacent split parts whose per-head chains are alike computed as one part and one
     chain (see the module docstring), and how many pairs it merged."""
-    uses = use_counts(func)
-    blocks, made = [], 0
-    for block in func.body.blocks:
-        if not isinstance(block, relax.DataflowBlock):
-            blocks.append(block)
-            continue
-        new, n = _merge_block(block, uses)
-        blocks.append(new)
-        made += n
-    if not made:
-        return func, 0
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs,
-                          func.span), made
+    return rewrite_dataflow_blocks(func, _merge_block)
 
 
 def _merge_block(block, uses) -> tuple:

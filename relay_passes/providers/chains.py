@@ -362,3 +362,21 @@ class Substitute(relax.PyExprMutator):
 
     def visit_dataflow_var_(self, var):
         return self.var_map.get(var, var)
+
+
+def rewrite_dataflow_blocks(func: relax.Function, rewrite_block) -> tuple[relax.Function, int]:
+    """``func`` with each dataflow block replaced by ``rewrite_block(block, uses)`` 's block (``uses``: the function's
+    use counts), which also says how many rewrites it made; ``func`` itself where none made any."""
+    uses = use_counts(func)
+    blocks, made = [], 0
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        new, n = rewrite_block(block, uses)
+        blocks.append(new)
+        made += n
+    if not made:
+        return func, 0
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs,
+                          func.span), made

@@ -11,7 +11,8 @@ Two parts' chains are merged where they are the same computation for every head:
 attributes in the same order, each reading the chain's own values or the same operand (a var, or constants equal in
 value) that holds nothing per head (rank 2 or less, or size 1 along the heads), and no operator acting along the heads
 (a slice or concat of axis 1). Each chain's intermediates are read inside it alone, and its result is read only after
-both chains are computed.
+both chains are computed. A decode step's chains (one row a head) are left apart: the decode attention call rotates
+q and the new key itself (``attention_rope``, :mod:`.cache_in_attention`), which leaves no kernel to merge.
 """
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ def _chain(chains: Chains, users: dict, item, order: dict) -> _Chain | None:
     permute = only_use(reshape)
     pv = chains.value.get(permute)
     if operator_of(pv) != "relax.permute_dims" or pv.attrs.axes is None or ints(pv.attrs.axes) != [0, 2, 1, 3]:
+        return None
+    if shape[1] == 1:  # one row a head (a decode step): its attention call takes q's and k's rotary in apart
         return None
     members, frontier = {permute}, [permute]
     while frontier:  # everything the permuted heads flow into through per-head operators

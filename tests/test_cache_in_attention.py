@@ -99,6 +99,24 @@ def test_the_rotary_embedding_goes_into_the_append_call(precision):
         not in gpt2
 
 
+def test_a_merged_decode_step_keeps_its_rotary_embedding_in_the_append_call():
+    """A generator merges Q/K/V by default: a decode step's q and new key (one row a head) stay two parts, so the
+    append call still rotates them itself (merge_heads leaves one-row chains apart); no TVM kernel rotates them."""
+    from tvm_nimble.compiler.merge_choice import merged
+
+    providers = [attention.PROVIDER, attention.APPEND_PROVIDER, attention.ROPE_PROVIDER]
+    model = MODELS["llama"][0]()
+    options = BuildOptions.create(CUDA, precision="fp16", timing_cache="off", max_streams=1,
+                                  kv_cache=KvCacheSpec("decode", MAX_LENGTH, "float16", gpu=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = stages.import_model(model, None, step_shapes(model, 1, 1, MAX_LENGTH - 1))
+    mod, groups = merged(cache_step(stages.apply_precision(mod, options), options.kv_cache))
+    assert any(g.merged for g in groups)
+    calls = _calls(stages.offload(stages.apply_layout(mod, options), options, providers=providers))
+    assert calls.get(vendor_abi.ATTENTION_APPEND_ROPE_SDPA_BIAS) == LAYERS, calls
+
+
 @pytest.mark.parametrize("name,rope", [("gpt2", False), ("llama", False), ("llama", True)])
 def test_a_generator_with_the_append_calls_gives_the_reference_tokens(name, rope, vendor_reference):
     """The decode step with the append calls (run as their numpy contract on llvm) in place of the generator's own,

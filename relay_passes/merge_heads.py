@@ -54,7 +54,7 @@ def _off_heads(value) -> bool:
 def _per_head_operand(chains: Chains, x) -> bool:
     """Whether ``x`` (read by a chain over [B, heads, S, D]) holds nothing per head: rank 2 or less, or size 1 along
     the heads."""
-    shape = known_shape(chains.value.get(x, x)) if isinstance(x, relax.Var) else known_shape(x)
+    shape = known_shape(x)
     return shape is not None and (len(shape) <= 2 or (len(shape) <= 4 and ([1] * (4 - len(shape)) + list(shape))[1] == 1))
 
 

@@ -131,12 +131,11 @@ def main(argv=None) -> int:
             if masked:
                 keep = torch.ones(B, Sk, device="cuda")
                 keep[:, Sk - Sk // 4:] = 0  # the last quarter is padding
+                # a 16-bit model's mask stays fp32 (the precision policy), at finfo(fp32).min as in transformers
                 low = -10000.0 if dtype == torch.float32 else torch.finfo(torch.float32).min
                 key_mask = ((1.0 - keep) * low).view(B, 1, 1, Sk)  # the padding alone: one row of keys
                 if masked == "causal":  # and key j > query i + Sk - S masked: [B, 1, S, Sk]
                     keep = keep.view(B, 1, 1, Sk) * torch.ones(S, Sk, device="cuda").tril(Sk - S)
-                low = -10000.0 if dtype == torch.float32 else torch.finfo(torch.float32).min
-                # a 16-bit model's mask stays fp32 (the precision policy), at finfo(fp32).min as in transformers
                 mask = ((1.0 - keep) * low).view(B, 1, -1, Sk)
             y = torch.empty(B, S, H, D, device="cuda", dtype=dtype)
             attrs = [B, H, S, Sk, D, D]
@@ -229,8 +228,8 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     row["cudnn_error"] = " ".join(str(e).split())[:300]
             if dtype != torch.float32 and masked and S > 1 and D % 8 == 0:  # cuDNN with the mask
-                variants = [("cudnn_bias", cudnn_bias, False), ("cudnn_bias_converted", cudnn_bias, True)]
-                variants = [v + (False,) for v in variants]
+                # (key, function, the conversion forced, the padding alone as keys)
+                variants = [("cudnn_bias", cudnn_bias, False, False), ("cudnn_bias_converted", cudnn_bias, True, False)]
                 if masked == "causal":  # and cuDNN's causal mask on top, as the provider emits it for decoders
                     variants.append(("cudnn_bias_causal", cudnn_causal, False, False))
                     if S == Sk:  # the padding mask alone, cuDNN's causal mask part of the call

@@ -13,9 +13,9 @@ PyTorch's float32 eager output of the same prompt (relative L2, with the bench's
         --buckets 8,16 --max-length 16 --out DIR
 
 Writes DIR/length_distribution.json (per system: p50, p90, p99, mean ms, p50/p99 per bucket, the p50 of each
-bucket's replay alone where the system has one and the phases of each bucket's build (what a request adds to it is host work), the requests a garbage
-collection ran in and its milliseconds; the build seconds; every request's length and each system's time for it)
-and prints a table.
+bucket's replay alone where the system has one (what a request adds to it is host work), the phases of each bucket's
+build, the requests a garbage collection ran in and its milliseconds; the build seconds; every request's length and
+each system's time for it) and prints a table.
 """
 from __future__ import annotations
 
@@ -58,6 +58,16 @@ class _GcClock:
 def _bucket(n: int, buckets) -> int:
     """The smallest of ``buckets`` that holds ``n`` tokens (what the bucketed artifact and the per-bucket peer run)."""
     return min(b for b in buckets if b >= n)
+
+
+def _wall_ms(run, reps: int) -> list[float]:
+    """Host wall times (ms) of ``reps`` calls of ``run``."""
+    out = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
 
 
 def _by_bucket(times: np.ndarray, bucket_of: np.ndarray, buckets) -> dict:
@@ -104,13 +114,7 @@ class NimbleBuckets:
     def replay_ms(self, bucket: int, reps: int) -> list[float]:
         """Host wall times of the bucket's replay alone (launch and wait, the inputs left as they are)."""
         axis = self.executor.space.names.index("sequence_length")
-        ex = self.executor.bucket(next(k for k in self.executor.keys if k[axis] == bucket))
-        out = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            ex.replay()
-            out.append((time.perf_counter() - start) * 1e3)
-        return out
+        return _wall_ms(self.executor.bucket(next(k for k in self.executor.keys if k[axis] == bucket)).replay, reps)
 
 
 class TorchPerBucket:
@@ -168,13 +172,7 @@ class TorchPerBucket:
     def replay_ms(self, bucket: int, reps: int) -> list[float]:
         """Host wall times of the bucket's graph replay alone (launch and wait)."""
         graph = self.graphs[bucket][0]
-        out = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            graph.replay()
-            self.torch.cuda.synchronize()
-            out.append((time.perf_counter() - start) * 1e3)
-        return out
+        return _wall_ms(lambda: (graph.replay(), self.torch.cuda.synchronize()), reps)
 
 
 class TorchDynamic:

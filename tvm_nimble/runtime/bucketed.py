@@ -51,6 +51,7 @@ class BucketedExecutor(ChecksInputs):
         self._buckets: dict[tuple, Executor] = {}
         self._shared = None
         self._zeros = None  # padding_bytes() zeros on the device, what padding after a real prefix copies
+        self._staging: dict[int, object] = {}  # input index -> its page-locked host buffer (buckets on a GPU stream)
         if not isinstance(module, BucketedModule):
             module = from_fixed(module)
         self.module = module
@@ -124,14 +125,18 @@ class BucketedExecutor(ChecksInputs):
 
     def _fill(self, bucket: Executor, srcs: list) -> None:
         """Copy the inputs ``srcs`` into ``bucket``'s input buffers, zeros past their extent: a host array padded on
-        the host and copied once where the buffer is small (a prompt's ids and mask: :data:`HOST_PAD_BYTES`); a
-        larger real prefix of the buffer is a copy and a device-to-device zero fill of the rest (whatever an earlier
-        run left there); any other padding is made on the host."""
-        for src, dst in zip(srcs, bucket.input_views()):
+        the host and copied once where the buffer is small (a prompt's ids and mask: :data:`HOST_PAD_BYTES`); on a
+        GPU through page-locked memory, the copy queued on the bucket's stream ahead of its replay, so that the run's
+        one wait covers it; a larger real prefix of the buffer is a copy and a device-to-device zero fill of the rest
+        (whatever an earlier run left there); any other padding is made on the host."""
+        for i, (src, dst) in enumerate(zip(srcs, bucket.input_views())):
             real, full = list(src.shape), list(dst.shape)
+            small = isinstance(src, np.ndarray) and _nbytes(dst) <= HOST_PAD_BYTES
+            if small and bucket.main_stream is not None and self._stage(i, bucket, src, dst):
+                continue
             if real == full:
                 _copy(src, dst)
-            elif prefix_of(real, full) and not (isinstance(src, np.ndarray) and _nbytes(dst) <= HOST_PAD_BYTES):
+            elif prefix_of(real, full) and not small:
                 head = tensor_view(dst, real, str(dst.dtype), 0)
                 _copy(src, head)
                 used = _nbytes(head)
@@ -141,6 +146,28 @@ class BucketedExecutor(ChecksInputs):
                 padded = np.zeros(full, str(dst.dtype))
                 padded[tuple(slice(0, r) for r in real)] = src if isinstance(src, np.ndarray) else src.numpy()
                 dst.copyfrom(padded)
+
+    def _stage(self, index: int, bucket: Executor, src: np.ndarray, dst) -> bool:
+        """Pad ``src`` into input ``index``'s page-locked buffer and queue its copy into ``dst`` on ``bucket``'s
+        stream, ahead of the replay that reads it (and waits: the buffer is free again when the run returns); False
+        for a dtype numpy does not have (bfloat16), which the caller copies as before."""
+        from . import cuda_graph as cg
+
+        try:
+            dtype = np.dtype(str(dst.dtype))
+        except TypeError:
+            return False
+        stage = self._staging.get(index)
+        if stage is None:
+            stage = self._staging[index] = cg.PinnedArray((HOST_PAD_BYTES,), np.uint8)
+        full = [int(d) for d in dst.shape]
+        nbytes = _nbytes(dst)
+        host = stage.array[:nbytes].view(dtype).reshape(full)
+        if list(src.shape) != full:
+            host[...] = 0
+        host[tuple(slice(0, r) for r in src.shape)] = src
+        cg.copy_async(dst.data_ptr(), stage.address(), nbytes, bucket.main_stream)
+        return True
 
     def _outputs(self, bucket: Executor, extents: tuple) -> list:
         """The bucket's outputs cut to ``extents``: a view where the real part is a prefix of the buffer (or the
@@ -289,6 +316,9 @@ class BucketedExecutor(ChecksInputs):
         if self._shared is not None:
             self._shared.release()
         self._zeros = None
+        for stage in getattr(self, "_staging", {}).values():
+            stage.close()
+        self._staging = {}
         self._results = None
         self._pending = {}
 

@@ -58,6 +58,20 @@ def test_the_command_line_reports_a_bad_option_in_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [f"tvm-nimble: error: providers must be names among {known}, got 'cutlass'"]
 
 
+def test_plus_a_name_adds_a_provider_to_the_default_ones():
+    from tvm_nimble.relay_passes import providers
+
+    defaults = tuple(p.name for p in providers.offloading("cuda"))
+    assert "tf32x3" not in defaults and "cublaslt" in defaults
+    cuda = {"kind": "cuda", "arch": "sm_90"}
+    assert BuildOptions(target=cuda, providers=("+tf32x3",)).providers == defaults + ("tf32x3",)
+    assert BuildOptions(target=cuda, providers="+tf32x3").providers == defaults + ("tf32x3",)
+    with pytest.raises(NimbleError, match="not both"):
+        BuildOptions(target=cuda, providers=("cublaslt", "+tf32x3"))
+    with pytest.raises(NimbleError, match="got 'cutlass'"):
+        BuildOptions(target=cuda, providers=("+cutlass",))
+
+
 def test_float16_as_a_build_option_matches_the_reference_to_fp16_precision():
     model = zoo.get_model("inception")
     inputs = zoo.random_inputs(model, seed=0)

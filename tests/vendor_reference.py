@@ -15,7 +15,7 @@ from tvm_nimble.relay_passes.providers.attention import (CLUSTER_SDPA, CLUSTER_S
                                                           SPLIT_SDPA_BIAS, TILE_SDPA, TILE_SDPA_BIAS)
 from tvm_nimble.relay_passes.providers.cudnn_grad import CONV2D_BWD_DATA, CONV2D_BWD_FILTER
 from tvm_nimble.relay_passes.providers.norm import LAYER_NORM
-from tvm_nimble.relay_passes.providers import cudnn_graph, depthwise, simt_gemm
+from tvm_nimble.relay_passes.providers import cudnn_graph, depthwise, simt_gemm, tf32x3
 from tvm_nimble.relay_passes.providers import gemv as gemv_provider
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, CONV2D, CONV2D_ADD, MATMUL, MATMUL_ADD
 
@@ -169,6 +169,21 @@ def reference_functions():
     def matmul_add(a, w, bias, z, attrs, y, ws):
         y.copyfrom(_act(linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
+    def tf32_linear(a, w, bias, attrs, y):  # cuBLASLt's float32 Linear on tensor cores: each operand read as TF32
+        # (its low 13 mantissa bits dropped), the products summed in float64 here (float32 on the GPU)
+        if int(attrs[2]) != 1:
+            raise ValueError(f"{tf32x3.MATMUL}: allow_tf32 must be 1 (its products are TF32's)")
+        av = tf32x3.split_array(a.numpy())[0].astype(np.float64)
+        wv = tf32x3.split_array(w.numpy())[0].astype(np.float64)
+        out = av @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(np.float64)
+        return out.reshape(y.shape)
+
+    def tf32x3_matmul(a, w, bias, attrs, y, ws):
+        y.copyfrom(_act(tf32_linear(a, w, bias, attrs, y), int(attrs[1])).astype(y.dtype))
+
+    def tf32x3_matmul_add(a, w, bias, z, attrs, y, ws):
+        y.copyfrom(_act(tf32_linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
+
     def simt_act(attrs):  # the kernel's epilogue compiles no tanh GELU (gemm_simt.cu refuses it)
         if int(attrs[0]) not in simt_gemm.ACTIVATIONS:
             raise ValueError(f"nimble.gemm: activation {int(attrs[0])} is not one the kernel computes")
@@ -287,6 +302,7 @@ def reference_functions():
              APPEND_SDPA_BIAS: append_sdpa_bias, APPEND_ROPE_SDPA_BIAS: append_rope_sdpa_bias,
              LAYER_NORM: layer_norm,
              simt_gemm.MATMUL: simt_matmul, simt_gemm.MATMUL_ADD: simt_matmul_add, gemv_provider.MATMUL: gemv,
+             tf32x3.MATMUL: tf32x3_matmul, tf32x3.MATMUL_ADD: tf32x3_matmul_add,
              gemv_provider.MATMUL_ADD: lambda a, w, bias, z, attrs, y, ws: gemv(a, w, bias, attrs, y, ws, z),
              gemv_provider.NORM_MATMUL: norm_gemv,
              gemv_provider.NORM_MATMUL_ADD: lambda x, g, b, w, bias, z, attrs, y, ws: norm_gemv(x, g, b, w, bias, attrs,

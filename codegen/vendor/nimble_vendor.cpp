@@ -84,6 +84,11 @@ constexpr const char* kConvBwdFilter = "nimble.cudnn.conv2d_bwd_filter";
 constexpr const char* kMatmul = "nimble.cublas.matmul";
 constexpr const char* kBatchedMatmul = "nimble.cublas.batched_matmul";
 constexpr const char* kMatmulAdd = "nimble.cublas.matmul_add";
+// the same two calls under provider tf32x3's names: a float32 GEMM as three TF32 products, its operands split by the
+// passes (relay_passes/providers/tf32x3.py) and allow_tf32 set in its attrs; apart so that plans and reports tell
+// it from cuBLASLt's own float32 Linear
+constexpr const char* kTf32x3Matmul = "nimble.cublas.tf32x3_matmul";
+constexpr const char* kTf32x3MatmulAdd = "nimble.cublas.tf32x3_matmul_add";
 
 // ---------------------------------------------------------------------------------------------
 // cuDNN convolution
@@ -1079,6 +1084,8 @@ __attribute__((constructor)) void RegisterAll() {
     Register(kMatmul, Matmul);
     Register(kBatchedMatmul, BatchedMatmul);
     Register(kMatmulAdd, MatmulAdd);
+    Register(kTf32x3Matmul, Matmul);
+    Register(kTf32x3MatmulAdd, MatmulAdd);
     Register("nimble.cublas.matmul_add_timings", MatmulAddTimings);
     Register("nimble.cudnn.conv2d_algos", Conv2dAlgos);
     Register("nimble.cublas.matmul_timings", MatmulTimings);

@@ -11,4 +11,5 @@ from . import depthwise  # noqa: E402,F401
 from . import gemv  # noqa: E402,F401
 from . import norm  # noqa: E402,F401
 from . import simt_gemm  # noqa: E402,F401
+from . import tf32x3  # noqa: E402,F401
 from . import tvm_kernels  # noqa: E402,F401

@@ -50,6 +50,7 @@ PRIORITY = (
     "gemv",  # our 16-bit GEMV
     "cublaslt",  # GEMMs
     "simt_gemm",  # our fp32 GEMM for small M (after cuBLASLt: "vendor" keeps cuBLASLt)
+    "tf32x3",  # a float32 GEMM as three TF32 products in one cuBLASLt call (only when named)
     "layer_norm",  # LayerNorm
 )
 

@@ -68,3 +68,21 @@ def test_decoders_match_pytorch_with_their_attention_fused(gpu_arch, spec, preci
     with torch.no_grad():
         ref_padded = module(*[torch.from_numpy(v) for v in left_padded.values()]).numpy().astype(np.float64)
     assert _rel(padded[:, 4:], ref_padded[:, 4:]) < BOUND[precision]  # the real positions
+
+
+@pytest.mark.parametrize("spec", ["hf:gpt2-tiny@40", "hf:llama-tiny@40"])
+def test_float32_decoders_on_three_tf32_products_keep_float32_accuracy(gpu_arch, spec):
+    """Provider tf32x3 (every Linear of 16 rows or more as three TF32 products in one cuBLASLt call) against PyTorch's
+    float32: within 1e-5 (one TF32 product is ~1e-3 off); the calls are in the plan."""
+    from tvm_nimble import NimbleExecutor, build, zoo
+    from tvm_nimble.relay_passes.providers import tf32x3
+
+    model, module, torch = _model(spec)
+    feeds = zoo.random_inputs(model, seed=0)
+    with torch.no_grad():
+        expected = module(*[torch.from_numpy(v) for v in feeds.values()]).numpy().astype(np.float64)
+    result = build(model, {"kind": "cuda", "arch": gpu_arch}, kernels="vendor", precision="fp32",
+                   providers=("tf32x3",))
+    assert sum(l.kernel.startswith(tf32x3.PROVIDER.kernel_prefix) for l in result.plan.launches) >= 5
+    with NimbleExecutor(result) as ex:
+        assert _rel(ex(*feeds.values())[0].numpy(), expected) < 1e-5

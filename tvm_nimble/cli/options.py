@@ -118,7 +118,7 @@ def providers_arg(p) -> None:
     when_named = ", ".join(q.name for q in every if not q.by_default)
     p.add_argument("--providers", type=_names, metavar="NAME,...",
                    help=f"the kernel providers besides TVM that may take operators (default: {by_default}; "
-                        f"used only when named: {when_named})")
+                        f"used only when named: {when_named}; +NAME adds NAME to the default ones, e.g. +tf32x3)")
 
 
 def merge_arg(p) -> None:

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from tvm_nimble.contract import vendor_abi
-from tvm_nimble.relay_passes.providers import cublaslt, provider_of, simt_gemm
+from tvm_nimble.relay_passes.providers import cublaslt, provider_of, simt_gemm, tf32x3
 from tvm_nimble.relay_passes.vendor_offload import BATCHED_MATMUL, MATMUL, MATMUL_ADD, type_str
 
 from . import timing_cache
@@ -34,9 +34,11 @@ MARGIN = 0.97
 
 _TIMINGS = {MATMUL: vendor_abi.CUBLAS_MATMUL_TIMINGS, MATMUL_ADD: vendor_abi.CUBLAS_MATMUL_ADD_TIMINGS,
             BATCHED_MATMUL: vendor_abi.CUBLAS_BATCHED_MATMUL_TIMINGS,
-            simt_gemm.MATMUL: vendor_abi.GEMM_MATMUL_TIMINGS, simt_gemm.MATMUL_ADD: vendor_abi.GEMM_MATMUL_ADD_TIMINGS}
+            simt_gemm.MATMUL: vendor_abi.GEMM_MATMUL_TIMINGS, simt_gemm.MATMUL_ADD: vendor_abi.GEMM_MATMUL_ADD_TIMINGS,
+            # provider tf32x3's calls are cuBLASLt's Linear under other names: the same candidates, the same timings
+            tf32x3.MATMUL: vendor_abi.CUBLAS_MATMUL_TIMINGS, tf32x3.MATMUL_ADD: vendor_abi.CUBLAS_MATMUL_ADD_TIMINGS}
 _ATTRS_LEN = {MATMUL: 3, MATMUL_ADD: 3, BATCHED_MATMUL: 2,  # without the algorithm index
-              simt_gemm.MATMUL: 1, simt_gemm.MATMUL_ADD: 1}
+              simt_gemm.MATMUL: 1, simt_gemm.MATMUL_ADD: 1, tf32x3.MATMUL: 3, tf32x3.MATMUL_ADD: 3}
 
 
 def gemm_calls(mod: tvm.IRModule):
@@ -100,7 +102,7 @@ def choose_gemm_algorithms(mod: tvm.IRModule, session) -> tuple[tvm.IRModule, li
         best = int(np.argmin(us)) if us else 0
         provider = provider_of(name).name
         # cuBLASLt's candidate 0 is its heuristic's first, the library's default: kept unless beaten by MARGIN
-        default_first = provider == cublaslt.PROVIDER.name
+        default_first = provider in (cublaslt.PROVIDER.name, tf32x3.PROVIDER.name)
         index = best if us and (not default_first or us[best] < MARGIN * us[0]) else 0
         if us and (index or not default_first):  # index 0 of cuBLASLt is what a call without one runs
             chosen[sig] = index

@@ -37,7 +37,8 @@ class BuildOptions:
 
     - ``target``: a ``tvm.target.Target`` (``create`` resolves 'cuda', 'llvm' and dicts).
     - ``kernels``: see :data:`KERNEL_CHOICES`; ``providers``: the kernel providers other than TVM that may
-      take operators (default: every registered one for the target, see ``relay_passes.providers``).
+      take operators (default: every registered one for the target that is used by default, see
+      ``relay_passes.providers``; ``("+NAME",)``: those and NAME, e.g. ``("+tf32x3",)``).
     - ``precision``: ``fp32`` (default), ``tf32`` (fp32 with TF32 tensor cores in cuDNN/cuBLASLt, about
       1e-3 error; the same as ``allow_tf32=True``), ``fp16`` or ``bf16`` (the mixed-precision policy of
       :mod:`relay_passes.precision`; ``keep_fp32`` names more operators to keep in float32, e.g.
@@ -114,6 +115,12 @@ class BuildOptions:
         _check(self.layout in LAYOUTS, "layout", self.layout, f"one of {LAYOUTS}")
         if self.providers is not None:
             given = (self.providers,) if isinstance(self.providers, str) else tuple(self.providers)
+            added = [p for p in given if p.startswith("+")]
+            if added:  # "+NAME": the providers used by default, and NAME
+                _check(len(added) == len(given), "providers", given, "names, or '+NAME's added to the default "
+                       "ones, not both")
+                given = tuple(p.name for p in provider_registry.offloading(self.target.kind.name)) + tuple(
+                    p[1:] for p in added)
             others = tuple(n for n in provider_registry.names() if n != provider_registry.TVM)
             bad = [p for p in given if p not in others]
             _check(not bad, "providers", bad[0] if bad else None, f"names among {others}")

@@ -64,7 +64,11 @@ CUBLAS_BATCHED_MATMUL = "nimble.cublas.batched_matmul"
 CUBLAS_MATMUL_TIMINGS = "nimble.cublas.matmul_timings"
 CUBLAS_MATMUL_ADD_TIMINGS = "nimble.cublas.matmul_add_timings"
 CUBLAS_BATCHED_MATMUL_TIMINGS = "nimble.cublas.batched_matmul_timings"
-CUBLAS = VendorLibrary("cublas", kernels=(CUBLAS_MATMUL, CUBLAS_MATMUL_ADD, CUBLAS_BATCHED_MATMUL),
+# the same GEMMs under the names of provider tf32x3 (three TF32 products in one call: relay_passes/providers/tf32x3.py)
+CUBLAS_TF32X3_MATMUL = "nimble.cublas.tf32x3_matmul"
+CUBLAS_TF32X3_MATMUL_ADD = "nimble.cublas.tf32x3_matmul_add"
+CUBLAS = VendorLibrary("cublas", kernels=(CUBLAS_MATMUL, CUBLAS_MATMUL_ADD, CUBLAS_BATCHED_MATMUL, CUBLAS_TF32X3_MATMUL,
+                                          CUBLAS_TF32X3_MATMUL_ADD),
                        utilities=(CUBLAS_MATMUL_TIMINGS, CUBLAS_MATMUL_ADD_TIMINGS, CUBLAS_BATCHED_MATMUL_TIMINGS))
 
 # ---- our SIMT GEMM (codegen/vendor/gemm_simt.cu) ----------------------------------------------------------

@@ -30,6 +30,14 @@ def _act(y, act):
     return np.maximum(y, 0) if act == 1 else np.clip(y, 0, 6) if act == 2 else y
 
 
+def _tf32_read(x) -> np.ndarray:
+    """A float32 array as a tensor core reads it in a TF32 GEMM: its low 13 mantissa bits dropped (truncated, the
+    farther of the two ways to read it), as float64. The contract adds the products exactly: the tensor cores'
+    own accumulation is not modelled."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return (bits & np.uint32(~tf32x3.TF32_DROPPED & 0xFFFFFFFF)).view(np.float32).astype(np.float64)
+
+
 def np_conv2d(x, w, b, attrs):
     """y before the activation, and the activation; attrs[10] == 1 (NHWC x and y, OHWI w) is read through NCHW."""
     if len(attrs) > 10 and attrs[10] == 1:
@@ -169,12 +177,10 @@ def reference_functions():
     def matmul_add(a, w, bias, z, attrs, y, ws):
         y.copyfrom(_act(linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
-    def tf32_linear(a, w, bias, attrs, y):  # cuBLASLt's float32 Linear on tensor cores: each operand read as TF32
-        # (its low 13 mantissa bits dropped), the products summed in float64 here (float32 on the GPU)
+    def tf32_linear(a, w, bias, attrs, y):  # cuBLASLt's float32 Linear on tensor cores (see _tf32_read)
         if int(attrs[2]) != 1:
             raise ValueError(f"{tf32x3.MATMUL}: allow_tf32 must be 1 (its products are TF32's)")
-        av = tf32x3.split_array(a.numpy())[0].astype(np.float64)
-        wv = tf32x3.split_array(w.numpy())[0].astype(np.float64)
+        av, wv = (_tf32_read(t.numpy()) for t in (a, w))
         out = av @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(np.float64)
         return out.reshape(y.shape)
 

@@ -1,19 +1,24 @@
-"""float32 GEMMs on tensor cores at float32's accuracy: three TF32 products in one cuBLASLt call (provider tf32x3).
+"""float32 GEMMs on tensor cores: three TF32 products in one cuBLASLt call (provider tf32x3).
 
     matmul(x, [permute_dims](W)) [+ bias] [-> act] [+ residual]   (x: [..., M, K] float32; W constant)
 
 A tensor core reads a float32 operand as TF32 (its top 11 significant bits), so one TF32 GEMM is ~1e-3 off float32.
 Each operand is split into a high part of 11 significant bits and the rest, ``v = hi + lo``; the product keeps
-``x_hi W_hi + x_hi W_lo + x_lo W_hi`` (the dropped ``x_lo W_lo`` is ~2^-22 of it; a float32 GEMM rounds at ~2^-24 a
-term): one cuBLASLt TF32 GEMM over three times the depth,
+``x_lo W_hi + x_hi W_lo + x_hi W_hi`` (the dropped ``x_lo W_lo`` is ~2^-22 of it): one cuBLASLt TF32 GEMM over three
+times the depth,
 
-    [x_hi | x_hi | x_lo] @ [W_hi ; W_lo ; W_hi]     ([M, 3K] @ [3K, N], float32 accumulation)
+    [x_lo | x_hi | x_hi] @ [W_hi ; W_lo ; W_hi]     ([M, 3K] @ [3K, N], float32 accumulation)
 
-with the bias, activation and residual in its epilogue as cuBLASLt's float32 Linear has them. W's parts are split
-once, at build (constants three times W's size); x's by element-wise operators before the call (TVM fuses them into
-one kernel, or into x's producer), Veltkamp's split ``c = x * 8193; hi = c - (c - x); lo = x - hi``: exact in
-float32 arithmetic, fused multiply-add or not. Values over ~4e34 in magnitude overflow the split (NaN, not a wrong
-finite value).
+the two small products first along K, so that the accumulator holds them before the large one (CUTLASS's 3xTF32
+orders its products so). The bias, activation and residual are in the epilogue as in cuBLASLt's float32 Linear.
+W's parts are split once, at build, rounding to nearest (constants three times W's size); x's by element-wise
+operators before the call (TVM fuses them into one kernel, or into x's producer), Veltkamp's split ``c = x * 8193;
+hi = c - (c - x); lo = x - hi``: exact in float32 arithmetic, fused multiply-add or not. Values over ~4e34 in
+magnitude overflow the split (NaN, not a wrong finite value).
+
+The operands' rounding is float32's; the accumulation is the tensor cores', which is not IEEE float32's: with the
+large product first, such GEMMs measured 3.5e-7 to 8.0e-6 from float64 on an H100 against SGEMM's 1.5e-7 to 3.5e-7,
+depending on the shape (benchmarks/findings.md, 'GEMMs at batch 1'); with the small ones first, not yet measured.
 
 Why: in float32 with TF32 off (the bench's fp32: PyTorch's default) every engine runs the FP32 pipes' SGEMM, and
 an H100's dense TF32 tensor cores do ~7x those pipes' multiply-adds a second: three TF32 products can beat one
@@ -40,14 +45,16 @@ MATMUL_ADD = vendor_abi.CUBLAS_TF32X3_MATMUL_ADD
 MIN_ROWS = 16
 #: 2^13 + 1: Veltkamp's constant for a high part of 24 - 13 = 11 significant bits (TF32's)
 SPLITTER = 8193.0
-#: the bits a tensor core drops of a float32 operand (TF32 keeps 10 of the 23 stored mantissa bits)
-TF32_MASK = np.uint32(0xFFFFE000)
+#: the 13 low mantissa bits of a float32 that TF32 does not keep (it keeps 10 of the 23 stored)
+TF32_DROPPED = 0x1FFF
 
 
 def split_array(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) of a float32 array: ``hi`` its top 11 significant bits (truncated), ``lo = w - hi`` exactly."""
+    """(hi, lo) of a finite float32 array: ``hi`` rounded to its top 11 significant bits (to nearest, a tie away
+    from zero), exact in TF32; ``lo = w - hi`` exactly (at most 2^-11 of ``w``)."""
     w = np.ascontiguousarray(w, dtype=np.float32)
-    hi = (w.view(np.uint32) & TF32_MASK).view(np.float32)
+    bits = w.view(np.uint32)
+    hi = ((bits + np.uint32(TF32_DROPPED + 1 >> 1)) & np.uint32(~TF32_DROPPED & 0xFFFFFFFF)).view(np.float32)
     return hi, w - hi
 
 
@@ -58,11 +65,11 @@ def split_weight(weight: np.ndarray, transpose_b: int) -> np.ndarray:
 
 
 def split_rows(x: relax.Expr) -> relax.Expr:
-    """``[x_hi | x_hi | x_lo]`` along the last axis, by Veltkamp's split (see the module docstring)."""
+    """``[x_lo | x_hi | x_hi]`` along the last axis, by Veltkamp's split (see the module docstring)."""
     c = relax.op.multiply(x, relax.const(SPLITTER, "float32"))
     hi = relax.op.subtract(c, relax.op.subtract(c, x))
     lo = relax.op.subtract(x, hi)
-    return relax.op.concat([hi, hi, lo], axis=-1)
+    return relax.op.concat([lo, hi, hi], axis=-1)
 
 
 def tf32x3_chain(ctx, chains, var, call):

@@ -201,6 +201,18 @@ def padded_columns(lin: Linear, rows: int) -> int | None:
     return -(-n // per) * per
 
 
+def padded_operands(lin: Linear, rows: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(weight, bias, the columns computed) of ``lin``'s GEMM: zero columns added up to :func:`padded_columns`'s
+    alignment where it gives one (None: N as it is)."""
+    weight, bias = lin.weight, lin.bias
+    padded = padded_columns(lin, rows)
+    if padded is not None:
+        extra = padded - lin.out_shape[-1]
+        weight = np.pad(weight, ((0, extra), (0, 0)) if lin.transpose_b else ((0, 0), (0, extra)))
+        bias = np.pad(bias, (0, extra))
+    return weight, bias, padded
+
+
 def matmul_chain(ctx, chains, var, call):
     if not static_matmul(ctx, call, PROVIDER.dtypes):
         return None
@@ -210,12 +222,7 @@ def matmul_chain(ctx, chains, var, call):
             return batched_chain(ctx, chains, var, call)
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
-    weight, bias = lin.weight, lin.bias
-    padded = padded_columns(lin, int(np.prod(lin.out_shape[:-1])))
-    if padded is not None:
-        extra = padded - lin.out_shape[-1]
-        weight = np.pad(weight, ((0, extra), (0, 0)) if lin.transpose_b else ((0, 0), (0, extra)))
-        bias = np.pad(bias, (0, extra))
+    weight, bias, padded = padded_operands(lin, int(np.prod(lin.out_shape[:-1])))
     # the bias in the result's dtype: cuBLASLt's epilogue reads it so; a residual is cuBLASLt's C (beta = 1)
     args = [lin.x, relax.const(weight.astype(lin.dtype)), relax.const(bias.astype(lin.out_dtype))]
     return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32]),

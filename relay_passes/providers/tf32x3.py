@@ -36,7 +36,7 @@ from tvm_nimble.contract import vendor_abi
 
 from ..precision import compute_dtype
 from .chains import ACTS, GEMM_WORKSPACE_BYTES
-from .cublaslt import linear_call, padded_columns, small_linear
+from .cublaslt import linear_call, padded_operands, small_linear
 from .registry import Provider, register
 
 MATMUL = vendor_abi.CUBLAS_TF32X3_MATMUL
@@ -82,12 +82,7 @@ def tf32x3_chain(ctx, chains, var, call):
     if rows < MIN_ROWS:
         ctx.report.kept.append(("matmul", f"three TF32 products take {MIN_ROWS} rows or more"))
         return None
-    weight, bias = lin.weight, lin.bias
-    padded = padded_columns(lin, rows)
-    if padded is not None:
-        extra = padded - lin.out_shape[-1]
-        weight = np.pad(weight, ((0, extra), (0, 0)) if lin.transpose_b else ((0, 0), (0, extra)))
-        bias = np.pad(bias, (0, extra))
+    weight, bias, padded = padded_operands(lin, rows)
     args = [split_rows(lin.x), relax.const(split_weight(weight, lin.transpose_b)),
             relax.const(bias.astype("float32"))]
     # attrs as cuBLASLt's Linear: [transpose_b, activation, allow_tf32 = 1 (these three products are TF32's)]

@@ -220,5 +220,8 @@ def test_length_distribution_script_on_cpu(tmp_path):
     assert "prompts of bucket 16: nimble-buckets p50" in out
     assert 0 <= row["gc"]["requests"] <= 30 and row["gc"]["ms"] >= 0 and "garbage collections within requests" in out
     assert set(row["replay_p50_ms"]) == {"8", "16"} and all(ms > 0 for ms in row["replay_p50_ms"].values())
-    assert "nimble-buckets replay alone p50 per bucket: 8 " in out
+    assert "nimble-buckets replay alone p50 per bucket: 8 " in out and "a request's p50 over it: " in out
+    over = row["request_over_replay_ms"]  # a request's p50 in its bucket less the bucket's replay alone
+    assert over.keys() <= row["replay_p50_ms"].keys() and over
+    assert all(abs(over[b] - (row["by_bucket"][b]["p50_ms"] - row["replay_p50_ms"][b])) < 1e-12 for b in over)
     assert set(row["build_phases_s"]) == {"1x8", "1x16"} and "nimble-buckets build of bucket 1x16: import" in out

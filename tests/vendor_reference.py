@@ -32,8 +32,8 @@ def _act(y, act):
 
 def _tf32_read(x) -> np.ndarray:
     """A float32 array as a tensor core reads it in a TF32 GEMM: its low 13 mantissa bits dropped (truncated, the
-    farther of the two ways to read it), as float64. The contract adds the products exactly: the tensor cores'
-    own accumulation is not modelled."""
+    farther of the two ways to read it), as float64, so that the contract adds the products exactly: the tensor
+    cores' own accumulation is not modelled."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     return (bits & np.uint32(~tf32x3.TF32_DROPPED & 0xFFFFFFFF)).view(np.float32).astype(np.float64)
 
@@ -165,30 +165,31 @@ def reference_functions():
     def conv_bwd_filter(x, dy, attrs, dw, ws):
         dw.copyfrom(np_conv2d_bwd_filter(x.numpy(), dy.numpy(), dw.shape, list(attrs)).astype(dw.dtype))
 
-    def linear(a, w, bias, attrs, y):  # a @ op(w) + bias in fp32, in y's shape (its rows may be reshaped);
-        # attrs[2:] (allow_tf32, the algorithm) change no value
-        wv = w.numpy().astype(np.float32)
-        out = a.numpy().astype(np.float32) @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(np.float32)
+    def f32(x):
+        return x.astype(np.float32)
+
+    def linear(a, w, bias, attrs, y, read=f32):  # a @ op(w) + bias in fp32, in y's shape (its rows may be reshaped);
+        # attrs[2:] (allow_tf32, the algorithm) change no value; read: how the operands are read (_tf32_read: float64)
+        wv = read(w.numpy())
+        out = read(a.numpy()) @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(wv.dtype)
         return out.reshape(y.shape)
 
-    def matmul(a, w, bias, attrs, y, ws):
-        y.copyfrom(_act(linear(a, w, bias, attrs, y), int(attrs[1])).astype(y.dtype))
+    def matmul(a, w, bias, attrs, y, ws, read=f32):
+        y.copyfrom(_act(linear(a, w, bias, attrs, y, read), int(attrs[1])).astype(y.dtype))
 
-    def matmul_add(a, w, bias, z, attrs, y, ws):
-        y.copyfrom(_act(linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
+    def matmul_add(a, w, bias, z, attrs, y, ws, read=f32):
+        y.copyfrom(_act(linear(a, w, bias, attrs, y, read) + z.numpy(), int(attrs[1])).astype(y.dtype))
 
-    def tf32_linear(a, w, bias, attrs, y):  # cuBLASLt's float32 Linear on tensor cores (see _tf32_read)
+    def tf32_read(attrs):  # cuBLASLt's float32 Linear on tensor cores (see _tf32_read)
         if int(attrs[2]) != 1:
             raise ValueError(f"{tf32x3.MATMUL}: allow_tf32 must be 1 (its products are TF32's)")
-        av, wv = (_tf32_read(t.numpy()) for t in (a, w))
-        out = av @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(np.float64)
-        return out.reshape(y.shape)
+        return _tf32_read
 
     def tf32x3_matmul(a, w, bias, attrs, y, ws):
-        y.copyfrom(_act(tf32_linear(a, w, bias, attrs, y), int(attrs[1])).astype(y.dtype))
+        matmul(a, w, bias, attrs, y, ws, tf32_read(attrs))
 
     def tf32x3_matmul_add(a, w, bias, z, attrs, y, ws):
-        y.copyfrom(_act(tf32_linear(a, w, bias, attrs, y) + z.numpy(), int(attrs[1])).astype(y.dtype))
+        matmul_add(a, w, bias, z, attrs, y, ws, tf32_read(attrs))
 
     def simt_act(attrs):  # the kernel's epilogue compiles no tanh GELU (gemm_simt.cu refuses it)
         if int(attrs[0]) not in simt_gemm.ACTIVATIONS:

@@ -545,9 +545,8 @@ ROPE_PROVIDER = register(Provider(
 
 #: a decoder's causal + padding mask handed to cuDNN in two parts: the padding as one row of keys, the causal part as
 #: cuDNN's own mask (``cudnn_key_causal_sdpa``), in place of the whole [S, S] plane a head reads; a rewrite of the calls
-#: cudnn_bias_sdpa made (:mod:`tvm_nimble.relay_passes.key_mask`). On an H100 at 512 keys, GPT-2's and Qwen2.5-0.5B's
-#: shapes: 17.4 -> 11.0 us a call; GPT-2 at 512 tokens in fp16 0.867 -> 0.799 ms (benchmarks/findings.md, 'The
-#: decoder's mask as one row of keys')
+#: cudnn_bias_sdpa made (:mod:`tvm_nimble.relay_passes.key_mask`); measured faster than the whole plane (benchmarks/
+#: findings.md, 'The decoder's mask as one row of keys')
 KEY_MASK_PROVIDER = register(Provider(
     name="cudnn_key_mask", title="cuDNN's causal mask and a padding mask of keys",
     kernel_prefix=vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA, dtypes=_HALF, layouts=("row-major",),

@@ -17,8 +17,8 @@ hi = c - (c - x); lo = x - hi``: exact in float32 arithmetic, fused multiply-add
 magnitude overflow the split (NaN, not a wrong finite value).
 
 The operands' rounding is float32's; the accumulation is the tensor cores', which is not IEEE float32's: with the
-large product first, such GEMMs measured 3.5e-7 to 8.0e-6 from float64 on an H100 against SGEMM's 1.5e-7 to 3.5e-7,
-depending on the shape (benchmarks/findings.md, 'GEMMs at batch 1'); with the small ones first, not yet measured.
+large product first such GEMMs measured further from float64 than SGEMM, by a factor depending on the shape
+(benchmarks/findings.md, 'GEMMs at batch 1'); with the small ones first, not yet measured.
 
 Why: in float32 with TF32 off (the bench's fp32: PyTorch's default) every engine runs the FP32 pipes' SGEMM, and
 an H100's dense TF32 tensor cores do ~7x those pipes' multiply-adds a second: three TF32 products can beat one

@@ -130,9 +130,9 @@ class BucketedExecutor(ChecksInputs):
         one wait covers it; a larger real prefix of the buffer is a copy and a device-to-device zero fill of the rest
         (whatever an earlier run left there); any other padding is made on the host."""
         for i, (src, dst) in enumerate(zip(srcs, bucket.input_views())):
-            real, full = list(src.shape), list(dst.shape)
-            small = isinstance(src, np.ndarray) and _nbytes(dst) <= HOST_PAD_BYTES
-            if small and bucket.main_stream is not None and self._stage(i, bucket, src, dst):
+            real, full, nbytes = list(src.shape), list(dst.shape), _nbytes(dst)
+            small = isinstance(src, np.ndarray) and nbytes <= HOST_PAD_BYTES
+            if small and bucket.main_stream is not None and self._stage(i, bucket, src, dst, nbytes):
                 continue
             if real == full:
                 _copy(src, dst)
@@ -140,17 +140,17 @@ class BucketedExecutor(ChecksInputs):
                 head = tensor_view(dst, real, str(dst.dtype), 0)
                 _copy(src, head)
                 used = _nbytes(head)
-                tensor_view(self._zeros, (_nbytes(dst) - used,), "uint8", 0).copyto(
-                    tensor_view(dst, (_nbytes(dst) - used,), "uint8", used))
+                tensor_view(self._zeros, (nbytes - used,), "uint8", 0).copyto(
+                    tensor_view(dst, (nbytes - used,), "uint8", used))
             else:
                 padded = np.zeros(full, str(dst.dtype))
                 padded[tuple(slice(0, r) for r in real)] = src if isinstance(src, np.ndarray) else src.numpy()
                 dst.copyfrom(padded)
 
-    def _stage(self, index: int, bucket: Executor, src: np.ndarray, dst) -> bool:
-        """Pad ``src`` into input ``index``'s page-locked buffer and queue its copy into ``dst`` on ``bucket``'s
-        stream, ahead of the replay that reads it (and waits: the buffer is free again when the run returns); False
-        for a dtype numpy does not have (bfloat16), which the caller copies as before."""
+    def _stage(self, index: int, bucket: Executor, src: np.ndarray, dst, nbytes: int) -> bool:
+        """Pad ``src`` into input ``index``'s page-locked buffer and queue its copy into ``dst`` (``nbytes``) on
+        ``bucket``'s stream, ahead of the replay that reads it (and waits: the buffer is free again when the run
+        returns); False for a dtype numpy does not have (bfloat16), which the caller copies as before."""
         from . import cuda_graph as cg
 
         try:
@@ -161,7 +161,6 @@ class BucketedExecutor(ChecksInputs):
         if stage is None:
             stage = self._staging[index] = cg.PinnedArray((HOST_PAD_BYTES,), np.uint8)
         full = [int(d) for d in dst.shape]
-        nbytes = _nbytes(dst)
         host = stage.array[:nbytes].view(dtype).reshape(full)
         if list(src.shape) != full:
             host[...] = 0

@@ -71,9 +71,9 @@ def _legalize(target: tvm.target.Target) -> tuple[list, list]:
     return [widen_elementwise] + list(backend.library_dispatch_passes(target)) + fuse, schedule
 
 
-def default_schedule_rules(target: tvm.target.Target, stock: bool) -> tuple[list, tuple]:
+def default_schedule_rules(target: tvm.target.Target, stock: tuple[str, ...]) -> tuple[list, tuple]:
     """(DLight's default rules of ``target``'s GPU pipeline, guarded as the pipeline applies them, and the key naming
-    them: :func:`.schedules.guarded_rules`); ``stock``: DLight's own short, wide reductions."""
+    them: :func:`.schedules.guarded_rules`); ``stock``: which of our schedules DLight's own replace."""
     with target:
         passes = [p for p in backend_for(target).legalize_passes(target) if p.info.name == DEFAULT_SCHEDULE]
     if len(passes) != 1:

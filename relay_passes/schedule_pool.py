@@ -9,7 +9,7 @@ and the compiled-kernel cache's keys are the same; a test compares the two).
 
     pool = process_pool()          # None where this machine has too few cores (or TVM_NIMBLE_JOBS says so)
     pool.warm()                    # workers start importing TVM while the build imports its model
-    pool.schedule(texts, target, rules_key, stock_reductions, here=schedule_one)   # [PrimFunc or None], in order
+    pool.schedule(texts, target, rules_key, stock, here=schedule_one)   # [PrimFunc or None], in order
 
 The calling thread takes batches of kernels too (``here``), so a module met while the workers still start (each
 imports TVM: 6-9 s for 15 of them on an H200's host) is never scheduled slower than in the process alone.
@@ -103,11 +103,11 @@ class SchedulePool:
             self._all = [_Worker() for _ in range(self.workers)]
             atexit.register(self.close)
 
-    def schedule(self, texts: list[str], target: tvm.target.Target, rules_key: tuple, stock_reductions: bool,
+    def schedule(self, texts: list[str], target: tvm.target.Target, rules_key: tuple, stock: tuple[str, ...],
                  here=None) -> list:
         """Each of the PrimFuncs for ``target`` whose JSON ``texts`` holds (``tvm.ir.save_json``: the caller has it
         already, for its cache's keys) scheduled by the first of DLight's default rules for ``target`` that applies,
-        guarded as :class:`.schedules.GuardedRule` does (``stock_reductions`` as there), and marked scheduled; None
+        guarded as :class:`.schedules.GuardedRule` does (``stock`` as there), and marked scheduled; None
         where no rule applies. ``rules_key`` names the rules this process would apply: a worker whose rules differ
         fails.
 
@@ -118,7 +118,7 @@ class SchedulePool:
         self.warm()
         if self.closed:
             raise WorkerError("the schedule pool is closed")
-        payload = {"target": str(target), "rules": list(rules_key), "stock": bool(stock_reductions)}
+        payload = {"target": str(target), "rules": list(rules_key), "stock": list(stock)}
         pending: queue.SimpleQueue = queue.SimpleQueue()
         for i in range(0, len(texts), BATCH):
             pending.put(range(i, min(i + BATCH, len(texts))))

@@ -3,7 +3,7 @@ DLight's default rules, guarded as the pipeline guards them (:func:`.schedules.g
 PrimFuncs each request sends.
 
 A request is one line of JSON on stdin: ``target`` (a Target's JSON), ``rules`` (the names the caller's rules go by),
-``stock`` (``NIMBLE_STOCK_REDUCTION_SCHEDULES`` there) and ``funcs`` (PrimFunc JSONs). The answer is one line on
+``stock`` (the names of our schedules swapped for DLight's there: ``tvm_nimble.env.stock_schedules``) and ``funcs`` (PrimFunc JSONs). The answer is one line on
 stdout: ``funcs`` (each scheduled and marked so, as JSON, or null where no rule applies), or ``error`` (one line:
 the caller then schedules those kernels itself, and meets the error there). The worker ends when stdin does.
 """
@@ -28,9 +28,9 @@ def serve(stdin, stdout) -> None:
         try:
             request = json.loads(line)
             target = tvm.target.Target(request["target"])
-            key = (request["target"], request["stock"])
+            key = (request["target"], tuple(request["stock"]))
             if key not in rules_of:
-                rules_of[key] = default_schedule_rules(target, request["stock"])
+                rules_of[key] = default_schedule_rules(target, key[1])
             rules, rules_key = rules_of[key]
             if list(rules_key) != request["rules"]:
                 raise RuntimeError(f"the worker's rules {rules_key} are not the caller's {request['rules']}")

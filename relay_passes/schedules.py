@@ -8,7 +8,9 @@ in the same order, each wrapped in a :class:`GuardedRule`:
   wrong results in TVM 0.27) is skipped, as if it had returned None;
 - where a block-per-output rule meets a short reduction over many outputs (:func:`short_wide_reduction`), the
   kernel gets :func:`thread_per_output` instead;
-- where the last rule (``Fallback``) is skipped, the kernel gets :func:`plain_schedule`.
+- where the last rule (``Fallback``) is skipped, the kernel gets :func:`plain_schedule`;
+- a large element-wise kernel on CUDA whose accesses allow it gets :func:`vectorized_elementwise` before
+  ``Fallback`` is tried.
 
 Each PrimFunc is scheduled once per :class:`ScheduleCache` (a kernel met again gets the very schedule).
 :func:`allocates_global_buffers` reads a scheduled kernel for what the stream plan must know about it. The
@@ -27,7 +29,7 @@ from tvm import s_tir, tirx
 from tvm.error import InternalError
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import max_threads_per_block
+from tvm.s_tir.dlight.base import max_threads_per_block, try_inline
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_nimble import env
@@ -41,8 +43,17 @@ BLOCK_PER_OUTPUT_RULES = ("Reduction", "GeneralReduction")
 SHORT_REDUCTION, WIDE_OUTPUTS = 64, 65536
 #: set (to anything) to schedule short, wide reductions as stock DLight does: for experiments that compare the two
 STOCK_REDUCTIONS_ENV = env.STOCK_REDUCTIONS
+#: set (to anything) to schedule large element-wise kernels with DLight's ``Fallback``: the A/B switch of
+#: :func:`vectorized_elementwise`
+STOCK_ELEMENTWISE_ENV = env.STOCK_ELEMENTWISE
 #: threads per block of :func:`thread_per_output`
 THREADS_PER_OUTPUT_BLOCK = 256
+#: elements each thread of :func:`vectorized_elementwise` loads and stores at once (half4 / float4: 8 or 16 bytes)
+VECTOR_LANES = 4
+#: element-wise kernels with fewer outputs keep DLight's schedule (their time is the launch, not the accesses)
+MIN_VECTOR_OUTPUTS = 1 << 16
+#: threads per block of :func:`vectorized_elementwise`
+VECTOR_BLOCK_THREADS = 256
 
 
 # --- reading scheduled kernels ------------------------------------------------------------------------------------
@@ -148,6 +159,113 @@ def thread_per_output(func, target, threads: int = THREADS_PER_OUTPUT_BLOCK):
         return None
 
 
+def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int = VECTOR_BLOCK_THREADS):
+    """An element-wise kernel on CUDA with each thread loading and storing ``lanes`` consecutive elements at once
+    (one 8- or 16-byte access where DLight's ``Fallback`` makes ``lanes`` 2- or 4-byte ones); None where the kernel is
+    not that shape (:func:`_vector_accesses`).
+
+    A 16-bit decoder's SiLU-multiply (``silu(gate) * up`` read from the merged gate/up projection's output) is such a
+    kernel: DLight's ``Fallback`` gives each output a thread, so a warp's loads are 64-byte ones. The fused loop is
+    split in ``lanes`` first and the rest over blocks and threads, so a partial last block's guard does not depend on
+    the vector lane and TVM vectorizes the accesses (``half4`` / ``float4`` loads and stores); the arithmetic stays
+    per element, as ``Fallback`` computes it."""
+    if target.kind.name != "cuda":
+        return None
+    try:
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos or any(k != "S" for info in infos for k in info.dom_kind()):
+            return None
+        infos = try_inline(sch, infos)
+        if len(infos) != 1:
+            return None
+        block_rv = infos[0].block_rv
+        loops = sch.get_loops(block_rv)
+        if not loops or not _vector_accesses(sch, block_rv, loops, lanes):
+            return None
+        outer, vector = sch.split(sch.fuse(*loops), factors=[None, lanes])
+        bx, tx = sch.split(outer, factors=[None, threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vector)
+        return sch
+    except Exception:  # noqa: BLE001  (any schedule error: Fallback takes the function)
+        return None
+
+
+def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
+    """Whether the one block of an inlined element-wise kernel may load and store ``lanes`` elements at once: it
+    stores one 16- or 32-bit buffer at its own loop indices (of at least :data:`MIN_VECTOR_OUTPUTS` elements, the
+    last axis a multiple of ``lanes``), and every load, with the last loop index stepping through ``lanes``
+    consecutive values from a multiple of ``lanes``, reads one element (a broadcast) or ``lanes`` consecutive ones
+    starting on a multiple of ``lanes`` of a 16- or 32-bit buffer (an aligned vector: TVM's vectorizer assumes the
+    alignment it does not prove). No selects or ``if_then_else``: their loads may lie outside the buffer on the
+    lanes the condition leaves out, and a vector would read them all."""
+    block = sch.get(block_rv)
+    store = block.body
+    loop_vars = [sch.get(l).loop_var for l in loops]
+    extents = [sch.get(l).extent for l in loops]
+    if (not isinstance(store, tirx.BufferStore) or len(block.iter_vars) != len(loops)
+            or not all(isinstance(e, tirx.IntImm) for e in extents)):
+        return False
+    extents = [int(e) for e in extents]
+    realize = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.SBlockRealize, realize.append)], order="post")
+    realize = [r for r in realize if r.block.name_hint == block.name_hint]
+    if len(realize) != 1 or not all(v.same_as(lv) for v, lv in zip(realize[0].iter_values, loop_vars)):
+        return False
+    iters = [iv.var for iv in block.iter_vars]
+    out = store.buffer
+    if (len(store.indices) != len(iters) or not all(i.same_as(v) for i, v in zip(store.indices, iters))
+            or [_int(d) for d in out.shape] != extents or extents[-1] % lanes or math.prod(extents) < MIN_VECTOR_OUTPUTS
+            or not _vector_dtype(out.dtype)):
+        return False
+    loads, conditional = [], []
+    tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, loads.append), (tirx.Select, conditional.append),
+                                          (tvm.ir.expr.Call, lambda c: conditional.append(c) if str(
+                                              getattr(c.op, "name", "")).endswith("if_then_else") else None)],
+                            order="post")
+    if conditional:
+        return False
+    step = tirx.Var("vector_step", str(iters[-1].ty.dtype))
+    ranges = tvm.sym.Analyzer()
+    for var, extent in zip(iters[:-1], extents[:-1]):
+        ranges.bind(var, tvm.ir.Range(0, extent))
+    ranges.bind(step, tvm.ir.Range(0, extents[-1] // lanes))
+    for load in loads:
+        buf = load.source
+        shape = [_int(d) for d in buf.shape]
+        if None in shape or not _vector_dtype(buf.dtype) or _int(buf.elem_offset) != 0:
+            return False
+        flat = sum((i * math.prod(shape[k + 1:]) for k, i in enumerate(load.indices)), tirx.IntImm("int32", 0)) \
+            if len(load.indices) > 1 else load.indices[0]
+        at = []
+        for lane in range(lanes):
+            lane_of = tvm.sym.Analyzer()
+            lane_of.bind(iters[-1], step * lanes + lane)
+            at.append(lane_of.simplify(flat))
+        steps = [ranges.simplify(a - at[0]) for a in at]
+        if not all(isinstance(s, tirx.IntImm) for s in steps):
+            return False
+        steps = [int(s) for s in steps]
+        if steps == list(range(lanes)):
+            if not ranges.can_prove(tirx.floormod(at[0], lanes) == 0):
+                return False
+        elif any(steps):
+            return False
+    return True
+
+
+def _int(expr) -> int | None:
+    return int(expr) if isinstance(expr, (int, tirx.IntImm)) else None
+
+
+def _vector_dtype(dtype) -> bool:
+    d = tvm.DataType(str(dtype))
+    return d.lanes == 1 and d.bits in (16, 32) and d.type_code in (tvm.DataTypeCode.FLOAT, tvm.DataTypeCode.BFLOAT,
+                                                                    tvm.DataTypeCode.INT, tvm.DataTypeCode.UINT)
+
+
 def plain_schedule(func, target):
     """Every block's spatial loops fused and bound to blocks and threads, nothing inlined, reductions decomposed:
     the form a kernel gets where even DLight's ``Fallback`` is skipped (see :class:`GuardedRule`)."""
@@ -193,17 +311,23 @@ class GuardedRule(dl.ScheduleRule):
       the init *and* in every update (``2 * momentum * v + a @ b`` for a one-element reduction: the Gemm weight
       gradient with the optimizer's momentum update at batch 1, wrong on CUDA in stock TVM too).
     Where the last rule is skipped, the kernel gets :func:`plain_schedule`. A block-per-output rule
-    (:data:`BLOCK_PER_OUTPUT_RULES`) gives a short, wide reduction :func:`thread_per_output` instead, unless
-    ``stock_reductions`` (``$NIMBLE_STOCK_REDUCTION_SCHEDULES``, for A/B experiments) keeps DLight's."""
+    (:data:`BLOCK_PER_OUTPUT_RULES`) gives a short, wide reduction :func:`thread_per_output` instead, and before the
+    last rule a large element-wise kernel gets :func:`vectorized_elementwise`, unless ``stock`` names them
+    (``"reductions"``, ``"elementwise"``: :func:`tvm_nimble.env.stock_schedules`, for A/B experiments), which keeps
+    DLight's."""
 
-    def __init__(self, rule, last: bool, stock_reductions: bool):
-        self.rule, self.last, self.stock_reductions = rule, last, stock_reductions
+    def __init__(self, rule, last: bool, stock: tuple[str, ...] = ()):
+        self.rule, self.last, self.stock = rule, last, tuple(stock)
 
     def apply(self, func, target, tunable):
-        if (type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and not self.stock_reductions
+        if (type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and "reductions" not in self.stock
                 and short_wide_reduction(func)):
             # a block per output would leave most of its threads idle: a thread per output, one kernel
             return thread_per_output(func, target)
+        if self.last and "elementwise" not in self.stock:
+            sch = vectorized_elementwise(func, target)
+            if sch is not None:
+                return sch
         try:
             sch = self.rule.apply(func, target, tunable)
         except (ScheduleError, InternalError):
@@ -243,10 +367,10 @@ class ScheduleCache:
         return self.schedule_all([func], target, rules, rules_key)[0]
 
     def schedule_all(self, funcs: list, target, rules: list, rules_key: tuple, pool=None,
-                     stock_reductions: bool = False) -> list:
+                     stock: tuple[str, ...] = ()) -> list:
         """:meth:`schedule` of each of ``funcs`` (PrimFuncs for ``target``), in order. Where ``pool`` (a
         :class:`.schedule_pool.SchedulePool`, whose workers apply DLight's default rules guarded as ``rules`` are,
-        ``stock_reductions`` as there) is given and :data:`~.schedule_pool.MIN_PARALLEL` or more of them are not
+        ``stock`` as there) is given and :data:`~.schedule_pool.MIN_PARALLEL` or more of them are not
         cached, its workers and this thread schedule those (a failing worker's share here)."""
         texts = [tvm.ir.save_json(f) for f in funcs]
         keys = [(hashlib.sha256(t.encode()).hexdigest(), str(target), rules_key) for t in texts]
@@ -258,7 +382,7 @@ class ScheduleCache:
         if pool is not None and len(todo) >= MIN_PARALLEL:
             pending = list(todo.values())
             try:  # this thread schedules too, and takes back what a failing worker had
-                done = dict(zip(todo, pool.schedule([t for _, t in pending], target, rules_key, stock_reductions,
+                done = dict(zip(todo, pool.schedule([t for _, t in pending], target, rules_key, stock,
                                                     here=lambda i: schedule_with(pending[i][0], target, rules))))
             except WorkerError as e:  # (a pool closed since it was handed over)
                 logging.getLogger("tvm_nimble").warning("scheduling kernels in this process: %s", e)
@@ -292,14 +416,15 @@ def schedule_with(func, target, rules: list):
     return None if sch is None else sch[0].mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def guarded_rules(schedule_pass: tvm.transform.Pass, stock: bool) -> tuple[list, tuple] | None:
+def guarded_rules(schedule_pass: tvm.transform.Pass, stock: tuple[str, ...]) -> tuple[list, tuple] | None:
     """(the rules of DLight's ``ApplyDefaultSchedule`` pass ``schedule_pass``, each a :class:`GuardedRule`, and the
-    key naming them), or None for any other pass. ``stock``: DLight's own short, wide reductions."""
+    key naming them), or None for any other pass. ``stock``: which of our schedules (``"reductions"``,
+    ``"elementwise"``) DLight's own replace."""
     rules = default_schedule_rules(schedule_pass)
     if rules is None:
         return None
     guarded = [GuardedRule(r, i == len(rules) - 1, stock) for i, r in enumerate(rules)]
-    return guarded, tuple(type(r).__name__ for r in rules) + (("stock reductions",) if stock else ())
+    return guarded, tuple(type(r).__name__ for r in rules) + tuple(f"stock {name}" for name in stock)
 
 
 def tolerant_default_schedule(schedule_pass: tvm.transform.Pass,
@@ -307,8 +432,9 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass,
     """DLight's ``ApplyDefaultSchedule`` pass ``schedule_pass`` with each of its rules a :class:`GuardedRule`, each
     PrimFunc scheduled once per ``cache`` (default :data:`PROCESS_SCHEDULES`), a large module's in this process's
     :func:`.schedule_pool.process_pool` where it has one. Any other pass is returned unchanged.
-    ``$NIMBLE_STOCK_REDUCTION_SCHEDULES`` is read here, and is part of the cache's key."""
-    stock = env.stock_reductions()
+    The experiment switches (:func:`tvm_nimble.env.stock_schedules`) are read here, and are part of the cache's
+    key."""
+    stock = env.stock_schedules()
     guarded = guarded_rules(schedule_pass, stock)
     if guarded is None:
         return schedule_pass
@@ -316,7 +442,7 @@ def tolerant_default_schedule(schedule_pass: tvm.transform.Pass,
     return _scheduled_once(rules, rules_key, stock, PROCESS_SCHEDULES if cache is None else cache)
 
 
-def _scheduled_once(rules: list, rules_key: tuple, stock: bool, cache: ScheduleCache) -> tvm.transform.Pass:
+def _scheduled_once(rules: list, rules_key: tuple, stock: tuple[str, ...], cache: ScheduleCache) -> tvm.transform.Pass:
     """``ApplyDefaultSchedule``'s module pass with ``rules``, through ``cache``: every PrimFunc not scheduled yet
     gets its schedule from the cache, or from the rules once (in the process's schedule pool where it has one)."""
     @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
@@ -329,7 +455,7 @@ def _scheduled_once(rules: list, rules_key: tuple, stock: bool, cache: ScheduleC
         updated = {}
         for target, items in by_target.values():
             scheduled = cache.schedule_all([f for _, f in items], target, rules, rules_key, pool=process_pool(),
-                                           stock_reductions=stock)
+                                           stock=stock)
             updated.update((gv, after) for (gv, _), after in zip(items, scheduled) if after is not None)
         for gv, func in updated.items():
             mod[gv] = func

@@ -91,7 +91,7 @@ def test_the_stock_schedule_is_one_variable_away_for_experiments(monkeypatch):
 
     with_stock = context_of(SM90)
     monkeypatch.delenv(schedules.STOCK_REDUCTIONS_ENV)
-    assert with_stock == {**context_of(SM90), "stock_reductions": True}
+    assert with_stock == {**context_of(SM90), "stock_schedules": ["reductions"]}
 
 
 def _two_branches(bb, x, w):
@@ -181,3 +181,61 @@ def test_a_pool_with_its_residual_add_is_one_kernel_too():
              if isinstance(f, tvm.tirx.PrimFunc) and "pool" in gv.name_hint}
     assert pools and all(len(_block_counts(lowered)[name]) == 1 for name in pools)
     assert not any(allocates_global_buffers(f) for f in pools.values())
+
+
+def _vectorized(mod) -> dict[str, bool]:
+    """Whether each scheduled kernel of ``mod`` has a vectorized loop, by PrimFunc name."""
+    return {gv.name_hint: "T.vectorized" in func.script() for gv, func in mod.functions.items()
+            if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def _sources(module) -> list[str]:
+    """The source of ``module`` and of every module it imports, recursively."""
+    return [module.inspect_source()] + [s for m in module.imports for s in _sources(m)]
+
+
+def test_a_large_element_wise_kernel_loads_and_stores_four_elements_a_thread():
+    """A 16-bit decoder's SiLU-multiply ([512, 9728] in, [512, 4864] out), in each dtype: stock DLight gives each output
+    a thread (2-byte accesses); ours gives each thread four consecutive outputs, and TVM's CUDA code loads and stores
+    them as one half4 / nv_bfloat164 / float4."""
+    from elementwise_modules import silu_multiply
+
+    for dtype, vector in (("float16", "half4"), ("bfloat16", "nv_bfloat164"), ("float32", "float4")):
+        mod = silu_multiply(dtype)
+        lowered = stages.lower(mod, SM90)
+        assert list(_vectorized(lowered).values()) == [True], dtype
+        assert not any(_vectorized(_stock(mod)).values())
+        assert list(_block_counts(lowered).values()) == [[512 * 4864 // (4 * THREADS)]]
+        cuda = [s for s in _sources(tvm.compile(lowered, target=SM90).mod) if "__global__" in s]
+        assert len(cuda) == 1 and cuda[0].count(f"*({vector}*)(") == 3, dtype  # two loads and the store
+
+
+def test_what_a_vector_could_misread_keeps_dlights_schedule():
+    """A gate starting two columns in (a vector would straddle its alignment), a last axis not a multiple of four, too
+    few outputs, and a select whose unchosen side could lie outside its buffer: scheduled as stock DLight does."""
+    from elementwise_modules import silu_multiply
+
+    for mod in (silu_multiply(gate_at=2), silu_multiply(width=4862), silu_multiply(rows=4, width=128)):
+        assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))
+        assert not any(_vectorized(stages.lower(mod, SM90)).values())
+    x = relax.Var("x", relax.TensorType((512, 4864), "float16"))
+    mod = _module(lambda bb: bb.emit(relax.op.where(relax.op.less(x, relax.const(0, "float16")),
+                                                    relax.op.negative(x), x)), [x])
+    lowered = stages.lower(mod, SM90)
+    assert not any(_vectorized(lowered).values()) and _block_counts(lowered) == _block_counts(_stock(mod))
+
+
+def test_the_stock_element_wise_schedule_is_one_variable_away(monkeypatch):
+    """NIMBLE_STOCK_ELEMENTWISE_SCHEDULES gives DLight's Fallback back (the A/B of the vectorized schedule), and the
+    timing cache keeps its measurements apart."""
+    from elementwise_modules import silu_multiply
+    from tvm_nimble.compiler.timing_cache import context_of
+    from tvm_nimble.relay_passes import schedules
+
+    mod = silu_multiply("float16")
+    monkeypatch.setenv(schedules.STOCK_ELEMENTWISE_ENV, "1")
+    assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))
+    with_stock = context_of(SM90)
+    monkeypatch.delenv(schedules.STOCK_ELEMENTWISE_ENV)
+    assert with_stock == {**context_of(SM90), "stock_schedules": ["elementwise"]}
+    assert any(_vectorized(stages.lower(mod, SM90)).values())

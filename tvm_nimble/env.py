@@ -18,6 +18,8 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
 ``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
 ``NIMBLE_STOCK_REDUCTION_SCHEDULES``  ``1``: TVM's own reduction schedules instead of ours (an experiment;
                                    measured apart in the timing cache)
+``NIMBLE_STOCK_ELEMENTWISE_SCHEDULES``  ``1``: DLight's ``Fallback`` for large element-wise kernels instead of our
+                                   vectorized schedule (an experiment; measured apart in the timing cache)
 ``NIMBLE_SCHEDULE_POOL``           ``0``: DLight's default schedules computed in the build's own process, one kernel
                                    after another, not in worker processes (``relay_passes.schedule_pool``); the A/B
                                    switch of the build-time measurements
@@ -41,6 +43,7 @@ VENDOR_OPT_LEVEL = "TVM_NIMBLE_VENDOR_OPT_LEVEL"
 VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
 STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
+STOCK_ELEMENTWISE = "NIMBLE_STOCK_ELEMENTWISE_SCHEDULES"
 PDL = "NIMBLE_PDL"
 SCHEDULE_POOL = "NIMBLE_SCHEDULE_POOL"
 CUDNN_FRONTEND_INCLUDE = "CUDNN_FRONTEND_INCLUDE"
@@ -101,9 +104,11 @@ def jobs() -> int:
     return n
 
 
-def stock_reductions() -> bool:
-    """Whether the experiment switch for TVM's own reduction schedules is on."""
-    return bool(os.environ.get(STOCK_REDUCTIONS))
+def stock_schedules() -> tuple[str, ...]:
+    """Which of our GPU schedules an experiment swaps for DLight's own: ``"reductions"`` and/or ``"elementwise"``,
+    each where its switch is set (in that order; empty when none is)."""
+    return tuple(name for name, switch in (("reductions", STOCK_REDUCTIONS), ("elementwise", STOCK_ELEMENTWISE))
+                 if os.environ.get(switch))
 
 
 def dependent_launch() -> bool:

@@ -137,8 +137,9 @@ def context_of(target) -> dict:
     import tvm
 
     context = {"format": FORMAT, "tvm": tvm.__version__, "code": code_digest(), "target": str(target)}
-    if env.stock_reductions():  # an experiment's other TVM kernels: measured apart
-        context["stock_reductions"] = True
+    stock = env.stock_schedules()
+    if stock:  # an experiment's other TVM kernels: measured apart
+        context["stock_schedules"] = list(stock)
     return context
 
 

@@ -1,0 +1,36 @@
+"""Our GPU schedules of TVM's kernels on the GPU (``relay_passes.schedules``): what they compute, against numpy."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+#: relative L2 against float64: one rounding of the output to the dtype (the inputs are exact in it)
+BOUND = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.5e-2}
+
+
+@pytest.mark.parametrize("dtype", list(BOUND))
+def test_a_vectorized_silu_multiply_matches_numpy(gpu_arch, dtype):
+    """A 16-bit decoder's SiLU-multiply at 512 rows of a 4864-wide MLP (four outputs a thread, one 8- or 16-byte load
+    of each half and one store: ``vectorized_elementwise``), built and run as a user would, against numpy in float64;
+    and the same with the gate two columns in (not vectorized), so both schedules run."""
+    import ml_dtypes
+    import tvm
+
+    from elementwise_modules import silu_multiply, silu_multiply_reference
+    from tvm_nimble import NimbleExecutor, build
+    from tvm_nimble.compiler import stages
+    from tvm_nimble.compiler.target import resolve_target
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.random.default_rng(0).standard_normal((512, 2 * 4864)).astype(np_dtype)
+    target = {"kind": "cuda", "arch": gpu_arch}
+    for gate_at, vectorized in ((0, True), (2, False)):
+        mod = silu_multiply(dtype, gate_at=gate_at)
+        lowered = stages.lower(mod, resolve_target("cuda", gpu_arch))
+        kernels = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        assert any("T.vectorized" in f.script() for f in kernels) == vectorized
+        with NimbleExecutor(build(mod, target, kernels="tvm")) as ex:
+            got = ex(x)[0].numpy().astype(np.float64)
+        want = silu_multiply_reference(x, 4864, gate_at)
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < BOUND[dtype], (dtype, gate_at)

@@ -25,7 +25,7 @@ def _fused_kernels(model, precision: str) -> list:
 
 
 def _rules():
-    return default_schedule_rules(CUDA, False)
+    return default_schedule_rules(CUDA, ())
 
 
 def _same(a, b) -> bool:
@@ -67,7 +67,7 @@ def test_a_worker_that_fails_costs_time_not_kernels(caplog):
 
     refusing = schedule_pool.SchedulePool(2)
     with pytest.raises(schedule_pool.WorkerError, match="rules"):
-        refusing.schedule([tvm.ir.save_json(f) for f in funcs], CUDA, ("NotARule",), False)
+        refusing.schedule([tvm.ir.save_json(f) for f in funcs], CUDA, ("NotARule",), ())
     assert refusing.failed
 
     killed = schedule_pool.SchedulePool(2)

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from tvm_nimble.relay_passes.tvm_compat import import_tensor_intrinsics
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    rules, key = default_schedule_rules(target, False)
+    rules, key = default_schedule_rules(target, ())
     workers = args.workers or schedule_pool.pool_size()
     if workers < 1:
         print("no pool on this machine (TVM_NIMBLE_JOBS or the cores): give --workers", file=sys.stderr)

@@ -272,3 +272,49 @@ def test_a_short_input_leaves_zeros_after_its_prefix_in_the_bucket(width):
         held = ex.bucket(512).input_views()[0].numpy()
         np.testing.assert_array_equal(held[0, :n], x[0])
         assert not held[0, n:].any()
+
+
+@pytest.mark.parametrize("options", [{"buckets": {"batch": [1], "sequence_length": [4, 8]}},
+                                     {"batch_sizes": [1, 2], "shape_dict": {"input_ids": [1, 8],
+                                                                            "attention_mask": [1, 8]}}],
+                         ids=["sequence", "batch"])
+def test_a_buckets_reference_compiled_by_a_child_is_that_buckets_module(options):
+    """A bucketed CUDA build compiles each bucket's float32 reference in a child process from that bucket's import
+    on (here forced on llvm): the child imports the bucket as the build does (the weights lifted to inputs and
+    bound back, the inputs at the bucket's sizes), so its module is the build's, hash for hash, and its library
+    gives what stock TVM's build of the build's module gives; the model is written once for all the children and
+    removed after."""
+    import tvm
+
+    import decoder_models
+    from tvm_nimble.compiler import accuracy, reference_build, stages
+    from tvm_nimble.compiler.buckets import BucketRequest
+    from tvm_nimble.compiler.frontend.onnx_import import weights_as_inputs
+    from tvm_nimble.compiler.options import BuildOptions
+    from tvm_nimble.compiler.session import BuildSession
+    from tvm_nimble.compiler.stock import StockVM, build_stock_vm
+
+    pytest.importorskip("transformers")
+    options = dict(options)
+    shape_dict = options.pop("shape_dict", None)
+    opts = BuildOptions.create("llvm", precision="fp16", timing_cache="off", **options)
+    request = BucketRequest(decoder_models.tiny_gpt2_onnx(), opts, shape_dict)
+    stripped, weights = weights_as_inputs(request.onnx_model, min_bytes=1024)  # (the tiny model's are small)
+    assert weights
+    tensors = [tvm.runtime.tensor(w) for _, w in weights]
+    session = BuildSession(request.options)
+    rng = np.random.default_rng(0)
+    with reference_build.model_file(request.onnx_model) as path:
+        for key, onnx_model in request.models(stripped):
+            mod = stages.import_model(onnx_model, None, weights=tensors)
+            bucket = reference_build.BucketImport(request.shapes_at(key), request.rows, min_weight_bytes=1024)
+            pending = accuracy.start_reference(path, None, mod, session, background=True, bucket=bucket)
+            child = pending.executable()
+            assert child is not None, key  # the child's module hash is the build's
+            ids = rng.integers(0, 256, request.shapes_at(key)["input_ids"]).astype(np.int64)
+            x = [ids, np.ones(ids.shape, np.int64)]
+            here = StockVM(build_stock_vm(mod, tvm.target.Target("llvm")), tvm.cpu(), x).outputs()
+            there = StockVM(child, tvm.cpu(), x).outputs()
+            assert len(here) == len(there) == 1 and np.array_equal(here[0], there[0]), key
+        assert os.path.isfile(path)
+    assert not os.path.exists(path)

@@ -57,22 +57,28 @@ def _why_not(options) -> str | None:
     return unmeasurable(options)
 
 
-def start_reference(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, session, background: bool | None = None):
-    """The reference of a build of ``model`` (imported as ``fp32_mod`` with ``shape_dict``) being compiled by a child
-    process (:class:`.reference_build.PendingReference`), where the accuracy stage will need it and the session's
-    cache does not have it; else None. ``background``: whether to (default: for a CUDA target, whose reference
-    takes seconds of nvcc)."""
-    options = session.options
-    if background is None:
-        background = options.is_cuda
-    if not background or options.precision == "fp32" or options.kv_cache is not None or _why_not(options):
+def start_reference(model, shape_dict: dict | None, fp32_mod: tvm.IRModule, session, background: bool | None = None,
+                    bucket=None):
+    """The reference of a build of ``model`` (imported as ``fp32_mod`` with ``shape_dict``, or as ``bucket``, a
+    :class:`.reference_build.BucketImport`, says) being compiled by a child process
+    (:class:`.reference_build.PendingReference`), where the accuracy stage will need it and the session's cache does
+    not have it; else None. ``background``: whether to (default: for a CUDA target, whose reference takes seconds
+    of nvcc)."""
+    if not in_background(session.options, background):
         return None
     key = reference_key(fp32_mod, session)
     if key is None or session.cached(key, valid=lambda value: _decoded(value) is not None) is not None:
         return None
     from .reference_build import start
 
-    return start(model, shape_dict, fp32_mod, session.target, session.module_hash(fp32_mod))
+    return start(model, shape_dict, fp32_mod, session.target, session.module_hash(fp32_mod), bucket=bucket)
+
+
+def in_background(options, background: bool | None = None) -> bool:
+    """Whether a build with ``options`` compiles its reference in a child process (:func:`start_reference`)."""
+    if background is None:
+        background = options.is_cuda
+    return bool(background) and options.precision != "fp32" and options.kv_cache is None and not _why_not(options)
 
 
 def report(fp32_mod: tvm.IRModule | None, result, session, pending=None) -> Accuracy:

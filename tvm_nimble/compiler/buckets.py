@@ -238,8 +238,12 @@ class BucketRequest:
         """(key, the ONNX model at that bucket's sizes) per bucket; ``model``: the request's model with its weights
         made inputs (``weights_as_inputs``), in place of the model itself."""
         for key in self.keys():
-            shapes = {name: BucketSpace.shape_at(dims, self.axes[name], key) for name, dims in self.base.items()}
-            yield key, with_shapes(self.onnx_model if model is None else model, shapes, output_batch=self.rows)
+            yield key, with_shapes(self.onnx_model if model is None else model, self.shapes_at(key),
+                                   output_batch=self.rows)
+
+    def shapes_at(self, key) -> dict[str, list]:
+        """The inputs' shapes at bucket ``key`` (input name -> dims)."""
+        return {name: BucketSpace.shape_at(dims, self.axes[name], key) for name, dims in self.base.items()}
 
     def describe(self, key) -> str:
         return f"batch {key[0]}" if self.rows else ", ".join(f"{n}={k}" for (n, _), k in zip(self.dims, key))

@@ -10,6 +10,7 @@ layout (:func:`nchw_fallback`). A :class:`~.kernel_choice.Selection` (kernels ch
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import traceback
@@ -19,7 +20,7 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.relay_passes import schedule_pool
 from tvm_nimble.relay_passes.kv_cache import cache_step
 
-from . import accuracy, buckets, stages
+from . import accuracy, buckets, reference_build, stages
 from .frontend.onnx_import import one_line, weights_as_inputs
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
@@ -52,7 +53,8 @@ def _import(session, state: _State) -> None:
         pool.warm()  # the workers that will schedule the kernels start while the model is imported
     with session.phases("import"):
         state.fp32_mod = state.mod = stages.import_model(state.model, state.params, state.shape_dict)
-        if not state.params:  # (a child imports the model file again: bound parameters would not be there)
+        if not state.params and state.reference is None:  # (a child imports the model file again: bound
+            # parameters would not be there; a bucket's build is given the child its bucketed build started)
             state.reference = accuracy.start_reference(state.model, state.shape_dict, state.fp32_mod, session)
 
 
@@ -117,27 +119,16 @@ def _run(session, state: _State, names) -> _State:
     return state
 
 
-def run_stages(session, model, params: dict | None = None,
-               shape_dict: dict | None = None) -> BuildResult:
+def run_stages(session, model, params: dict | None = None, shape_dict: dict | None = None,
+               reference=None) -> BuildResult:
     """The stages of :data:`STAGES` on ``model`` in ``session``: one build per bucket (``buckets``, ``batch_sizes``), or
     import -> [precision -> layout -> merge -> kernels -> build, again in NCHW where TVM fails on NHWC] -> streams
-    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build)."""
+    -> accuracy (a :class:`~.kernel_choice.Selection` starts at build). ``reference``: the accuracy stage's float32
+    reference already compiling in a child (:func:`.accuracy.start_reference`: a bucket's)."""
     opts = session.options
     if opts.batch_sizes or opts.buckets:  # one build per bucket (see .buckets), put together with the weights once
-        import tvm
-
-        request = buckets.BucketRequest(model, opts, shape_dict)
-        # the weights parsed once and bound to every bucket's import (its precision pass then narrows them once)
-        stripped, weights = weights_as_inputs(request.onnx_model)
-        tensors = [tvm.runtime.tensor(w) for _, w in weights]
-        built = {}
-        for i, (key, onnx_model) in enumerate(request.models(stripped)):
-            with request.building(key):
-                with session.phases("import"):  # the buckets differ only in their inputs' sizes: one ONNX check
-                    mod = stages.import_model(onnx_model, params, check=i == 0, weights=tensors)
-                built[key] = request.checked(key, session.bucket(request.options).build(mod))
-        return request.module(built, session.note)
-    state = _State(model, params, shape_dict)
+        return _bucketed(session, model, params, shape_dict)
+    state = _State(model, params, shape_dict, reference=reference)
     if isinstance(model, Selection):
         state.selection = model
         _run(session, state, ("build",))
@@ -148,6 +139,32 @@ def run_stages(session, model, params: dict | None = None,
     result = state.result
     return dataclasses.replace(result, report=result.report.replace(
         merge_choice=state.merge_record, kernel_choice=state.selection.choice, phases=session.phases.rounded()))
+
+
+def _bucketed(session, model, params: dict | None, shape_dict: dict | None):
+    """One build per bucket (see :mod:`.buckets`), put together with the weights once. Each bucket's float32
+    reference compiles in a child from that bucket's import on, as a single build's does (from one copy of the
+    model's file for all the children)."""
+    import tvm
+
+    request = buckets.BucketRequest(model, session.options, shape_dict)
+    # the weights parsed once and bound to every bucket's import (its precision pass then narrows them once)
+    stripped, weights = weights_as_inputs(request.onnx_model)
+    tensors = [tvm.runtime.tensor(w) for _, w in weights]
+    children = not params and accuracy.in_background(request.options)
+    built = {}
+    with reference_build.model_file(model if isinstance(model, (str, os.PathLike)) else request.onnx_model) \
+            if children else contextlib.nullcontext() as path:
+        for i, (key, onnx_model) in enumerate(request.models(stripped)):
+            with request.building(key):
+                session_k = session.bucket(request.options)
+                with session.phases("import"):  # the buckets differ only in their inputs' sizes: one ONNX check
+                    mod = stages.import_model(onnx_model, params, check=i == 0, weights=tensors)
+                    pending = accuracy.start_reference(
+                        path, None, mod, session_k, bucket=reference_build.BucketImport(
+                            request.shapes_at(key), request.rows)) if path else None
+                built[key] = request.checked(key, session_k.build(mod, reference=pending))
+    return request.module(built, session.note)
 
 
 def choose_kernels(fp32_mod, session):

@@ -265,6 +265,7 @@ class BuildSession:
         return isinstance(self.timer, LocalGPU)
 
     # ---- the stages --------------------------------------------------------------------------------------------
-    def build(self, model, params: dict | None = None, shape_dict: dict | None = None):
-        """:data:`STAGES` on ``model`` (see ``tvm_nimble.build``): a BuildResult."""
-        return run_stages(self, model, params, shape_dict)
+    def build(self, model, params: dict | None = None, shape_dict: dict | None = None, reference=None):
+        """:data:`STAGES` on ``model`` (see ``tvm_nimble.build``): a BuildResult. ``reference``: its float32
+        reference compiling in a child already (:func:`.accuracy.start_reference`)."""
+        return run_stages(self, model, params, shape_dict, reference)

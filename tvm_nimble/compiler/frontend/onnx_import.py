@@ -445,7 +445,11 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     return _import(folded, shapes, label, keep_params_in_input)
 
 
-def weights_as_inputs(model: onnx.ModelProto, min_bytes: int = 64 * 1024):
+#: float initializers of this many bytes or more are what :func:`weights_as_inputs` lifts
+LIFTED_WEIGHT_BYTES = 64 * 1024
+
+
+def weights_as_inputs(model: onnx.ModelProto, min_bytes: int = LIFTED_WEIGHT_BYTES):
     """``(model', weights)``: ``model`` with each float initializer of ``min_bytes`` or more made an input (after
     the model's own inputs, in initializer order, its shape declared), and those initializers' values as
     ``[(name, numpy array)]``. A model imported several times at other input shapes (a generator's steps) then

@@ -153,8 +153,9 @@ def _bucketed(session, model, params: dict | None, shape_dict: dict | None):
     tensors = [tvm.runtime.tensor(w) for _, w in weights]
     children = not params and accuracy.in_background(request.options)
     built = {}
-    with reference_build.model_file(model if isinstance(model, (str, os.PathLike)) else request.onnx_model) \
-            if children else contextlib.nullcontext() as path:
+    with contextlib.ExitStack() as stack:
+        source = model if isinstance(model, (str, os.PathLike)) else request.onnx_model
+        path = stack.enter_context(reference_build.model_file(source)) if children else None
         for i, (key, onnx_model) in enumerate(request.models(stripped)):
             with request.building(key):
                 session_k = session.bucket(request.options)

@@ -22,6 +22,7 @@ from tvm import relax
 from .concat_in_place import ConcatInPlace, FlattenConcats
 from .merge_siblings import SplitViews
 from .fold_constants import BatchedFoldConstant
+from .fusible_gathers import fusible_gathers
 from .precision import round_once_per_kernel, widen_elementwise
 from .schedules import guarded_rules, tolerant_default_schedule
 from .tvm_compat import TENSOR_INTRIN, cheap_tvmscript_stacks
@@ -67,7 +68,8 @@ def _legalize(target: tvm.target.Target) -> tuple[list, list]:
     schedule = [tolerant_default_schedule(p) for p in legalize if p.info.name == DEFAULT_SCHEDULE]
     fuse = [p for p in legalize if p.info.name != DEFAULT_SCHEDULE]
     fuse = [q for p in fuse for q in ([p, round_once_per_kernel] if p.info.name == "FuseOps" else
-                                      [BatchedFoldConstant(), p] if p.info.name == "FoldConstant" else [p])]
+                                      [BatchedFoldConstant(), p] if p.info.name == "FoldConstant" else
+                                      [p, fusible_gathers] if p.info.name == "AnnotateTIROpPattern" else [p])]
     return [widen_elementwise] + list(backend.library_dispatch_passes(target)) + fuse, schedule
 
 

@@ -32,6 +32,7 @@ from tvm_nimble.errors import ModelError, NimbleError, ShapeError
 from tvm_nimble.runtime.buckets import BATCH, BucketDim, BucketSpace
 from tvm_nimble.runtime.module import BucketedModule
 
+from .frontend.onnx_import import with_shapes
 from .stages import one_vendor_library
 
 
@@ -125,30 +126,6 @@ def _named_inputs(model, dims: tuple, shape_dict) -> tuple[dict[str, list], dict
         ds = declared_dims(vi) or []
         outputs.append(tuple((i, index[d]) for i, d in enumerate(ds) if isinstance(d, str) and d in index))
     return base, axes, tuple(outputs)
-
-
-def with_shapes(model, shapes: dict[str, list], output_batch: bool = False):
-    """A copy of the ONNX ``model`` whose inputs have ``shapes`` (input name -> dims); with ``output_batch``
-    its outputs' leading dimension becomes the symbolic ``batch``. The intermediate shape hints are dropped
-    (they name the exported sizes)."""
-    import onnx
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    for vi in g.input:
-        if vi.name in shapes and vi.type.HasField("tensor_type"):
-            vi.type.tensor_type.ClearField("shape")
-            vi.type.tensor_type.shape.SetInParent()
-            for d in shapes[vi.name]:
-                vi.type.tensor_type.shape.dim.add().dim_value = int(d)
-    for vi in g.output if output_batch else ():
-        tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tt.HasField("shape") and len(tt.shape.dim):
-            tt.shape.dim[0].Clear()
-            tt.shape.dim[0].dim_param = BATCH
-    del g.value_info[:]
-    return out
 
 
 def baked_reshapes(model, model_batch: int | None) -> list[str]:

@@ -90,15 +90,14 @@ CHILD_MODEL_BYTES = (1 << 31) - (1 << 20)
 class BucketImport:
     """How a bucketed build imports one bucket: the model with its weights lifted to inputs (``weights_as_inputs``)
     at input sizes ``shapes`` (input name -> dims; ``output_batch``: the outputs' leading dimension made symbolic,
-    as ``buckets.with_shapes`` does for batch sizes), the lifted weights (float initializers of
+    as ``with_shapes`` does for batch sizes), the lifted weights (float initializers of
     ``min_weight_bytes`` or more) bound back."""
     shapes: dict
     output_batch: bool = False
     min_weight_bytes: int = LIFTED_WEIGHT_BYTES
 
     def module(self, model) -> tvm.IRModule:
-        from .buckets import with_shapes
-        from .frontend.onnx_import import load_onnx_model, weights_as_inputs
+        from .frontend.onnx_import import load_onnx_model, weights_as_inputs, with_shapes
         from .stages import import_model
 
         stripped, weights = weights_as_inputs(load_onnx_model(model), self.min_weight_bytes)

@@ -21,6 +21,7 @@ import onnx
 
 from tvm_nimble.errors import ModelError, ShapeError, UnsupportedOperatorError
 from tvm_nimble.relay_passes.tvm_compat import onnx_converter_map
+from tvm_nimble.runtime.buckets import BATCH
 
 from .fold_pads import fold_pads
 from .fold_powers import fold_powers
@@ -443,6 +444,28 @@ def from_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
     _check_data_dependent_shapes(folded, label)
     _check_control_flow(folded, label)
     return _import(folded, shapes, label, keep_params_in_input)
+
+
+def with_shapes(model, shapes: dict[str, list], output_batch: bool = False):
+    """A copy of the ONNX ``model`` whose inputs have ``shapes`` (input name -> dims); with ``output_batch``
+    its outputs' leading dimension becomes the symbolic ``batch``. The intermediate shape hints are dropped
+    (they name the exported sizes)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    for vi in g.input:
+        if vi.name in shapes and vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+            vi.type.tensor_type.shape.SetInParent()
+            for d in shapes[vi.name]:
+                vi.type.tensor_type.shape.dim.add().dim_value = int(d)
+    for vi in g.output if output_batch else ():
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and len(tt.shape.dim):
+            tt.shape.dim[0].Clear()
+            tt.shape.dim[0].dim_param = BATCH  # (the runtime's name of a batch bucket's dimension)
+    del g.value_info[:]
+    return out
 
 
 #: float initializers of this many bytes or more are what :func:`weights_as_inputs` lifts

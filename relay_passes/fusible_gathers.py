@@ -8,9 +8,9 @@ element reads one element of the table, the index computed from the same output 
 (after ``AnnotateTIROpPattern``, before ``FuseOps``) gives such a kernel the injective pattern, so the index's
 computation, the lookup and the element-wise ops after it become one kernel.
 
-A kernel qualifies when it is one spatial block storing its output at its own indices, and every load either
-reads at affine indices or is a gather: a load whose indices hold loads of the kernel's other inputs (no load of
-the output, no reduction, no other block).
+A kernel qualifies when it is one spatial block (no reduction, no other block) storing its output at its own
+indices, none of its loads reads the output, and at least one load is a gather: its indices hold loads of the
+kernel's other inputs.
 """
 from __future__ import annotations
 

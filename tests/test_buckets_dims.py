@@ -284,12 +284,13 @@ def test_a_buckets_reference_compiled_by_a_child_is_that_buckets_module(options)
     bound back, the inputs at the bucket's sizes), so its module is the build's, hash for hash, and its library
     gives what stock TVM's build of the build's module gives; the model is written once for all the children and
     removed after."""
+    import dataclasses
+
     import tvm
 
     import decoder_models
-    from tvm_nimble.compiler import accuracy, reference_build, stages
+    from tvm_nimble.compiler import accuracy, reference_build
     from tvm_nimble.compiler.buckets import BucketRequest
-    from tvm_nimble.compiler.frontend.onnx_import import weights_as_inputs
     from tvm_nimble.compiler.options import BuildOptions
     from tvm_nimble.compiler.session import BuildSession
     from tvm_nimble.compiler.stock import StockVM, build_stock_vm
@@ -299,15 +300,15 @@ def test_a_buckets_reference_compiled_by_a_child_is_that_buckets_module(options)
     shape_dict = options.pop("shape_dict", None)
     opts = BuildOptions.create("llvm", precision="fp16", timing_cache="off", **options)
     request = BucketRequest(decoder_models.tiny_gpt2_onnx(), opts, shape_dict)
-    stripped, weights = weights_as_inputs(request.onnx_model, min_bytes=1024)  # (the tiny model's are small)
-    assert weights
-    tensors = [tvm.runtime.tensor(w) for _, w in weights]
+    small = 1024  # bytes: the tiny model's weights are small; lifted as a real model's are
+    lifted = reference_build.BucketImport.lifted(request.onnx_model, small)
+    assert lifted[1]
     session = BuildSession(request.options)
     rng = np.random.default_rng(0)
     with reference_build.model_file(request.onnx_model) as path:
-        for key, onnx_model in request.models(stripped):
-            mod = stages.import_model(onnx_model, None, weights=tensors)
-            bucket = reference_build.BucketImport(request.shapes_at(key), request.rows, min_weight_bytes=1024)
+        for key, bucket in request.imports():
+            bucket = dataclasses.replace(bucket, min_weight_bytes=small)
+            mod = bucket.module(lifted)
             pending = accuracy.start_reference(path, None, mod, session, background=True, bucket=bucket)
             child = pending.executable()
             assert child is not None, key  # the child's module hash is the build's

@@ -32,7 +32,7 @@ from tvm_nimble.errors import ModelError, NimbleError, ShapeError
 from tvm_nimble.runtime.buckets import BATCH, BucketDim, BucketSpace
 from tvm_nimble.runtime.module import BucketedModule
 
-from .frontend.onnx_import import with_shapes
+from .reference_build import BucketImport
 from .stages import one_vendor_library
 
 
@@ -172,9 +172,10 @@ class BucketRequest:
     strings it::
 
         request = BucketRequest(model, options, shape_dict)
-        for key, onnx_model in request.models():          # the model at that bucket's sizes
+        lifted = BucketImport.lifted(request.onnx_model)  # the weights parsed once for every bucket
+        for key, bucket in request.imports():             # how that bucket's sizes are imported
             with request.building(key):                   # a failure at another batch: one line naming why
-                built[key] = request.checked(key, build_with(onnx_model, request.options, params))
+                built[key] = request.checked(key, build_with(bucket.module(lifted), request.options))
         module = request.module(built, note)              # one BucketedModule, the weights once, padding checked
     """
 
@@ -211,12 +212,10 @@ class BucketRequest:
         keys = list(itertools.product(*(sizes for _, sizes in self.dims)))
         return sorted(keys, key=lambda k: (k[0] != self.model_batch, k)) if self.rows else keys
 
-    def models(self, model=None):
-        """(key, the ONNX model at that bucket's sizes) per bucket; ``model``: the request's model with its weights
-        made inputs (``weights_as_inputs``), in place of the model itself."""
+    def imports(self):
+        """(key, how that bucket is imported: a :class:`~.reference_build.BucketImport`) per bucket."""
         for key in self.keys():
-            yield key, with_shapes(self.onnx_model if model is None else model, self.shapes_at(key),
-                                   output_batch=self.rows)
+            yield key, BucketImport(self.shapes_at(key), self.rows)
 
     def shapes_at(self, key) -> dict[str, list]:
         """The inputs' shapes at bucket ``key`` (input name -> dims)."""

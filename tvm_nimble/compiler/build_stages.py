@@ -21,7 +21,7 @@ from tvm_nimble.relay_passes import schedule_pool
 from tvm_nimble.relay_passes.kv_cache import cache_step
 
 from . import accuracy, buckets, reference_build, stages
-from .frontend.onnx_import import one_line, weights_as_inputs
+from .frontend.onnx_import import one_line
 from .kernel_choice import Selection, select_kernels
 from .merge_choice import choose_merges
 from .options import BuildOptions
@@ -145,25 +145,20 @@ def _bucketed(session, model, params: dict | None, shape_dict: dict | None):
     """One build per bucket (see :mod:`.buckets`), put together with the weights once. Each bucket's float32
     reference compiles in a child from that bucket's import on, as a single build's does (from one copy of the
     model's file for all the children)."""
-    import tvm
-
     request = buckets.BucketRequest(model, session.options, shape_dict)
     # the weights parsed once and bound to every bucket's import (its precision pass then narrows them once)
-    stripped, weights = weights_as_inputs(request.onnx_model)
-    tensors = [tvm.runtime.tensor(w) for _, w in weights]
+    lifted = reference_build.BucketImport.lifted(request.onnx_model)
     children = not params and accuracy.in_background(request.options)
     built = {}
     with contextlib.ExitStack() as stack:
         source = model if isinstance(model, (str, os.PathLike)) else request.onnx_model
         path = stack.enter_context(reference_build.model_file(source)) if children else None
-        for i, (key, onnx_model) in enumerate(request.models(stripped)):
+        for i, (key, bucket) in enumerate(request.imports()):
             with request.building(key):
                 session_k = session.bucket(request.options)
                 with session.phases("import"):  # the buckets differ only in their inputs' sizes: one ONNX check
-                    mod = stages.import_model(onnx_model, params, check=i == 0, weights=tensors)
-                    pending = accuracy.start_reference(
-                        path, None, mod, session_k, bucket=reference_build.BucketImport(
-                            request.shapes_at(key), request.rows)) if path else None
+                    mod = bucket.module(lifted, params, check=i == 0)
+                    pending = accuracy.start_reference(path, None, mod, session_k, bucket=bucket) if path else None
                 built[key] = request.checked(key, session_k.build(mod, reference=pending))
     return request.module(built, session.note)
 

@@ -96,13 +96,23 @@ class BucketImport:
     output_batch: bool = False
     min_weight_bytes: int = LIFTED_WEIGHT_BYTES
 
-    def module(self, model) -> tvm.IRModule:
-        from .frontend.onnx_import import load_onnx_model, weights_as_inputs, with_shapes
+    @staticmethod
+    def lifted(model, min_weight_bytes: int = LIFTED_WEIGHT_BYTES) -> tuple:
+        """(``model``, a .onnx path or a ModelProto, with its weights lifted to inputs; those weights as TVM tensors):
+        what :meth:`module` takes, parsed once for every bucket."""
+        from .frontend.onnx_import import load_onnx_model, weights_as_inputs
+
+        stripped, weights = weights_as_inputs(load_onnx_model(model), min_weight_bytes)
+        return stripped, [tvm.runtime.tensor(w) for _, w in weights]
+
+    def module(self, lifted: tuple, params: dict | None = None, check: bool = True) -> tvm.IRModule:
+        """The bucket's module, from :meth:`lifted`'s model and weights (``check``: the ONNX checker runs)."""
+        from .frontend.onnx_import import with_shapes
         from .stages import import_model
 
-        stripped, weights = weights_as_inputs(load_onnx_model(model), self.min_weight_bytes)
-        tensors = [tvm.runtime.tensor(w) for _, w in weights]
-        return import_model(with_shapes(stripped, self.shapes, self.output_batch), None, weights=tensors)
+        stripped, tensors = lifted
+        return import_model(with_shapes(stripped, self.shapes, self.output_batch), params, check=check,
+                            weights=tensors)
 
 
 def _child_path(model, limit: int) -> str | None:
@@ -186,7 +196,8 @@ def main(argv: list[str]) -> int:
         target = tvm.target.Target(f.read())
     if bucket_path:
         with open(bucket_path[0]) as f:
-            mod = BucketImport(**json.load(f)).module(model_path)
+            bucket = BucketImport(**json.load(f))
+        mod = bucket.module(BucketImport.lifted(model_path, bucket.min_weight_bytes))
     else:
         mod = import_model(model_path, None, shape_dict)
     with open(os.path.join(folder, HASH), "w") as f:

@@ -195,7 +195,7 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
 
 def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
     """Whether the one block of an inlined element-wise kernel may load and store ``lanes`` elements at once: it
-    stores one 16- or 32-bit buffer at its own loop indices (of at least :data:`MIN_VECTOR_OUTPUTS` elements, the
+    stores one 16- or 32-bit buffer at its own loop indices (unit axes at 0 aside; of at least :data:`MIN_VECTOR_OUTPUTS` elements, the
     last axis a multiple of ``lanes``), and every load, with the last loop index stepping through ``lanes``
     consecutive values from a multiple of ``lanes``, reads one element (a broadcast) or ``lanes`` consecutive ones
     starting on a multiple of ``lanes`` of a 16- or 32-bit buffer (an aligned vector: TVM's vectorizer assumes the
@@ -216,9 +216,12 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
         return False
     iters = [iv.var for iv in block.iter_vars]
     out = store.buffer
-    if (len(store.indices) != len(iters) or not all(i.same_as(v) for i, v in zip(store.indices, iters))
-            or [_int(d) for d in out.shape] != extents or extents[-1] % lanes or math.prod(extents) < MIN_VECTOR_OUTPUTS
-            or not _vector_dtype(out.dtype)):
+    # the analysis drops unit axes from the loops (a model's [1, rows, width] is stored at [0, v0, v1])
+    shape = [_int(d) for d in out.shape]
+    kept = [(i, d) for i, d in zip(store.indices, shape) if not (d == 1 and _int(i) == 0)]
+    if (len(store.indices) != len(shape) or len(kept) != len(iters)
+            or not all(i.same_as(v) for (i, _), v in zip(kept, iters)) or [d for _, d in kept] != extents
+            or extents[-1] % lanes or math.prod(extents) < MIN_VECTOR_OUTPUTS or not _vector_dtype(out.dtype)):
         return False
     loads, conditional = [], []
     tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, loads.append), (tirx.Select, conditional.append),

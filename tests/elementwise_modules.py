@@ -3,7 +3,7 @@
 ``silu_multiply(dtype, rows, width, gate_at)`` is a 16-bit decoder's SiLU-multiply as the merged gate/up projection
 feeds it: ``silu(x[:, gate]) * x[:, up]`` of one ``[rows, 2 * width]`` tensor, computed in float32 (the precision
 policy's form) and rounded to ``dtype``. ``gate_at`` moves the gate's columns (the up half stays at ``width``), so a
-test can misalign them.
+test can misalign them. ``lead`` puts axes before the rows: a model's tensors are ``[1, rows, 2 * width]`` (batch 1).
 """
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import numpy as np
 from tvm import relax
 
 
-def silu_multiply(dtype: str = "float16", rows: int = 512, width: int = 4864, gate_at: int = 0):
-    x = relax.Var("x", relax.TensorType((rows, 2 * width), dtype))
+def silu_multiply(dtype: str = "float16", rows: int = 512, width: int = 4864, gate_at: int = 0,
+                  lead: tuple[int, ...] = ()):
+    x = relax.Var("x", relax.TensorType((*lead, rows, 2 * width), dtype))
+    last = len(lead) + 1
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            gate = bb.emit(relax.op.astype(relax.op.strided_slice(x, [1], [gate_at], [gate_at + width]), "float32"))
-            up = bb.emit(relax.op.astype(relax.op.strided_slice(x, [1], [width], [2 * width]), "float32"))
+            gate = bb.emit(relax.op.astype(relax.op.strided_slice(x, [last], [gate_at], [gate_at + width]), "float32"))
+            up = bb.emit(relax.op.astype(relax.op.strided_slice(x, [last], [width], [2 * width]), "float32"))
             y = bb.emit(relax.op.multiply(relax.op.multiply(gate, relax.op.sigmoid(gate)), up))
             out = bb.emit_output(relax.op.astype(y, dtype))
         bb.emit_func_output(out)
@@ -27,5 +29,5 @@ def silu_multiply(dtype: str = "float16", rows: int = 512, width: int = 4864, ga
 def silu_multiply_reference(x: np.ndarray, width: int, gate_at: int = 0) -> np.ndarray:
     """What :func:`silu_multiply` computes, in float64."""
     x = x.astype(np.float64)
-    gate, up = x[:, gate_at:gate_at + width], x[:, width:]
+    gate, up = x[..., gate_at:gate_at + width], x[..., width:]
     return gate / (1 + np.exp(-gate)) * up

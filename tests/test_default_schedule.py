@@ -196,20 +196,22 @@ def _sources(module) -> list[str]:
 
 
 def test_a_large_element_wise_kernel_loads_and_stores_four_elements_a_thread():
-    """A 16-bit decoder's SiLU-multiply ([512, 9728] in, [512, 4864] out), in each dtype: stock DLight gives each output
-    a thread (2-byte accesses); ours gives each thread four consecutive outputs, and TVM's CUDA code loads and stores
-    them as one half4 / nv_bfloat164 / float4."""
+    """A 16-bit decoder's SiLU-multiply ([512, 9728] in, [512, 4864] out), in each dtype, and as a model at batch 1 has
+    it ([1, 512, 9728]: a unit axis the analysis drops from the loops): stock DLight gives each output a thread (2-byte
+    accesses); ours gives each thread four consecutive outputs, and TVM's CUDA code loads and stores them as one
+    half4 / nv_bfloat164 / float4."""
     from elementwise_modules import silu_multiply
 
-    for dtype, vector in (("float16", "half4"), ("bfloat16", "nv_bfloat164"), ("float32", "float4")):
-        mod = silu_multiply(dtype)
+    for dtype, vector, lead in (("float16", "half4", ()), ("bfloat16", "nv_bfloat164", ()), ("float32", "float4", ()),
+                                ("float16", "half4", (1,)), ("bfloat16", "nv_bfloat164", (1,))):
+        mod = silu_multiply(dtype, lead=lead)
         lowered = stages.lower(mod, SM90)
-        assert list(_vectorized(lowered).values()) == [True], dtype
+        assert list(_vectorized(lowered).values()) == [True], (dtype, lead)
         assert not any(_vectorized(_stock(mod)).values())
         assert list(_block_counts(lowered).values()) == [[512 * 4864 // (4 * THREADS)]]
         with cuda_compile.fatbin_compilation(tvm.target.Target(SM90)):  # nvcc for sm_90: no GPU needed
             cuda = [s for s in _sources(tvm.compile(lowered, target=SM90).mod) if "__global__" in s]
-        assert len(cuda) == 1 and cuda[0].count(f"*({vector}*)(") == 3, dtype  # two loads and the store
+        assert len(cuda) == 1 and cuda[0].count(f"*({vector}*)(") == 3, (dtype, lead)  # two loads and the store
 
 
 def test_what_a_vector_could_misread_keeps_dlights_schedule():
@@ -217,7 +219,8 @@ def test_what_a_vector_could_misread_keeps_dlights_schedule():
     few outputs, and a select whose unchosen side could lie outside its buffer: scheduled as stock DLight does."""
     from elementwise_modules import silu_multiply
 
-    for mod in (silu_multiply(gate_at=2), silu_multiply(width=4862), silu_multiply(rows=4, width=128)):
+    for mod in (silu_multiply(gate_at=2), silu_multiply(width=4862), silu_multiply(rows=4, width=128),
+                silu_multiply(gate_at=2, lead=(1,))):
         assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))
         assert not any(_vectorized(stages.lower(mod, SM90)).values())
     x = relax.Var("x", relax.TensorType((512, 4864), "float16"))

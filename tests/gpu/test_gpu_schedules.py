@@ -12,7 +12,8 @@ BOUND = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.5e-2}
 def test_a_vectorized_silu_multiply_matches_numpy(gpu_arch, dtype):
     """A 16-bit decoder's SiLU-multiply at 512 rows of a 4864-wide MLP (four outputs a thread, one 8- or 16-byte load
     of each half and one store: ``vectorized_elementwise``), built and run as a user would, against numpy in float64;
-    and the same with the gate two columns in (not vectorized), so both schedules run."""
+    and the same with the gate two columns in (not vectorized), so both schedules run, and as a model at batch 1 has it
+    ([1, 512, 9728])."""
     import ml_dtypes
     import tvm
 
@@ -24,13 +25,13 @@ def test_a_vectorized_silu_multiply_matches_numpy(gpu_arch, dtype):
     np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     x = np.random.default_rng(0).standard_normal((512, 2 * 4864)).astype(np_dtype)
     target = {"kind": "cuda", "arch": gpu_arch}
-    for gate_at, vectorized in ((0, True), (2, False)):
-        mod = silu_multiply(dtype, gate_at=gate_at)
+    for gate_at, vectorized, lead in ((0, True, ()), (2, False, ()), (0, True, (1,))):
+        mod = silu_multiply(dtype, gate_at=gate_at, lead=lead)
         lowered = stages.lower(mod, resolve_target("cuda", gpu_arch))
         kernels = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
         assert any("T.vectorized" in f.script() for f in kernels) == vectorized
         with NimbleExecutor(build(mod, target, kernels="tvm")) as ex:
-            got = ex(x)[0].numpy().astype(np.float64)
-        want = silu_multiply_reference(x, 4864, gate_at)
+            got = ex(x.reshape(*lead, *x.shape))[0].numpy().astype(np.float64)
+        want = silu_multiply_reference(x, 4864, gate_at).reshape(*lead, 512, 4864)
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < BOUND[dtype], (dtype, gate_at)

@@ -168,11 +168,16 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
     kernel: DLight's ``Fallback`` gives each output a thread, so a warp's loads are 64-byte ones. The fused loop is
     split in ``lanes`` first and the rest over blocks and threads, so a partial last block's guard does not depend on
     the vector lane and TVM vectorizes the accesses (``half4`` / ``float4`` loads and stores); the arithmetic stays
-    per element, as ``Fallback`` computes it."""
+    per element, as ``Fallback`` computes it.
+
+    A branch (``if_then_else``: a rotary embedding's rotate-half, a concatenation) qualifies where the whole vector
+    takes the same side: its condition is put in the form TVM's simplifier reduces to one without the lane
+    (:func:`_lane_free_conditions`), so that the vectorizer keeps it scalar and loads only the side taken (a vector
+    condition would make it fall back to a loop of ``lanes`` scalar elements)."""
     if target.kind.name != "cuda":
         return None
     try:
-        sch = s_tir.Schedule(func)
+        sch = s_tir.Schedule(_lane_free_conditions(func))
         infos = normalize_prim_func(sch)
         if not infos or any(k != "S" for info in infos for k in info.dom_kind()):
             return None
@@ -183,8 +188,9 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
         loops = sch.get_loops(block_rv)
         if not loops or not _vector_accesses(sch, block_rv, loops, lanes):
             return None
-        outer, vector = sch.split(sch.fuse(*loops), factors=[None, lanes])
-        bx, tx = sch.split(outer, factors=[None, threads])
+        *others, last = loops
+        outer, vector = sch.split(last, factors=[None, lanes])
+        bx, tx = sch.split(sch.fuse(*others, outer), factors=[None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vector)
@@ -199,8 +205,9 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
     last axis a multiple of ``lanes``), and every load, with the last loop index stepping through ``lanes``
     consecutive values from a multiple of ``lanes``, reads one element (a broadcast) or ``lanes`` consecutive ones
     starting on a multiple of ``lanes`` of a 16- or 32-bit buffer (an aligned vector: TVM's vectorizer assumes the
-    alignment it does not prove). No selects or ``if_then_else``: their loads may lie outside the buffer on the
-    lanes the condition leaves out, and a vector would read them all."""
+    alignment it does not prove). No selects: both sides are read, and a side's loads may lie outside the buffer on
+    the lanes the condition leaves out. An ``if_then_else`` only where its condition, simplified for the vector's
+    lanes, does not read the lane (the vector takes one side, and only that side is read)."""
     block = sch.get(block_rv)
     store = block.body
     loop_vars = [sch.get(l).loop_var for l in loops]
@@ -223,18 +230,38 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
             or not all(i.same_as(v) for (i, _), v in zip(kept, iters)) or [d for _, d in kept] != extents
             or extents[-1] % lanes or math.prod(extents) < MIN_VECTOR_OUTPUTS or not _vector_dtype(out.dtype)):
         return False
-    loads, conditional = [], []
-    tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, loads.append), (tirx.Select, conditional.append),
-                                          (tvm.ir.expr.Call, lambda c: conditional.append(c) if str(
+    loads, selects, branches = [], [], []
+    tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, loads.append), (tirx.Select, selects.append),
+                                          (tvm.ir.expr.Call, lambda c: branches.append(c) if str(
                                               getattr(c.op, "name", "")).endswith("if_then_else") else None)],
                             order="post")
-    if conditional:
+    if selects:
         return False
     step = tirx.Var("vector_step", str(iters[-1].ty.dtype))
     ranges = tvm.sym.Analyzer()
     for var, extent in zip(iters[:-1], extents[:-1]):
         ranges.bind(var, tvm.ir.Range(0, extent))
     ranges.bind(step, tvm.ir.Range(0, extents[-1] // lanes))
+
+    def at_lanes(expr):
+        """``expr`` at each of the ``lanes`` consecutive values of the last index from ``step * lanes``."""
+        out = []
+        for lane in range(lanes):
+            lane_of = tvm.sym.Analyzer()
+            lane_of.bind(iters[-1], step * lanes + lane)
+            out.append(ranges.simplify(lane_of.simplify(expr)))
+        return out
+
+    lane = tirx.Var("vector_lane", str(iters[-1].ty.dtype))
+    ranges.bind(lane, tvm.ir.Range(0, lanes))
+    for branch in branches:  # taken alike by the whole vector: the simplified condition does not read the lane
+        # (substituted, not simplified twice: a first simplification would undo _lane_free_conditions' form)
+        cond = tvm_ffi.structural_mutate(branch.args[0], [
+            (tirx.Var, lambda v, _: step * lanes + lane if v.same_as(iters[-1]) else v)])
+        used = []
+        tvm_ffi.structural_walk(ranges.simplify(cond), [(tirx.Var, lambda v: used.append(v) if v.same_as(lane) else None)])
+        if used:
+            return False
     for load in loads:
         buf = load.source
         shape = [_int(d) for d in buf.shape]
@@ -242,11 +269,7 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
             return False
         flat = sum((i * math.prod(shape[k + 1:]) for k, i in enumerate(load.indices)), tirx.IntImm("int32", 0)) \
             if len(load.indices) > 1 else load.indices[0]
-        at = []
-        for lane in range(lanes):
-            lane_of = tvm.sym.Analyzer()
-            lane_of.bind(iters[-1], step * lanes + lane)
-            at.append(lane_of.simplify(flat))
+        at = at_lanes(flat)
         steps = [ranges.simplify(a - at[0]) for a in at]
         if not all(isinstance(s, tirx.IntImm) for s in steps):
             return False
@@ -257,6 +280,14 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
         elif any(steps):
             return False
     return True
+
+
+def _lane_free_conditions(func):
+    """``func`` with each ``a <= b`` written ``not (b < a)`` (and ``a >= b`` as ``not (a < b)``): TVM's simplifier
+    reduces ``4 * i + lane < 32`` (``lane`` in [0, 4)) to ``i < 8`` but leaves ``32 <= 4 * i + lane`` as it is."""
+    return tvm_ffi.structural_mutate(func, [
+        (tirx.LE, lambda e, m: tirx.Not(tirx.LT(m.mutate(e.b), m.mutate(e.a)))),
+        (tirx.GE, lambda e, m: tirx.Not(tirx.LT(m.mutate(e.a), m.mutate(e.b))))])
 
 
 def _int(expr) -> int | None:

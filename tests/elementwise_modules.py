@@ -31,3 +31,31 @@ def silu_multiply_reference(x: np.ndarray, width: int, gate_at: int = 0) -> np.n
     x = x.astype(np.float64)
     gate, up = x[..., gate_at:gate_at + width], x[..., width:]
     return gate / (1 + np.exp(-gate)) * up
+
+
+def rotary(dtype: str = "float16", heads: int = 16, seq: int = 512, dim: int = 64, split_at: int | None = None):
+    """A rotary embedding as a decoder exports it: ``x * cos + rotate_half(x) * sin`` over ``x [1, heads, seq, dim]``
+    (``cos``, ``sin`` ``[1, 1, seq, dim]`` float32 inputs), ``rotate_half(x) = concat(-x[..., s:], x[..., :s])`` with
+    ``s = split_at`` (default ``dim / 2``), computed in float32 and rounded to ``dtype``."""
+    s = dim // 2 if split_at is None else split_at
+    x = relax.Var("x", relax.TensorType((1, heads, seq, dim), dtype))
+    cos = relax.Var("cos", relax.TensorType((1, 1, seq, dim), "float32"))
+    sin = relax.Var("sin", relax.TensorType((1, 1, seq, dim), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, cos, sin]):
+        with bb.dataflow():
+            high = relax.op.negative(relax.op.strided_slice(x, [3], [s], [dim]))
+            rotated = bb.emit(relax.op.concat([high, relax.op.strided_slice(x, [3], [0], [s])], axis=3))
+            y = relax.op.add(relax.op.multiply(relax.op.astype(x, "float32"), cos),
+                             relax.op.multiply(relax.op.astype(rotated, "float32"), sin))
+            out = bb.emit_output(relax.op.astype(y, dtype))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def rotary_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, split_at: int | None = None) -> np.ndarray:
+    """What :func:`rotary` computes, in float64."""
+    x = x.astype(np.float64)
+    s = x.shape[-1] // 2 if split_at is None else split_at
+    rotated = np.concatenate([-x[..., s:], x[..., :s]], axis=-1)
+    return x * cos + rotated * sin

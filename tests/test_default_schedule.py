@@ -214,6 +214,28 @@ def test_a_large_element_wise_kernel_loads_and_stores_four_elements_a_thread():
         assert len(cuda) == 1 and cuda[0].count(f"*({vector}*)(") == 3, (dtype, lead)  # two loads and the store
 
 
+def test_a_rotary_embeddings_branch_taken_by_the_whole_vector_is_vectorized():
+    """A decoder's rotary embedding (rotate-half: a concatenation of two halves, one negated) over [1, 16, 512, 64]: the
+    half boundary (32) is a multiple of the four lanes, so each vector takes one side of the branch; TVM's CUDA code
+    tests the condition once per thread and loads the side taken as one half4 / float4 (no per-element loop). With
+    the boundary at 30 a vector would straddle it: DLight's schedule."""
+    from elementwise_modules import rotary
+
+    # vector accesses of the dtype: x, the two sides' loads and the store (and the float32 cos and sin in float32)
+    for dtype, vector, accesses in (("float16", "half4", 4), ("float32", "float4", 6)):
+        mod = rotary(dtype)
+        lowered = stages.lower(mod, SM90)
+        assert list(_vectorized(lowered).values()) == [True], dtype
+        with cuda_compile.fatbin_compilation(tvm.target.Target(SM90)):
+            cuda = [s for s in _sources(tvm.compile(lowered, target=SM90).mod) if "__global__" in s]
+        body = cuda[0][cuda[0].rindex("__global__"):]
+        assert f"{vector} condval;" in body and "for (" not in body, dtype
+        assert body.count(f"*({vector}*)(") == accesses, dtype
+    mod = rotary(split_at=30)
+    assert not any(_vectorized(stages.lower(mod, SM90)).values())
+    assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))
+
+
 def test_what_a_vector_could_misread_keeps_dlights_schedule():
     """A gate starting two columns in (a vector would straddle its alignment), a last axis not a multiple of four, too
     few outputs, and a select whose unchosen side could lie outside its buffer: scheduled as stock DLight does."""

@@ -35,3 +35,27 @@ def test_a_vectorized_silu_multiply_matches_numpy(gpu_arch, dtype):
         want = silu_multiply_reference(x, 4864, gate_at).reshape(*lead, 512, 4864)
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < BOUND[dtype], (dtype, gate_at)
+
+
+@pytest.mark.parametrize("dtype", list(BOUND))
+def test_a_vectorized_rotary_embedding_matches_numpy(gpu_arch, dtype):
+    """A decoder's rotary embedding over [1, 16, 512, 64] (rotate-half's branch taken by the whole vector, one 8- or
+    16-byte access of each side: ``vectorized_elementwise``), and with the half boundary at 30 (DLight's schedule),
+    built and run as a user would, against numpy in float64."""
+    import ml_dtypes
+
+    from elementwise_modules import rotary, rotary_reference
+    from tvm_nimble import NimbleExecutor, build
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 512, 64)).astype(np_dtype)
+    angle = rng.uniform(-np.pi, np.pi, (1, 1, 512, 64))
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    for split_at in (32, 30):
+        with NimbleExecutor(build(rotary(dtype, split_at=split_at), {"kind": "cuda", "arch": gpu_arch},
+                                  kernels="tvm")) as ex:
+            got = ex(x, cos, sin)[0].numpy().astype(np.float64)
+        want = rotary_reference(x, cos.astype(np.float64), sin.astype(np.float64), split_at)
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < BOUND[dtype], (dtype, split_at)

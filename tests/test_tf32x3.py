@@ -6,6 +6,10 @@ Checked against float64 and the ONNX reference evaluator: the split operands los
 TF32 product of the same operands is ~1e-3 off; a tiny GPT-2 in float32 with every Linear of 16 rows or more on it
 matches the ONNX reference; and what it leaves to others. What the tensor cores' accumulation adds is the GPU's
 (the GPU suite's decoder test names the provider and bounds the model against PyTorch's float32)."""
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import tvm
@@ -84,6 +88,41 @@ def test_the_activations_split_survives_tvms_lowering():
     lo, hi, hi2 = got[:, :64], got[:, 64:128], got[:, 128:]  # the small parts first along K
     assert np.array_equal(hi, hi2) and np.array_equal(hi + lo, xs)
     assert np.array_equal(tf32x3.split_array(hi)[0], hi) and np.any(lo != 0)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_split_leaves_ptxas_no_product_to_contract(tmp_path):
+    """Veltkamp's split as TVM's CUDA code for sm_90, read in PTX: ``mul.f32`` and ``sub.f32`` carry no rounding mode,
+    so ptxas may fuse a product and the subtraction it feeds into one FMA (``x * 8193 - x`` exactly, which is not the
+    split). No product of the split may feed an addition or a subtraction."""
+    from tvm_nimble.codegen import cuda_compile
+    from tvm_nimble.compiler import stages
+    from tvm_nimble.compiler.target import resolve_target
+
+    bb = tvm.relax.BlockBuilder()
+    x = tvm.relax.Var("x", tvm.relax.TensorType((64, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(tf32x3.split_rows(x))
+        bb.emit_func_output(out)
+    target = resolve_target("cuda", "sm_90")
+    lowered = stages.lower(bb.get(), target)
+    with cuda_compile.fatbin_compilation(target):
+        module = tvm.compile(lowered, target=target).mod
+    sources = []
+    pending = [module]
+    while pending:
+        m = pending.pop()
+        sources.append(m.inspect_source())
+        pending.extend(m.imports)
+    (tmp_path / "split.cu").write_text(next(s for s in sources if "__global__" in s))
+    subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-o", str(tmp_path / "split.ptx"), str(tmp_path / "split.cu")],
+                   check=True, capture_output=True)
+    ptx = (tmp_path / "split.ptx").read_text()
+    products = set(re.findall(r"\bmul(?:\.rn)?\.f32\s+(%f\d+),", ptx))
+    assert products  # the split multiplies
+    sums = re.findall(r"\b(?:add|sub)\.f32\s+%f\d+,\s*(%f\d+),\s*(%f\d+);", ptx)
+    assert sums and not [s for s in sums if products & set(s)], "a product feeds an add/sub: ptxas may contract it"
 
 
 def test_a_float32_decoder_on_it_matches_the_onnx_reference(vendor_reference):

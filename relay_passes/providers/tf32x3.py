@@ -13,8 +13,13 @@ the two small products first along K, so that the accumulator holds them before 
 orders its products so). The bias, activation and residual are in the epilogue as in cuBLASLt's float32 Linear.
 W's parts are split once, at build, rounding to nearest (constants three times W's size); x's by element-wise
 operators before the call (TVM fuses them into one kernel, or into x's producer), Veltkamp's split ``c = x * 8193;
-hi = c - (c - x); lo = x - hi``: exact in float32 arithmetic, fused multiply-add or not. Values over ~4e34 in
-magnitude overflow the split (NaN, not a wrong finite value).
+hi = c - (c - x); lo = x - hi``: exact in float32 arithmetic, where ``c`` is rounded to float32. A product feeding a
+subtraction is not: the CUDA code's ``mul.f32`` / ``sub.f32`` carry no rounding mode, so ptxas may contract
+``x * 8193 - x`` into one fused multiply-add (exactly ``8192 x``), and the high part is then not TF32's (a decoder
+on such a split measured one TF32 product's error, benchmarks/findings.md). So the product passes through
+``max(c, -FLT_MAX)`` (an identity on every finite product, which neither TVM's simplifier nor ptxas removes) and
+only the maximum feeds the subtractions. Values over ~4e34 in magnitude overflow the split (NaN or a wrong high part,
+as a float32 overflow would).
 
 The operands' rounding is float32's; the accumulation is the tensor cores', which is not IEEE float32's: with the
 large product first such GEMMs measured further from float64 than SGEMM, by a factor depending on the shape
@@ -65,8 +70,10 @@ def split_weight(weight: np.ndarray, transpose_b: int) -> np.ndarray:
 
 
 def split_rows(x: relax.Expr) -> relax.Expr:
-    """``[x_lo | x_hi | x_hi]`` along the last axis, by Veltkamp's split (see the module docstring)."""
-    c = relax.op.multiply(x, relax.const(SPLITTER, "float32"))
+    """``[x_lo | x_hi | x_hi]`` along the last axis, by Veltkamp's split, its product rounded before the
+    subtractions (see the module docstring)."""
+    c = relax.op.maximum(relax.op.multiply(x, relax.const(SPLITTER, "float32")),
+                         relax.const(float(np.finfo(np.float32).min), "float32"))
     hi = relax.op.subtract(c, relax.op.subtract(c, x))
     lo = relax.op.subtract(x, hi)
     return relax.op.concat([lo, hi, hi], axis=-1)

@@ -73,16 +73,21 @@ def test_the_weights_are_split_into_tf32_high_parts_and_exact_rests():
         assert np.array_equal(stacked, np.concatenate([hi, lo, hi], axis=axis))
 
 
-def test_the_activations_split_survives_tvms_lowering():
-    """Veltkamp's split as TVM compiles it (its simplifier must not fold ``c - (c - x)`` into ``x``): the high part
-    has TF32's 11 significant bits and the two parts add up to x exactly."""
+def _split_module(shape) -> tvm.IRModule:
+    """A Relax module returning ``split_rows(x)`` of a float32 ``x`` of ``shape``."""
     bb = tvm.relax.BlockBuilder()
-    x = tvm.relax.Var("x", tvm.relax.TensorType((4, 64), "float32"))
+    x = tvm.relax.Var("x", tvm.relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(tf32x3.split_rows(x))
         bb.emit_func_output(out)
-    exe = tvm.compile(bb.get(), target="llvm")
+    return bb.get()
+
+
+def test_the_activations_split_survives_tvms_lowering():
+    """Veltkamp's split as TVM compiles it (its simplifier must not fold ``c - (c - x)`` into ``x``): the high part
+    has TF32's 11 significant bits and the two parts add up to x exactly."""
+    exe = tvm.compile(_split_module((4, 64)), target="llvm")
     xs = (np.random.default_rng(3).standard_normal((4, 64)) * 10).astype(np.float32)
     got = tvm.relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
     lo, hi, hi2 = got[:, :64], got[:, 64:128], got[:, 128:]  # the small parts first along K
@@ -99,14 +104,8 @@ def test_the_split_leaves_ptxas_no_product_to_contract(tmp_path):
     from tvm_nimble.compiler import stages
     from tvm_nimble.compiler.target import resolve_target
 
-    bb = tvm.relax.BlockBuilder()
-    x = tvm.relax.Var("x", tvm.relax.TensorType((64, 256), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(tf32x3.split_rows(x))
-        bb.emit_func_output(out)
     target = resolve_target("cuda", "sm_90")
-    lowered = stages.lower(bb.get(), target)
+    lowered = stages.lower(_split_module((64, 256)), target)
     with cuda_compile.fatbin_compilation(target):
         module = tvm.compile(lowered, target=target).mod
     sources = []

@@ -165,10 +165,10 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
     not that shape (:func:`_vector_accesses`).
 
     A 16-bit decoder's SiLU-multiply (``silu(gate) * up`` read from the merged gate/up projection's output) is such a
-    kernel: DLight's ``Fallback`` gives each output a thread, so a warp's loads are 64-byte ones. The fused loop is
-    split in ``lanes`` first and the rest over blocks and threads, so a partial last block's guard does not depend on
-    the vector lane and TVM vectorizes the accesses (``half4`` / ``float4`` loads and stores); the arithmetic stays
-    per element, as ``Fallback`` computes it.
+    kernel: DLight's ``Fallback`` gives each output a thread, so a warp's loads are 64-byte ones. The last axis is
+    split in ``lanes`` first and the other loops with the rest over blocks and threads, so a partial last block's
+    guard does not depend on the vector lane and TVM vectorizes the accesses (``half4`` / ``float4`` loads and
+    stores); the arithmetic stays per element, as ``Fallback`` computes it.
 
     A branch (``if_then_else``: a rotary embedding's rotate-half, a concatenation) qualifies where the whole vector
     takes the same side: its condition is put in the form TVM's simplifier reduces to one without the lane
@@ -201,13 +201,14 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
 
 def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
     """Whether the one block of an inlined element-wise kernel may load and store ``lanes`` elements at once: it
-    stores one 16- or 32-bit buffer at its own loop indices (unit axes at 0 aside; of at least :data:`MIN_VECTOR_OUTPUTS` elements, the
-    last axis a multiple of ``lanes``), and every load, with the last loop index stepping through ``lanes``
-    consecutive values from a multiple of ``lanes``, reads one element (a broadcast) or ``lanes`` consecutive ones
-    starting on a multiple of ``lanes`` of a 16- or 32-bit buffer (an aligned vector: TVM's vectorizer assumes the
-    alignment it does not prove). No selects: both sides are read, and a side's loads may lie outside the buffer on
-    the lanes the condition leaves out. An ``if_then_else`` only where its condition, simplified for the vector's
-    lanes, does not read the lane (the vector takes one side, and only that side is read)."""
+    stores one 16- or 32-bit buffer at its own loop indices (unit axes at 0 aside; of at least
+    :data:`MIN_VECTOR_OUTPUTS` elements, the last axis a multiple of ``lanes``), and every load, with the last loop
+    index stepping through ``lanes`` consecutive values from a multiple of ``lanes``, reads one element (a broadcast)
+    or ``lanes`` consecutive ones starting on a multiple of ``lanes`` of a 16- or 32-bit buffer (an aligned vector:
+    TVM's vectorizer assumes the alignment it does not prove). No selects: both sides are read, and a side's loads
+    may lie outside the buffer on the lanes the condition leaves out. An ``if_then_else`` only where its condition,
+    simplified for the vector's lanes, does not read the lane (the vector takes one side, and only that side is
+    read)."""
     block = sch.get(block_rv)
     store = block.body
     loop_vars = [sch.get(l).loop_var for l in loops]
@@ -259,7 +260,8 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
         cond = tvm_ffi.structural_mutate(branch.args[0], [
             (tirx.Var, lambda v, _: step * lanes + lane if v.same_as(iters[-1]) else v)])
         used = []
-        tvm_ffi.structural_walk(ranges.simplify(cond), [(tirx.Var, lambda v: used.append(v) if v.same_as(lane) else None)])
+        tvm_ffi.structural_walk(ranges.simplify(cond),
+                                [(tirx.Var, lambda v: used.append(v) if v.same_as(lane) else None)])
         if used:
             return False
     for load in loads:

@@ -22,6 +22,7 @@ global op attributes a user cannot change for one build, and it keeps layer_norm
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import ml_dtypes
@@ -30,6 +31,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import Constant
+
+from tvm_nimble import env
 
 from .fold_constants import BatchedFoldConstant
 
@@ -202,6 +205,9 @@ def _float_dtype(expr) -> str | None:
 
 #: a float32 value at least this large in magnitude stands for an infinity (see :func:`narrowed`)
 SENTINEL = float(np.finfo(np.float32).max) / 2
+#: elements a thread of :func:`narrowed` takes at least: a decoder's weights (0.5B of them: ~3 s of one core's
+#: casts) are cast in chunks on :func:`tvm_nimble.env.jobs` threads (numpy's casts and reductions release the GIL)
+CHUNK_ELEMENTS = 1 << 22
 
 
 def narrowed(value: np.ndarray, to: str) -> np.ndarray:
@@ -212,13 +218,32 @@ def narrowed(value: np.ndarray, to: str) -> np.ndarray:
     Any other value over the dtype's range is a real number the dtype cannot hold: it overflows to infinity, which
     the build's accuracy check reports, rather than becoming a wrong finite number."""
     dtype = _NUMPY[to]
-    if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize and value.size \
-            and (np.fmax.reduce(value, axis=None) >= SENTINEL or np.fmin.reduce(value, axis=None) <= -SENTINEL):
+    value = np.ascontiguousarray(value)
+    flat = value.reshape(-1)
+    if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize and value.size:
         # (two reads that skip NaN and copy nothing: a weight has no extreme value, and is only cast)
-        info = ml_dtypes.finfo(dtype)
-        extreme = np.isfinite(value) & (np.abs(value) >= SENTINEL)
-        value = np.where(extreme, np.sign(value) * float(info.max), value)
-    return value.astype(dtype)
+        ranges = _in_chunks(lambda c: (np.fmax.reduce(flat[c]), np.fmin.reduce(flat[c])), value.size)
+        if max(hi for hi, _ in ranges) >= SENTINEL or min(lo for _, lo in ranges) <= -SENTINEL:
+            info = ml_dtypes.finfo(dtype)
+            extreme = np.isfinite(value) & (np.abs(value) >= SENTINEL)
+            value = np.where(extreme, np.sign(value) * float(info.max), value)
+            flat = value.reshape(-1)
+    out = np.empty(value.shape, dtype)
+    out_flat = out.reshape(-1)
+    _in_chunks(lambda c: np.copyto(out_flat[c], flat[c], casting="unsafe"), value.size)
+    return out
+
+
+def _in_chunks(fn, n: int) -> list:
+    """``fn`` of each slice of ``n`` elements: at most :func:`tvm_nimble.env.jobs` slices of at least
+    :data:`CHUNK_ELEMENTS`, on as many threads (a small tensor: one slice, on this one)."""
+    parts = max(1, min(env.jobs(), n // CHUNK_ELEMENTS))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    chunks = [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    if parts == 1:
+        return [fn(chunks[0])]
+    with ThreadPoolExecutor(parts) as pool:
+        return list(pool.map(fn, chunks))
 
 
 def narrowed_constant(value, to: str, memo: dict | None = None):

@@ -499,3 +499,26 @@ def test_a_constant_narrows_as_each_element_would(to):
             got = narrowed(value, to)
         assert got.dtype == dtype
         np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("to", ["float16", "bfloat16"])
+def test_a_large_constant_narrows_in_chunks_on_threads_as_in_one_piece(to, monkeypatch):
+    """A tensor of several chunks (a decoder's weights: on ``TVM_NIMBLE_JOBS`` threads), transposed (not contiguous),
+    with float32's extreme planted in the last chunk and a NaN in the first: the same bits as one cast of the whole
+    array with the extreme saturated."""
+    import ml_dtypes
+
+    from tvm_nimble import env
+    from tvm_nimble.relay_passes import precision
+
+    monkeypatch.setattr(precision, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setenv(env.JOBS, "4")
+    dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[to]
+    value = np.random.default_rng(5).standard_normal((80, 100)).astype(np.float32).T  # 8,000 elements: 4 chunks
+    value[0, 0], value[-1, -1] = np.nan, np.finfo(np.float32).min
+    want = np.where(np.isfinite(value) & (np.abs(value) >= precision.SENTINEL),
+                    np.sign(value) * float(ml_dtypes.finfo(dtype).max), value).astype(dtype)
+    got = precision.narrowed(value, to)
+    assert got.shape == value.shape and got.dtype == dtype
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert np.array_equal(precision.narrowed(value[:, :5], to).view(np.uint16), want[:, :5].view(np.uint16))

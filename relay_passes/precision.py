@@ -218,7 +218,7 @@ def narrowed(value: np.ndarray, to: str) -> np.ndarray:
     Any other value over the dtype's range is a real number the dtype cannot hold: it overflows to infinity, which
     the build's accuracy check reports, rather than becoming a wrong finite number."""
     dtype = _NUMPY[to]
-    value = np.ascontiguousarray(value)
+    value = value if value.flags.c_contiguous else value.copy(order="C")  # (ascontiguousarray makes a scalar 1-D)
     flat = value.reshape(-1)
     if np.issubdtype(value.dtype, np.floating) and value.dtype.itemsize > np.dtype(dtype).itemsize and value.size:
         # (two reads that skip NaN and copy nothing: a weight has no extreme value, and is only cast)

@@ -522,3 +522,5 @@ def test_a_large_constant_narrows_in_chunks_on_threads_as_in_one_piece(to, monke
     assert got.shape == value.shape and got.dtype == dtype
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     assert np.array_equal(precision.narrowed(value[:, :5], to).view(np.uint16), want[:, :5].view(np.uint16))
+    scalar = precision.narrowed(np.array(0.5, np.float32), to)  # a scalar stays a scalar (inlined in kernels)
+    assert scalar.shape == () and scalar == 0.5

@@ -243,16 +243,6 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
     for var, extent in zip(iters[:-1], extents[:-1]):
         ranges.bind(var, tvm.ir.Range(0, extent))
     ranges.bind(step, tvm.ir.Range(0, extents[-1] // lanes))
-
-    def at_lanes(expr):
-        """``expr`` at each of the ``lanes`` consecutive values of the last index from ``step * lanes``."""
-        out = []
-        for lane in range(lanes):
-            lane_of = tvm.sym.Analyzer()
-            lane_of.bind(iters[-1], step * lanes + lane)
-            out.append(ranges.simplify(lane_of.simplify(expr)))
-        return out
-
     lane = tirx.Var("vector_lane", str(iters[-1].ty.dtype))
     ranges.bind(lane, tvm.ir.Range(0, lanes))
     for branch in branches:  # taken alike by the whole vector: the simplified condition does not read the lane
@@ -271,7 +261,11 @@ def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
             return False
         flat = sum((i * math.prod(shape[k + 1:]) for k, i in enumerate(load.indices)), tirx.IntImm("int32", 0)) \
             if len(load.indices) > 1 else load.indices[0]
-        at = at_lanes(flat)
+        at = []
+        for offset in range(lanes):
+            lane_of = tvm.sym.Analyzer()
+            lane_of.bind(iters[-1], step * lanes + offset)
+            at.append(lane_of.simplify(flat))
         steps = [ranges.simplify(a - at[0]) for a in at]
         if not all(isinstance(s, tirx.IntImm) for s in steps):
             return False

@@ -10,8 +10,12 @@ is not timed.
     python3 scripts/experiments/build_times.py --models zoo:inception --target llvm --kernels tvm --out DIR
     BUILD_PROFILE=1 bash scripts/gpu_session.sh "experiment build_times 400 --models tv:googlenet --kernels best --precision fp16"
 
+With ``--first-build`` the cold build's cache starts empty, the vendor extension included (nothing builds it
+beforehand): a fresh machine's first build, whose kernel choice waits on the extension's units (#55).
+
 Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases and what it did with the
-compiled-kernel cache, whether the two plans are the same) and prints a table, then each warm build's phases.
+compiled-kernel cache, whether the two plans are the same, and the cold build's measured chains: provider, count,
+the provider's and TVM's ms) and prints a table, then each warm build's phases.
 With BUILD_PROFILE=1 in the environment each build runs under cProfile and writes the 40 functions of most
 cumulative time to DIR/profile-{cold,warm}-MODEL.txt (the profiler slows Python-heavy phases: time without it).
 """
@@ -51,7 +55,9 @@ def _one(onnx_path: str, target: str, kernels: str, precision: str, profile_to: 
             pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
     plan = json.dumps(result.plan.to_json(), sort_keys=True)
     report = result.report
-    return {"seconds": seconds, "phases": report.phases or {}, "streams": result.plan.num_streams,
+    chains = [{"provider": t.provider, "count": t.count, "vendor_ms": t.vendor_ms, "tvm_ms": t.tvm_ms,
+               "taken_by": t.taken_by, "signature": t.signature} for t in report.kernel_choice.timings]
+    return {"seconds": seconds, "phases": report.phases or {}, "streams": result.plan.num_streams, "chains": chains,
             "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12],
             "kernel_cache": report.kernel_cache,  # hit: a warm build loaded its compiled kernels
             # a build in reduced precision: its error against fp32
@@ -83,9 +89,13 @@ def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--one"]:
         print(json.dumps(_one(*sys.argv[2:7])))
         return
-    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True, precision=True)
+    first = lambda ap: ap.add_argument("--first-build", action="store_true",  # noqa: E731
+                                       help="the cold build's cache empty, the vendor extension included")
+    args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True, precision=True,
+                                  extend=first)
+    first_build = args.first_build
     kind = target.kind.name
-    if kind == "cuda" and args.kernels == "best":
+    if kind == "cuda" and args.kernels == "best" and not first_build:
         from tvm_nimble.codegen.vendor_build import build_vendor_library
 
         build_vendor_library(str(target.attrs["arch"]))  # once, before any timed build
@@ -98,16 +108,23 @@ def main(argv=None):
         onnx.save(model, onnx_path)
         cache = os.path.join(args.out, f"cache-{label}")
         shutil.rmtree(cache, ignore_errors=True)
-        vendor = _vendor_cache()
+        vendor = None if first_build else _vendor_cache()
         if vendor:
             shutil.copytree(vendor, os.path.join(cache, "tvm-nimble", "vendor"))
-        row = {"model": label, "batch": batch, "kernels": args.kernels, "precision": args.precision, "target": kind}
+        row = {"model": label, "batch": batch, "kernels": args.kernels, "precision": args.precision, "target": kind,
+               "first_build": first_build}
         for run in ("cold", "warm"):
             profile_to = os.path.join(args.out, f"profile-{run}-{label}.txt") if os.environ.get("BUILD_PROFILE") else ""
             row[run] = _in_fresh_process(onnx_path, kind, args.kernels, args.precision, cache, profile_to)
             print(f"{run} {label}: {row[run]}", flush=True)
         row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
         rows.append(row)
+        built = os.path.join(cache, "tvm-nimble", "vendor")
+        if first_build and _vendor_cache() is None and os.path.isdir(built):
+            # the extension the first build compiled, kept for this user's later builds (another step of the session)
+            from tvm_nimble import env
+
+            shutil.copytree(built, env.cache_dir("vendor"), dirs_exist_ok=True)
         shutil.rmtree(cache, ignore_errors=True)
         os.remove(onnx_path)
         with open(os.path.join(args.out, "build_times.json"), "w") as f:  # after each model: a cut-off call keeps them

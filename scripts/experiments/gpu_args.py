@@ -8,9 +8,10 @@ import argparse
 import os
 
 
-def parse(doc: str, argv, models: str, batches_and_kernels: bool = False, precision: bool = False):
+def parse(doc: str, argv, models: str, batches_and_kernels: bool = False, precision: bool = False, extend=None):
     """(the parsed arguments, the resolved target); the output directory exists afterwards. ``precision``: the
-    experiment builds in the --precision given (fp32, tf32, fp16, bf16)."""
+    experiment builds in the --precision given (fp32, tf32, fp16, bf16). ``extend``: called with the parser, to add
+    the experiment's own arguments."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--models", default=models)
     if batches_and_kernels:
@@ -23,6 +24,8 @@ def parse(doc: str, argv, models: str, batches_and_kernels: bool = False, precis
     ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
     ap.add_argument("--out", required=True)
     add_small(ap)
+    if extend is not None:
+        extend(ap)
     args = ap.parse_args(argv)
     from tvm_nimble.compiler.target import resolve_target
 

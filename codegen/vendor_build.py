@@ -301,7 +301,10 @@ class Toolchain:
                 *([] if host_only else ["-diag-suppress", "1444"]),  # cuDNN's legacy API is deprecated in cuDNN 9
                 # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
                 # engines) instead of linking them: no libnvrtc needed where the extension runs
-                "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", *device,
+                "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
+                # nor its JSON (nlohmann's header): graph (de)serialization and errata files, which the extension
+                # never uses, were half of each host unit's compile time (benchmarks/findings.md)
+                "-DCUDNN_FRONTEND_SKIP_JSON_LIB", *device,
                 # the wheels' headers first: they must win over the toolkit's own cuBLAS headers
                 "-I", self.paths["cudnn_include"], "-I", self.paths["cublas_include"],
                 "-I", self.paths["cudnn_frontend_include"],

@@ -1,6 +1,9 @@
 // What the fused-attention units share: attention.cu (the row-per-warp and split-key kernels, and the calls'
-// registration) and attention_tile.cu (the register-tiled kernel).
+// registration), attention_decode.cu (the decode kernel and the cache-appending calls), attention_tile.cu (the
+// register-tiled kernel) and attention_cluster.cu (the key-split fp32 kernel).
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include <cstdint>
 
@@ -21,7 +24,38 @@ bool LaunchTileAttention(const char* op, const SdpaParams& p, int dtype, bool f3
 bool LaunchClusterAttention(const char* op, const SdpaParams& p, int dtype, const void* q, const void* k,
                             const void* v, const void* m, void* y, cudaStream_t stream);
 
+// The decode kernel (attention_decode.cu) on q, k, v of `dtype` (the mask m in fp32 when f32_mask, else in q's dtype,
+// or null) into y, on `stream`; false when it does not take the call (more than one query row per head, D != Dv,
+// D not 64 or 128, or rows not 16-byte aligned; nothing launched).
+bool LaunchDecodeAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k, const void* v,
+                           const void* m, void* y, cudaStream_t stream);
+
+// The split-key kernel (attention.cu; the decode kernel where it takes the call), as split_sdpa_bias runs it.
+void LaunchSplitKeyAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
+                             const void* v, const void* m, void* y, cudaStream_t stream);
+
 namespace {
+
+// `a` (shared memory) of block c of this block's cluster: this block's own where C = 1 (no cluster)
+__device__ __forceinline__ float* OfBlock(float* a, int c, int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) return cooperative_groups::this_cluster().map_shared_rank(a, c);
+#endif
+  return a;
+}
+
+// A barrier over the block's cluster (C > 1; the host launches clusters only on sm_90 and later), else the block.
+__device__ __forceinline__ void ClusterSync(int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (C > 1) {
+    cooperative_groups::this_cluster().sync();
+    return;
+  }
+#else
+  if (C > 1) __trap();
+#endif
+  __syncthreads();
+}
 
 // 4 consecutive elements of a row as floats, zero past n (vector loads when the caller knows the row
 // and d are 16-byte (fp32) / 8-byte (16-bit) aligned and d + 4 <= n)

@@ -246,11 +246,12 @@ def test_units_register_every_function_and_name_the_units_they_call():
     units = {u.name: u for u in scan_units()}
     registered = [f for u in units.values() for f in u.registers]
     assert sorted(registered) == sorted(vendor.FUNCTIONS)  # each function registered by exactly one unit
-    # attention.cu launches the tile, key-split and decode kernels of attention_tile.cu / attention_cluster.cu /
-    # attention_decode.cu, whose cache-appending calls fall back on attention.cu's split-key kernel
-    assert units["attention"].calls == ("LaunchClusterAttention", "LaunchDecodeAttention", "LaunchTileAttention")
+    # attention.cu launches the kernels of attention_tile.cu, attention_cluster.cu, attention_decode.cu (whose
+    # cache-appending calls fall back on attention.cu's split-key kernel) and attention_rows.cu
+    assert units["attention"].calls == ("LaunchClusterAttention", "LaunchDecodeAttention", "LaunchRowPerWarpAttention",
+                                        "LaunchTileAttention")
     assert units["attention_decode"].calls == ("LaunchSplitKeyAttention",)
-    every_attention = {"attention", "attention_tile", "attention_cluster", "attention_decode"}
+    every_attention = {"attention", "attention_tile", "attention_cluster", "attention_decode", "attention_rows"}
     assert {u.name for u in units_for([vendor_abi.ATTENTION_SDPA])} == every_attention
     assert {u.name for u in units_for([vendor_abi.ATTENTION_APPEND_SDPA_BIAS])} == every_attention
     # a provider's prefix; the host-only units (.cpp) link the unit of the kernels they launch

@@ -1,6 +1,6 @@
-// What the fused-attention units share: attention.cu (the row-per-warp and split-key kernels, and the calls'
-// registration), attention_decode.cu (the decode kernel and the cache-appending calls), attention_tile.cu (the
-// register-tiled kernel) and attention_cluster.cu (the key-split fp32 kernel).
+// What the fused-attention units share: attention.cu (the split-key kernel and the calls' registration),
+// attention_rows.cu (the row-per-warp kernel), attention_decode.cu (the decode kernel and the cache-appending calls),
+// attention_tile.cu (the register-tiled kernel) and attention_cluster.cu (the key-split fp32 kernel).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -29,6 +29,10 @@ bool LaunchClusterAttention(const char* op, const SdpaParams& p, int dtype, cons
 // D not 64 or 128, or rows not 16-byte aligned; nothing launched).
 bool LaunchDecodeAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k, const void* v,
                            const void* m, void* y, cudaStream_t stream);
+
+// The row-per-warp kernel (attention_rows.cu), as sdpa_bias runs it on a call the decode kernel does not take.
+void LaunchRowPerWarpAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
+                               const void* v, const void* m, void* y, cudaStream_t stream);
 
 // The split-key kernel (attention.cu; the decode kernel where it takes the call), as split_sdpa_bias runs it.
 void LaunchSplitKeyAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,

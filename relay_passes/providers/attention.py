@@ -62,7 +62,7 @@ TILE_SDPA_BIAS = vendor_abi.ATTENTION_TILE_SDPA_BIAS
 #: thread-block cluster), same attrs; provider ``attention_cluster``
 CLUSTER_SDPA = vendor_abi.ATTENTION_CLUSTER_SDPA
 CLUSTER_SDPA_BIAS = vendor_abi.ATTENTION_CLUSTER_SDPA_BIAS
-MAX_HEAD_DIM = 128  # codegen/vendor/attention.cu: kMaxD
+MAX_HEAD_DIM = 128  # codegen/vendor/sdpa_args.h: kMaxHeadDim
 _DTYPES = ("float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")  # what cuDNN's SDPA takes
 _FP32 = ("float32",)  # what the key-split cluster kernel takes

@@ -32,6 +32,7 @@ import sys
 import threading
 
 import tvm
+from tvm_ffi.serialization import from_json_graph_str
 
 from tvm_nimble import env
 
@@ -137,7 +138,9 @@ class SchedulePool:
                     reply = worker.ask({**payload, "funcs": [texts[i] for i in batch]})
                     if "error" in reply:
                         raise WorkerError(f"schedule worker {worker.proc.pid}: {reply['error']}")
-                    done = [None if text is None else tvm.ir.load_json(text) for text in reply["funcs"]]
+                    # the worker's own TVM wrote them: parsed without tvm.ir.load_json's schema upgrade of older
+                    # versions' JSON (a parse and an indented re-dump in Python, under the GIL; benchmarks/findings.md)
+                    done = [None if text is None else from_json_graph_str(text) for text in reply["funcs"]]
                     if len(done) != len(batch):
                         raise WorkerError(f"schedule worker {worker.proc.pid} answered {len(done)} of {len(batch)}")
                 except Exception as e:  # noqa: BLE001  (the batch goes back; the caller hears of it below)

@@ -14,6 +14,7 @@ import os
 import sys
 
 import tvm
+from tvm_ffi.serialization import from_json_graph_str
 
 from .pipeline import default_schedule_rules
 from .schedules import schedule_with
@@ -37,7 +38,8 @@ def serve(stdin, stdout) -> None:
             answer = []
             with target:
                 for text in request["funcs"]:
-                    after = schedule_with(tvm.ir.load_json(text), target, rules)
+                    # the caller's TVM is this one: no schema upgrade (see schedule_pool's reading of the answers)
+                    after = schedule_with(from_json_graph_str(text), target, rules)
                     answer.append(None if after is None else tvm.ir.save_json(after))
             reply = {"funcs": answer}
         except Exception as e:  # noqa: BLE001  (the caller schedules these kernels itself, and sees the error there)

@@ -254,6 +254,9 @@ def test_units_register_every_function_and_name_the_units_they_call():
     every_attention = {"attention", "attention_tile", "attention_cluster", "attention_decode", "attention_rows"}
     assert {u.name for u in units_for([vendor_abi.ATTENTION_SDPA])} == every_attention
     assert {u.name for u in units_for([vendor_abi.ATTENTION_APPEND_SDPA_BIAS])} == every_attention
+    # the stencil kernels in a unit per dtype, which depthwise.cu's calls launch
+    assert {u.name for u in units_for([vendor_abi.DEPTHWISE_POOL2D])} == {"depthwise", "depthwise_f32", "depthwise_f16",
+                                                                        "depthwise_bf16"}
     # a provider's prefix; the host-only units (.cpp) link the unit of the kernels they launch
     assert [u.name for u in units_for([vendor_abi.CUDNN.prefix])] == ["nimble_vendor", "small_kernels"]
     assert [u.name for u in units_for([vendor_abi.CUDNN_GRAPH_CONV2D])] == ["cudnn_conv_graph", "small_kernels"]

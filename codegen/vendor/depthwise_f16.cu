@@ -1,0 +1,12 @@
+// The depthwise / pool stencil kernels for __half (depthwise_kernels.h; the calls are depthwise.cu's): one unit
+// per dtype, compiled side by side.
+#include "depthwise_kernels.h"
+
+namespace nimble_vendor {
+
+void LaunchStencilF16(int mode, int layout, const void* x, const void* w, const void* b, const void* z, void* y,
+                      const StencilParams& p, cudaStream_t s) {
+  LaunchTyped<__half>(mode, layout, x, w, b, z, y, p, s);
+}
+
+}  // namespace nimble_vendor

@@ -16,7 +16,6 @@ constexpr int kWarps = 8, kRowsPerWarp = 1, kTileK = 32, kMaxD = 128;
 constexpr int kTileRowsPerWarp = kTileK / kWarps;  // key rows of a tile each warp loads
 static_assert(kTileK == 32, "one key per lane");
 
-
 template <typename T, typename M, int DC>  // M: the mask's type (T or float); DC: columns per lane, ceil(max(D, Dv) / 32)
 __global__ void __launch_bounds__(kWarps * 32, 2) SdpaKernel(const T* __restrict__ q, const T* __restrict__ k,
                                                           const T* __restrict__ v, const M* __restrict__ m,

@@ -12,7 +12,7 @@ namespace nimble_vendor {
 
 enum Mode : int { kDwConv = 0, kAvgValid = 1, kAvgAll = 2, kMax = 3 };
 
-// The epilogue's activation codes compiled in: the call takes 0-2 (checked below), and the kernels keep the code
+// The epilogue's activation codes compiled in: the call takes 0-2 (depthwise.cu checks), and the kernels keep the code
 // they were measured with (0-3): a branch added to Activate, even one never taken, moved their register counts.
 constexpr int kStencilMaxActivation = 3;
 

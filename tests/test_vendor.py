@@ -247,11 +247,13 @@ def test_units_register_every_function_and_name_the_units_they_call():
     registered = [f for u in units.values() for f in u.registers]
     assert sorted(registered) == sorted(vendor.FUNCTIONS)  # each function registered by exactly one unit
     # attention.cu launches the kernels of attention_tile.cu, attention_cluster.cu, attention_decode.cu (whose
-    # cache-appending calls fall back on attention.cu's split-key kernel) and attention_rows.cu
+    # cache-appending calls fall back on attention.cu's split-key call), attention_rows.cu and attention_split_*.cu
     assert units["attention"].calls == ("LaunchClusterAttention", "LaunchDecodeAttention", "LaunchRowPerWarpAttention",
+                                        "LaunchSplitKeyBF16", "LaunchSplitKeyF16", "LaunchSplitKeyF32",
                                         "LaunchTileAttention")
     assert units["attention_decode"].calls == ("LaunchSplitKeyAttention",)
-    every_attention = {"attention", "attention_tile", "attention_cluster", "attention_decode", "attention_rows"}
+    every_attention = {"attention", "attention_tile", "attention_cluster", "attention_decode", "attention_rows",
+                       "attention_split_f32", "attention_split_f16", "attention_split_bf16"}
     assert {u.name for u in units_for([vendor_abi.ATTENTION_SDPA])} == every_attention
     assert {u.name for u in units_for([vendor_abi.ATTENTION_APPEND_SDPA_BIAS])} == every_attention
     # the stencil kernels in a unit per dtype, which depthwise.cu's calls launch

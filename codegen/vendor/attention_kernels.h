@@ -1,6 +1,7 @@
-// What the fused-attention units share: attention.cu (the split-key kernel and the calls' registration),
-// attention_rows.cu (the row-per-warp kernel), attention_decode.cu (the decode kernel and the cache-appending calls),
-// attention_tile.cu (the register-tiled kernel) and attention_cluster.cu (the key-split fp32 kernel).
+// What the fused-attention units share: attention.cu (the calls and their registration), attention_split_*.cu (the
+// split-key kernel, one unit per dtype), attention_rows.cu (the row-per-warp kernel), attention_decode.cu (the
+// decode kernel and the cache-appending calls), attention_tile.cu (the register-tiled kernel) and
+// attention_cluster.cu (the key-split fp32 kernel).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -34,7 +35,17 @@ bool LaunchDecodeAttention(const SdpaParams& p, int dtype, bool f32_mask, const 
 void LaunchRowPerWarpAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
                                const void* v, const void* m, void* y, cudaStream_t stream);
 
-// The split-key kernel (attention.cu; the decode kernel where it takes the call), as split_sdpa_bias runs it.
+// The split-key kernel (attention_split.h) for heads up to 64, one dtype each (attention_split_f32.cu, _f16.cu,
+// _bf16.cu; the 16-bit ones with the mask in fp32 when f32_mask, else in q's dtype).
+void LaunchSplitKeyF32(const SdpaParams& p, const void* q, const void* k, const void* v, const void* m, void* y,
+                       cudaStream_t stream);
+void LaunchSplitKeyF16(const SdpaParams& p, bool f32_mask, const void* q, const void* k, const void* v, const void* m,
+                       void* y, cudaStream_t stream);
+void LaunchSplitKeyBF16(const SdpaParams& p, bool f32_mask, const void* q, const void* k, const void* v, const void* m,
+                        void* y, cudaStream_t stream);
+
+// The split-key call as split_sdpa_bias runs it (attention.cu: the decode kernel where it takes the call, the
+// row-per-warp kernel for heads over 64).
 void LaunchSplitKeyAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
                              const void* v, const void* m, void* y, cudaStream_t stream);
 

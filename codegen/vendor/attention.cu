@@ -62,15 +62,8 @@
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
 //   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
 //   attention_cluster.cu; a call it does not take runs the tile kernel.
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cmath>
-#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <tuple>
 
 #include "attention_kernels.h"
 #include "common.h"

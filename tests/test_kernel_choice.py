@@ -115,6 +115,12 @@ def test_summary_counts_operators_and_totals():
     info = {"kernel_choice": [overruled.to_dict()], "kernel_choice_check": ModelCheck(1.2, 1.0).to_dict()}
     assert KernelChoice.from_dict(info) == KernelChoice((overruled,), check=ModelCheck(1.2, 1.0))
     assert KernelChoice.from_dict({}) == KernelChoice()
+    # a first build's wait on the vendor extension: its own line after the summary, kept in the artifact's info
+    waited = KernelChoice(tuple(timings), extension_wait_s=26.2)
+    assert waited.lines()[1].startswith("kernel choice waited 26.2 s on the vendor extension's units compiling")
+    assert KernelChoice.from_dict(waited.to_dict()) == waited
+    assert "kernel_choice_extension_wait_s" not in KernelChoice(tuple(timings)).to_dict()
+    assert len(KernelChoice(tuple(timings)).lines()) == 1
     # with the operators per provider (each operator once): every provider named, TVM last
     line = KernelChoice(tuple(timings), operators={"tvm": 2, "cublaslt": 1, "cudnn": 3}).summary()
     assert line.endswith("in the plan: 3 on cudnn, 1 on cublaslt, 2 on tvm")

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -291,8 +292,8 @@ def test_one_unit_builds_links_and_loads_alone(tmp_path, monkeypatch):
 
 def test_a_pending_library_compiles_in_the_background_and_wait_gives_it_loaded(tmp_path, monkeypatch):
     """A cold cache: PendingLibrary starts the units' compile and returns at once (the kernel choice compiles and
-    times TVM's kernels meanwhile); wait() gives the built library, loaded. With its units compiled, a second one
-    has nothing to run in the background."""
+    times TVM's kernels meanwhile); wait() gives the built library, loaded, and says how long it waited. With its
+    units compiled, a second one has nothing to run in the background and waits for nothing."""
     ok, why = _available()
     if not ok:
         pytest.skip(f"cannot build the vendor extension here: {why}")
@@ -304,13 +305,16 @@ def test_a_pending_library_compiles_in_the_background_and_wait_gives_it_loaded(t
     cache = tmp_path / "cache"
     monkeypatch.setenv("TVM_NIMBLE_CACHE_DIR", str(cache))
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    start = time.perf_counter()
     pending = PendingLibrary(target, {vendor_abi.NORM_LAYER_NORM})
     assert pending.compiling and not records(str(cache))  # running: nvcc takes seconds, the constructor returned
     path = pending.wait()
+    # how long wait() waited on the compile (the kernel choice reports it): some of the whole, never more
+    assert 0.0 < pending.waited_s <= time.perf_counter() - start
     assert sorted(r.what for r in records(str(cache))) == ["nvcc vendor link of 1 units", "nvcc vendor unit layer_norm"]
     assert vendor_abi.NORM_LAYER_NORM in vendor.library_functions(ctypes.CDLL(path))
     again = PendingLibrary(target, {vendor_abi.NORM_LAYER_NORM})
-    assert not again.compiling and again.wait() == path
+    assert not again.compiling and again.wait() == path and again.waited_s == 0.0
 
 
 def test_a_unit_that_needs_one_left_out_fails_the_link(tmp_path):
@@ -350,3 +354,4 @@ def test_a_build_compiles_and_links_only_the_units_its_plan_calls():
     registered = set(vendor.library_functions(ctypes.CDLL(module.vendor_library)))
     assert calls <= registered == {f for u in units_for(calls) for f in u.registers}
     assert not registered & set(vendor_abi.ATTENTION.kernels + vendor_abi.GEMV.kernels + vendor_abi.CUDNN_GRAPH.kernels)
+

@@ -208,12 +208,14 @@ class Selection:
     built: object = field(default=None, repr=False, compare=False)
     #: why a mix was not checked in the model and all-vendor kept instead ("": checked, or nothing to check)
     check_skipped: str = ""
+    #: seconds the measuring waited on the vendor extension's units compiling (:class:`KernelChoice`)
+    extension_wait_s: float = 0.0
 
     @property
     def choice(self) -> KernelChoice:
         """What was measured and chosen: the build report's section."""
         return KernelChoice(tuple(self.timings), dict(self.operators), self.check, self.check_skipped,
-                            tuple(self.algorithms), tuple(self.not_taken))
+                            tuple(self.algorithms), tuple(self.not_taken), self.extension_wait_s)
 
 
 def resolve_kernels(session) -> str:
@@ -267,6 +269,7 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
     measured: dict = {}
     tvm_times = TvmChainTimes(mod, {name: offloads for name, offloads in found.items() if offloads},
                               lambda module: _module_ms(module, session, PROFILE_REPS, measured))
+    waited = 0.0
     if offering:  # measuring runs the calls of the providers that offer something here: only their units compile
         library = stages.PendingLibrary(options.target, offering)
         if library.compiling:  # a cold machine: TVM's side of every chain is compiled and timed meanwhile
@@ -275,6 +278,7 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
             except (RuntimeError, ValueError):
                 pass  # raised again where a provider's measurement first asks for TVM's times, as without this
         library.wait()
+        waited = library.waited_s
     timings, failed = [], []
     for p in providers:
         try:
@@ -295,14 +299,16 @@ def select_kernels(mod: tvm.IRModule, session) -> Selection:
     if not all(chosen.get(s) == p for s, p in first.items()):
         gain, base = predicted_gain(timings, chosen, offers)
         if gain >= MIN_MIX_GAIN * base:
-            return _checked_mix(mod, session, timings, providers, first, chosen, found, offers, all_vendor,
-                                not_taken)
+            selection = _checked_mix(mod, session, timings, providers, first, chosen, found, offers, all_vendor,
+                                     not_taken)
+            selection.extension_wait_s = waited
+            return selection
         skipped = (f"the mix was predicted {gain * 1e3:.1f} us faster than all-vendor ({gain / base:.2%} of the chains' "
                    f"{base:.3f} ms), under the {MIN_MIX_GAIN:.0%} a model check can confirm: all-vendor kept")
         _mark_kernels(timings, first)
     operators = record_assignment(mod, timings, providers, options.allow_tf32, first, found)
     return _with_gemm_algorithms(Selection(all_vendor, kernels, timings, not_taken=not_taken, operators=operators,
-                                           check_skipped=skipped), session)
+                                           check_skipped=skipped, extension_wait_s=waited), session)
 
 
 def _mark_kernels(timings: list[KernelTiming], assignment: dict[str, str]) -> None:

@@ -163,12 +163,17 @@ class KernelChoice:
     check_skipped: str = ""
     gemm_algorithms: tuple[GemmAlgorithm, ...] = ()
     not_taken: tuple[NotTaken, ...] = ()
+    #: seconds the measuring waited, after TVM's side of every chain was timed, on the vendor extension's units
+    #: compiling (a machine's first build that needs them; 0: they were compiled before)
+    extension_wait_s: float = 0.0
 
     def to_dict(self) -> dict:
         """Its keys of an artifact's info, each only where it holds something."""
         out = {}
         if self.timings:
             out["kernel_choice"] = [t.to_dict() for t in self.timings]
+        if self.extension_wait_s:
+            out["kernel_choice_extension_wait_s"] = round(self.extension_wait_s, 3)
         if self.operators:
             out["kernel_choice_operators"] = dict(self.operators)
         if self.check is not None:
@@ -188,7 +193,8 @@ class KernelChoice:
                    dict(info.get("kernel_choice_operators") or {}), ModelCheck.from_dict(check) if check else None,
                    info.get("kernel_choice_check_skipped", ""),
                    tuple(GemmAlgorithm.from_dict(a) for a in info.get("gemm_algorithms", [])),
-                   tuple(NotTaken(*n) for n in info.get("not_taken", [])))
+                   tuple(NotTaken(*n) for n in info.get("not_taken", [])),
+                   float(info.get("kernel_choice_extension_wait_s", 0.0)))
 
     def summary(self) -> str:
         """One line: which kernel measured faster for how many operators, the kernel time of each choice,
@@ -247,13 +253,20 @@ class KernelChoice:
         return ["not taken by any provider (on TVM's kernels):"] + [
             f"  {n.count:4d} x {n.operator}: {n.why}" for n in sorted(self.not_taken, key=lambda n: -n.count)]
 
+    def wait_line(self) -> list[str]:
+        """Where the measuring waited on the vendor extension's compile: a line saying so and what avoids it."""
+        if self.extension_wait_s < 0.05:
+            return []
+        return [f"kernel choice waited {self.extension_wait_s:.1f} s on the vendor extension's units compiling (this "
+                "machine's first build that needs them; cached now, and `tvm-nimble prepare` compiles them ahead)"]
+
     def lines(self, detail: bool = False) -> list[str]:
-        """The summary and the GEMMs' line; with ``detail``, the per-chain table, each GEMM run with another
-        algorithm, and what no provider takes."""
+        """The summary, the wait on the vendor extension and the GEMMs' line; with ``detail``, the per-chain table,
+        each GEMM run with another algorithm, and what no provider takes."""
         if not detail:
-            return ([self.summary()] if self.timings else []) + self.gemm_lines()[:1]
+            return ([self.summary()] if self.timings else []) + self.wait_line() + self.gemm_lines()[:1]
         head = [self.summary()] + self.timing_table() if self.timings else []
-        return head + self.gemm_lines() + self.not_taken_lines()
+        return head + self.wait_line() + self.gemm_lines() + self.not_taken_lines()
 
 
 # ---- merge choice ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -138,6 +139,7 @@ class PendingLibrary:
         #: whether units had to be compiled (else nothing runs in the background: the link, if any, waits for wait())
         self.compiling = not units_compiled(arch, kernels)
         self._future = None
+        self.waited_s = 0.0
         if self.compiling:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nimble-vendor")
             self._future = pool.submit(build_vendor_library, arch, kernels=kernels)
@@ -145,9 +147,12 @@ class PendingLibrary:
 
     def wait(self) -> str:
         """The library's path, built and loaded; a failed build raises here its one line, as :func:`vendor_library`
-        does (the build is made again in this thread, from the objects compiled so far)."""
+        does (the build is made again in this thread, from the objects compiled so far). ``waited_s``: how long the
+        caller waited here on the units compiling."""
         if self._future is not None:
+            start = time.perf_counter()
             self._future.exception()  # (waits; an error is raised by the call below)
+            self.waited_s = time.perf_counter() - start
         return vendor_library(self.target, self.kernels)
 
 

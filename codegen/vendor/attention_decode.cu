@@ -245,21 +245,12 @@ __global__ void CacheAppendKernel(CacheAppend<T> a, SdpaParams p) {
 
 bool LaunchDecodeAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k, const void* v,
                            const void* m, void* y, cudaStream_t stream) {
-  if (dtype == kF32) {
-    return LaunchDecode<float, float>(p, static_cast<const float*>(q), static_cast<const float*>(k),
-                                      static_cast<const float*>(v), static_cast<const float*>(m),
-                                      static_cast<float*>(y), stream);
-  }
-  if (dtype == kF16) {
-    using T = __half;
-    const auto *qt = static_cast<const T*>(q), *kt = static_cast<const T*>(k), *vt = static_cast<const T*>(v);
-    return f32_mask ? LaunchDecode<T, float>(p, qt, kt, vt, static_cast<const float*>(m), static_cast<T*>(y), stream)
-                    : LaunchDecode<T, T>(p, qt, kt, vt, static_cast<const T*>(m), static_cast<T*>(y), stream);
-  }
-  using T = __nv_bfloat16;
-  const auto *qt = static_cast<const T*>(q), *kt = static_cast<const T*>(k), *vt = static_cast<const T*>(v);
-  return f32_mask ? LaunchDecode<T, float>(p, qt, kt, vt, static_cast<const float*>(m), static_cast<T*>(y), stream)
-                  : LaunchDecode<T, T>(p, qt, kt, vt, static_cast<const T*>(m), static_cast<T*>(y), stream);
+  return WithAttentionTypes(dtype, f32_mask, [&](auto t, auto mask) {
+    using T = decltype(t);
+    using M = decltype(mask);
+    return LaunchDecode<T, M>(p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                              static_cast<const M*>(m), static_cast<T*>(y), stream);
+  });
 }
 
 namespace {
@@ -350,12 +341,10 @@ void AppendImpl(const char* op, TensorView q, TensorView k, TensorView v, Tensor
   void *knp = DataPtr(k_new), *vnp = DataPtr(v_new);
   const float* cp = cos ? static_cast<const float*>(DataPtr(*cos)) : nullptr;
   const float* sp = sin ? static_cast<const float*>(DataPtr(*sin)) : nullptr;
-  auto launch = [&](auto* launch_append) {
-    launch_append(p, dtype, f32_mask, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp, stream);
-  };
-  if (dtype == kF32) launch(LaunchAppend<float, float>);
-  else if (dtype == kF16) launch(f32_mask ? LaunchAppend<__half, float> : LaunchAppend<__half, __half>);
-  else launch(f32_mask ? LaunchAppend<__nv_bfloat16, float> : LaunchAppend<__nv_bfloat16, __nv_bfloat16>);
+  WithAttentionTypes(dtype, f32_mask, [&](auto t, auto mask) {
+    LaunchAppend<decltype(t), decltype(mask)>(p, dtype, f32_mask, qp, kp, vp, mp, knp, vnp, pos, cp, sp, q_rotated, yp,
+                                              stream);
+  });
   CheckCuda(cudaGetLastError(), op, "attention kernel launch");
 }
 

@@ -51,6 +51,15 @@ void LaunchSplitKeyAttention(const SdpaParams& p, int dtype, bool f32_mask, cons
 
 namespace {
 
+// f(T(), M()) for q, k, v of `dtype` (kF32 / kF16 / kBF16) and a mask of M: float for an fp32 model or a 16-bit
+// model's fp32 mask (f32_mask), else T; f's result. Each unit instantiates its kernels through it for every pair.
+template <typename F>
+auto WithAttentionTypes(int dtype, bool f32_mask, F&& f) {
+  if (dtype == kF32) return f(float(), float());
+  if (dtype == kF16) return f32_mask ? f(__half(), float()) : f(__half(), __half());
+  return f32_mask ? f(__nv_bfloat16(), float()) : f(__nv_bfloat16(), __nv_bfloat16());
+}
+
 // `a` (shared memory) of block c of this block's cluster: this block's own where C = 1 (no cluster)
 __device__ __forceinline__ float* OfBlock(float* a, int c, int C) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

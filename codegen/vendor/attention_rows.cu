@@ -195,11 +195,9 @@ void LaunchRows(const SdpaParams& p, const void* q, const void* k, const void* v
 
 void LaunchRowPerWarpAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
                                const void* v, const void* m, void* y, cudaStream_t stream) {
-  if (dtype == kF32) LaunchRows<float, float>(p, q, k, v, m, y, stream);
-  else if (dtype == kF16 && f32_mask) LaunchRows<__half, float>(p, q, k, v, m, y, stream);
-  else if (dtype == kF16) LaunchRows<__half, __half>(p, q, k, v, m, y, stream);
-  else if (f32_mask) LaunchRows<__nv_bfloat16, float>(p, q, k, v, m, y, stream);
-  else LaunchRows<__nv_bfloat16, __nv_bfloat16>(p, q, k, v, m, y, stream);
+  WithAttentionTypes(dtype, f32_mask, [&](auto t, auto mask) {
+    LaunchRows<decltype(t), decltype(mask)>(p, q, k, v, m, y, stream);
+  });
 }
 
 }  // namespace nimble_vendor

@@ -329,9 +329,7 @@ bool LaunchTileAttention(const char* op, const SdpaParams& p, int dtype, bool f3
     return LaunchTileRows<T, M>(op, p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
                                 static_cast<const M*>(m), static_cast<T*>(y), stream);
   };
-  if (dtype == kF32) return launch(float(), float());
-  if (dtype == kF16) return f32_mask ? launch(__half(), float()) : launch(__half(), __half());
-  return f32_mask ? launch(__nv_bfloat16(), float()) : launch(__nv_bfloat16(), __nv_bfloat16());
+  return WithAttentionTypes(dtype, f32_mask, launch);
 }
 
 }  // namespace nimble_vendor

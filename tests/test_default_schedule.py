@@ -266,3 +266,43 @@ def test_the_stock_element_wise_schedule_is_one_variable_away(monkeypatch):
     monkeypatch.delenv(schedules.STOCK_ELEMENTWISE_ENV)
     assert with_stock == {**context_of(SM90), "stock_schedules": ["elementwise"]}
     assert any(_vectorized(stages.lower(mod, SM90)).values())
+
+
+def _threads(mod) -> dict[str, list[tuple[str, int]]]:
+    """(thread axis, extent) of every thread binding of each scheduled kernel, by PrimFunc name."""
+    return {gv.name_hint: [(axis, int(n)) for n, axis in re.findall(
+        r'T\.thread_binding\(T\.int64\((\d+)\), thread="(\w+\.\w)"\)', func.script())]
+            for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def test_a_normalization_of_many_rows_gets_a_warp_per_row():
+    """RMSNorm of a 0.5B decoder's 512 tokens (896 wide), GPT-2's LayerNorm (768) and a softmax over 128 keys of 1536
+    rows: stock DLight gives each row a block of up to 512 threads (a sum through shared memory); ours a warp per
+    row, two rows a block, and TVM's CUDA code sums the lanes with shuffles, every lane keeping the row's value (no
+    shared memory, no barrier)."""
+    from elementwise_modules import row_norm
+
+    for kind, rows, width in (("rms_norm", 512, 896), ("layer_norm", 512, 768), ("softmax", 1536, 128)):
+        mod = row_norm(kind, rows, width)
+        (stock,) = _threads(_stock(mod)).values()
+        assert ("threadIdx.y", 2) not in stock and max(n for axis, n in stock if axis == "threadIdx.x") >= 128
+        lowered = stages.lower(mod, SM90)
+        (ours,) = _threads(lowered).values()
+        assert ours[:3] == [("blockIdx.x", rows // 2), ("threadIdx.y", 2), ("threadIdx.x", 32)], kind
+        assert {n for axis, n in ours if axis == "threadIdx.x"} == {32}, kind
+        with cuda_compile.fatbin_compilation(tvm.target.Target(SM90)):
+            (cuda,) = [s for s in _sources(tvm.compile(lowered, target=SM90).mod) if "__global__" in s]
+        assert "__shfl_down_sync" in cuda and "__shared__" not in cuda and "__syncthreads" not in cuda, kind
+
+
+def test_few_rows_or_rows_too_wide_keep_dlights_block_per_row(monkeypatch):
+    """One row (a decode step), 197 rows (ViT's tokens), a row 8,320 wide or not a multiple of a warp: DLight's
+    schedule; and NIMBLE_STOCK_REDUCTION_SCHEDULES gives it back for the A/B."""
+    from elementwise_modules import row_norm
+
+    for rows, width in ((1, 896), (197, 768), (512, 8320), (512, 900)):
+        mod = row_norm("rms_norm", rows, width)
+        assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod)), (rows, width)
+    monkeypatch.setenv("NIMBLE_STOCK_REDUCTION_SCHEDULES", "1")
+    mod = row_norm("rms_norm", 512, 896)
+    assert _block_counts(stages.lower(mod, SM90)) == _block_counts(_stock(mod))

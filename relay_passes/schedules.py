@@ -10,9 +10,7 @@ in the same order, each wrapped in a :class:`GuardedRule`:
   kernel gets :func:`thread_per_output` instead;
 - where the last rule (``Fallback``) is skipped, the kernel gets :func:`plain_schedule`;
 - a large element-wise kernel on CUDA whose accesses allow it gets :func:`vectorized_elementwise` before
-  ``Fallback`` is tried;
-- a normalization of many rows each a few hundred to a few thousand wide (RMSNorm, LayerNorm, a softmax) gets
-  :func:`warp_per_row` instead of a block per row.
+  ``Fallback`` is tried.
 
 Each PrimFunc is scheduled once per :class:`ScheduleCache` (a kernel met again gets the very schedule).
 :func:`allocates_global_buffers` reads a scheduled kernel for what the stream plan must know about it. The
@@ -31,7 +29,7 @@ from tvm import s_tir, tirx
 from tvm.error import InternalError
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import max_threads_per_block, try_inline, try_inline_contiguous_spatial
+from tvm.s_tir.dlight.base import max_threads_per_block, try_inline
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_nimble import env
@@ -56,8 +54,6 @@ VECTOR_LANES = 4
 MIN_VECTOR_OUTPUTS = 1 << 16
 #: threads per block of :func:`vectorized_elementwise`
 VECTOR_BLOCK_THREADS = 256
-#: :func:`warp_per_row`'s shapes: at least this many rows, each this many elements wide (a multiple of a warp)
-ROW_MIN_ROWS, ROW_WIDTHS = 256, (128, 8192)
 
 
 # --- reading scheduled kernels ------------------------------------------------------------------------------------
@@ -203,53 +199,6 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
         return None
 
 
-def warp_per_row(func, target, warp: int = 32):
-    """A normalization over the last axis of many rows on CUDA -- reductions of each row (RMSNorm's sum of squares,
-    LayerNorm's mean and variance, a softmax's maximum and sum) and an element-wise epilogue over the same rows --
-    scheduled with a warp per row: each lane sums every 32nd element of its row in a register, the warp combines
-    the lanes' sums with shuffles (every lane gets the row's value: no shared memory, no barrier), and the same
-    warp writes the row's outputs. None where the function is not that shape (:data:`ROW_MIN_ROWS` rows or more,
-    a width in :data:`ROW_WIDTHS` and a multiple of a warp).
-
-    DLight's ``Reduction`` / ``GeneralReduction`` give each row a block of up to 512 threads: a 896-wide row of a
-    0.5B decoder's RMSNorm is 1.75 elements a thread, and the block's sum a tree through shared memory with a
-    barrier a level. Blocks hold two to four rows' warps (two where that leaves fewer blocks than 512)."""
-    if target.kind.name != "cuda":
-        return None
-    try:
-        sch = s_tir.Schedule(func)
-        infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
-        if not infos or len(infos) < 2:
-            return None
-        *reductions, epilogue = infos
-        dom = epilogue.dom()
-        if (epilogue.dom_kind() != "SS" or any(r.dom_kind() != "SR" or r.dom() != dom for r in reductions)
-                or not all(isinstance(d, int) for d in dom)):
-            return None
-        rows, width = dom
-        per_block = 4 if rows % 4 == 0 and rows >= 4 * 512 else 2 if rows % 2 == 0 else 1
-        if rows < ROW_MIN_ROWS or not ROW_WIDTHS[0] <= width <= ROW_WIDTHS[1] or width % warp:
-            return None
-        row, column = sch.get_loops(epilogue.block_rv)
-        bx, ty = sch.split(row, factors=[None, per_block])
-        outer, tx = sch.split(column, factors=[None, warp])
-        sch.reorder(bx, ty, tx, outer)
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-        for red in reversed(reductions):
-            sch.compute_at(red.block_rv, ty, preserve_unit_loops=True)
-            r_outer, lane = sch.split(sch.get_loops(red.block_rv)[-1], factors=[None, warp])
-            sch.reorder(lane, r_outer)
-            sch.bind(lane, "threadIdx.x")
-            sch.annotate(r_outer, ann_key="pragma_auto_unroll_max_step", ann_val=256)
-            sch.annotate(r_outer, ann_key="pragma_unroll_explicit", ann_val=1)
-            sch.set_scope(red.block_rv, 0, "local")  # the shuffles leave the row's value in every lane
-        return sch
-    except Exception:  # noqa: BLE001  (any schedule error: DLight's rules take the function)
-        return None
-
-
 def _vector_accesses(sch, block_rv, loops, lanes: int) -> bool:
     """Whether the one block of an inlined element-wise kernel may load and store ``lanes`` elements at once: it
     stores one 16- or 32-bit buffer at its own loop indices (unit axes at 0 aside; of at least
@@ -392,8 +341,7 @@ class GuardedRule(dl.ScheduleRule):
       the init *and* in every update (``2 * momentum * v + a @ b`` for a one-element reduction: the Gemm weight
       gradient with the optimizer's momentum update at batch 1, wrong on CUDA in stock TVM too).
     Where the last rule is skipped, the kernel gets :func:`plain_schedule`. A block-per-output rule
-    (:data:`BLOCK_PER_OUTPUT_RULES`) gives a short, wide reduction :func:`thread_per_output` instead (and a
-    normalization of many rows :func:`warp_per_row`), and before the
+    (:data:`BLOCK_PER_OUTPUT_RULES`) gives a short, wide reduction :func:`thread_per_output` instead, and before the
     last rule a large element-wise kernel gets :func:`vectorized_elementwise`, unless ``stock`` names them
     (``"reductions"``, ``"elementwise"``: :func:`tvm_nimble.env.stock_schedules`, for A/B experiments), which keeps
     DLight's."""
@@ -402,13 +350,10 @@ class GuardedRule(dl.ScheduleRule):
         self.rule, self.last, self.stock = rule, last, tuple(stock)
 
     def apply(self, func, target, tunable):
-        if type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and "reductions" not in self.stock:
-            if short_wide_reduction(func):
-                # a block per output would leave most of its threads idle: a thread per output, one kernel
-                return thread_per_output(func, target)
-            sch = warp_per_row(func, target)  # many normalized rows: a warp each
-            if sch is not None:
-                return sch
+        if (type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and "reductions" not in self.stock
+                and short_wide_reduction(func)):
+            # a block per output would leave most of its threads idle: a thread per output, one kernel
+            return thread_per_output(func, target)
         if self.last and "elementwise" not in self.stock:
             sch = vectorized_elementwise(func, target)
             if sch is not None:

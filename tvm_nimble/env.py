@@ -16,8 +16,7 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
 ``NIMBLE_VENDOR_LIB_DIRS``         directories (``os.pathsep``-separated) that replace the wheels' cuDNN /
                                    cuBLAS library directories when the vendor extension is loaded
 ``NIMBLE_VENDOR_SYSTEM_LIBS``      ``0``: do not ask the system loader for cuDNN / cuBLAS
-``NIMBLE_STOCK_REDUCTION_SCHEDULES``  ``1``: TVM's own reduction schedules instead of ours (a thread per output
-                                   of a short, wide reduction; a warp per row of a normalization: an experiment;
+``NIMBLE_STOCK_REDUCTION_SCHEDULES``  ``1``: TVM's own reduction schedules instead of ours (an experiment;
                                    measured apart in the timing cache)
 ``NIMBLE_STOCK_ELEMENTWISE_SCHEDULES``  ``1``: DLight's ``Fallback`` for large element-wise kernels instead of our
                                    vectorized schedule (an experiment; measured apart in the timing cache)

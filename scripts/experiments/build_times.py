@@ -13,9 +13,10 @@ is not timed.
 With ``--first-build`` the cold build's cache starts empty, the vendor extension included (nothing builds it
 beforehand): a fresh machine's first build, whose kernel choice waits on the extension's units (#55).
 
-Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases and what it did with the
-compiled-kernel cache, whether the two plans are the same, and the cold build's measured chains: provider, count,
-the provider's and TVM's ms) and prints a table, then each warm build's phases.
+Writes DIR/build_times.json (per model: cold and warm seconds, each build's phases, what it did with the
+compiled-kernel cache and how long its kernel choice waited on the vendor extension, whether the two plans are the
+same, and the cold build's measured chains: provider, count, the provider's and TVM's ms) and prints a table, then
+each warm build's phases.
 With BUILD_PROFILE=1 in the environment each build runs under cProfile and writes the 40 functions of most
 cumulative time to DIR/profile-{cold,warm}-MODEL.txt (the profiler slows Python-heavy phases: time without it).
 """
@@ -60,6 +61,8 @@ def _one(onnx_path: str, target: str, kernels: str, precision: str, profile_to: 
     return {"seconds": seconds, "phases": report.phases or {}, "streams": result.plan.num_streams, "chains": chains,
             "launches": len(result.plan.launches), "plan": hashlib.sha256(plan.encode()).hexdigest()[:12],
             "kernel_cache": report.kernel_cache,  # hit: a warm build loaded its compiled kernels
+            # a first build: how long the kernel choice waited on the vendor extension's units compiling
+            "extension_wait_s": round(report.kernel_choice.extension_wait_s, 3),
             # a build in reduced precision: its error against fp32
             "accuracy": report.accuracy.to_dict() if report.accuracy else None}
 

@@ -47,7 +47,8 @@ CAPS = (1, 2, 3, 4, 6, 8)
 #: a more complex schedule replaces a simpler one only when it is more than this much faster (and beyond noise)
 MIN_GAIN = 0.01
 #: programmatic edges replace full ones where they are faster beyond the rounds' noise, by however little: the
-#: same kernels, streams and order, not a more complex schedule (benchmarks/findings.md, 'programmatic edges now kept beyond noise')
+#: same kernels, streams and order, not a more complex schedule (benchmarks/findings.md, 'programmatic edges now
+#: kept beyond noise')
 EDGES_MIN_GAIN = 0.0
 #: the rule :func:`decide` chooses by, in the stream choice's cache key: a decision made by another rule is not reused
 RULE = "simplest within noise of the fastest; programmatic edges kept beyond noise"

@@ -183,6 +183,16 @@ def test_schedule_pool_script_on_cpu(tmp_path):
     assert "identical" in out.splitlines()[0]
 
 
+def test_row_norm_schedules_script_on_cpu(tmp_path):
+    """The row_norm_schedules experiment (#52) on the CPU: each schedule of a 0.5B decoder's RMSNorm (the build's,
+    a block of threads a row, a warp a row) built and compiled for sm_90 with nvcc; nothing run."""
+    out = script("experiments/row_norm_schedules.py", "--target", "llvm", "--cases", "llama_rms_512", "--threads",
+                 "256", "--rows-per-block", "2", "--out", str(tmp_path / "rn"), cwd=tmp_path)
+    rows = json.load(open(tmp_path / "rn" / "row_norm_schedules.json"))
+    assert [r["schedule"] for r in rows] == ["build (DLight)", "block of 256 a row", "warp a row, 2 a block"]
+    assert not any("error" in r for r in rows) and out.count("compiled for sm_90") == 3
+
+
 def test_training_profile_script_on_cpu(tmp_path):
     """The training_profile experiment (#34), dry-run on llvm: the bench's step built one-stream and widest,
     one step each, the same first loss from both schedules."""

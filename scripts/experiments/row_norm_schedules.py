@@ -1,0 +1,194 @@
+"""Experiment: schedules of a row normalization's TVM kernel, each timed alone on the GPU (#52: the 0.5B decoder's 49
+RMSNorms over 896 columns at 512 tokens took 2.4 us each with DLight's schedule, ~1 us at the copy rate; a warp per
+row, two rows a block, took 3.4 us: benchmarks/findings.md, 'a warp-per-row RMSNorm measured slower').
+
+For each case (RMSNorm or LayerNorm over the last axis of ``[1, rows, width]`` float32, rounded to float16, as a 16-bit
+decoder's residual stream feeds its projections), the fused kernel is scheduled
+- as the build does (``stages.lower``: DLight's rules as the pipeline guards them),
+- with a block of T threads a row (T in ``--threads``: each thread sums every T-th element, the block's threads
+  combine their sums, every thread keeps the row's value, the same threads write the row),
+- with a warp a row, R rows a block (R in ``--rows-per-block``),
+and each schedule's output is checked against numpy in float64, then its kernel time measured by CUPTI
+(``gpu_args.kernel_us``: the kernel alone, no launch cost).
+
+    bash scripts/gpu_session.sh "experiment row_norm_schedules 120"
+    python3 scripts/experiments/row_norm_schedules.py --target llvm --out DIR   # the schedules compiled for sm_90
+
+With ``--target llvm`` (no GPU) every schedule is built and compiled for sm_90 with nvcc, nothing run. Writes
+DIR/row_norm_schedules.json and prints a table: per case, each schedule's error and microseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+CASES = {  # name: (kind, rows, width)
+    "llama_rms_512": ("rms_norm", 512, 896),
+    "llama_rms_128": ("rms_norm", 128, 896),
+    "gpt2_ln_512": ("layer_norm", 512, 768),
+    "bert_ln_b32": ("layer_norm", 4096, 768),
+}
+
+
+def module(kind: str, rows: int, width: int):
+    """The Relax module of one normalization, legalized and fused into one kernel."""
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType((1, rows, width), "float32"))
+    weight = relax.Var("weight", relax.TensorType((width,), "float32"))
+    bias = relax.Var("bias", relax.TensorType((width,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, weight, bias]):
+        with bb.dataflow():
+            if kind == "rms_norm":
+                y = relax.op.nn.rms_norm(x, weight, axes=[-1], epsilon=1e-6)
+            else:
+                y = relax.op.nn.layer_norm(x, weight, bias, axes=[-1], epsilon=1e-5)
+            out = bb.emit_output(relax.op.astype(y, "float16"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def reference(kind: str, x, weight, bias):
+    x, weight, bias = (a.astype(np.float64) for a in (x, weight, bias))
+    if kind == "rms_norm":
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * weight
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * weight + bias
+
+
+def _fused(mod):
+    """(the fused kernel's PrimFunc, its name) of ``mod``: legalized, fused, the one kernel."""
+    import tvm
+    from tvm import relax
+
+    seq = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])
+    fused = seq(mod)
+    ((gv, func),) = [(gv, f) for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func, gv.name_hint
+
+
+def threads_per_row(func, threads: int, rows_per_block: int = 1):
+    """``func`` (reductions of each row, then an element-wise epilogue over the same rows) with ``threads`` threads a
+    row and ``rows_per_block`` rows a block; the rows' values kept in every thread (the cross-thread reduction's
+    result)."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+
+    sch = s_tir.Schedule(func)
+    *reductions, epilogue = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
+    row, column = sch.get_loops(epilogue.block_rv)
+    bx, ty = sch.split(row, factors=[None, rows_per_block])
+    outer, tx = sch.split(column, factors=[None, threads])
+    sch.reorder(bx, ty, tx, outer)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    for red in reversed(reductions):
+        sch.compute_at(red.block_rv, ty, preserve_unit_loops=True)
+        r_outer, lane = sch.split(sch.get_loops(red.block_rv)[-1], factors=[None, threads])
+        sch.reorder(lane, r_outer)
+        sch.bind(lane, "threadIdx.x")
+        sch.annotate(r_outer, ann_key="pragma_auto_unroll_max_step", ann_val=256)
+        sch.annotate(r_outer, ann_key="pragma_unroll_explicit", ann_val=1)
+        sch.set_scope(red.block_rv, 0, "local")
+    return sch.mod["main"]
+
+
+def schedules(kind: str, rows: int, width: int, threads: list[int], rows_per_block: list[int], target):
+    """[(label, scheduled PrimFunc)] of one case: the build's, then each variant that divides the shape."""
+    from tvm_nimble.compiler import stages
+
+    import tvm
+
+    mod = module(kind, rows, width)
+    lowered = stages.lower(mod, target)
+    (built,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    out = [("build (DLight)", built)]
+    func, _ = _fused(mod)
+    for t in threads:
+        if t <= width:
+            out.append((f"block of {t} a row", threads_per_row(func, t)))
+    for r in rows_per_block:
+        if rows % r == 0:
+            out.append((f"warp a row, {r} a block", threads_per_row(func, 32, r)))
+    return out
+
+
+def compiled(func, target):
+    """The runtime function of one scheduled kernel, compiled for ``target`` with nvcc."""
+    import tvm
+
+    from tvm_nimble.codegen import cuda_compile
+
+    mod = tvm.IRModule({"main": func.with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "main")})
+    with cuda_compile.fatbin_compilation(tvm.target.Target(target)):
+        return tvm.compile(mod, target=target)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--threads", default="128,256,512,1024")
+    ap.add_argument("--rows-per-block", default="1,2,4,8")
+    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import tvm
+
+    from tvm_nimble.compiler.target import resolve_target
+
+    run = args.target == "cuda"
+    if run:
+        import torch
+
+        from gpu_args import kernel_us  # beside this script in scripts/experiments/
+
+        major, minor = torch.cuda.get_device_capability(0)
+        arch = f"sm_{major}{minor}"
+    else:
+        arch = "sm_90"
+    target = resolve_target("cuda", arch)
+    rng = np.random.default_rng(0)
+    records = []
+    for case in args.cases.split(","):
+        kind, rows, width = CASES[case]
+        x = (rng.standard_normal((1, rows, width)) * 3 + 1).astype(np.float32)
+        weight, bias = rng.standard_normal((2, width)).astype(np.float32)
+        want = reference(kind, x, weight, bias)
+        for label, func in schedules(kind, rows, width, [int(t) for t in args.threads.split(",")],
+                                     [int(r) for r in args.rows_per_block.split(",")], target):
+            row = {"case": case, "kind": kind, "rows": rows, "width": width, "schedule": label}
+            try:
+                fn = compiled(func, target)["main"]
+            except Exception as err:  # noqa: BLE001  (one line per schedule, then the next)
+                row["error"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+                records.append(row)
+                print(f"{case:16s} {label:24s} failed: {row['error']}", flush=True)
+                continue
+            if run:
+                dev = tvm.cuda(0)
+                xs = [tvm.runtime.tensor(a, dev) for a in (x, weight, bias)]
+                y = tvm.runtime.tensor(np.zeros((1, rows, width), "float16"), dev)
+                fn(*xs, y)
+                got = y.numpy().astype(np.float64)
+                row["rel_l2"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+                row["finite"] = bool(np.isfinite(got).all())
+                row["us"], _ = kernel_us(lambda: fn(*xs, y), args.reps)
+                print(f"{case:16s} {label:24s} rel L2 {row['rel_l2']:.2e}  {row['us']:7.2f} us", flush=True)
+            else:
+                print(f"{case:16s} {label:24s} compiled for {arch}", flush=True)
+            records.append(row)
+    with open(os.path.join(args.out, "row_norm_schedules.json"), "w") as f:
+        json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

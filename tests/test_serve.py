@@ -272,8 +272,8 @@ def test_a_bad_request_gets_400_and_the_next_is_answered(served):
 
 def test_a_killed_replica_fails_no_request_and_comes_back(served):
     """One replica is killed (``ray.kill`` on its actor) while 16 threads send 240 requests: every handle
-    request is answered (one retry on the live replica), every HTTP one answers or fails with a 5xx, none
-    past its timeout; then Serve's new replica answers."""
+    request is answered (one retry on the live replica), every HTTP one answers or fails with a 5xx (or the
+    proxy's 408 at its request timeout), none past its timeout; then Serve's new replica answers."""
     models = served.models
     before = served.replica_names()
     assert len(before) == 2
@@ -300,8 +300,8 @@ def test_a_killed_replica_fails_no_request_and_comes_back(served):
         a, n = _request(i)
         if i % 2 or status == 200:
             np.testing.assert_allclose(out, models.ref[a:a + n], **TOL, err_msg=f"request {i}")
-        else:
-            assert 500 <= status < 600, (i, status)
+        else:  # a 5xx, or Serve's proxy's 408 where its request timeout came first (a loaded 2-core machine)
+            assert status == 408 or 500 <= status < 600, (i, status)
     failed = [i for i, status, _ in results if status != 200]
     assert len(failed) <= 8, failed  # at most those in flight on the killed replica (max_ongoing_requests)
 

@@ -1,6 +1,6 @@
 """Experiment: schedules of a row normalization's TVM kernel, each timed alone on the GPU (#52: the 0.5B decoder's 49
-RMSNorms over 896 columns at 512 tokens took 2.4 us each with DLight's schedule, ~1 us at the copy rate; a warp per
-row, two rows a block, took 3.4 us: benchmarks/findings.md, 'a warp-per-row RMSNorm measured slower').
+RMSNorms over 896 columns at 512 tokens, and a warp-per-row schedule that went into the build untimed alone and ran
+slower: benchmarks/findings.md, 'a warp-per-row RMSNorm measured slower and reverted').
 
 For each case (RMSNorm or LayerNorm over the last axis of ``[1, rows, width]`` float32, rounded to float16, as a 16-bit
 decoder's residual stream feeds its projections), the fused kernel is scheduled

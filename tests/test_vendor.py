@@ -354,4 +354,3 @@ def test_a_build_compiles_and_links_only_the_units_its_plan_calls():
     registered = set(vendor.library_functions(ctypes.CDLL(module.vendor_library)))
     assert calls <= registered == {f for u in units_for(calls) for f in u.registers}
     assert not registered & set(vendor_abi.ATTENTION.kernels + vendor_abi.GEMV.kernels + vendor_abi.CUDNN_GRAPH.kernels)
-

@@ -61,15 +61,15 @@ def reference(kind: str, x, weight, bias):
 
 
 def _fused(mod):
-    """(the fused kernel's PrimFunc, its name) of ``mod``: legalized, fused, the one kernel."""
+    """The fused kernel's PrimFunc of ``mod``: legalized, fused, the one kernel."""
     import tvm
     from tvm import relax
 
     seq = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                     relax.transform.FuseOps(), relax.transform.FuseTIR()])
     fused = seq(mod)
-    ((gv, func),) = [(gv, f) for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-    return func, gv.name_hint
+    (func,) = [f for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
 
 
 def threads_per_row(func, threads: int, rows_per_block: int = 1):
@@ -102,15 +102,15 @@ def threads_per_row(func, threads: int, rows_per_block: int = 1):
 
 def schedules(kind: str, rows: int, width: int, threads: list[int], rows_per_block: list[int], target):
     """[(label, scheduled PrimFunc)] of one case: the build's, then each variant that divides the shape."""
-    from tvm_nimble.compiler import stages
-
     import tvm
+
+    from tvm_nimble.compiler import stages
 
     mod = module(kind, rows, width)
     lowered = stages.lower(mod, target)
     (built,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     out = [("build (DLight)", built)]
-    func, _ = _fused(mod)
+    func = _fused(mod)
     for t in threads:
         if t <= width:
             out.append((f"block of {t} a row", threads_per_row(func, t)))

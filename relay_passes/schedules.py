@@ -10,7 +10,9 @@ in the same order, each wrapped in a :class:`GuardedRule`:
   kernel gets :func:`thread_per_output` instead;
 - where the last rule (``Fallback``) is skipped, the kernel gets :func:`plain_schedule`;
 - a large element-wise kernel on CUDA whose accesses allow it gets :func:`vectorized_elementwise` before
-  ``Fallback`` is tried.
+  ``Fallback`` is tried;
+- with the ``NIMBLE_ROW_THREADS`` experiment switch, a normalization over the last axis of many rows (RMSNorm,
+  LayerNorm, a softmax) gets :func:`threads_per_row` instead of DLight's block per row.
 
 Each PrimFunc is scheduled once per :class:`ScheduleCache` (a kernel met again gets the very schedule).
 :func:`allocates_global_buffers` reads a scheduled kernel for what the stream plan must know about it. The
@@ -29,7 +31,7 @@ from tvm import s_tir, tirx
 from tvm.error import InternalError
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import max_threads_per_block, try_inline
+from tvm.s_tir.dlight.base import max_threads_per_block, try_inline, try_inline_contiguous_spatial
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_nimble import env
@@ -54,6 +56,8 @@ VECTOR_LANES = 4
 MIN_VECTOR_OUTPUTS = 1 << 16
 #: threads per block of :func:`vectorized_elementwise`
 VECTOR_BLOCK_THREADS = 256
+#: :func:`threads_per_row`'s shapes: at least this many rows, each at least as wide as the row's threads
+ROW_MIN_ROWS = 256
 
 
 # --- reading scheduled kernels ------------------------------------------------------------------------------------
@@ -196,6 +200,59 @@ def vectorized_elementwise(func, target, lanes: int = VECTOR_LANES, threads: int
         sch.vectorize(vector)
         return sch
     except Exception:  # noqa: BLE001  (any schedule error: Fallback takes the function)
+        return None
+
+
+def threads_per_row(func, target, threads: int, rows_per_block: int | None = None, min_rows: int = ROW_MIN_ROWS):
+    """A normalization over the last axis of many rows on CUDA -- reductions of each row (RMSNorm's sum of squares,
+    LayerNorm's mean and variance, a softmax's maximum and sum) and an element-wise epilogue over the same rows --
+    with ``threads`` threads a row: each thread sums every ``threads``-th element of its row in a register, TVM's
+    cross-thread reduction combines the threads' sums (shuffles within a warp; every thread gets the row's value),
+    and the same threads write the row's outputs. A block holds ``rows_per_block`` rows (default: two for a warp a
+    row, else one). None where the function is not that shape (``min_rows`` rows or more, at least
+    ``threads`` wide, a multiple of a warp).
+
+    DLight's ``Reduction`` / ``GeneralReduction`` give each row a block of up to 512 threads and a shared-memory
+    tree: a 0.5B decoder's 896-wide RMSNorm is 1.75 elements a thread. An experiment's switch
+    (``NIMBLE_ROW_THREADS``) until measured faster in a model (``scripts/experiments/row_norm_schedules.py`` times
+    the kernels alone)."""
+    if target.kind.name != "cuda":
+        return None
+    try:
+        sch = s_tir.Schedule(func)
+        infos = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
+        if not infos or len(infos) < 2:
+            return None
+        *reductions, epilogue = infos
+        dom = epilogue.dom()
+        if (epilogue.dom_kind() != "SS" or any(r.dom_kind() != "SR" or r.dom() != dom for r in reductions)
+                or not all(isinstance(d, int) for d in dom)):
+            return None
+        rows, width = dom
+        per_block = rows_per_block or (2 if threads == 32 and rows % 2 == 0 else 1)
+        if rows < min_rows or width < threads or width % 32 or rows % per_block:
+            return None
+        row, column = sch.get_loops(epilogue.block_rv)
+        outer, tx = sch.split(column, factors=[None, threads])
+        if per_block > 1:
+            bx, at = sch.split(row, factors=[None, per_block])
+            sch.reorder(bx, at, tx, outer)
+            sch.bind(at, "threadIdx.y")
+        else:
+            bx = at = row
+            sch.reorder(bx, tx, outer)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        for red in reversed(reductions):
+            sch.compute_at(red.block_rv, at, preserve_unit_loops=True)
+            r_outer, lane = sch.split(sch.get_loops(red.block_rv)[-1], factors=[None, threads])
+            sch.reorder(lane, r_outer)
+            sch.bind(lane, "threadIdx.x")
+            sch.annotate(r_outer, ann_key="pragma_auto_unroll_max_step", ann_val=256)
+            sch.annotate(r_outer, ann_key="pragma_unroll_explicit", ann_val=1)
+            sch.set_scope(red.block_rv, 0, "local")  # the reduction leaves the row's value in every thread
+        return sch
+    except Exception:  # noqa: BLE001  (any schedule error: DLight's rules take the function)
         return None
 
 
@@ -344,16 +401,22 @@ class GuardedRule(dl.ScheduleRule):
     (:data:`BLOCK_PER_OUTPUT_RULES`) gives a short, wide reduction :func:`thread_per_output` instead, and before the
     last rule a large element-wise kernel gets :func:`vectorized_elementwise`, unless ``stock`` names them
     (``"reductions"``, ``"elementwise"``: :func:`tvm_nimble.env.stock_schedules`, for A/B experiments), which keeps
-    DLight's."""
+    DLight's. ``stock``'s ``"rows=T"`` (the ``NIMBLE_ROW_THREADS`` experiment) gives a normalization of many rows
+    :func:`threads_per_row` with T threads a row."""
 
     def __init__(self, rule, last: bool, stock: tuple[str, ...] = ()):
         self.rule, self.last, self.stock = rule, last, tuple(stock)
+        self.row_threads = next((int(s[len("rows="):]) for s in self.stock if s.startswith("rows=")), None)
 
     def apply(self, func, target, tunable):
         if (type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and "reductions" not in self.stock
                 and short_wide_reduction(func)):
             # a block per output would leave most of its threads idle: a thread per output, one kernel
             return thread_per_output(func, target)
+        if type(self.rule).__name__ in BLOCK_PER_OUTPUT_RULES and self.row_threads:
+            sch = threads_per_row(func, target, self.row_threads)
+            if sch is not None:
+                return sch
         if self.last and "elementwise" not in self.stock:
             sch = vectorized_elementwise(func, target)
             if sch is not None:

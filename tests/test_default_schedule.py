@@ -3,6 +3,8 @@ stock TVM's on purpose. Kernels only (lowered for sm_90, no GPU): each test read
 kernels, and compares it with what stock TVM's own pipeline gives the same module."""
 import re
 
+import pytest
+
 import tvm
 from tvm import relax
 
@@ -266,3 +268,52 @@ def test_the_stock_element_wise_schedule_is_one_variable_away(monkeypatch):
     monkeypatch.delenv(schedules.STOCK_ELEMENTWISE_ENV)
     assert with_stock == {**context_of(SM90), "stock_schedules": ["elementwise"]}
     assert any(_vectorized(stages.lower(mod, SM90)).values())
+
+
+def _threads(mod) -> dict[str, list[tuple[str, int]]]:
+    """(thread axis, extent) of every thread binding of each scheduled kernel, by PrimFunc name."""
+    return {gv.name_hint: [(axis, int(n)) for n, axis in re.findall(
+        r'T\.thread_binding\(T\.int64\((\d+)\), thread="(\w+\.\w)"\)', func.script())]
+            for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def test_the_row_threads_switch_gives_normalizations_of_many_rows_t_threads_a_row(monkeypatch):
+    """RMSNorm of a 0.5B decoder's 512 tokens (896 wide), GPT-2's LayerNorm (768) and a softmax over 256 keys of 1536
+    rows: DLight gives each row a block of up to 512 threads; with ``NIMBLE_ROW_THREADS=T`` a block of T threads a row
+    (a warp a row, two rows a block, for 32), and TVM's CUDA code sums a warp's lanes with shuffles. Few rows (197:
+    ViT's tokens) or a row narrower than T keep DLight's; the switch is in the timing cache's context."""
+    from elementwise_modules import row_norm
+    from tvm_nimble.compiler.timing_cache import context_of
+
+    cases = (("rms_norm", 512, 896), ("layer_norm", 512, 768), ("softmax", 1536, 256))
+    stock = {case: _threads(stages.lower(row_norm(*case), SM90)) for case in cases + (("rms_norm", 197, 768),)}
+    for case in stock:
+        (bindings,) = stock[case].values()
+        assert ("threadIdx.y", 2) not in bindings and max(n for axis, n in bindings if axis == "threadIdx.x") >= 256
+    for threads in (32, 128, 512):
+        monkeypatch.setenv("NIMBLE_ROW_THREADS", str(threads))
+        assert context_of(SM90)["stock_schedules"] == [f"rows={threads}"]
+        for kind, rows, width in cases:
+            lowered = stages.lower(row_norm(kind, rows, width), SM90)
+            (ours,) = _threads(lowered).values()
+            if width < threads:
+                assert [ours] == list(stock[kind, rows, width].values()), (kind, threads)
+                continue
+            per_block = 2 if threads == 32 else 1
+            head = [("blockIdx.x", rows // per_block)] + [("threadIdx.y", 2)] * (per_block == 2)
+            assert ours[:len(head) + 1] == head + [("threadIdx.x", threads)], (kind, threads)
+            assert {n for axis, n in ours if axis == "threadIdx.x"} == {threads}, (kind, threads)
+            with cuda_compile.fatbin_compilation(tvm.target.Target(SM90)):
+                (cuda,) = [s for s in _sources(tvm.compile(lowered, target=SM90).mod) if "__global__" in s]
+            assert "__shfl_down_sync" in cuda, (kind, threads)
+        assert _threads(stages.lower(row_norm("rms_norm", 197, 768), SM90)) == stock["rms_norm", 197, 768]
+
+
+def test_a_row_threads_value_that_is_no_block_size_is_one_line(monkeypatch):
+    from tvm_nimble import env
+    from tvm_nimble.errors import NimbleError
+
+    for value in ("48", "2048", "x"):
+        monkeypatch.setenv("NIMBLE_ROW_THREADS", value)
+        with pytest.raises(NimbleError, match="NIMBLE_ROW_THREADS"):
+            env.stock_schedules()

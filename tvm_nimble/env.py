@@ -20,6 +20,9 @@ Each is read when asked (not at import), so a process, or a test, that sets one 
                                    measured apart in the timing cache)
 ``NIMBLE_STOCK_ELEMENTWISE_SCHEDULES``  ``1``: DLight's ``Fallback`` for large element-wise kernels instead of our
                                    vectorized schedule (an experiment; measured apart in the timing cache)
+``NIMBLE_ROW_THREADS``             T (32, 64, ..., 1024): a block of T threads a row (a warp a row, two rows a block,
+                                   for 32) for normalizations of 256+ rows instead of DLight's block per row (an
+                                   experiment; measured apart in the timing cache)
 ``NIMBLE_SCHEDULE_POOL``           ``0``: DLight's default schedules computed in the build's own process, one kernel
                                    after another, not in worker processes (``relay_passes.schedule_pool``); the A/B
                                    switch of the build-time measurements
@@ -44,6 +47,7 @@ VENDOR_LIB_DIRS = "NIMBLE_VENDOR_LIB_DIRS"
 VENDOR_SYSTEM_LIBS = "NIMBLE_VENDOR_SYSTEM_LIBS"
 STOCK_REDUCTIONS = "NIMBLE_STOCK_REDUCTION_SCHEDULES"
 STOCK_ELEMENTWISE = "NIMBLE_STOCK_ELEMENTWISE_SCHEDULES"
+ROW_THREADS = "NIMBLE_ROW_THREADS"
 PDL = "NIMBLE_PDL"
 SCHEDULE_POOL = "NIMBLE_SCHEDULE_POOL"
 CUDNN_FRONTEND_INCLUDE = "CUDNN_FRONTEND_INCLUDE"
@@ -105,10 +109,18 @@ def jobs() -> int:
 
 
 def stock_schedules() -> tuple[str, ...]:
-    """Which of our GPU schedules an experiment swaps for DLight's own: ``"reductions"`` and/or ``"elementwise"``,
-    each where its switch is set (in that order; empty when none is)."""
-    return tuple(name for name, switch in (("reductions", STOCK_REDUCTIONS), ("elementwise", STOCK_ELEMENTWISE))
-                 if os.environ.get(switch))
+    """The GPU schedules' experiment switches: which of our schedules an experiment swaps for DLight's own
+    (``"reductions"`` and/or ``"elementwise"``, each where its switch is set), then ``"rows=T"`` where
+    ``NIMBLE_ROW_THREADS`` is T (empty when none is set); one line when T is not a power of two from 32 to 1024."""
+    names = tuple(name for name, switch in (("reductions", STOCK_REDUCTIONS), ("elementwise", STOCK_ELEMENTWISE))
+                  if os.environ.get(switch))
+    value = (os.environ.get(ROW_THREADS) or "").strip()
+    if not value:
+        return names
+    if value not in tuple(str(1 << k) for k in range(5, 11)):
+        raise NimbleError(f"{ROW_THREADS}={value!r}: give threads a row as 32, 64, 128, 256, 512 or 1024 "
+                          "(or unset it for DLight's block per row)")
+    return names + (f"rows={value}",)
 
 
 def dependent_launch() -> bool:
@@ -118,7 +130,10 @@ def dependent_launch() -> bool:
 
 
 def schedule_pool() -> bool:
-    """Whether DLight's schedules may be computed in worker processes (``NIMBLE_SCHEDULE_POOL`` is not ``0``)."""
+    """Whether DLight's schedules may be computed in worker processes (``NIMBLE_ROW_THREADS``             T (32, 64, ..., 1024): a block of T threads a row (a warp a row, two rows a block,
+                                   for 32) for normalizations of 256+ rows instead of DLight's block per row (an
+                                   experiment; measured apart in the timing cache)
+``NIMBLE_SCHEDULE_POOL`` is not ``0``)."""
     return os.environ.get(SCHEDULE_POOL, "1") != "0"
 
 

@@ -8,6 +8,11 @@ candidate the heuristic lists (``nimble.cublas.matmul_timings``: the index the b
 the attrs) beside ``torch.nn.functional.linear`` / ``torch.matmul``.
 
     bash scripts/gpu_session.sh "experiment gemm_algos 120"
+    bash scripts/gpu_session.sh "experiment gemm_algos 120 --cases llama-0.5b@512 --dtypes float16,bfloat16"
+
+``--cases llama-0.5b@512``: the Linear layers of the 0.5B decoder (``hf:llama-0.5b``) at 512 tokens instead (Q/K/V
+merged, the output projection, gate/up merged, the down projection, the tied LM head; no batched GEMMs: cuDNN's
+attention takes those).
 
 Writes DIR/gemm_algos.json and prints one line per case: PyTorch us, the heuristic's first us, the
 fastest candidate (index, us) and the number of candidates.
@@ -32,10 +37,22 @@ BATCHED = [
     ("vitb_qk", 12, 197, 197, 64, 1), ("vitb_pv", 12, 197, 64, 197, 0),
     ("bert_qk", 12, 128, 128, 64, 1), ("bert_pv", 12, 128, 64, 128, 0),
 ]
+#: --cases llama-0.5b@512: (name, M, N, K) of the 0.5B decoder's Linears at 512 tokens (hidden 896, 14 query and 2
+#: KV heads of 64, MLP 4864, vocabulary 151,936)
+LLAMA_512 = [
+    ("qkv", 512, 1152, 896), ("o_proj", 512, 896, 896), ("gate_up", 512, 9728, 896), ("down", 512, 896, 4864),
+    ("lm_head", 512, 151936, 896),
+]
+
+
+def _arguments(ap) -> None:
+    ap.add_argument("--cases", default="transformers", choices=["transformers", "llama-0.5b@512"],
+                    help="the GEMMs: ViT/BERT's at batch 1 (and their attention's batched ones), or the 0.5B decoder's")
+    ap.add_argument("--dtypes", default="float32,float16", help="comma-separated torch dtypes")
 
 
 def main(argv=None) -> int:
-    args = gpu_args.parse_kernel_bench(__doc__, argv, "out/gemm_algos")
+    args = gpu_args.parse_kernel_bench(__doc__, argv, "out/gemm_algos", _arguments)
     import torch
     import tvm_ffi
 
@@ -49,9 +66,10 @@ def main(argv=None) -> int:
     t = tvm_ffi.from_dlpack
 
     rows = []
-    for dtype in (torch.float32, torch.float16):
+    linears, batched = (LINEARS, BATCHED) if args.cases == "transformers" else (LLAMA_512, [])
+    for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         dname = str(dtype).split(".")[-1]
-        for name, M, N, K in LINEARS:
+        for name, M, N, K in linears:
             a = torch.randn(1, M, K, device="cuda", dtype=dtype)
             w = torch.randn(K, N, device="cuda", dtype=dtype) * K ** -0.5  # [K, N]: the ONNX exports' layout
             b = torch.randn(N, device="cuda", dtype=dtype)
@@ -63,7 +81,7 @@ def main(argv=None) -> int:
             graph_mm = gpu_args.graph_us(lambda: torch.matmul(a, w, out=y))
             rows.append({"case": name, "dtype": dname, "torch_us": ref, "torch_mm_graph_us": graph_mm,
                          "candidates_us": us})
-        for name, B, M, N, K, tb in BATCHED:
+        for name, B, M, N, K, tb in batched:
             a = torch.randn(B, M, K, device="cuda", dtype=dtype)
             bm = torch.randn(B, N, K, device="cuda", dtype=dtype) if tb else torch.randn(B, K, N, device="cuda",
                                                                                          dtype=dtype)

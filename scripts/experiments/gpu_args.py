@@ -49,13 +49,15 @@ def models_and_batches(args):
             yield (spec, batch, *load_model(spec, batch=batch, small=args.small))
 
 
-def parse_kernel_bench(doc: str, argv, out: str):
+def parse_kernel_bench(doc: str, argv, out: str, add_arguments=None):
     """The command line of the experiments that time vendor functions alone (attention_check, gemm_algos):
-    --out (created) and --reps. Then builds (cached) and loads the vendor extension for this machine's GPU
-    and turns PyTorch's TF32 off, as those experiments compare fp32 exactly."""
+    --out (created) and --reps, and what ``add_arguments(parser)`` adds. Then builds (cached) and loads the vendor
+    extension for this machine's GPU and turns PyTorch's TF32 off, as those experiments compare fp32 exactly."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", default=out)
     ap.add_argument("--reps", type=int, default=50)
+    if add_arguments is not None:
+        add_arguments(ap)
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import torch

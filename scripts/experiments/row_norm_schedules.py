@@ -8,6 +8,7 @@ decoder's residual stream feeds its projections), the fused kernel is scheduled
 - with a block of T threads a row (T in ``--threads``: each thread sums every T-th element, the block's threads
   combine their sums, every thread keeps the row's value, the same threads write the row),
 - with a warp a row, R rows a block (R in ``--rows-per-block``),
+(both ``relay_passes.schedules.threads_per_row``, the build's with ``NIMBLE_ROW_THREADS=T``)
 and each schedule's output is checked against numpy in float64, then its kernel time measured by CUPTI
 (``gpu_args.kernel_us``: the kernel alone, no launch cost).
 
@@ -72,38 +73,11 @@ def _fused(mod):
     return func
 
 
-def threads_per_row(func, threads: int, rows_per_block: int = 1):
-    """``func`` (reductions of each row, then an element-wise epilogue over the same rows) with ``threads`` threads a
-    row and ``rows_per_block`` rows a block; the rows' values kept in every thread (the cross-thread reduction's
-    result)."""
-    from tvm import s_tir
-    from tvm.s_tir.dlight.analysis import normalize_prim_func
-    from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
-
-    sch = s_tir.Schedule(func)
-    *reductions, epilogue = try_inline_contiguous_spatial(sch, normalize_prim_func(sch))
-    row, column = sch.get_loops(epilogue.block_rv)
-    bx, ty = sch.split(row, factors=[None, rows_per_block])
-    outer, tx = sch.split(column, factors=[None, threads])
-    sch.reorder(bx, ty, tx, outer)
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(ty, "threadIdx.y")
-    sch.bind(tx, "threadIdx.x")
-    for red in reversed(reductions):
-        sch.compute_at(red.block_rv, ty, preserve_unit_loops=True)
-        r_outer, lane = sch.split(sch.get_loops(red.block_rv)[-1], factors=[None, threads])
-        sch.reorder(lane, r_outer)
-        sch.bind(lane, "threadIdx.x")
-        sch.annotate(r_outer, ann_key="pragma_auto_unroll_max_step", ann_val=256)
-        sch.annotate(r_outer, ann_key="pragma_unroll_explicit", ann_val=1)
-        sch.set_scope(red.block_rv, 0, "local")
-    return sch.mod["main"]
-
-
 def schedules(kind: str, rows: int, width: int, threads: list[int], rows_per_block: list[int], target):
     """[(label, scheduled PrimFunc)] of one case: the build's, then each variant that divides the shape."""
     import tvm
 
+    from tvm_nimble.relay_passes.schedules import threads_per_row
     from tvm_nimble.compiler import stages
 
     mod = module(kind, rows, width)
@@ -111,12 +85,12 @@ def schedules(kind: str, rows: int, width: int, threads: list[int], rows_per_blo
     (built,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     out = [("build (DLight)", built)]
     func = _fused(mod)
-    for t in threads:
-        if t <= width:
-            out.append((f"block of {t} a row", threads_per_row(func, t)))
-    for r in rows_per_block:
-        if rows % r == 0:
-            out.append((f"warp a row, {r} a block", threads_per_row(func, 32, r)))
+    variants = [(f"block of {t} a row", t, 1) for t in threads] + [(f"warp a row, {r} a block", 32, r)
+                                                                   for r in rows_per_block]
+    for label, t, r in variants:
+        sch = threads_per_row(func, target, t, r, min_rows=1)
+        if sch is not None:
+            out.append((label, sch.mod["main"]))
     return out
 
 

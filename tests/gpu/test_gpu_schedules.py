@@ -59,3 +59,26 @@ def test_a_vectorized_rotary_embedding_matches_numpy(gpu_arch, dtype):
         want = rotary_reference(x, cos.astype(np.float64), sin.astype(np.float64), split_at)
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < BOUND[dtype], (dtype, split_at)
+
+
+@pytest.mark.parametrize("threads", [32, 128, 256])
+@pytest.mark.parametrize("dtype", list(BOUND))
+def test_threads_per_row_normalizations_match_numpy(gpu_arch, dtype, threads, monkeypatch):
+    """RMSNorm, LayerNorm and a softmax over the last axis of 512 (and 1536) float32 rows rounded to ``dtype``, with
+    ``threads`` threads a row (``NIMBLE_ROW_THREADS``: ``threads_per_row``), built and run as a user would, against
+    numpy in float64; and at 197 rows (DLight's block per row) so both schedules run."""
+    from elementwise_modules import ROW_NORMS, row_norm, row_norm_reference
+    from tvm_nimble import NimbleExecutor, build
+
+    monkeypatch.setenv("NIMBLE_ROW_THREADS", str(threads))
+    rng = np.random.default_rng(0)
+    for kind in ROW_NORMS:
+        for rows, width in ((512, 896), (1536, 256), (197, 768)):
+            x = (rng.standard_normal((1, rows, width)) * 3 + 1).astype(np.float32)
+            weight, bias = rng.standard_normal((2, width)).astype(np.float32)
+            with NimbleExecutor(build(row_norm(kind, rows, width, dtype), {"kind": "cuda", "arch": gpu_arch},
+                                      kernels="tvm")) as ex:
+                got = ex(x, weight, bias)[0].numpy().astype(np.float64)
+            want = row_norm_reference(kind, x, weight, bias)
+            assert np.isfinite(got).all()
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < BOUND[dtype] + 1e-6, (kind, rows, dtype)

@@ -193,6 +193,12 @@ def test_row_norm_schedules_script_on_cpu(tmp_path):
     assert not any("error" in r for r in rows) and out.count("compiled for sm_90") == 3
 
 
+def test_cublaslt_search_program_compiles(tmp_path):
+    """The cublaslt_search experiment's program (#52) compiles against the cuBLAS wheel for sm_90; nothing run."""
+    out = script("experiments/cublaslt_search.py", "--compile-only", "--out", str(tmp_path / "cs"), cwd=tmp_path)
+    assert "compiled" in out and os.access(tmp_path / "cs" / "cublaslt_search", os.X_OK)
+
+
 def test_training_profile_script_on_cpu(tmp_path):
     """The training_profile experiment (#34), dry-run on llvm: the bench's step built one-stream and widest,
     one step each, the same first loss from both schedules."""

@@ -155,7 +155,18 @@ class Chains:
             for a in operands(b.value):
                 if isinstance(a, relax.Var):
                     self.consumers.setdefault(a, []).append(b.var)
+        # vars the block outputs (a non-dataflow var, or a field of the tuple one is bound to): materialized anyway
+        self.outputs: set = set()
+        for b in block.bindings:
+            if not isinstance(b.var, relax.DataflowVar):
+                fields = b.value.fields if isinstance(b.value, relax.Tuple) else [b.value]
+                self.outputs.update(f for f in fields if isinstance(f, relax.Var))
         self._const = Const()
+
+    def output(self, var) -> bool:
+        """Whether ``var`` leaves the block (itself or as a field of its output tuple: a decode step's logits, which
+        its argmax reads too), so that it is written to memory whatever reads it inside."""
+        return not isinstance(var, relax.DataflowVar) or var in self.outputs
 
     def single_use(self, var) -> bool:
         return self.uses.get(var, 0) == 1

@@ -76,10 +76,11 @@ def _epilogue(chains, var, shape, dtype, acts: frozenset = ACTS) -> _Epilogue | 
     """A GELU (exact or tanh: :func:`gelu_of`) or ReLU of ``var``, or a tensor added to it (cuBLASLt adds any var
     of the output's shape as C): where the residual stream is float32 and the GEMM computes in 16 bits, through
     the cast up (the call writes float32, rounding the sum once). A 16-bit GEMM whose cast up is the block's output
-    (a language model's logits, float32 as the model declares them) writes float32 itself: no cast kernel reading
-    the 16-bit logits back, one rounding; not where float32 rows would be unaligned (GPT-2's 50,257 columns: the
-    padded GEMM's slice, fused with the cast, moves fewer bytes), nor where the cast feeds more element-wise work
-    (TVM fuses it into that kernel's reads). None when nothing follows that the call takes (``acts``: the
+    (a language model's logits, float32 as the model declares them; a decode step's, which its argmax reads too)
+    writes float32 itself: no cast kernel reading the 16-bit logits back, one rounding; not where several float32
+    rows would be unaligned (GPT-2's 50,257 columns: the padded GEMM's slice, fused with the cast, moves fewer
+    bytes; one row, a decode step's, has no second row to align), nor where the cast only feeds more element-wise
+    work (TVM fuses it into that kernel's reads). None when nothing follows that the call takes (``acts``: the
     activation codes the kernel computes)."""
     gelu = gelu_of(chains, var)
     if gelu is not None:
@@ -98,7 +99,7 @@ def _epilogue(chains, var, shape, dtype, acts: frozenset = ACTS) -> _Epilogue | 
         residual = chains.residual_of(add, nxt, shape, "float32", computed=False) if add is not None else None
         if residual is not None:
             return _Epilogue([var, nxt], up, residual=residual, out_dtype="float32")
-        if not isinstance(nxt, relax.DataflowVar) and shape[-1] % 4 == 0:
+        if chains.output(nxt) and (shape[-1] % 4 == 0 or int(np.prod(shape[:-1])) == 1):
             return _Epilogue([var], nxt, out_dtype="float32")
     return None
 

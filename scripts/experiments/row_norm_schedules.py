@@ -23,8 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
+
+# the modules and their numpy reference are the schedule tests' (tests/elementwise_modules.py)
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests")
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 CASES = {  # name: (kind, rows, width)
     "llama_rms_512": ("rms_norm", 512, 896),
@@ -32,33 +38,6 @@ CASES = {  # name: (kind, rows, width)
     "gpt2_ln_512": ("layer_norm", 512, 768),
     "bert_ln_b32": ("layer_norm", 4096, 768),
 }
-
-
-def module(kind: str, rows: int, width: int):
-    """The Relax module of one normalization, legalized and fused into one kernel."""
-    from tvm import relax
-
-    x = relax.Var("x", relax.TensorType((1, rows, width), "float32"))
-    weight = relax.Var("weight", relax.TensorType((width,), "float32"))
-    bias = relax.Var("bias", relax.TensorType((width,), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, weight, bias]):
-        with bb.dataflow():
-            if kind == "rms_norm":
-                y = relax.op.nn.rms_norm(x, weight, axes=[-1], epsilon=1e-6)
-            else:
-                y = relax.op.nn.layer_norm(x, weight, bias, axes=[-1], epsilon=1e-5)
-            out = bb.emit_output(relax.op.astype(y, "float16"))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def reference(kind: str, x, weight, bias):
-    x, weight, bias = (a.astype(np.float64) for a in (x, weight, bias))
-    if kind == "rms_norm":
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * weight
-    centred = x - x.mean(-1, keepdims=True)
-    return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5) * weight + bias
 
 
 def _fused(mod):
@@ -80,7 +59,9 @@ def schedules(kind: str, rows: int, width: int, threads: list[int], rows_per_blo
     from tvm_nimble.relay_passes.schedules import threads_per_row
     from tvm_nimble.compiler import stages
 
-    mod = module(kind, rows, width)
+    from elementwise_modules import row_norm
+
+    mod = row_norm(kind, rows, width)
     lowered = stages.lower(mod, target)
     (built,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     out = [("build (DLight)", built)]
@@ -117,6 +98,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     import tvm
 
+    from elementwise_modules import row_norm_reference
     from tvm_nimble.compiler.target import resolve_target
 
     run = args.target == "cuda"
@@ -136,7 +118,7 @@ def main(argv=None):
         kind, rows, width = CASES[case]
         x = (rng.standard_normal((1, rows, width)) * 3 + 1).astype(np.float32)
         weight, bias = rng.standard_normal((2, width)).astype(np.float32)
-        want = reference(kind, x, weight, bias)
+        want = row_norm_reference(kind, x, weight, bias)
         for label, func in schedules(kind, rows, width, [int(t) for t in args.threads.split(",")],
                                      [int(r) for r in args.rows_per_block.split(",")], target):
             row = {"case": case, "kind": kind, "rows": rows, "width": width, "schedule": label}

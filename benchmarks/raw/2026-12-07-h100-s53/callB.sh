@@ -18,6 +18,7 @@ best = min(rows, key=lambda r: r["us"])
 print(32 if best["schedule"].startswith("warp") else best["schedule"].split()[2])
 PY
 )
+echo "${T:-256}" > /tmp/nimble-work/row_threads  # for call C
 echo "row threads for the second bench: ${T:-256}" | tee -a $OUT/session.log
 cp /tmp/nimble-work/bench/results.csv $OUT/results-default.csv 2>/dev/null
 NIMBLE_ROW_THREADS=${T:-256} DEADLINE=$(( 565 - ($(date +%s) - T0) )) OUT=$OUT bash scripts/gpu_session.sh \

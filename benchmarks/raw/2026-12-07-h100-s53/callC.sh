@@ -5,15 +5,7 @@
 . .device/setup.sh >/dev/null 2>&1
 T0=$(date +%s)
 SKIP=tvm-vm,tvm-vm-cudagraph,torch-eager,ort-cuda,ort-cuda-graph,tensorrt
-T=$(python3 - <<'PY'
-import json
-rows = [r for r in json.load(open("/tmp/nimble-work/row_norm_schedules/row_norm_schedules.json"))
-        if r["case"] == "llama_rms_512" and "us" in r and r["schedule"] != "build (DLight)"
-        and (r["schedule"].startswith("block of") or r["schedule"] == "warp a row, 2 a block")]
-best = min(rows, key=lambda r: r["us"])
-print(32 if best["schedule"].startswith("warp") else best["schedule"].split()[2])
-PY
-)
+T=$(cat /tmp/nimble-work/row_threads 2>/dev/null)  # call B's fastest row schedule
 echo "row threads: ${T:-256}" | tee -a $OUT/session.log
 DEADLINE=190 OUT=$OUT bash scripts/gpu_session.sh \
   "bench 175 --models hf:llama-0.5b@512 --precision bf16 --kernels best --merge auto --skip $SKIP"

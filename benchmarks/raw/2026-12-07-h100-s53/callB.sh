@@ -1,4 +1,4 @@
-# for the next session: bash benchmarks/raw/2026-12-07-h100-s53/callB.sh after the staging (not run in session 53: no machine came)
+# ran as: bash benchmarks/raw/2026-12-07-h100-s53/callB.sh (the staging call's machine, still warm; carrying .device and .device-extra; 455 s, its first bench step cut by its step limit)
 # session 53, device call B (#52): the 0.5B decoder's RMSNorm kernel under each row schedule alone, its GEMMs'
 # heuristic cuBLASLt candidates against the whole configuration space, then the model at 512 tokens fp16 as built (programmatic edges kept now) and
 # with the fastest row schedule (NIMBLE_ROW_THREADS), each against torch.compile in the same process; the tiny

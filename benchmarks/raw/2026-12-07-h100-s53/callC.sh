@@ -1,4 +1,4 @@
-# to run as (not run in session 53: no machine came): bash benchmarks/raw/2026-12-07-h100-s53/callC.sh (call B's machine, still warm; carrying .device and .device-extra)
+# to run as (not run in session 53: no device time left): bash benchmarks/raw/2026-12-07-h100-s53/callC.sh (call B's machine, still warm; carrying .device and .device-extra)
 # session 53, device call C: #52's 0.5B decoder at 512 tokens in bf16 as built and with call B's fastest row schedule
 # (NIMBLE_ROW_THREADS), each against the PyTorch peers in the same process; #55's cold builds of a Swin- and a
 # ConvNeXt-class timm model in fp16 (the vendor extension already built on this machine)

@@ -1,5 +1,6 @@
 """Experiment: cuBLASLt's whole configuration space for a decoder's GEMMs, against the heuristic's candidates the build
-times (#52: the 0.5B decoder's output and down projections at 512 tokens ran ~300 TFLOP/s, a third of the GPU's).
+times (#52: the 0.5B decoder's output and down projections at 512 tokens, far from the GPU's rate; benchmarks/findings.md,
+'cuBLASLt's configuration space').
 
 ``cublaslt_search.cu`` (beside this script, compiled here with nvcc against the cuBLAS wheel) lists the heuristic's
 candidates and every configuration ``cublasLtMatmulAlgoCheck`` accepts of every algorithm id (tiles x stages x cluster

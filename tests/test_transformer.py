@@ -163,8 +163,8 @@ def test_a_gemm_whose_output_rows_are_unaligned_computes_padded_columns(rows, n,
     of zero-padded weights and the chain's value is its first N (a slice TVM fuses with what follows: the cast to the
     float32 output in a 16-bit build). Fewer rows (a decode step's, the GEMV's), a small GEMM (a classifier's few
     classes, where the slice's launch would cost what alignment gains) and aligned rows keep N. A 16-bit GEMM whose
-    float32 rows are aligned, or that has one row, writes the float32 output itself (no kernel after it). Against the
-    ONNX reference."""
+    float32 rows are aligned, or that has one row, writes the float32 output itself (no kernel after it); a head
+    without a bias passes cuBLASLt none. Against the ONNX reference."""
     from tvm_nimble.relay_passes.precision import to_precision
     from tvm_nimble.relay_passes.providers.chains import Columns
 
@@ -177,6 +177,9 @@ def test_a_gemm_whose_output_rows_are_unaligned_computes_padded_columns(rows, n,
     symbol = call.args[0].global_symbol  # a 16-bit row of a decode step: our GEMV's (the offload's order)
     assert symbol == (vendor_abi.GEMV_MATMUL if rows == 1 and dtype != "float32" else MATMUL)
     assert ("add" in offload.signature) == bias
+    if symbol == MATMUL:  # cuBLASLt's call: a Linear without a bias passes none (no bias epilogue, no bias kernel)
+        bias_arg = call.args[1].fields[2]
+        assert int(bias_arg.value.numpy().size) == ((padded or n) if bias else 0)
     assert offload.value[1] == (Columns(n) if padded else None)
     assert int(call.ty_args[0].fields[0].shape[-1]) == (padded or n)
     writes_float32 = dtype == "float32" or n % 4 == 0 or rows == 1

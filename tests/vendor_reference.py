@@ -171,7 +171,8 @@ def reference_functions():
     def linear(a, w, bias, attrs, y, read=f32):  # a @ op(w) + bias in fp32, in y's shape (its rows may be reshaped);
         # attrs[2:] (allow_tf32, the algorithm) change no value; read: how the operands are read (_tf32_read: float64)
         wv = read(w.numpy())
-        out = read(a.numpy()) @ (wv.T if int(attrs[0]) else wv) + bias.numpy().astype(wv.dtype)
+        b = bias.numpy()  # (empty: no bias, cuBLASLt's GEMM alone)
+        out = read(a.numpy()) @ (wv.T if int(attrs[0]) else wv) + (b.astype(wv.dtype) if b.size else 0)
         return out.reshape(y.shape)
 
     def matmul(a, w, bias, attrs, y, ws, read=f32):

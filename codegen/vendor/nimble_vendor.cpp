@@ -14,7 +14,7 @@
 //       and right): that is what cuDNN's convolution descriptor can express.
 //   nimble.cublas.matmul(a, b, bias, attrs, y, workspace)
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
-//       [K, N], bias [N], y of M * N elements, its last dimension N (any leading dimensions: a reshape
+//       [K, N], bias [N] (or [0]: no bias, and no bias epilogue), y of M * N elements, its last dimension N (any leading dimensions: a reshape
 //       of the rows is free); attrs = [transpose_b, activation, allow_tf32(, algo)];
 //       activation: 0 identity, 1 relu, 2 relu6, 3 gelu (erf), 4 gelu (tanh approximation: cuBLASLt's
 //       GELU epilogue); algo: an index into the candidates (cuBLASLt's heuristic list with the bias
@@ -827,11 +827,13 @@ GemmCall CheckMatmul(TensorView a, TensorView b, TensorView bias, const Shape& a
     FailValue(op, "a " + ShapeStr(a) + " and b " + ShapeStr(b) +
                       (g.tb ? " ([N, K], transpose_b=1)" : " ([K, N], transpose_b=0)") + " disagree on K");
   }
-  if (bias.shape()[0] != g.N) FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(g.N));
+  if (bias.shape()[0] != g.N && bias.shape()[0] != 0) {
+    FailValue(op, "bias has shape " + ShapeStr(bias) + " but N = " + std::to_string(g.N) + " (or 0: no bias)");
+  }
   CheckRows(op, y, g.M, g.N, "a " + ShapeStr(a) + " and N = " + std::to_string(g.N));
   if (g.M != 0 && g.N != 0 && g.K == 0) FailValue(op, "K = 0 is not supported");
   if (DataPtr(y) == DataPtr(a) || DataPtr(y) == DataPtr(b)) FailValue(op, "y must not alias a or b");
-  g.a = DataPtr(a), g.b = DataPtr(b), g.bias = DataPtr(bias), g.y = DataPtr(y);
+  g.a = DataPtr(a), g.b = DataPtr(b), g.bias = bias.shape()[0] == 0 ? nullptr : DataPtr(bias), g.y = DataPtr(y);
   g.attrs_str = ShapeStr(attrs.data(), int(attrs.size()));
   return g;
 }
@@ -944,7 +946,7 @@ void EnqueueGemm(const GemmCall& g, MatmulPlan* p, cublasLtHandle_t lt, cudaStre
               g.op, "cublasLtMatmul",
               (g.batched ? "batch=" + std::to_string(g.batch) + " " : std::string()) + "M=" + std::to_string(g.M) +
                   " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K));
-  if (!g.batched && !p->epilogue_bias) {
+  if (!g.batched && !p->epilogue_bias && (g.bias != nullptr || g.act != 0)) {  // (no bias, no activation: the GEMM)
     LaunchBiasAct(g.op, g.out_dtype, g.y, g.bias, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);
   } else if (!g.batched && (g.act == 2 || g.act == 3)) {  // relu6, erf gelu: not in cuBLASLt's epilogues
     LaunchBiasAct(g.op, g.out_dtype, g.y, nullptr, nullptr, g.M * g.N, 1, g.N, int(g.act), stream);

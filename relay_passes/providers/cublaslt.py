@@ -224,7 +224,9 @@ def matmul_chain(ctx, chains, var, call):
         ctx.report.kept.append(("matmul", "weights are not a constant 2-D matrix"))
         return None
     weight, bias, padded = padded_operands(lin, int(np.prod(lin.out_shape[:-1])))
-    # the bias in the result's dtype: cuBLASLt's epilogue reads it so; a residual is cuBLASLt's C (beta = 1)
+    # the bias in the result's dtype: cuBLASLt's epilogue reads it so; a residual is cuBLASLt's C (beta = 1). A
+    # Linear without a bias (or an all-zero one) passes none: no bias epilogue, no bias kernel after the GEMM
+    bias = bias if np.any(bias) else bias[:0]
     args = [lin.x, relax.const(weight.astype(lin.dtype)), relax.const(bias.astype(lin.out_dtype))]
     return linear_call(ctx, lin, (MATMUL, MATMUL_ADD), args, relax.ShapeExpr([lin.transpose_b, lin.act, ctx.tf32]),
                        GEMM_WORKSPACE_BYTES, padded)

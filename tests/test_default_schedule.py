@@ -26,14 +26,16 @@ def _module(build_body, params):
     return bb.get()
 
 
+def _threads(mod) -> dict[str, list[tuple[str, int]]]:
+    """(thread axis, extent) of every thread binding of each scheduled kernel, by PrimFunc name."""
+    return {gv.name_hint: [(axis, int(n)) for n, axis in re.findall(
+        r'T\.thread_binding\(T\.int64\((\d+)\), thread="(\w+\.\w)"\)', func.script())]
+            for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
+
+
 def _block_counts(mod) -> dict[str, list[int]]:
     """The blockIdx.x extents of every scheduled kernel, by PrimFunc name."""
-    found = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            found[gv.name_hint] = [int(n) for n in re.findall(
-                r'T\.thread_binding\(T\.int64\((\d+)\), thread="blockIdx\.x"\)', func.script())]
-    return found
+    return {name: [n for axis, n in bindings if axis == "blockIdx.x"] for name, bindings in _threads(mod).items()}
 
 
 def _stock(mod):
@@ -268,13 +270,6 @@ def test_the_stock_element_wise_schedule_is_one_variable_away(monkeypatch):
     monkeypatch.delenv(schedules.STOCK_ELEMENTWISE_ENV)
     assert with_stock == {**context_of(SM90), "stock_schedules": ["elementwise"]}
     assert any(_vectorized(stages.lower(mod, SM90)).values())
-
-
-def _threads(mod) -> dict[str, list[tuple[str, int]]]:
-    """(thread axis, extent) of every thread binding of each scheduled kernel, by PrimFunc name."""
-    return {gv.name_hint: [(axis, int(n)) for n, axis in re.findall(
-        r'T\.thread_binding\(T\.int64\((\d+)\), thread="(\w+\.\w)"\)', func.script())]
-            for gv, func in mod.functions.items() if isinstance(func, tvm.tirx.PrimFunc)}
 
 
 def test_the_row_threads_switch_gives_normalizations_of_many_rows_t_threads_a_row(monkeypatch):

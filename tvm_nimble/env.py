@@ -130,10 +130,7 @@ def dependent_launch() -> bool:
 
 
 def schedule_pool() -> bool:
-    """Whether DLight's schedules may be computed in worker processes (``NIMBLE_ROW_THREADS``             T (32, 64, ..., 1024): a block of T threads a row (a warp a row, two rows a block,
-                                   for 32) for normalizations of 256+ rows instead of DLight's block per row (an
-                                   experiment; measured apart in the timing cache)
-``NIMBLE_SCHEDULE_POOL`` is not ``0``)."""
+    """Whether DLight's schedules may be computed in worker processes (``NIMBLE_SCHEDULE_POOL`` is not ``0``)."""
     return os.environ.get(SCHEDULE_POOL, "1") != "0"
 
 

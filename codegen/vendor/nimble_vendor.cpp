@@ -14,11 +14,11 @@
 //       and right): that is what cuDNN's convolution descriptor can express.
 //   nimble.cublas.matmul(a, b, bias, attrs, y, workspace)
 //       y = act(a @ op(b) + bias); a [..., M, K] (rows flattened), b [N, K] if transpose_b else
-//       [K, N], bias [N] (or [0]: no bias, and no bias epilogue), y of M * N elements, its last dimension N (any leading dimensions: a reshape
-//       of the rows is free); attrs = [transpose_b, activation, allow_tf32(, algo)];
+//       [K, N], bias [N] or [0] (no bias), y of M * N elements, its last dimension N (any leading
+//       dimensions: a reshape of the rows is free); attrs = [transpose_b, activation, allow_tf32(, algo)];
 //       activation: 0 identity, 1 relu, 2 relu6, 3 gelu (erf), 4 gelu (tanh approximation: cuBLASLt's
 //       GELU epilogue); algo: an index into the candidates (cuBLASLt's heuristic list with the bias
-//       epilogue, then without it; 0, the first, if left out). y (and bias, and matmul_add's z) may be
+//       epilogue, then without it; without a bias only the latter; 0, the first, if left out). y (and bias, and matmul_add's z) may be
 //       float32 where a and b are 16-bit: the sum is rounded once, to y's dtype (a float32 residual stream).
 //   nimble.cublas.matmul_add(a, b, bias, z, attrs, y, workspace)
 //       y = act(a @ op(b) + bias + z), z shaped like y (a residual: cuBLASLt's C with beta = 1); attrs

@@ -56,10 +56,9 @@ def schedules(kind: str, rows: int, width: int, threads: list[int], rows_per_blo
     """[(label, scheduled PrimFunc)] of one case: the build's, then each variant that divides the shape."""
     import tvm
 
-    from tvm_nimble.relay_passes.schedules import threads_per_row
-    from tvm_nimble.compiler import stages
-
     from elementwise_modules import row_norm
+    from tvm_nimble.compiler import stages
+    from tvm_nimble.relay_passes.schedules import threads_per_row
 
     mod = row_norm(kind, rows, width)
     lowered = stages.lower(mod, target)

@@ -12,6 +12,9 @@ its constructor registers, the headers it includes, the functions of other units
 code (the cuDNN and cuBLASLt calls, the cuDNN frontend's graphs): nvcc hands it to the host compiler alone, at
 ``-O1``, with no device pass -- the device compiler parsed the frontend's headers for minutes although it had no
 kernel to compile, and the host code runs only outside the captured graph (building a cuDNN graph, a live run).
+A unit that includes the cuDNN frontend compiles at ``-O0``: the header-only frontend's code it instantiates is
+most of its compile (the slowest units of a first build), and what that code does at run time is build graphs and
+hand them to cuDNN.
 The kernels such a unit launches live in a ``.cu`` unit behind a function a shared header declares. A build compiles the
 units it needs side by side (``$TVM_NIMBLE_JOBS`` nvcc processes at once), each object cached under the cache
 root by the hash of its unit, the headers it includes, the flags, the arch and the nvcc / cuDNN / cuBLAS
@@ -135,6 +138,7 @@ class VendorUnit:
     registers: tuple[str, ...]  # the global functions its constructor registers
     defines: tuple[str, ...]  # functions declared in a shared header (external linkage) that it defines
     calls: tuple[str, ...]  # such functions defined in another unit that it calls
+    frontend: bool = False  # it includes the cuDNN frontend (directly or through one of its headers)
 
     @property
     def name(self) -> str:
@@ -147,6 +151,7 @@ class VendorUnit:
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_FRONTEND = re.compile(r'^\s*#\s*include\s+<cudnn_frontend\.h>', re.M)
 _CONSTANT = re.compile(r'constexpr\s+const\s+char\s*\*\s*(\w+)\s*=\s*"([^"]+)"')
 _REGISTER = re.compile(r'\bRegister\(\s*(?:"([^"]+)"|(\w+))\s*,')
 #: a function declaration: a return type, the name, the parameters (no body)
@@ -193,9 +198,11 @@ def scan_units(source_dir: str = SOURCE_DIR) -> list[VendorUnit]:
     headers = {p: _headers_of(p) for p in paths}
     shared: dict[str, set[str]] = {}  # header -> the functions it declares with external linkage
     bodies: dict[str, str] = {}  # header -> its code without declarations (what its inline functions call)
+    texts: dict[str, str] = {}
     for header in {h for hs in headers.values() for h in hs}:
         with open(header) as f:
-            code = _code(f.read())
+            texts[header] = f.read()
+        code = _code(texts[header])
         shared[header] = set(_DECLARATION.findall(_outside_unnamed_namespaces(code)))
         bodies[header] = _DECLARATION.sub(" ", code)
     units = []
@@ -211,7 +218,8 @@ def scan_units(source_dir: str = SOURCE_DIR) -> list[VendorUnit]:
         # a call in the unit, or in a function of a header it includes (conv_args.h's launcher calls LaunchBiasAct)
         uses = code + "".join(bodies[h] for h in headers[path])
         calls = sorted(n for n in declared - set(defines) if re.search(rf"\b{n}\s*\(", uses))
-        units.append(VendorUnit(path, tuple(headers[path]), registers, tuple(defines), tuple(calls)))
+        frontend = bool(_FRONTEND.search(text)) or any(_FRONTEND.search(texts[h]) for h in headers[path])
+        units.append(VendorUnit(path, tuple(headers[path]), registers, tuple(defines), tuple(calls), frontend))
     return units
 
 
@@ -285,18 +293,19 @@ class Toolchain:
         paths = vendor_paths()
         return cls(nvcc, arch, paths, f"{nvcc_version(nvcc)}; {_header_versions(paths)}")
 
-    def flags(self, host_only: bool = False) -> list[str]:
-        """nvcc's flags for a unit: a ``.cu`` unit's at -O3 for ``arch`` (SASS and PTX), a host-only unit's at -O1
-        without device code; ``$TVM_NIMBLE_VENDOR_OPT_LEVEL`` below those lowers both, the device compilers'
-        (cicc, ptxas) too."""
+    def flags(self, unit: VendorUnit) -> list[str]:
+        """nvcc's flags for ``unit``: a ``.cu`` unit's at -O3 for ``arch`` (SASS and PTX), a host-only unit's at -O1
+        without device code (-O0 where it includes the cuDNN frontend); ``$TVM_NIMBLE_VENDOR_OPT_LEVEL`` below those
+        lowers them, the device compilers' (cicc, ptxas) too."""
         import tvm_ffi.libinfo
 
-        num = self.arch[3:]
+        num, host_only = self.arch[3:], unit.host_only
         level = env.vendor_opt_level()
         device = [] if host_only else ["-gencode", f"arch=compute_{num},code=[{self.arch},compute_{num}]"]
         if level < 3 and not host_only:
             device += ["-Xcicc", f"-O{level}", "-Xptxas", f"-O{level}"]
-        return [self.nvcc, f"-O{min(level, 1)}" if host_only else f"-O{level}", "-std=c++17",
+        opt = min(level, 0 if unit.frontend else 1) if host_only else level
+        return [self.nvcc, f"-O{opt}", "-std=c++17",
                 "-Xcompiler", "-fPIC,-fvisibility=hidden,-Wno-deprecated-declarations",
                 *([] if host_only else ["-diag-suppress", "1444"]),  # cuDNN's legacy API is deprecated in cuDNN 9
                 # the cuDNN frontend dlopens libcudnn (preloaded by the runtime) and NVRTC (only for experimental
@@ -311,7 +320,7 @@ class Toolchain:
                 "-I", tvm_ffi.libinfo.find_include_path(), "-I", tvm_ffi.libinfo.find_dlpack_include_path()]
 
     def compile_command(self, unit: VendorUnit, obj: str) -> list[str]:
-        return self.flags(unit.host_only) + ["-c", unit.path, "-o", obj]
+        return self.flags(unit) + ["-c", unit.path, "-o", obj]
 
     def link_command(self, objects: list[str], manifest: str, out: str) -> list[str]:
         import tvm_ffi.libinfo
@@ -332,7 +341,7 @@ class Toolchain:
             digest.update(os.path.basename(src).encode() + b"\0")
             with open(src, "rb") as f:
                 digest.update(f.read())
-        digest.update("\0".join(self.flags(unit.host_only) + [self.arch, self.versions]).encode())
+        digest.update("\0".join(self.flags(unit) + [self.arch, self.versions]).encode())
         return digest.hexdigest()[:24]
 
     def object_path(self, unit: VendorUnit) -> str:
@@ -362,7 +371,8 @@ def compile_units(units: list[VendorUnit], tools: Toolchain, on_compiled=None) -
 
         return cached(tools.object_path(unit), compile_to, f"nvcc vendor unit {unit.name}")
 
-    missing = [u for u in units if not os.path.exists(tools.object_path(u))]
+    # the cuDNN frontend's units first: the slowest, they would otherwise wait for a worker behind the quick ones
+    missing = sorted((u for u in units if not os.path.exists(tools.object_path(u))), key=lambda u: not u.frontend)
     if len(missing) > 1:
         with ThreadPoolExecutor(max_workers=max(1, min(len(missing), env.jobs()))) as pool:
             for future in [pool.submit(one, u) for u in missing]:

@@ -77,6 +77,7 @@ def test_the_vendor_opt_level_reaches_every_unit_and_keeps_the_objects_apart(mon
 
     tools, units = Toolchain.find("sm_90"), scan_units()
     assert {u.host_only for u in units} == {True, False}
+    assert {u.name for u in units if u.frontend} == {"cudnn_attention", "cudnn_conv_graph"}
     seen = {}
     for level in ("0", "1", "2", "3", ""):
         monkeypatch.setenv(env.VENDOR_OPT_LEVEL, level)
@@ -84,8 +85,8 @@ def test_the_vendor_opt_level_reaches_every_unit_and_keeps_the_objects_apart(mon
             cmd = tools.compile_command(u, "x.o")
             opts = [a for a in cmd if a.startswith("-O")]
             n = int(level or 3)
-            if u.host_only:
-                assert opts == [f"-O{min(n, 1)}"] and "-Xcicc" not in cmd, cmd
+            if u.host_only:  # the cuDNN frontend's units at -O0 (their compile is the frontend's code), the others -O1
+                assert opts == [f"-O{min(n, 0 if u.frontend else 1)}"] and "-Xcicc" not in cmd, cmd
             else:
                 want = [f"-O{n}"] + ([f"-O{n}", f"-O{n}"] if n < 3 else [])
                 assert opts == want, cmd
@@ -247,14 +248,15 @@ def test_units_register_every_function_and_name_the_units_they_call():
     units = {u.name: u for u in scan_units()}
     registered = [f for u in units.values() for f in u.registers]
     assert sorted(registered) == sorted(vendor.FUNCTIONS)  # each function registered by exactly one unit
-    # attention.cu launches the kernels of attention_tile.cu, attention_cluster.cu, attention_decode.cu (whose
+    # attention.cu launches the kernels of attention_tile_*.cu, attention_cluster.cu, attention_decode.cu (whose
     # cache-appending calls fall back on attention.cu's split-key call), attention_rows.cu and attention_split_*.cu
     assert units["attention"].calls == ("LaunchClusterAttention", "LaunchDecodeAttention", "LaunchRowPerWarpAttention",
                                         "LaunchSplitKeyBF16", "LaunchSplitKeyF16", "LaunchSplitKeyF32",
-                                        "LaunchTileAttention")
+                                        "LaunchTileBF16", "LaunchTileF16", "LaunchTileF32")
     assert units["attention_decode"].calls == ("LaunchSplitKeyAttention",)
-    every_attention = {"attention", "attention_tile", "attention_cluster", "attention_decode", "attention_rows",
-                       "attention_split_f32", "attention_split_f16", "attention_split_bf16"}
+    every_attention = {"attention", "attention_cluster", "attention_decode", "attention_rows",
+                       *(f"attention_{kernel}_{dtype}" for kernel in ("split", "tile")
+                         for dtype in ("f32", "f16", "bf16"))}
     assert {u.name for u in units_for([vendor_abi.ATTENTION_SDPA])} == every_attention
     assert {u.name for u in units_for([vendor_abi.ATTENTION_APPEND_SDPA_BIAS])} == every_attention
     # the stencil kernels in a unit per dtype, which depthwise.cu's calls launch
@@ -267,6 +269,8 @@ def test_units_register_every_function_and_name_the_units_they_call():
     assert [u.name for u in units_for([vendor_abi.ATTENTION_CUDNN_SDPA])] == ["cudnn_attention", "small_kernels"]
     assert {u.name for u in units.values() if u.host_only} == {"nimble_vendor", "cudnn_conv_graph", "cudnn_attention"}
     assert [u.name for u in units_for([vendor_abi.NORM_LAYER_NORM])] == ["layer_norm"]
+    # the GEMV's kernels in a unit per weight dtype, which gemv.cu's calls launch
+    assert [u.name for u in units_for([vendor_abi.GEMV.prefix])] == ["gemv", "gemv_bf16", "gemv_f16"]
     assert len(units_for(None)) == len(units)
     with pytest.raises(VendorBuildError) as err:
         units_for([vendor_abi.CUDNN.prefix + "conv3d"])  # no such function

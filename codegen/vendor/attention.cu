@@ -58,7 +58,7 @@
 //   x * cos + rotate_half(x) * sin in fp32 (rotate_half(x) = [-x[D/2:], x[:D/2]]), rounded to the dtype; cos and sin
 //   fp32 [B, D] (the position's row); q read as [B, H, D] contiguous (q_offset 0). The workspace holds the rotated q
 //   of a call the decode kernel does not take (B * H * D elements).
-// - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.cu.
+// - nimble.attention.tile_sdpa / tile_sdpa_bias (same attrs): the register-tiled kernel, in attention_tile.h.
 // - nimble.attention.cluster_sdpa / cluster_sdpa_bias (same attrs): the key-split fp32 kernel (a query tile's key
 //   chunks on the blocks of a thread-block cluster, merged through distributed shared memory), in
 //   attention_cluster.cu; a call it does not take runs the tile kernel.
@@ -98,6 +98,14 @@ void LaunchAttention(const SdpaParams& p, int dtype, bool f32_mask, const void* 
   }
 }
 
+// The tile kernel's unit of `dtype`; false when the head does not fit (nothing launched)
+bool LaunchTile(const char* op, const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
+                const void* v, const void* m, void* y, cudaStream_t stream) {
+  if (dtype == kF32) return LaunchTileF32(op, p, q, k, v, m, y, stream);
+  if (dtype == kF16) return LaunchTileF16(op, p, f32_mask, q, k, v, m, y, stream);
+  return LaunchTileBF16(op, p, f32_mask, q, k, v, m, y, stream);
+}
+
 void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const TensorView* bias, const Shape& attrs,
               TensorView y, TensorView workspace, Kernel kernel = Kernel::kRowPerWarp) {
   int dtype = 0;
@@ -113,7 +121,7 @@ void SdpaImpl(const char* op, TensorView q, TensorView k, TensorView v, const Te
     return;
   }
   if ((kernel == Kernel::kTile || kernel == Kernel::kCluster) &&
-      LaunchTileAttention(op, p, dtype, f32_mask, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream)) {
+      LaunchTile(op, p, dtype, f32_mask, DataPtr(q), DataPtr(k), DataPtr(v), mp, DataPtr(y), stream)) {
     CheckCuda(cudaGetLastError(), op, "attention kernel launch");
     return;
   }

@@ -1,7 +1,7 @@
 // What the fused-attention units share: attention.cu (the calls and their registration), attention_split_*.cu (the
 // split-key kernel, one unit per dtype), attention_rows.cu (the row-per-warp kernel), attention_decode.cu (the
-// decode kernel and the cache-appending calls), attention_tile.cu (the register-tiled kernel) and
-// attention_cluster.cu (the key-split fp32 kernel).
+// decode kernel and the cache-appending calls), attention_tile_*.cu (the register-tiled kernel, one unit per
+// dtype) and attention_cluster.cu (the key-split fp32 kernel).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -13,11 +13,15 @@
 
 namespace nimble_vendor {
 
-// The tile kernel (attention_tile.cu) on q, k, v of `dtype` (kF32 / kF16 / kBF16; the mask m in fp32 when
-// f32_mask, else in q's dtype, or null) into y, on `stream`; false when the head's K does not fit a block's
-// shared memory (nothing launched: the caller runs the row-per-warp kernel).
-bool LaunchTileAttention(const char* op, const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
-                         const void* v, const void* m, void* y, cudaStream_t stream);
+// The tile kernel (attention_tile.h) on q, k, v of one dtype each (attention_tile_f32.cu, _f16.cu, _bf16.cu; the
+// 16-bit ones with the mask m in fp32 when f32_mask, else in q's dtype, or null) into y, on `stream`; false when the
+// head's K does not fit a block's shared memory (nothing launched: the caller runs the row-per-warp kernel).
+bool LaunchTileF32(const char* op, const SdpaParams& p, const void* q, const void* k, const void* v, const void* m,
+                   void* y, cudaStream_t stream);
+bool LaunchTileF16(const char* op, const SdpaParams& p, bool f32_mask, const void* q, const void* k, const void* v,
+                   const void* m, void* y, cudaStream_t stream);
+bool LaunchTileBF16(const char* op, const SdpaParams& p, bool f32_mask, const void* q, const void* k, const void* v,
+                    const void* m, void* y, cudaStream_t stream);
 
 // The key-split kernel (attention_cluster.cu) on fp32 q, k, v (and an fp32 mask m, or null) into y, on `stream`;
 // false when it does not take the call (another dtype, a head over 64, unaligned rows, over 512 keys, or over 64

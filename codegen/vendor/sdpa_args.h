@@ -10,7 +10,7 @@
 
 namespace nimble_vendor {
 
-// the attrs as the kernels take them (outside the unnamed namespace: attention.cu hands them to attention_tile.cu)
+// the attrs as the kernels take them (outside the unnamed namespace: attention.cu hands them to the kernels' units)
 struct SdpaParams {
   int64_t B, H, Sq, Sk, D, Dv;
   int64_t q_off, q_sb, q_sh, q_ss, k_off, k_sb, k_sh, k_ss, v_off, v_sb, v_sh, v_ss;

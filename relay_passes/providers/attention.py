@@ -54,7 +54,7 @@ CUDNN_KEY_CAUSAL_SDPA = vendor_abi.ATTENTION_CUDNN_KEY_CAUSAL_SDPA
 #: the split-key kernel (codegen/vendor/attention.cu), same attrs; provider ``attention_split``
 SPLIT_SDPA = vendor_abi.ATTENTION_SPLIT_SDPA
 SPLIT_SDPA_BIAS = vendor_abi.ATTENTION_SPLIT_SDPA_BIAS
-#: the tile kernel (codegen/vendor/attention_tile.cu: register-tiled Q·Kᵀ and P·V, the head's K and V in shared
+#: the tile kernel (codegen/vendor/attention_tile.h: register-tiled Q·Kᵀ and P·V, the head's K and V in shared
 #: memory), same attrs; provider ``attention_tile``
 TILE_SDPA = vendor_abi.ATTENTION_TILE_SDPA
 TILE_SDPA_BIAS = vendor_abi.ATTENTION_TILE_SDPA_BIAS

@@ -32,16 +32,16 @@ MATMUL = vendor_abi.GEMV_MATMUL
 MATMUL_ADD = vendor_abi.GEMV_MATMUL_ADD
 NORM_MATMUL = vendor_abi.GEMV_NORM_MATMUL
 NORM_MATMUL_ADD = vendor_abi.GEMV_NORM_MATMUL_ADD
-#: the most rows (the input's leading dimensions folded) it takes: codegen/vendor/gemv.cu's kGemvMaxRows
+#: the most rows (the input's leading dimensions folded) it takes: codegen/vendor/gemv_kernels.h's kGemvMaxRows
 MAX_ROWS = 8
-#: the widest row its prologue normalizes: gemv.cu's kNormMaxK
+#: the widest row its prologue normalizes: gemv_kernels.h's kNormMaxK
 MAX_NORM_K = 4096
 #: the widest output the prologue is offered for: every block normalizes the row again, and on the LM heads measured
 #: (50,257 and 151,936 columns) the prologue cost more than the norm kernel it saves (42 us against 28 without it, 108
 #: against 67; benchmarks/findings.md, 'A decode step's Linears on our GEMV in kernels="vendor"'), while up to 9,728
 #: (a gated MLP's gate/up) it saved time
 MAX_NORM_COLUMNS = 16384
-#: the prologue's norm codes (gemv.cu's NormKind)
+#: the prologue's norm codes (gemv_kernels.h's NormKind)
 NORMS = {"relax.nn.layer_norm": 1, "relax.nn.rms_norm": 2}
 
 
@@ -162,7 +162,7 @@ NORM_PROVIDER = register(Provider(
 
 GLU_MATMUL = vendor_abi.GEMV_GLU_MATMUL
 GLU_NORM_MATMUL = vendor_abi.GEMV_GLU_NORM_MATMUL
-#: the gates the kernel computes (gemv.cu's GluKind)
+#: the gates the kernel computes (gemv_kernels.h's GluKind)
 GLU_SILU = 1
 
 

@@ -60,7 +60,7 @@ CLUSTER_ENV = "NIMBLE_ATTENTION_CLUSTER"
 
 
 def tile_bytes(rows: int, sk: int, d: int, dv: int) -> int:
-    """The tile kernel's shared memory for R = rows (codegen/vendor/attention_tile.cu, MakeTileLayout)."""
+    """The tile kernel's shared memory for R = rows (codegen/vendor/attention_tile.h, MakeTileLayout)."""
     def odd_quads(n):
         return n if (n // 4) % 2 else n + 4
 

@@ -1,5 +1,7 @@
-// The register-tiled fused attention kernel: nimble.attention.tile_sdpa / tile_sdpa_bias (the attrs of
-// attention.cu's calls, which register them and launch this one through LaunchTileAttention).
+// The register-tiled fused attention kernel (nimble.attention.tile_sdpa / tile_sdpa_bias: attention.cu's calls, which
+// register them and launch this one through LaunchTileF32 / F16 / BF16) and its launch, shared by the units that
+// instantiate it for one dtype each (attention_tile_f32.cu, attention_tile_f16.cu, attention_tile_bf16.cu: they
+// compile side by side, where one unit of every dtype was among the extension's slowest device units).
 //
 // attention.cu's two kernels are shared-memory bound, about one shared load per FMA (ViT-B: 26.7 us, ~4.5
 // TFLOP/s for 119 MFLOP). This one computes S = Q·Kᵀ and O = P·V as two small SIMT GEMMs: a block takes one
@@ -11,6 +13,8 @@
 // the call runs the row-per-warp kernel. It matches float64 like the others and is faster on large grids, but a
 // small grid pays a fixed cost, so it is a candidate the kernel choice measures per operator (see
 // benchmarks/findings.md, 'Attention kernels, build times, serving googlenet, PyTorch's half precision by layout').
+#pragma once
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -319,17 +323,13 @@ bool LaunchTileRows(const char* op, const SdpaParams& p, const T* q, const T* k,
   return true;
 }
 
-}  // namespace
-
-bool LaunchTileAttention(const char* op, const SdpaParams& p, int dtype, bool f32_mask, const void* q, const void* k,
-                         const void* v, const void* m, void* y, cudaStream_t stream) {
-  auto launch = [&](auto t, auto mask) {
-    using T = decltype(t);
-    using M = decltype(mask);
-    return LaunchTileRows<T, M>(op, p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                                static_cast<const M*>(m), static_cast<T*>(y), stream);
-  };
-  return WithAttentionTypes(dtype, f32_mask, launch);
+// The tile kernel on q, k, v of T and the mask of M; false when no R fits (nothing launched).
+template <typename T, typename M>
+bool LaunchTileTyped(const char* op, const SdpaParams& p, const void* q, const void* k, const void* v, const void* m,
+                     void* y, cudaStream_t stream) {
+  return LaunchTileRows<T, M>(op, p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                              static_cast<const M*>(m), static_cast<T*>(y), stream);
 }
 
+}  // namespace
 }  // namespace nimble_vendor

@@ -271,6 +271,9 @@ def test_units_register_every_function_and_name_the_units_they_call():
     assert [u.name for u in units_for([vendor_abi.NORM_LAYER_NORM])] == ["layer_norm"]
     # the GEMV's kernels in a unit per weight dtype, which gemv.cu's calls launch
     assert [u.name for u in units_for([vendor_abi.GEMV.prefix])] == ["gemv", "gemv_bf16", "gemv_f16"]
+    # the fp32 GEMM's two kernel kinds in a unit each (its calls time candidates with small_kernels.cu's spin)
+    assert [u.name for u in units_for([vendor_abi.GEMM.prefix])] == ["gemm_simt", "gemm_simt_pipelined",
+                                                                       "gemm_simt_staged", "small_kernels"]
     assert len(units_for(None)) == len(units)
     with pytest.raises(VendorBuildError) as err:
         units_for([vendor_abi.CUDNN.prefix + "conv3d"])  # no such function

@@ -14,7 +14,8 @@
 // Candidates: a tile variant and a split count each; the list is a function of (M, N, K). attrs [activation] runs
 // the fastest, measured on the first call made outside a CUDA graph capture (as the cuDNN convolutions do; under a
 // capture, without one, a static rule's pick); attrs [activation, index] runs candidate `index` (the build measures
-// them all with nimble.gemm.matmul_timings and bakes the fastest in). The kernels are in gemm_simt_kernels.h.
+// them all with nimble.gemm.matmul_timings and bakes the fastest in). The kernels are in gemm_simt_kernels.h,
+// instantiated in gemm_simt_staged.cu and gemm_simt_pipelined.cu.
 #include <array>
 #include <atomic>
 #include <map>
@@ -30,32 +31,6 @@ namespace {
 
 constexpr const char* kSimtMatmul = "nimble.gemm.matmul";
 constexpr const char* kSimtMatmulAdd = "nimble.gemm.matmul_add";
-struct SimtVariant {
-  int bm, bn, threads;
-  bool pipelined;  // the cp.async kernel
-  int bk;          // its K columns a stage
-  cudaError_t (*launch)(const SimtArgs&, int, cudaStream_t);
-};
-
-#define NIMBLE_SIMT_VARIANT(BM, BN, TM, TN) \
-  SimtVariant { BM, BN, SimtTile<BM, BN, TM, TN>::kThreads, false, kBK, LaunchSimt<BM, BN, TM, TN> }
-#define NIMBLE_SIMT_ASYNC_VARIANT(BM, BN, TM, TN, BK, ST) \
-  SimtVariant { BM, BN, AsyncTile<BM, BN, TM, TN, BK, ST>::kThreads, true, BK, LaunchSimtAsync<BM, BN, TM, TN, BK, ST> }
-// New variants go at the end: an index baked into an artifact must keep meaning the same kernel.
-const SimtVariant kSimtVariants[] = {
-    NIMBLE_SIMT_VARIANT(64, 64, 4, 4),        NIMBLE_SIMT_VARIANT(32, 64, 4, 4),
-    NIMBLE_SIMT_VARIANT(64, 32, 4, 4),        NIMBLE_SIMT_VARIANT(64, 128, 8, 8),
-    NIMBLE_SIMT_VARIANT(32, 128, 4, 8),       NIMBLE_SIMT_VARIANT(128, 64, 8, 4),
-    NIMBLE_SIMT_ASYNC_VARIANT(64, 64, 4, 4, 16, 3),  NIMBLE_SIMT_ASYNC_VARIANT(64, 128, 4, 8, 16, 3),
-    NIMBLE_SIMT_ASYNC_VARIANT(128, 64, 8, 4, 16, 3), NIMBLE_SIMT_ASYNC_VARIANT(128, 128, 8, 8, 16, 3),
-    NIMBLE_SIMT_ASYNC_VARIANT(32, 128, 4, 8, 16, 3),
-    // deeper: 32 columns of K a stage, four stages (more bytes in flight per block, for weights that come from
-    // HBM rather than L2: ViT-B's GEMMs inside the model ran slower than back to back)
-    NIMBLE_SIMT_ASYNC_VARIANT(32, 128, 4, 8, 32, 4), NIMBLE_SIMT_ASYNC_VARIANT(64, 128, 4, 8, 32, 4),
-    NIMBLE_SIMT_ASYNC_VARIANT(32, 64, 4, 4, 32, 4),
-};
-#undef NIMBLE_SIMT_VARIANT
-#undef NIMBLE_SIMT_ASYNC_VARIANT
 const int kSimtSplits[] = {1, 2, 3, 4, 6, 8};
 
 struct SimtCandidate {
@@ -67,7 +42,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The static rule: the least work on the busiest SM (blocks per SM x a block's multiply-adds), a split
 // counting 32 more K columns for its reduction; ties to fewer splits.
 double SimtCost(const SimtCandidate& c, int64_t M, int64_t N, int64_t sms) {
-  const SimtVariant& v = kSimtVariants[c.variant];
+  const SimtShape& v = kSimtShapes[c.variant];
   const int64_t blocks = CeilDiv(M, v.bm) * CeilDiv(N, v.bn) * c.splits;
   return double(CeilDiv(blocks, sms)) * v.bm * v.bn * (c.k_chunk + (c.splits > 1 ? 32 : 0)) + c.splits;
 }
@@ -77,8 +52,8 @@ double SimtCost(const SimtCandidate& c, int64_t M, int64_t N, int64_t sms) {
 // (sm_90 and later), at least one kBK stage of its own, and no more than 1,024 blocks in all.
 std::vector<SimtCandidate> SimtCandidates(int64_t M, int64_t N, int64_t K, bool clusters) {
   std::vector<SimtCandidate> out;
-  for (int v = 0; v < int(sizeof(kSimtVariants) / sizeof(kSimtVariants[0])); ++v) {
-    const int64_t tiles = CeilDiv(M, kSimtVariants[v].bm) * CeilDiv(N, kSimtVariants[v].bn);
+  for (int v = 0; v < kSimtVariantCount; ++v) {
+    const int64_t tiles = CeilDiv(M, kSimtShapes[v].bm) * CeilDiv(N, kSimtShapes[v].bn);
     for (int s : kSimtSplits) {
       const int64_t chunk = CeilDiv(CeilDiv(K, kBK), s) * kBK;
       if (s > 1 && (!clusters || (s - 1) * chunk >= K || tiles * s > 1024)) continue;
@@ -168,10 +143,15 @@ SimtCall CheckSimt(const char* op, TensorView a, TensorView b, TensorView bias, 
   return g;
 }
 
-void EnqueueSimt(const SimtCall& g, const SimtCandidate& c, cudaStream_t stream) {
-  SimtArgs p = g.p;
+// Candidate c's kernel, in the unit of its kind
+cudaError_t LaunchCandidate(const SimtCandidate& c, SimtArgs p, cudaStream_t stream) {
   p.k_chunk = c.k_chunk;
-  CheckCuda(kSimtVariants[c.variant].launch(p, c.splits, stream), g.op, "cudaLaunchKernelEx");
+  return kSimtShapes[c.variant].pipelined ? LaunchSimtPipelined(c.variant, p, c.splits, stream)
+                                          : LaunchSimtStaged(c.variant, p, c.splits, stream);
+}
+
+void EnqueueSimt(const SimtCall& g, const SimtCandidate& c, cudaStream_t stream) {
+  CheckCuda(LaunchCandidate(c, g.p, stream), g.op, "cudaLaunchKernelEx");
 }
 
 // a candidate this GPU refuses to launch (a cluster shape it cannot schedule) times as this many microseconds
@@ -183,16 +163,14 @@ std::vector<double> TimeSimt(const SimtCall& g, const std::vector<SimtCandidate>
                              cudaStream_t stream) {
   std::vector<double> out;
   for (size_t i = 0; i < cands.size(); ++i) {
-    SimtArgs p = g.p;
-    p.k_chunk = cands[i].k_chunk;
-    const cudaError_t err = kSimtVariants[cands[i].variant].launch(p, cands[i].splits, stream);
+    const cudaError_t err = LaunchCandidate(cands[i], g.p, stream);
     if (err != cudaSuccess) {  // a launch-configuration error, not sticky: this candidate is out
       cudaGetLastError();
       out.push_back(kRefusedUs);
       continue;
     }
     const double us = GpuUsPerCall(stream, reps, [&] {
-      return kSimtVariants[cands[i].variant].launch(p, cands[i].splits, stream) == cudaSuccess;
+      return LaunchCandidate(cands[i], g.p, stream) == cudaSuccess;
     });
     if (us < 0) FailValue(g.op, "timing candidate " + std::to_string(i) + " failed (a launch or CUDA events)");
     out.push_back(us);
@@ -287,7 +265,7 @@ Array<String> SimtCandidateNames(int64_t M, int64_t N, int64_t K, bool clusters)
   Array<String> out;
   if (M < 1 || N < 1 || K < 1) FailValue("nimble.gemm.candidates", "M, N and K must be >= 1");
   for (const SimtCandidate& c : SimtCandidates(M, N, K, clusters)) {
-    const SimtVariant& v = kSimtVariants[c.variant];
+    const SimtShape& v = kSimtShapes[c.variant];
     out.push_back(String(std::to_string(v.bm) + "x" + std::to_string(v.bn) + (v.pipelined ? "p" + std::to_string(v.bk) : "") +
                          "/" + std::to_string(c.splits)));
   }

@@ -1,19 +1,19 @@
 // The kernels of our fp32 GEMM (gemm_simt.cu: the candidates, the calls and their registration): the arguments,
-// the epilogue, the split-K reduction across a thread-block cluster, and two main loops (registers-staged, and a
-// cp.async pipeline), each a template over its tile.
+// the tile variants, the epilogue, the split-K reduction across a thread-block cluster, and two main loops
+// (registers-staged, and a cp.async pipeline), each a template over its tile, instantiated in a unit each
+// (gemm_simt_staged.cu, gemm_simt_pipelined.cu: they compile side by side).
 #pragma once
 
 #include <cooperative_groups.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "common.h"
 
 namespace nimble_vendor {
-namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kBK = 16;        // K columns per shared-memory stage
 // The activations the epilogue compiles: 0-3, not GELU's tanh form (4). Its branch, never taken by the fp32 GEMMs
@@ -31,6 +31,36 @@ struct SimtArgs {
   int k_chunk;  // K columns per split (a multiple of kBK)
   int act;
 };
+
+// A tile variant of the candidates: a block computes BM x BN outputs, a thread TM x TN; the cp.async kernel's
+// (pipelined) stages hold BK columns of K, ST of them (the registers-staged kernel: kBK, two)
+struct SimtShape {
+  int bm, bn, tm, tn;
+  bool pipelined;
+  int bk, st;
+};
+
+// New variants go at the end: an index baked into an artifact must keep meaning the same kernel.
+constexpr SimtShape kSimtShapes[] = {
+    {64, 64, 4, 4, false, kBK, 2},  {32, 64, 4, 4, false, kBK, 2},  {64, 32, 4, 4, false, kBK, 2},
+    {64, 128, 8, 8, false, kBK, 2}, {32, 128, 4, 8, false, kBK, 2}, {128, 64, 8, 4, false, kBK, 2},
+    {64, 64, 4, 4, true, 16, 3},    {64, 128, 4, 8, true, 16, 3},   {128, 64, 8, 4, true, 16, 3},
+    {128, 128, 8, 8, true, 16, 3},  {32, 128, 4, 8, true, 16, 3},
+    // deeper: 32 columns of K a stage, four stages (more bytes in flight per block, for weights that come from
+    // HBM rather than L2: ViT-B's GEMMs inside the model ran slower than back to back)
+    {32, 128, 4, 8, true, 32, 4},   {64, 128, 4, 8, true, 32, 4},   {32, 64, 4, 4, true, 32, 4},
+};
+constexpr int kSimtVariantCount = int(sizeof(kSimtShapes) / sizeof(kSimtShapes[0]));
+
+// Variant `variant` (an index of kSimtShapes) with K split `splits` ways across a cluster, on `stream`: the
+// registers-staged kernels' unit (gemm_simt_staged.cu) and the cp.async kernels' (gemm_simt_pipelined.cu); another
+// unit's variant is cudaErrorInvalidValue
+cudaError_t LaunchSimtStaged(int variant, const SimtArgs& p, int splits, cudaStream_t stream);
+cudaError_t LaunchSimtPipelined(int variant, const SimtArgs& p, int splits, cudaStream_t stream);
+
+namespace {
+
+namespace cg = cooperative_groups;
 
 // y[gm, gn..gn+3] = act(v + bias + z) (gn + 3 < N: N is a multiple of 4)
 __device__ __forceinline__ void Epilogue(const SimtArgs& p, int gm, int gn, float4 v) {
@@ -325,6 +355,27 @@ cudaError_t LaunchSimtAsync(const SimtArgs& p, int splits, cudaStream_t stream) 
   const dim3 grid(unsigned((p.N + BN - 1) / BN), unsigned((p.M + BM - 1) / BM), unsigned(splits));
   return KernelLaunch(grid, dim3(T::kThreads), stream, kBytes)
       .Cluster(1, 1, unsigned(splits))(SimtGemmAsyncKernel<BM, BN, TM, TN, BK, ST>, p);
+}
+
+// Variant I's kernel if it is of the kind kPipelined (else cudaErrorInvalidValue, nothing instantiated)
+template <bool kPipelined, std::size_t I>
+cudaError_t LaunchSimtShape(const SimtArgs& p, int splits, cudaStream_t stream) {
+  constexpr SimtShape s = kSimtShapes[I];
+  if constexpr (s.pipelined != kPipelined) {
+    return cudaErrorInvalidValue;
+  } else if constexpr (kPipelined) {
+    return LaunchSimtAsync<s.bm, s.bn, s.tm, s.tn, s.bk, s.st>(p, splits, stream);
+  } else {
+    return LaunchSimt<s.bm, s.bn, s.tm, s.tn>(p, splits, stream);
+  }
+}
+
+// Variant v's kernel of the kind kPipelined: the one place a variant's index becomes its kernel's template arguments
+template <bool kPipelined, std::size_t... I>
+cudaError_t LaunchSimtKind(int v, const SimtArgs& p, int splits, cudaStream_t stream, std::index_sequence<I...>) {
+  cudaError_t err = cudaErrorInvalidValue;
+  (void)((v == int(I) ? (err = LaunchSimtShape<kPipelined, I>(p, splits, stream), true) : false) || ...);
+  return err;
 }
 
 }  // namespace

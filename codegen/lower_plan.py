@@ -41,9 +41,11 @@ def _kinds(program: LoweredProgram) -> dict[int, str]:
     return kinds
 
 
-def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
-               func_name: str = "main") -> tuple[Plan, dict[str, np.ndarray]]:
-    """Return (plan, constants by name ``c<tensor id>``)."""
+def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent", func_name: str = "main",
+               constants_of: dict[str, np.ndarray] | None = None) -> tuple[Plan, dict[str, np.ndarray]]:
+    """Return (plan, constants by name ``c<tensor id>``). ``constants_of``: the constants of another plan of the
+    same lowered function (another stream schedule: the same values, ids and constants), given back instead of
+    copied out of the module again (a model's weights, once per schedule the stream choice tries)."""
     if reuse not in REUSE_MODES:
         raise ValueError(f"reuse must be one of {REUSE_MODES}, got {reuse!r}")
     program = read_lowered_function(mod, func_name)
@@ -94,7 +96,7 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
         offset = program.region(v.id)[1]  # roots sit at the start of their storage
         tensors.append(TensorSlot(v.id, v.name, list(v.shape), v.dtype, kinds[v.id], storage_of[r], offset, v.base))
     constants = [v.id for v in program.values if v.kind == "const"]
-    params = {f"c{v.id}": v.constant.value.numpy() for v in program.values if v.kind == "const"}
+    params = _constants(program, constants_of)
     memory = {
         "pool_bytes": sum(sizes),
         "pool_bytes_concurrent_safe": concurrent.total_bytes,
@@ -109,6 +111,20 @@ def build_plan(mod: tvm.IRModule, target: dict, reuse: str = "concurrent",
                 states=list(program.states))
     plan.validate()
     return plan, params
+
+
+def _constants(program: LoweredProgram, known: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """The constants' values by name ``c<id>``: ``known``'s where it holds these names with these shapes and dtypes
+    (the same lowered function's), else copied out of the module."""
+    consts = {f"c{v.id}": v for v in program.values if v.kind == "const"}
+
+    def same(name: str, v) -> bool:
+        a = known.get(name)
+        return a is not None and tuple(a.shape) == tuple(v.shape) and str(a.dtype) == v.dtype
+
+    if known is not None and len(known) == len(consts) and all(same(n, v) for n, v in consts.items()):
+        return {n: known[n] for n in consts}
+    return {n: v.constant.value.numpy() for n, v in consts.items()}
 
 
 def _root_bytes(program: LoweredProgram) -> dict[int, int]:

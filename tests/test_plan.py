@@ -89,3 +89,25 @@ def test_stream_priorities_survive_the_round_trip(inception_built):
     data = json.loads(plan.to_json())
     data.pop("stream_priority")  # plans written before the field: all streams equal
     assert Plan.from_json(json.dumps(data)).stream_priority == []
+
+
+def test_another_schedule_of_the_same_program_reuses_its_constants(inception_built):
+    """The stream choice plans a lowered model once per stream cap: each plan hands back the constants of the plan
+    it was rescheduled from (the same arrays, not the weights copied out of the module again), equal to a plan made
+    from scratch; constants of another program (other shapes) are not taken."""
+    import numpy as np
+
+    from tvm_nimble.codegen.lower_plan import build_plan
+    from tvm_nimble.compiler.stream_choice import rescheduled
+
+    result = inception_built.module
+    assert result.plan.num_streams > 1 and result.params
+    one = rescheduled(result, 1)
+    assert one.plan.num_streams == 1 and one.plan.constants == result.plan.constants
+    assert all(one.params[name] is array for name, array in result.params.items())
+    _, fresh = build_plan(one.annotated_mod, one.plan.target)
+    assert fresh.keys() == one.params.keys()
+    assert all(fresh[n] is not one.params[n] and np.array_equal(fresh[n], one.params[n]) for n in fresh)
+    wrong = {name: np.zeros((*array.shape, 2), array.dtype) for name, array in result.params.items()}
+    _, rebuilt = build_plan(one.annotated_mod, one.plan.target, constants_of=wrong)
+    assert all(np.array_equal(rebuilt[n], fresh[n]) and rebuilt[n] is not wrong[n] for n in fresh)

@@ -198,17 +198,17 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target, tuning_database=None,
 
 
 def schedule(lowered: tvm.IRModule, target: tvm.target.Target, *, max_streams: int | None = None,
-             reuse: str = "concurrent", costs=None, program: LoweredProgram | None = None):
+             reuse: str = "concurrent", costs=None, program: LoweredProgram | None = None, params=None):
     """Stream assignment, annotation and the launch plan of a lowered module; ``costs`` (one per kernel
     of the lowered program) make a stream cap cost-aware; ``program``: ``lowered`` read already (another
-    schedule of it; nothing changes it).
+    schedule of it; nothing changes it); ``params``: that other schedule's constants (its plan's, by name), reused.
 
     Returns (annotated module, program, assignment, plan, params)."""
     program = program if program is not None else read_lowered_function(lowered)
     func, assignment = annotate_function(lowered, max_streams=max_streams, program=program, costs=costs)
     annotated = lowered.clone()
     annotated["main"] = func
-    plan, params = build_plan(annotated, target_dict(target), reuse=reuse)
+    plan, params = build_plan(annotated, target_dict(target), reuse=reuse, constants_of=params)
     return annotated, program, assignment, plan, params
 
 

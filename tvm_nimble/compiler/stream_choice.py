@@ -61,7 +61,8 @@ def rescheduled(result, max_streams: int, reuse: str | None = None, costs=None):
     reuse = reuse or _reuse_of(result)
     annotated, program, assignment, plan, consts = schedule(result.lowered, result.tvm_target,
                                                             max_streams=max_streams, reuse=reuse, costs=costs,
-                                                            program=getattr(result, "program", None))
+                                                            program=getattr(result, "program", None),
+                                                            params=result.params)
     plan.index_bounds = result.plan.index_bounds
     plan.dependent_launch = result.plan.dependent_launch  # the same kernels: they wait first as they did
     report = result.report.replace(max_streams=max_streams, stream_order="slack" if costs else "program")

@@ -2,6 +2,7 @@
 import pathlib
 
 import numpy as np
+import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
@@ -265,9 +266,13 @@ def test_shape_dict_not_a_mapping():
 def test_the_in_memory_check_size_agrees_with_protobuf(limit):
     """Whether a model is checked in memory: its weights' size from their shapes first (a 0.5B decoder's ByteSize
     walked 2 GB of bytes for seconds, then raised), the serialized size otherwise; the same answer as protobuf's."""
-    from tvm_nimble.compiler.frontend.onnx_import import fits_in_memory_checks
+    from tvm_nimble.compiler.frontend.onnx_import import _serialized_in_memory, fits_in_memory_checks
 
     inits = [numpy_helper.from_array(np.arange(300, dtype=np.float32).reshape(3, 100), "a"),
              numpy_helper.from_array(np.ones((10, 30), np.float16), "b")]
     model = helper.make_model(helper.make_graph([], "g", [], [], initializer=inits))
     assert fits_in_memory_checks(model, limit) == (model.ByteSize() < limit)
+    # the import's checker reads the model serialized once, where it fits: the same answer, the model's bytes
+    data = _serialized_in_memory(model, limit)
+    assert (data is not None) == fits_in_memory_checks(model, limit)
+    assert data is None or onnx.load_from_string(data) == model

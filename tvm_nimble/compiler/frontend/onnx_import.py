@@ -257,14 +257,27 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
+def _serialized_in_memory(model: onnx.ModelProto, limit: int = _IN_MEMORY_CHECK_BYTES) -> bytes | None:
+    """``model`` serialized when that is below ``limit`` bytes (what :func:`fits_in_memory_checks` answers, and the
+    bytes the in-memory checker reads: the model serialized once where sizing it and checking it took twice)."""
+    if _initializer_bytes(model) >= limit:
+        return None
+    try:
+        data = model.SerializeToString()
+    except Exception:  # noqa: BLE001  (protobuf's EncodeError, by implementation: over its 2 GB limit)
+        return None
+    return data if len(data) < limit else None
+
+
 def _check_model(model: onnx.ModelProto, label: str, path: str | None) -> None:
     try:
-        if not fits_in_memory_checks(model):
+        data = _serialized_in_memory(model)
+        if data is None:
             if path is None:
                 return  # too large for the in-memory checker; the importer will still validate it
             onnx.checker.check_model(path)
         else:
-            onnx.checker.check_model(model)
+            onnx.checker.check_model(data)
     except Exception as e:  # onnx.checker.ValidationError and friends
         raise ModelError(f"{label} fails the ONNX checker: {one_line(e, whole=True)}: fix the model or re-export it") from None
 

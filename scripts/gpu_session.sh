@@ -106,10 +106,14 @@ for art in sorted(glob.glob(d + '/*.nimble')):
             fi ;;
         vendor)
             step "${a[1]}" "$PYTHON" -c "import time
+from tvm_nimble import env
+from tvm_nimble.codegen.compile_cache import records
 from tvm_nimble.codegen.vendor_build import build_vendor_library
-t = time.perf_counter()
+t, start = time.perf_counter(), time.time()
 path = build_vendor_library('sm_90')
-print(f'vendor extension: {time.perf_counter() - t:.1f} s wall ({path})')" ;;
+print(f'vendor extension: {time.perf_counter() - t:.1f} s wall ({path})')
+units = sorted((r for r in records(env.cache_dir('vendor')) if r.started >= start), key=lambda r: -r.seconds)
+print('slowest units:', ', '.join(f'{r.what.split()[-1]} {r.seconds:.1f} s' for r in units[:8]))" ;;
         generate)
             step "${a[1]}" "$PYTHON" -m tvm_nimble.cli bench --generate --target "$TARGET" "${a[@]:2}" \
                 --out "$WORK/generate" ;;

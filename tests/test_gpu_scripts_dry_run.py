@@ -158,11 +158,15 @@ def test_merge_choice_script_on_cpu(tmp_path):
 def test_build_times_script_on_cpu(tmp_path):
     """The build_times experiment (#36), dry-run on llvm: a cold and a warm build, each in a fresh process with
     its own cache directory, in the precision asked for, the same plan both times, the phases recorded; nothing
-    left behind."""
+    left behind. With --gpus 2 the two models build at once, each in a lane of its own (a GPU, half the cores),
+    the rows in the order asked."""
     script("experiments/build_times.py", "--models", "zoo:inception", "--small", "--target", "llvm", "--kernels", "tvm",
-           "--precision", "fp16", "--batch", "1,2", "--out", str(tmp_path / "bt"), cwd=tmp_path)
+           "--precision", "fp16", "--batch", "1,2", "--gpus", "2", "--out", str(tmp_path / "bt"), cwd=tmp_path)
     rows = json.load(open(tmp_path / "bt" / "build_times.json"))
     assert [(r["model"], r["batch"]) for r in rows] == [("incept6", 1), ("incept6@2", 2)]  # every --batch
+    share = str(max(1, (os.cpu_count() or 1) // 2))
+    assert sorted(r["lane"]["CUDA_VISIBLE_DEVICES"] for r in rows) == ["0", "1"]  # one lane each, at once
+    assert all(r["lane"]["TVM_NIMBLE_JOBS"] == share for r in rows)
     for row in rows:
         assert row["precision"] == "fp16" and row["same_plan"] is True
         assert all(row[run]["seconds"] > 0 and "lower" in row[run]["phases"] for run in ("cold", "warm"))

@@ -19,6 +19,10 @@ same, and the cold build's measured chains: provider, count, the provider's and 
 each warm build's phases.
 With BUILD_PROFILE=1 in the environment each build runs under cProfile and writes the 40 functions of most
 cumulative time to DIR/profile-{cold,warm}-MODEL.txt (the profiler slows Python-heavy phases: time without it).
+
+With ``--gpus N`` (a machine of N GPUs) N models build at once, each on a GPU of its own (``CUDA_VISIBLE_DEVICES``)
+with the machine's cores shared out (``TVM_NIMBLE_JOBS``: cores / N): on a 4-GPU machine of 64 cores, four
+16-core machines' first builds in the time of one (each row says its GPU and jobs).
 """
 from __future__ import annotations
 
@@ -26,9 +30,11 @@ import glob
 import hashlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import gpu_args  # the shared command line, beside this script in scripts/experiments/
@@ -68,16 +74,25 @@ def _one(onnx_path: str, target: str, kernels: str, precision: str, profile_to: 
 
 
 def _in_fresh_process(onnx_path: str, target: str, kernels: str, precision: str, cache: str,
-                      profile_to: str = "") -> dict:
+                      profile_to: str = "", lane: dict | None = None) -> dict:
     from tvm_nimble import env as nimble_env
 
-    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    env = dict(os.environ, XDG_CACHE_HOME=cache, **(lane or {}))
     env.pop(nimble_env.CACHE_DIR, None)  # it would win over XDG_CACHE_HOME: the "cold" build would be warm
     r = subprocess.run([sys.executable, __file__, "--one", onnx_path, target, kernels, precision, profile_to],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
         return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["exit %d" % r.returncode]}
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _lanes(gpus: int) -> list[dict]:
+    """The environment of each of ``gpus`` builds at once: its GPU and its share of this machine's cores (none
+    for one: a build as a user runs it)."""
+    if gpus == 1:
+        return [{}]
+    share = max(1, (os.cpu_count() or 1) // gpus)
+    return [{"CUDA_VISIBLE_DEVICES": str(i), "TVM_NIMBLE_JOBS": str(share)} for i in range(gpus)]
 
 
 def _vendor_cache() -> str | None:
@@ -92,46 +107,90 @@ def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--one"]:
         print(json.dumps(_one(*sys.argv[2:7])))
         return
-    first = lambda ap: ap.add_argument("--first-build", action="store_true",  # noqa: E731
-                                       help="the cold build's cache empty, the vendor extension included")
+
+    def extend(ap):
+        ap.add_argument("--first-build", action="store_true",
+                        help="the cold build's cache empty, the vendor extension included")
+        ap.add_argument("--gpus", type=int, default=1,
+                        help="models built at once, each on a GPU of its own with cores / N compiler jobs")
+
     args, target = gpu_args.parse(__doc__, argv, "zoo:incept6", batches_and_kernels=True, precision=True,
-                                  extend=first)
+                                  extend=extend)
+    if args.gpus < 1:
+        raise SystemExit(f"build_times: --gpus must be at least 1, got {args.gpus}")
     first_build = args.first_build
     kind = target.kind.name
     if kind == "cuda" and args.kernels == "best" and not first_build:
         from tvm_nimble.codegen.vendor_build import build_vendor_library
 
         build_vendor_library(str(target.attrs["arch"]))  # once, before any timed build
-    rows = []
+    import onnx
+
+    jobs = []  # (label, ONNX file, batch): every model exported before any build (exporting is not timed)
     for spec, batch, name, model in gpu_args.models_and_batches(args):
         label = name if batch == 1 else f"{name}@{batch}"
         onnx_path = os.path.join(args.out, f"{label}.onnx")
-        import onnx
-
         onnx.save(model, onnx_path)
+        jobs.append((label, onnx_path, batch))
+    lanes = _lanes(args.gpus)
+    vendor = None if first_build else _vendor_cache()
+    rows: dict[str, dict] = {}
+    built_extensions: list[str] = []
+    lock = threading.Lock()
+
+    def run(label: str, onnx_path: str, batch: int, lane: dict) -> None:
         cache = os.path.join(args.out, f"cache-{label}")
         shutil.rmtree(cache, ignore_errors=True)
-        vendor = None if first_build else _vendor_cache()
         if vendor:
             shutil.copytree(vendor, os.path.join(cache, "tvm-nimble", "vendor"))
         row = {"model": label, "batch": batch, "kernels": args.kernels, "precision": args.precision, "target": kind,
-               "first_build": first_build}
-        for run in ("cold", "warm"):
-            profile_to = os.path.join(args.out, f"profile-{run}-{label}.txt") if os.environ.get("BUILD_PROFILE") else ""
-            row[run] = _in_fresh_process(onnx_path, kind, args.kernels, args.precision, cache, profile_to)
-            print(f"{run} {label}: {row[run]}", flush=True)
+               "first_build": first_build, **({"lane": lane} if args.gpus > 1 else {})}
+        for run_kind in ("cold", "warm"):
+            profile_to = os.path.join(args.out, f"profile-{run_kind}-{label}.txt") if os.environ.get("BUILD_PROFILE") \
+                else ""
+            row[run_kind] = _in_fresh_process(onnx_path, kind, args.kernels, args.precision, cache, profile_to, lane)
+            print(f"{run_kind} {label}: {row[run_kind]}", flush=True)
         row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
-        rows.append(row)
         built = os.path.join(cache, "tvm-nimble", "vendor")
-        if first_build and _vendor_cache() is None and os.path.isdir(built):
-            # the extension the first build compiled, kept for this user's later builds (another step of the session)
-            from tvm_nimble import env
-
-            shutil.copytree(built, env.cache_dir("vendor"), dirs_exist_ok=True)
+        with lock:
+            rows[label] = row
+            if first_build and not built_extensions and os.path.isdir(built):  # one is enough to keep (below)
+                kept = os.path.join(args.out, "vendor-built")
+                shutil.copytree(built, kept)
+                built_extensions.append(kept)
+            with open(os.path.join(args.out, "build_times.json"), "w") as f:  # after each model: a cut-off call keeps them
+                json.dump([rows[j[0]] for j in jobs if j[0] in rows], f, indent=1)
         shutil.rmtree(cache, ignore_errors=True)
         os.remove(onnx_path)
-        with open(os.path.join(args.out, "build_times.json"), "w") as f:  # after each model: a cut-off call keeps them
-            json.dump(rows, f, indent=1)
+
+    pending = queue.Queue()
+    for job in jobs:
+        pending.put(job)
+
+    started = threading.Barrier(len(lanes))  # every lane ready before any takes a model: each takes one at once
+
+    def lane_worker(lane: dict) -> None:
+        started.wait()
+        while True:
+            try:
+                job = pending.get_nowait()
+            except queue.Empty:
+                return
+            run(*job, lane)
+
+    threads = [threading.Thread(target=lane_worker, args=(lane,)) for lane in lanes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if built_extensions and _vendor_cache() is None:
+        # an extension a first build compiled, kept for this user's later builds (another step of the session)
+        from tvm_nimble import env
+
+        shutil.copytree(built_extensions[0], env.cache_dir("vendor"), dirs_exist_ok=True)
+    for kept in built_extensions:
+        shutil.rmtree(kept, ignore_errors=True)
+    rows = [rows[j[0]] for j in jobs if j[0] in rows]
     secs = lambda r: f"{r['seconds']:8.1f}" if "seconds" in r else f"{'error':>8s}"  # noqa: E731
     print(f"\n{'model':20s} {'cold s':>8s} {'warm s':>8s}  same plan  cold phases")
     for r in rows:

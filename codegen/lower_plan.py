@@ -124,7 +124,18 @@ def _constants(program: LoweredProgram, known: dict[str, np.ndarray] | None) -> 
 
     if known is not None and len(known) == len(consts) and all(same(n, v) for n, v in consts.items()):
         return {n: known[n] for n in consts}
-    return {n: v.constant.value.numpy() for n, v in consts.items()}
+    return {n: _host_array(v.constant.value) for n, v in consts.items()}
+
+
+def _host_array(tensor) -> np.ndarray:
+    """A constant's value as a numpy array: the module's own memory, read-only, where DLPack hands it over (no copy
+    of a model's weights into freshly faulted pages), else a copy (bfloat16, which numpy's DLPack import refuses)."""
+    try:
+        array = np.from_dlpack(tensor)
+    except (BufferError, RuntimeError, TypeError, ValueError):
+        return tensor.numpy()
+    array.flags.writeable = False
+    return array
 
 
 def _root_bytes(program: LoweredProgram) -> dict[int, int]:

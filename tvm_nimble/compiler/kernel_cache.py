@@ -16,9 +16,9 @@ kept once for every entry that has them, by content:
                                        /kernels.so     the kernel library (export_library)
                                        /entry.json     {"format", "key", "files": {name: sha256},
                                                         "weights": {placeholder: blob sha256}}
-                          /weights/<sha256>            one weight (tvm.runtime.save_param_dict: as JSON,
-                                                       base64 in a node graph, nasnetalarge's 356 MB would
-                                                       take seconds to write and read), named by its sha256
+                          /weights/<sha256>            one weight, named by its sha256: a JSON line (dtype,
+                                                       shape), then its bytes, read straight into the
+                                                       buffer that becomes its tensor
 
 The buckets of a bucketed model, the steps of a generator and the builds of one model by changed code lower the
 same weights into different entries: each weight is written once, and each entry's store hashes what it would
@@ -60,8 +60,9 @@ from tvm_nimble.errors import NimbleError
 from tvm_nimble.runtime.artifact import file_sha256
 
 
-#: bumped when an entry's layout or meaning changes
-FORMAT = 2
+#: bumped when an entry's layout or meaning changes (3: weights as a header line and raw bytes; 2's were
+#: tvm.runtime.save_param_dict's, which took 3.5 s a GB to parse on a 2-core CPU: a 0.5B decoder's warm build)
+FORMAT = 3
 #: the folder is kept under this many bytes (least recently used entries go first)
 MAX_BYTES = 4 << 30
 _LOWERED, _LIBRARY, _ENTRY = "lowered.json", "kernels.so", "entry.json"
@@ -159,14 +160,12 @@ class KernelCache:
         if digest in self.loaded:
             return self.loaded[digest]
         try:
-            with open(os.path.join(self.weights, digest), "rb") as f:
-                blob = f.read()
+            tensor = _read_weight(os.path.join(self.weights, digest), digest)
         except OSError:
             return None
-        if hashlib.sha256(blob).hexdigest() != digest:  # damaged: out of the way, so the rebuild writes it again
+        if tensor is None:  # damaged: out of the way, so the rebuild writes it again
             self._drop_weight(digest)
             return None
-        (tensor,) = tvm.runtime.load_param_dict(bytearray(blob)).values()
         self.loaded[digest] = tensor
         return tensor
 
@@ -225,8 +224,10 @@ class KernelCache:
     def _keep_weight(self, tensor) -> str:
         """The sha256 under which ``tensor`` is kept in the weights folder, written there unless it is already
         (renamed into place whole, so that a reader sees all of it or nothing)."""
-        blob = bytes(tvm.runtime.save_param_dict({"w": tensor}))
-        digest = hashlib.sha256(blob).hexdigest()
+        header, data = _weight_parts(tensor)
+        sha = hashlib.sha256(header)
+        sha.update(data)
+        digest = sha.hexdigest()
         path = os.path.join(self.weights, digest)
         if os.path.exists(path):
             os.utime(path)  # named again: not an orphan to a prune running at once
@@ -235,7 +236,8 @@ class KernelCache:
         fd, tmp = tempfile.mkstemp(dir=self.weights, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(blob)
+                f.write(header)
+                f.write(data)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -298,6 +300,65 @@ class KernelCache:
             os.remove(os.path.join(self.weights, digest))
         except OSError:
             pass
+
+
+#: a weight's tensor starts this aligned (TVM takes a DLPack tensor of 64-byte aligned data without a copy)
+_ALIGN = 64
+
+
+def _weight_parts(tensor) -> tuple[bytes, memoryview]:
+    """A weight's file: its header line (JSON: dtype, shape) and its bytes (a view of the tensor's own where DLPack
+    hands them over, else a copy: bfloat16)."""
+    import numpy as np
+
+    try:
+        array = np.from_dlpack(tensor)
+    except (BufferError, RuntimeError, TypeError, ValueError):
+        array = tensor.numpy()
+    header = json.dumps({"dtype": str(tensor.dtype), "shape": [int(d) for d in tensor.shape]}).encode() + b"\n"
+    return header, memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def _read_weight(path: str, digest: str):
+    """The tensor of the weight file ``path``: its bytes read once into an aligned buffer that becomes the tensor
+    (no copy where TVM takes it through DLPack); None when the file's sha256 is not ``digest`` or its header is not
+    one."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        header = f.readline(4096)
+        try:
+            meta = json.loads(header)
+            dtype, shape = _numpy_dtype(meta["dtype"]), tuple(int(d) for d in meta["shape"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = np.empty(nbytes + _ALIGN, np.uint8)
+        start = -raw.ctypes.data % _ALIGN
+        data = raw[start:start + nbytes]
+        if f.readinto(memoryview(data)) != nbytes or f.read(1):
+            return None
+    sha = hashlib.sha256(header)
+    sha.update(memoryview(data))
+    if sha.hexdigest() != digest:
+        return None
+    array = data.view(dtype).reshape(shape)
+    try:
+        return tvm.runtime.from_dlpack(array)
+    except (RuntimeError, TypeError, ValueError, BufferError):  # a dtype numpy does not export (bfloat16)
+        return tvm.runtime.tensor(array)
+
+
+def _numpy_dtype(dtype: str):
+    """numpy's dtype of TVM's ``dtype`` (ml_dtypes' for those numpy lacks: bfloat16, float8_*); AttributeError
+    for a name neither has."""
+    import ml_dtypes
+    import numpy as np
+
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.dtype(getattr(ml_dtypes, dtype))
 
 
 def _used(folder: str) -> float:

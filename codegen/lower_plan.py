@@ -13,6 +13,7 @@ from tvm import relax
 from tvm_nimble.contract.plan import (CONST, INPUT, INTERMEDIATE, OUTPUT, POOL, STATE, Launch, Plan, Storage,
                                       TensorSlot)
 from tvm_nimble.relay_passes.annotate import ATTR_NUM_EVENTS, ATTR_NUM_STREAMS
+from tvm_nimble.relay_passes.host_arrays import as_numpy
 from tvm_nimble.relay_passes.lowered_ir import LoweredIRError, LoweredProgram, read_lowered_function
 
 from .happens_before import access_masks, happens_before, sequential_order, write_ready
@@ -124,18 +125,8 @@ def _constants(program: LoweredProgram, known: dict[str, np.ndarray] | None) -> 
 
     if known is not None and len(known) == len(consts) and all(same(n, v) for n, v in consts.items()):
         return {n: known[n] for n in consts}
-    return {n: _host_array(v.constant.value) for n, v in consts.items()}
+    return {n: as_numpy(v.constant.value) for n, v in consts.items()}
 
-
-def _host_array(tensor) -> np.ndarray:
-    """A constant's value as a numpy array: the module's own memory, read-only, where DLPack hands it over (no copy
-    of a model's weights into freshly faulted pages), else a copy (bfloat16, which numpy's DLPack import refuses)."""
-    try:
-        array = np.from_dlpack(tensor)
-    except (BufferError, RuntimeError, TypeError, ValueError):
-        return tensor.numpy()
-    array.flags.writeable = False
-    return array
 
 
 def _root_bytes(program: LoweredProgram) -> dict[int, int]:

@@ -35,6 +35,7 @@ from tvm.ir.expr import Constant
 from tvm_nimble import env
 
 from .fold_constants import BatchedFoldConstant
+from .host_arrays import aligned_empty, as_numpy, as_tensor
 
 #: the compute dtypes a build can ask for
 DTYPES = ("float32", "float16", "bfloat16")
@@ -228,7 +229,7 @@ def narrowed(value: np.ndarray, to: str) -> np.ndarray:
             extreme = np.isfinite(value) & (np.abs(value) >= SENTINEL)
             value = np.where(extreme, np.sign(value) * float(info.max), value)
             flat = value.reshape(-1)
-    out = np.empty(value.shape, dtype)
+    out = aligned_empty(value.shape, dtype)  # (TVM takes it as it is: narrowed_constant)
     out_flat = out.reshape(-1)
     _in_chunks(lambda c: np.copyto(out_flat[c], flat[c], casting="unsafe"), value.size)
     return out
@@ -252,7 +253,7 @@ def narrowed_constant(value, to: str, memo: dict | None = None):
     key = (value.data_ptr(), tuple(value.shape), str(value.dtype), to)
     if memo is not None and key in memo:
         return memo[key][1]
-    out = tvm.runtime.tensor(narrowed(value.numpy(), to))
+    out = as_tensor(narrowed(as_numpy(value), to))
     if memo is not None:
         memo[key] = (value, out)
     return out

@@ -23,6 +23,8 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import DFPattern, is_const, is_expr, is_op, wildcard
 
+from ..host_arrays import as_numpy
+
 #: the vendor calls' activation codes (ACT_GELU_TANH: GELU's tanh approximation, GPT-2's ``gelu_new``)
 ACT_NONE, ACT_RELU, ACT_RELU6, ACT_GELU, ACT_GELU_TANH = 0, 1, 2, 3, 4
 #: every activation code (a kernel's matcher passes the subset it computes)
@@ -134,7 +136,7 @@ class Const:
 
     def array(self, matches) -> np.ndarray | None:
         """The matched constant, in the reshape's shape where it is reshaped (None where that shape is not static)."""
-        data, operand = matches[self.data].value.numpy(), matches[self.pattern]
+        data, operand = as_numpy(matches[self.data].value), matches[self.pattern]  # (read-only: the module's)
         if isinstance(operand, Constant):
             return data
         shape = known_shape(operand)

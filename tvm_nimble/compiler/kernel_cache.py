@@ -57,6 +57,7 @@ import tvm
 from tvm_ffi.serialization import from_json_graph_str
 
 from tvm_nimble.errors import NimbleError
+from tvm_nimble.relay_passes.host_arrays import aligned_empty, as_numpy, as_tensor
 from tvm_nimble.runtime.artifact import file_sha256
 
 
@@ -302,19 +303,12 @@ class KernelCache:
             pass
 
 
-#: a weight's tensor starts this aligned (TVM takes a DLPack tensor of 64-byte aligned data without a copy)
-_ALIGN = 64
-
-
 def _weight_parts(tensor) -> tuple[bytes, memoryview]:
     """A weight's file: its header line (JSON: dtype, shape) and its bytes (a view of the tensor's own where DLPack
     hands them over, else a copy: bfloat16)."""
     import numpy as np
 
-    try:
-        array = np.from_dlpack(tensor)
-    except (BufferError, RuntimeError, TypeError, ValueError):
-        array = tensor.numpy()
+    array = as_numpy(tensor)
     header = json.dumps({"dtype": str(tensor.dtype), "shape": [int(d) for d in tensor.shape]}).encode() + b"\n"
     return header, memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
@@ -332,21 +326,15 @@ def _read_weight(path: str, digest: str):
             dtype, shape = _numpy_dtype(meta["dtype"]), tuple(int(d) for d in meta["shape"])
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        raw = np.empty(nbytes + _ALIGN, np.uint8)
-        start = -raw.ctypes.data % _ALIGN
-        data = raw[start:start + nbytes]
-        if f.readinto(memoryview(data)) != nbytes or f.read(1):
+        array = aligned_empty(shape, dtype)
+        data = array.reshape(-1).view(np.uint8)
+        if f.readinto(memoryview(data)) != data.size or f.read(1):
             return None
     sha = hashlib.sha256(header)
     sha.update(memoryview(data))
     if sha.hexdigest() != digest:
         return None
-    array = data.view(dtype).reshape(shape)
-    try:
-        return tvm.runtime.from_dlpack(array)
-    except (RuntimeError, TypeError, ValueError, BufferError):  # a dtype numpy does not export (bfloat16)
-        return tvm.runtime.tensor(array)
+    return as_tensor(array)
 
 
 def _numpy_dtype(dtype: str):

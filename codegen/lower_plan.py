@@ -128,7 +128,6 @@ def _constants(program: LoweredProgram, known: dict[str, np.ndarray] | None) -> 
     return {n: as_numpy(v.constant.value) for n, v in consts.items()}
 
 
-
 def _root_bytes(program: LoweredProgram) -> dict[int, int]:
     """Bytes of each root's storage: it must also hold every view of it (views may be larger in theory).
     One pass over the values (a pass per root was quadratic: 0.2 s per schedule on a 100-kernel net, and

@@ -2,7 +2,7 @@
 
 A model's weights cross between the two several times a build: the precision pass narrows them (numpy), the
 providers' rewrites read them, the launch plan lists them, the compiled-kernel cache writes and reads them. Each
-crossing was a copy into freshly allocated pages (a 0.5B-parameter decoder's 1-2 GB, on every build). numpy takes a
+crossing was a copy into freshly allocated pages, of every weight, on every build. numpy takes a
 TVM tensor's memory through DLPack (read-only here: it stays the module's); TVM takes a numpy array's when its data
 is 64-byte aligned (:func:`aligned_empty` makes such a buffer). bfloat16, which numpy's DLPack import refuses, is
 copied as before.

@@ -22,7 +22,7 @@ cumulative time to DIR/profile-{cold,warm}-MODEL.txt (the profiler slows Python-
 
 With ``--gpus N`` (a machine of N GPUs) N models build at once, each on a GPU of its own (``CUDA_VISIBLE_DEVICES``)
 with the machine's cores shared out (``TVM_NIMBLE_JOBS``: cores / N): on a 4-GPU machine of 64 cores, four
-16-core machines' first builds in the time of one (each row says its GPU and jobs).
+16-core machines' first builds at once (each row says its GPU and jobs).
 """
 from __future__ import annotations
 

@@ -61,8 +61,8 @@ from tvm_nimble.relay_passes.host_arrays import aligned_empty, as_numpy, as_tens
 from tvm_nimble.runtime.artifact import file_sha256
 
 
-#: bumped when an entry's layout or meaning changes (3: weights as a header line and raw bytes; 2's were
-#: tvm.runtime.save_param_dict's, which took 3.5 s a GB to parse on a 2-core CPU: a 0.5B decoder's warm build)
+#: bumped when an entry's layout or meaning changes (3: weights as a header line and raw bytes, where 2 kept them as
+#: tvm.runtime.save_param_dict's, slow to parse back: benchmarks/findings.md, 'Warm rebuilds without copying')
 FORMAT = 3
 #: the folder is kept under this many bytes (least recently used entries go first)
 MAX_BYTES = 4 << 30

@@ -18,8 +18,9 @@
 //       dimensions: a reshape of the rows is free); attrs = [transpose_b, activation, allow_tf32(, algo)];
 //       activation: 0 identity, 1 relu, 2 relu6, 3 gelu (erf), 4 gelu (tanh approximation: cuBLASLt's
 //       GELU epilogue); algo: an index into the candidates (cuBLASLt's heuristic list with the bias
-//       epilogue, then without it; without a bias only the latter; 0, the first, if left out). y (and bias, and matmul_add's z) may be
-//       float32 where a and b are 16-bit: the sum is rounded once, to y's dtype (a float32 residual stream).
+//       epilogue, then without it; without a bias only the latter; 0, the first, if left out). y (and
+//       bias, and matmul_add's z) may be float32 where a and b are 16-bit: the sum is rounded once, to
+//       y's dtype (a float32 residual stream).
 //   nimble.cublas.matmul_add(a, b, bias, z, attrs, y, workspace)
 //       y = act(a @ op(b) + bias + z), z shaped like y (a residual: cuBLASLt's C with beta = 1); attrs
 //       as matmul's.

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import gpu_args  # the shared command line, beside this script in scripts/experiments/
 
@@ -132,13 +133,20 @@ def main(argv=None):
         onnx_path = os.path.join(args.out, f"{label}.onnx")
         onnx.save(model, onnx_path)
         jobs.append((label, onnx_path, batch))
-    lanes = _lanes(args.gpus)
     vendor = None if first_build else _vendor_cache()
+    kept = os.path.join(args.out, "vendor-built")  # an extension a first build compiled (one is enough: below)
     rows: dict[str, dict] = {}
-    built_extensions: list[str] = []
     lock = threading.Lock()
+    free = queue.Queue()  # the lanes no build holds
+    for lane in _lanes(args.gpus):
+        free.put(lane)
 
-    def run(label: str, onnx_path: str, batch: int, lane: dict) -> None:
+    def ordered() -> list[dict]:
+        return [rows[label] for label, _, _ in jobs if label in rows]
+
+    def run(job: tuple) -> None:
+        label, onnx_path, batch = job
+        lane = free.get()
         cache = os.path.join(args.out, f"cache-{label}")
         shutil.rmtree(cache, ignore_errors=True)
         if vendor:
@@ -150,47 +158,28 @@ def main(argv=None):
                 else ""
             row[run_kind] = _in_fresh_process(onnx_path, kind, args.kernels, args.precision, cache, profile_to, lane)
             print(f"{run_kind} {label}: {row[run_kind]}", flush=True)
+        free.put(lane)
         row["same_plan"] = "plan" in row["cold"] and row["cold"]["plan"] == row["warm"].get("plan")
         built = os.path.join(cache, "tvm-nimble", "vendor")
         with lock:
             rows[label] = row
-            if first_build and not built_extensions and os.path.isdir(built):  # one is enough to keep (below)
-                kept = os.path.join(args.out, "vendor-built")
+            if first_build and not os.path.exists(kept) and os.path.isdir(built):
                 shutil.copytree(built, kept)
-                built_extensions.append(kept)
             with open(os.path.join(args.out, "build_times.json"), "w") as f:  # after each model: a cut-off call keeps them
-                json.dump([rows[j[0]] for j in jobs if j[0] in rows], f, indent=1)
+                json.dump(ordered(), f, indent=1)
         shutil.rmtree(cache, ignore_errors=True)
         os.remove(onnx_path)
 
-    pending = queue.Queue()
-    for job in jobs:
-        pending.put(job)
+    # as many builds at once as lanes, each taking a free one (the pool's first builds start together)
+    with ThreadPoolExecutor(max_workers=args.gpus) as pool:
+        list(pool.map(run, jobs))
+    if os.path.isdir(kept):
+        if _vendor_cache() is None:  # kept for this user's later builds (another step of the session)
+            from tvm_nimble import env
 
-    started = threading.Barrier(len(lanes))  # every lane ready before any takes a model: each takes one at once
-
-    def lane_worker(lane: dict) -> None:
-        started.wait()
-        while True:
-            try:
-                job = pending.get_nowait()
-            except queue.Empty:
-                return
-            run(*job, lane)
-
-    threads = [threading.Thread(target=lane_worker, args=(lane,)) for lane in lanes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if built_extensions and _vendor_cache() is None:
-        # an extension a first build compiled, kept for this user's later builds (another step of the session)
-        from tvm_nimble import env
-
-        shutil.copytree(built_extensions[0], env.cache_dir("vendor"), dirs_exist_ok=True)
-    for kept in built_extensions:
+            shutil.copytree(kept, env.cache_dir("vendor"), dirs_exist_ok=True)
         shutil.rmtree(kept, ignore_errors=True)
-    rows = [rows[j[0]] for j in jobs if j[0] in rows]
+    rows = ordered()
     secs = lambda r: f"{r['seconds']:8.1f}" if "seconds" in r else f"{'error':>8s}"  # noqa: E731
     print(f"\n{'model':20s} {'cold s':>8s} {'warm s':>8s}  same plan  cold phases")
     for r in rows:

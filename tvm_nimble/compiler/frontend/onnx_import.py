@@ -231,15 +231,10 @@ def _check_opset(model: onnx.ModelProto, label: str) -> None:
 # ---- checker ------------------------------------------------------------------------------
 def fits_in_memory_checks(model: onnx.ModelProto, limit: int = _IN_MEMORY_CHECK_BYTES) -> bool:
     """Whether ``model`` serializes in memory below ``limit`` bytes (the in-memory ONNX checker, ONNX Runtime's
-    session from bytes). Protobuf cannot size a message over its 2 GB limit: ``ByteSize`` itself raises then ("Failed
-    to serialize proto": a 0.5B-parameter decoder in float32, its weights loaded from external data); such a model
-    is checked from its file, or by the importer."""
-    if _initializer_bytes(model) >= limit:  # the weights alone, from their shapes (ByteSize walks the bytes: seconds)
-        return False
-    try:
-        return model.ByteSize() < limit
-    except Exception:  # noqa: BLE001  (protobuf's EncodeError, by implementation)
-        return False
+    session from bytes). Protobuf cannot serialize a message over its 2 GB limit (it raises "Failed to serialize
+    proto": a 0.5B-parameter decoder in float32, its weights loaded from external data); such a model is checked from
+    its file, or by the importer."""
+    return _serialized_in_memory(model, limit) is not None
 
 
 def _initializer_bytes(model: onnx.ModelProto) -> int:
@@ -258,9 +253,9 @@ def _initializer_bytes(model: onnx.ModelProto) -> int:
 
 
 def _serialized_in_memory(model: onnx.ModelProto, limit: int = _IN_MEMORY_CHECK_BYTES) -> bytes | None:
-    """``model`` serialized when that is below ``limit`` bytes (what :func:`fits_in_memory_checks` answers, and the
-    bytes the in-memory checker reads: the model serialized once where sizing it and checking it took twice)."""
-    if _initializer_bytes(model) >= limit:
+    """``model`` serialized when that is below ``limit`` bytes, else None (:func:`fits_in_memory_checks`); the
+    import's checker reads these bytes: the model serialized once, where sizing it and checking it took twice."""
+    if _initializer_bytes(model) >= limit:  # the weights alone, from their shapes (serializing walks the bytes)
         return None
     try:
         data = model.SerializeToString()
